@@ -1,0 +1,120 @@
+"""graphkit's one exception hierarchy.
+
+Every error a user can cause is a :class:`GraphkitError`. Its message names what
+went wrong (file, node, op) and ``hint`` says how to fix it. Each class carries the
+process exit code the CLI uses, documented in the README.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GraphkitError",
+    "UsageError",
+    "ModelLoadError",
+    "OutputError",
+    "OpDefinitionError",
+    "UnsupportedOpError",
+    "RewriteError",
+    "ValidationError",
+    "KernelError",
+    "NativeBuildError",
+    "ExportError",
+    "EXIT_INTERNAL",
+]
+
+EXIT_INTERNAL = 70  # an unexpected exception: a graphkit bug
+
+
+class GraphkitError(Exception):
+    """Base of every error graphkit raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        path: str | None = None,
+        node: str | None = None,
+        op: str | None = None,
+    ) -> None:
+        self.message = message
+        self.hint = hint
+        self.path = None if path is None else str(path)
+        self.node = node
+        self.op = op
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = []
+        if self.path:
+            where.append(self.path)
+        if self.node is not None:
+            where.append(f"node '{self.node}'")
+        if self.op:
+            where.append(f"op {self.op}")
+        text = f"{': '.join(where)}: {self.message}" if where else self.message
+        if self.hint:
+            text += f" ({self.hint})"
+        return text
+
+
+class UsageError(GraphkitError):
+    """The command line or API call itself is wrong."""
+
+    exit_code = 2
+
+
+class ModelLoadError(GraphkitError):
+    """An input model is missing, unreadable, not ONNX, or truncated."""
+
+    exit_code = 3
+
+
+class OutputError(GraphkitError):
+    """An output cannot be written where asked."""
+
+    exit_code = 4
+
+
+class OpDefinitionError(GraphkitError):
+    """An op definition is inconsistent (a bug in the definition, not the model)."""
+
+    exit_code = 5
+
+
+class UnsupportedOpError(GraphkitError):
+    """A node has no rule, decomposition or kernel for what was asked."""
+
+    exit_code = 6
+
+
+class RewriteError(GraphkitError):
+    """A rewrite rule failed or produced an invalid graph."""
+
+    exit_code = 7
+
+
+class ValidationError(GraphkitError):
+    """The ONNX checker or shape inference rejected a model."""
+
+    exit_code = 8
+
+
+class KernelError(GraphkitError):
+    """A kernel failed at run time, or a session could not be created."""
+
+    exit_code = 9
+
+
+class NativeBuildError(GraphkitError):
+    """The native kernel library or torch extension failed to compile."""
+
+    exit_code = 10
+
+
+class ExportError(GraphkitError):
+    """A torch model could not be exported."""
+
+    exit_code = 11

@@ -1,0 +1,144 @@
+"""Loading and saving models safely: clear errors, input never touched, atomic writes."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from graphkit.errors import ModelLoadError, OutputError
+
+__all__ = ["load_model", "save_model", "atomic_write", "external_data_locations"]
+
+_PROTOBUF_LIMIT = 2**31 - 1
+
+
+def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
+    """Parse an ONNX file without loading external weights.
+
+    Raises ModelLoadError for a missing file, a directory, an empty, truncated or
+    non-ONNX file.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError("no such file", path=str(p), hint="check the path")
+    if p.is_dir():
+        raise ModelLoadError("is a directory, not an ONNX file", path=str(p),
+                             hint="pass the .onnx file inside it")
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read: {exc.strerror}", path=str(p),
+                             hint="check the file's permissions") from exc
+    if not data:
+        raise ModelLoadError("file is empty", path=str(p), hint="re-export the model")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise ModelLoadError("not an ONNX model or truncated (protobuf parse failed)", path=str(p),
+                             hint="re-export the model or check the file was copied whole") from exc
+    # A file cut at a field boundary parses; what it lost shows as missing parts.
+    if not model.HasField("graph") or not model.opset_import or model.ir_version <= 0:
+        missing = [name for name, ok in (("graph", model.HasField("graph")),
+                                         ("opset_import", bool(model.opset_import)),
+                                         ("ir_version", model.ir_version > 0)) if not ok]
+        raise ModelLoadError(f"not an ONNX model or truncated (missing {', '.join(missing)})",
+                             path=str(p), hint="re-export the model or check the file was copied whole")
+    return model
+
+
+def external_data_locations(model: onnx.ModelProto) -> set[str]:
+    """The external-data file locations the model's tensors reference."""
+    from onnx.external_data_helper import _get_all_tensors
+
+    out = set()
+    for t in _get_all_tensors(model):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in t.external_data:
+                if entry.key == "location":
+                    out.add(entry.value)
+    return out
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path`` atomically.
+
+    On any error the temporary file is removed and ``path`` is left as it was.
+    """
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError("output directory does not exist", path=str(target),
+                          hint=f"create {parent} first")
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+    except OSError as exc:
+        raise OutputError(f"cannot write to the output directory: {exc.strerror}", path=str(target),
+                          hint="choose a writable location") from exc
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        if target.is_dir():
+            raise OutputError("output path is a directory", path=str(target),
+                              hint="give a file name")
+        os.replace(tmp, target)
+    except OSError as exc:
+        hint = "free some space" if exc.errno in (errno.ENOSPC, errno.EFBIG) else "choose a writable location"
+        raise OutputError(f"cannot write: {exc.strerror or exc}", path=str(target), hint=hint) from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def check_output_path(output: str | os.PathLike[str], input_path: str | os.PathLike[str] | None) -> None:
+    """Refuse to overwrite the input or write into a missing directory, before any work."""
+    out = Path(output)
+    if input_path is not None:
+        inp = Path(input_path)
+        same = out.resolve() == inp.resolve()
+        if not same and out.exists() and inp.exists():
+            same = os.path.samefile(out, inp)
+        if same:
+            raise OutputError("output is the input file", path=str(out),
+                              hint="write to a new file; graphkit never overwrites its input")
+    if out.is_dir():
+        raise OutputError("output path is a directory", path=str(out), hint="give a file name")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError("output directory does not exist", path=str(out), hint=f"create {parent} first")
+    if not os.access(parent, os.W_OK):
+        raise OutputError("output directory is not writable", path=str(out),
+                          hint="choose a writable location")
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike[str], *,
+               input_path: str | os.PathLike[str] | None = None) -> None:
+    """Write ``model`` to ``path`` atomically; never over ``input_path``.
+
+    External-data references are kept as they are, so they must stay valid from the
+    output's directory.
+    """
+    check_output_path(path, input_path)
+    locations = external_data_locations(model)
+    if locations and input_path is not None:
+        src_dir = Path(input_path).resolve().parent
+        if Path(path).resolve().parent != src_dir:
+            raise OutputError(
+                f"the model keeps weights in external file(s) {sorted(locations)} next to the input",
+                path=str(path), hint=f"write the output into {src_dir} so those references stay valid")
+    if model.ByteSize() > _PROTOBUF_LIMIT:
+        raise OutputError("model is over protobuf's 2 GiB limit and has inline weights",
+                          path=str(path), hint="move its weights to external data first")
+    with atomic_write(path) as tmp:
+        tmp.write_bytes(model.SerializeToString())

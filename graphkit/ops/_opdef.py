@@ -1,0 +1,226 @@
+"""The one definition of a custom op: signature, types, shapes, references, lowerings.
+
+Everything else graphkit does with an op (ONNX schema, torch export hooks,
+decompositions, kernel bindings) is derived from an :class:`OpDef`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from graphkit.errors import OpDefinitionError
+
+if TYPE_CHECKING:
+    import onnx.defs
+
+    from graphkit.rewrite.builder import Builder
+
+__all__ = [
+    "REQUIRED",
+    "AttrType",
+    "Attr",
+    "Param",
+    "Decomposition",
+    "OpDef",
+    "Shape",
+    "PLACEHOLDER_DOMAIN",
+    "NATIVE_DOMAIN",
+    "PYTHON_DOMAIN",
+]
+
+PLACEHOLDER_DOMAIN = "custom"
+NATIVE_DOMAIN = "graphkit.native"
+PYTHON_DOMAIN = "graphkit.python"
+
+# A shape is a list of dims (int, a symbolic name, or None when unknown), or None
+# when even the rank is unknown.
+Shape = "list[int | str | None] | None"
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+class AttrType(enum.Enum):
+    """Attribute types an op may declare, with their ONNX and TorchScript spellings."""
+
+    INT = ("INT", "i", "int")
+    FLOAT = ("FLOAT", "f", "float")
+    STRING = ("STRING", "s", "str")
+    INTS = ("INTS", "i", "int[]")
+    FLOATS = ("FLOATS", "f", "float[]")
+
+    def __init__(self, onnx_name: str, symbolic_suffix: str, torch_type: str) -> None:
+        self.onnx_name = onnx_name
+        self.symbolic_suffix = symbolic_suffix
+        self.torch_type = torch_type
+
+    @property
+    def is_list(self) -> bool:
+        return self in (AttrType.INTS, AttrType.FLOATS)
+
+    def coerce(self, value: Any) -> Any:
+        """Return ``value`` as this type's Python value, or raise TypeError."""
+        if self is AttrType.INT:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"expected an int, got {value!r}")
+            return int(value)
+        if self is AttrType.FLOAT:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"expected a float, got {value!r}")
+            return float(value)
+        if self is AttrType.STRING:
+            if isinstance(value, bytes):
+                return value.decode()
+            if not isinstance(value, str):
+                raise TypeError(f"expected a string, got {value!r}")
+            return value
+        scalar = AttrType.INT if self is AttrType.INTS else AttrType.FLOAT
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"expected a list, got {value!r}")
+        return [scalar.coerce(v) for v in value]
+
+
+@dataclass(frozen=True)
+class Attr:
+    """A typed attribute; ``default`` is :data:`REQUIRED` when it has none."""
+
+    name: str
+    type: AttrType
+    default: Any = REQUIRED
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+@dataclass(frozen=True)
+class Param:
+    """A tensor input or output; ``type`` names an entry of ``OpDef.type_constraints``."""
+
+    name: str
+    type: str
+    doc: str = ""
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """Rewrites one node into standard ONNX ops, valid for opsets ``[min_opset, max_opset]``.
+
+    ``build(builder, inputs, attrs)`` receives the node's input tensor names (``""`` for an
+    absent optional input) and its attributes with defaults filled in, adds nodes through
+    the builder and returns the names of the tensors that replace the node's outputs.
+    """
+
+    name: str
+    build: Callable[["Builder", Sequence[str], Mapping[str, Any]], Sequence[str]]
+    min_opset: int
+    max_opset: int | None = None
+
+    def supports(self, opset: int) -> bool:
+        return opset >= self.min_opset and (self.max_opset is None or opset <= self.max_opset)
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """Everything graphkit knows about one custom op.
+
+    - ``reference`` is the torch semantics written with torch ops only (so it also runs on
+      fake tensors during export); ``torch_forward`` optionally returns a faster forward
+      (for example a C++ extension), loaded on first use.
+    - ``infer_shapes(shapes, attrs)`` maps input shapes to output shapes (see :data:`Shape`);
+      output element types follow from the type constraints.
+    - ``python_kernel(*arrays, **attrs)`` is the numpy kernel run by ONNX Runtime through
+      onnxruntime-extensions; ``native`` says the C++ library in custom_ops/ serves the op.
+    """
+
+    name: str
+    doc: str
+    inputs: tuple[Param, ...]
+    outputs: tuple[Param, ...]
+    type_constraints: Mapping[str, tuple[str, ...]]
+    reference: Callable[..., Any]
+    infer_shapes: Callable[[list[Any], Mapping[str, Any]], list[Any]]
+    attributes: tuple[Attr, ...] = ()
+    torch_forward: Callable[[], Callable[..., Any]] | None = None
+    python_kernel: Callable[..., Any] | None = None
+    native: bool = False
+    decompositions: tuple[Decomposition, ...] = ()
+    domain: str = PLACEHOLDER_DOMAIN
+    since_version: int = 1
+    # Filled by __post_init__: attribute lookup by name.
+    _attr_index: Mapping[str, Attr] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        problems = []
+        names = [p.name for p in self.inputs + self.outputs] + [a.name for a in self.attributes]
+        if len(set(names)) != len(names):
+            problems.append(f"duplicate input/output/attribute names in {names}")
+        for p in self.inputs + self.outputs:
+            if p.type not in self.type_constraints:
+                problems.append(f"'{p.name}' uses type '{p.type}' missing from type_constraints")
+        for a in self.attributes:
+            if not a.required:
+                try:
+                    a.type.coerce(a.default)
+                except TypeError as exc:
+                    problems.append(f"attribute '{a.name}' default: {exc}")
+        seen_opt = False
+        for p in self.inputs:
+            if seen_opt and not p.optional:
+                problems.append(f"required input '{p.name}' follows an optional one")
+            seen_opt = seen_opt or p.optional
+        if problems:
+            raise OpDefinitionError("; ".join(problems), op=self.qualified_name,
+                                    hint="fix the op definition in custom_ops/")
+        object.__setattr__(self, "_attr_index", {a.name: a for a in self.attributes})
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.domain}::{self.name}"
+
+    def attr(self, name: str) -> Attr:
+        return self._attr_index[name]
+
+    def resolve_attrs(self, given: Mapping[str, Any], *, where: str | None = None) -> dict[str, Any]:
+        """Check ``given`` against the declared attributes and fill in defaults."""
+        unknown = sorted(set(given) - set(self._attr_index))
+        if unknown:
+            raise OpDefinitionError(
+                f"unknown attribute(s) {unknown}; {self.name} takes {sorted(self._attr_index) or 'none'}",
+                node=where, op=self.qualified_name, hint="remove them or fix the exporter")
+        out: dict[str, Any] = {}
+        for a in self.attributes:
+            if a.name in given:
+                try:
+                    out[a.name] = a.type.coerce(given[a.name])
+                except TypeError as exc:
+                    raise OpDefinitionError(
+                        f"attribute '{a.name}' must be {a.type.onnx_name}: {exc}",
+                        node=where, op=self.qualified_name, hint="fix the attribute's type") from exc
+            elif a.required:
+                raise OpDefinitionError(
+                    f"missing required attribute '{a.name}'", node=where, op=self.qualified_name,
+                    hint=f"add '{a.name}' ({a.type.onnx_name}) to the node")
+            else:
+                out[a.name] = a.type.coerce(a.default)
+        return out
+
+    def decomposition_for(self, opset: int) -> Decomposition | None:
+        """The first decomposition valid at ``opset`` (declaration order is preference order)."""
+        return next((d for d in self.decompositions if d.supports(opset)), None)
+
+    def onnx_schema(self, domain: str | None = None) -> "onnx.defs.OpSchema":
+        """This op's ONNX schema (in ``domain``, default the placeholder domain)."""
+        from graphkit.ops._schema import build_schema
+
+        return build_schema(self, domain or self.domain)
