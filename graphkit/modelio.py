@@ -67,6 +67,12 @@ def external_data_locations(model: onnx.ModelProto) -> set[str]:
     return out
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it replaces ``path`` atomically.
@@ -86,6 +92,8 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(tmp_name)
     try:
+        # mkstemp creates 0600; give the file the mode a plain open() would.
+        os.chmod(tmp, target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~_umask())
         yield tmp
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())

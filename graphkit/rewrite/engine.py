@@ -185,8 +185,8 @@ class _Lowerer:
         op = self.registry.get(node.op_type)
         if op is None:
             raise self.fail(UnsupportedOpError, "no op definition for this custom op", node,
-                            hint=f"define '{node.op_type}' in custom_ops/ (README: Adding an op), "
-                                 "or remove the node before rewriting")
+                            hint=f"define '{node.op_type}' in custom_ops/ as the README's 'Adding an op' "
+                                 "shows, or remove the node before rewriting")
         self._check_arity(op, node)
         try:
             attrs = op.resolve_attrs({a.name: helper.get_attribute_value(a) for a in node.attribute},
@@ -283,9 +283,19 @@ def _fix_opset_imports(model: onnx.ModelProto, opset: int) -> None:
 def check_model(model: onnx.ModelProto, registry: OpRegistry, *, path: str | None = None,
                 context: str = "") -> None:
     """ONNX checker plus strict shape inference, custom ops known through their schemas."""
+    # onnx's checker insists on a shape field in graph inputs/outputs; ONNX Runtime and
+    # exporters do not. Give shapeless ones an empty shape during the check only.
+    shapeless = [vi.type.tensor_type for g in _graphs(model.graph) for vi in (*g.input, *g.output)
+                 if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")]
     with registry.onnx_schemas():
         try:
-            onnx.checker.check_model(model)
+            for tt in shapeless:
+                tt.shape.SetInParent()
+            try:
+                onnx.checker.check_model(model)
+            finally:
+                for tt in shapeless:
+                    tt.ClearField("shape")
             onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -1,0 +1,5 @@
+import sys
+
+from graphkit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,71 @@
+"""The `graphkit` command. Each subcommand lives in its own module, imported on use."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+from collections.abc import Sequence
+
+from graphkit.errors import EXIT_INTERNAL, GraphkitError
+
+__all__ = ["main"]
+
+# name -> (module, one-line help); the module provides add_arguments(parser) and run(args).
+SUBCOMMANDS = {
+    "rewrite": ("graphkit.cli.rewrite", "decompose custom:: nodes or bind them to kernels"),
+    "run": ("graphkit.cli.run", "run a model in ONNX Runtime with graphkit's kernels registered"),
+}
+
+EPILOG = """exit codes: 0 ok, 2 usage, 3 cannot load model, 4 cannot write output,
+5 bad op definition, 6 op without rule or kernel, 7 rewrite failed, 8 model invalid,
+9 kernel or session failure, 10 native build failed, 11 export failed, 70 internal error"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="graphkit", description="Deploy PyTorch models with custom ops: rewrite ONNX graphs, run them in ONNX Runtime.",
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"graphkit {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def _version() -> str:
+    from graphkit import __version__
+
+    return __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_module", None):
+        parser.print_help()
+        return 2
+    try:
+        return importlib.import_module(args._module).run(args) or 0
+    except GraphkitError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"graphkit: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("graphkit: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug in graphkit, not a user mistake
+        if args.debug:
+            traceback.print_exc()
+        print(f"graphkit: internal error: {type(exc).__name__}: {exc} "
+              "(rerun with --debug and report it)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

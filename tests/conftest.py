@@ -1,0 +1,60 @@
+"""Shared helpers: small inline models and a CLI runner."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+REPO = Path(__file__).resolve().parents[1]
+
+NP_TYPES = {TensorProto.FLOAT16: np.float16, TensorProto.FLOAT: np.float32,
+            TensorProto.DOUBLE: np.float64}
+
+
+def my_add_model(dtype: int = TensorProto.FLOAT, opset: int = 17, shape_a=("N", 3), shape_b=("N", 3),
+                 domain: str = "custom", ir_version: int = 10) -> onnx.ModelProto:
+    """
+        a   b
+         \\ /
+       my_add (custom)
+           |
+          Relu
+           |
+           z
+    """
+    nodes = [helper.make_node("my_add", ["a", "b"], ["y"], domain=domain, name="add0"),
+             helper.make_node("Relu", ["y"], ["z"], name="relu0")]
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("a", dtype, list(shape_a)),
+         helper.make_tensor_value_info("b", dtype, list(shape_b))],
+        [helper.make_tensor_value_info("z", dtype, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                   helper.make_opsetid(domain, 1)],
+                             ir_version=ir_version)
+
+
+def run_ort(model: onnx.ModelProto, feeds: dict) -> list:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def run_cli(*args: str, cwd: Path | None = None, check_rc: int | None = None):
+    """Run `python -m graphkit ARGS` in a subprocess, as a user would."""
+    proc = subprocess.run([sys.executable, "-m", "graphkit", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+    if check_rc is not None:
+        assert proc.returncode == check_rc, (proc.returncode, proc.stdout, proc.stderr)
+    return proc
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
