@@ -101,3 +101,39 @@ class Builder:
 
     def shape(self, name: str) -> list[Any] | None:
         return self._types.shape(name)
+
+    def __getattr__(self, op_type: str) -> Any:
+        """``b.Mul(x, y)`` is ``b.op("Mul", x, y)``; ``_domain=``/``_outputs=`` as in op()."""
+        if op_type.startswith("_"):
+            raise AttributeError(op_type)
+
+        def make(*inputs: str, _domain: str = "", _outputs: int = 1, **attrs: Any) -> Any:
+            return self.op(op_type, *inputs, domain=_domain, outputs=_outputs, **attrs)
+
+        return make
+
+    def finish(self, results: list[str], outputs: list[str]) -> list[onnx.NodeProto]:
+        """The built nodes, renamed so that ``results[i]`` is produced as ``outputs[i]``."""
+        if len(results) < len([o for o in outputs if o]):
+            raise RewriteError(f"replacement returned {len(results)} outputs for {len(outputs)}",
+                               node=self._node_name, op=self._op_name,
+                               hint="return one tensor per output of the replaced node")
+        nodes = self.nodes
+        produced = {o for n in nodes for o in n.output}
+        rename: dict[str, str] = {}
+        for new, orig in zip(results, outputs):
+            if not orig:
+                continue
+            if new in produced and new not in rename:
+                rename[new] = orig
+            else:  # the result is an input, or already stands for another output
+                nodes.append(helper.make_node("Identity", [rename.get(new, new)], [orig],
+                                              name=self._names.fresh(f"{self._prefix}/Identity")))
+        for n in nodes:
+            for i, name in enumerate(n.input):
+                if name in rename:
+                    n.input[i] = rename[name]
+            for i, name in enumerate(n.output):
+                if name in rename:
+                    n.output[i] = rename[name]
+        return nodes

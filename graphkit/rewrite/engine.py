@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from graphkit.ops import (
     OpRegistry,
     default_registry,
 )
+from graphkit.rewrite._rules import Rule, RuleReport, RuleSet, apply_rules
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 
 __all__ = ["Lowering", "RewriteReport", "rewrite_model", "ai_onnx_opset"]
@@ -34,11 +35,12 @@ _STANDARD_DOMAINS = ("", "ai.onnx")
 
 
 class Lowering(enum.Enum):
-    """What to turn a custom:: node into."""
+    """What to turn a custom:: node into (KEEP leaves it a placeholder)."""
 
     DECOMPOSE = "decompose"
     NATIVE = "native"
     PYTHON = "python"
+    KEEP = "keep"
 
 
 @dataclass
@@ -48,6 +50,7 @@ class RewriteReport:
     ops_before: collections.Counter = field(default_factory=collections.Counter)
     ops_after: collections.Counter = field(default_factory=collections.Counter)
     actions: collections.Counter = field(default_factory=collections.Counter)
+    rules: RuleReport = field(default_factory=RuleReport)
 
     @property
     def changed(self) -> bool:
@@ -59,6 +62,9 @@ class RewriteReport:
             "ops_after": {f"{d}::{o}" if d else o: n for (d, o), n in sorted(self.ops_after.items())},
             "actions": [{"op": op, "lowering": how, "nodes": n}
                         for (op, how), n in sorted(self.actions.items())],
+            "rules": {name: {"applied": self.rules.applied.get(name, 0),
+                             "not_matched": self.rules.reasons.get(name, [])}
+                      for name in sorted(set(self.rules.applied) | set(self.rules.reasons))},
         }
 
 
@@ -150,7 +156,7 @@ class _Lowerer:
         self.opset = opset
         self.path = path
         self.names = NameGenerator(_names_in_use(model))
-        self.types = _type_table(model, registry) if lowering is Lowering.DECOMPOSE else TypeTable()
+        self.types = _type_table(model, registry)
         self.actions: collections.Counter = collections.Counter()
 
     def fail(self, cls: type, message: str, node: onnx.NodeProto, hint: str) -> Exception:
@@ -216,28 +222,11 @@ class _Lowerer:
         builder = Builder(opset=self.opset, prefix=node.name or op.name, names=self.names,
                           types=self.types, node_name=node.name, op_name=op.qualified_name)
         inputs = list(node.input) + [""] * (len(op.inputs) - len(node.input))
-        results = list(dec.build(builder, inputs, attrs))
-        if len(results) < len(node.output):
-            raise self.fail(RewriteError, f"decomposition '{dec.name}' returned {len(results)} "
-                            f"outputs for {len(node.output)}", node, hint="fix the decomposition")
-        nodes = builder.nodes
-        produced = {o for n in nodes for o in n.output}
-        rename: dict[str, str] = {}
-        for new, orig in zip(results, node.output):
-            if not orig:
-                continue
-            if new in produced and new not in rename:
-                rename[new] = orig
-            else:  # the result is an input, or already stands for another output
-                nodes.append(helper.make_node("Identity", [rename.get(new, new)], [orig],
-                                              name=self.names.fresh(f"{builder._prefix}/Identity")))
-        for n in nodes:
-            for i, name in enumerate(n.input):
-                if name in rename:
-                    n.input[i] = rename[name]
-            for i, name in enumerate(n.output):
-                if name in rename:
-                    n.output[i] = rename[name]
+        try:
+            nodes = builder.finish(list(dec.build(builder, inputs, attrs)), list(node.output))
+        except RewriteError as exc:
+            raise self.fail(RewriteError, f"decomposition '{dec.name}': {exc.message}", node,
+                            exc.hint or "fix the decomposition") from exc
         self.actions[(op.qualified_name, f"decompose:{dec.name}")] += 1
         return nodes
 
@@ -275,9 +264,8 @@ def _fix_opset_imports(model: onnx.ModelProto, opset: int) -> None:
     present = {imp.domain for imp in model.opset_import}
     if not present & set(_STANDARD_DOMAINS) and used & set(_STANDARD_DOMAINS):
         model.opset_import.append(helper.make_opsetid("", opset))
-    for domain in (NATIVE_DOMAIN, PYTHON_DOMAIN):
-        if domain in used and domain not in present:
-            model.opset_import.append(helper.make_opsetid(domain, 1))
+    for domain in sorted(used - present - set(_STANDARD_DOMAINS)):
+        model.opset_import.append(helper.make_opsetid(domain, 1))
 
 
 def check_model(model: onnx.ModelProto, registry: OpRegistry, *, path: str | None = None,
@@ -303,30 +291,63 @@ def check_model(model: onnx.ModelProto, registry: OpRegistry, *, path: str | Non
                                   hint="fix the input model, or skip the check with --no-check") from exc
 
 
-def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
-                  lowering: Lowering = Lowering.DECOMPOSE, check: bool = True,
-                  path: str | None = None) -> tuple[onnx.ModelProto, RewriteReport]:
-    """Lower every custom:: node of ``model``; returns a new model and a report.
+def _scopes(model: onnx.ModelProto) -> Iterator[tuple[Any, set[str], list[onnx.TensorProto]]]:
+    """(node list, protected names, visible initializers) of every graph, subgraph and function."""
+    def walk(graph: onnx.GraphProto, outer: list[onnx.TensorProto]):
+        visible = [*outer, *graph.initializer]
+        yield graph.node, {o.name for o in graph.output}, visible
+        for node in graph.node:
+            for attr in node.attribute:
+                subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else (
+                    attr.graphs if attr.type == onnx.AttributeProto.GRAPHS else [])
+                for g in subgraphs:
+                    yield from walk(g, visible)
 
-    ``model`` itself is not modified. A model with nothing to lower comes back
+    yield from walk(model.graph, [])
+    for fn in model.functions:
+        yield fn.node, set(fn.output), []
+
+
+def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
+                  lowering: Lowering = Lowering.DECOMPOSE, rules: Iterable[Rule] | None = None,
+                  check: bool = True, path: str | None = None) -> tuple[onnx.ModelProto, RewriteReport]:
+    """Apply ``rules`` then lower every custom:: node of ``model``; returns a new model and a report.
+
+    ``model`` itself is not modified. A model where nothing applies comes back
     unchanged field for field.
     """
     registry = registry or default_registry()
+    rule_set = rules if isinstance(rules, RuleSet) else RuleSet(rules or ())
     out = onnx.ModelProto()
     out.CopyFrom(model)
     report = RewriteReport(ops_before=_count_ops(out))
-    if not any(d == PLACEHOLDER_DOMAIN for d, _ in report.ops_before):
+    has_custom = any(d == PLACEHOLDER_DOMAIN for d, _ in report.ops_before)
+    if not len(rule_set) and (not has_custom or lowering is Lowering.KEEP):
         report.ops_after = report.ops_before.copy()
         return out, report
     opset = ai_onnx_opset(out) or _DEFAULT_OPSET
     lowerer = _Lowerer(out, registry, lowering, opset, path)
-    lowerer.lower_graph(out.graph.node)
-    for fn in out.functions:
-        lowerer.lower_graph(fn.node)
+    if len(rule_set):
+        def make_builder(node: onnx.NodeProto, rule_name: str) -> Builder:
+            return Builder(opset=opset, prefix=node.name or rule_name, names=lowerer.names,
+                           types=lowerer.types, node_name=node.name, op_name=rule_name)
+
+        for nodes, protected, inits in list(_scopes(out)):
+            apply_rules(nodes, rule_set, make_builder=make_builder, protected=protected,
+                        initializers=inits, report=report.rules)
+    if lowering is not Lowering.KEEP:
+        lowerer.lower_graph(out.graph.node)
+        for fn in out.functions:
+            lowerer.lower_graph(fn.node)
+    if not lowerer.actions and not report.rules.applied:
+        report.ops_after = report.ops_before.copy()
+        fresh = onnx.ModelProto()
+        fresh.CopyFrom(model)
+        return fresh, report
     _fix_opset_imports(out, opset)
     report.actions = lowerer.actions
     report.ops_after = _count_ops(out)
     if check:
-        applied = ", ".join(sorted({how for _, how in lowerer.actions}))
+        applied = ", ".join(sorted({how for _, how in lowerer.actions} | set(report.rules.applied)))
         check_model(out, registry, path=path, context=f" after rewrite ({applied})")
     return out, report

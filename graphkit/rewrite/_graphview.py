@@ -1,0 +1,86 @@
+"""A light index over one scope's node list: producers, consumers, constants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+__all__ = ["GraphView"]
+
+
+class GraphView:
+    """Producers and consumers of the tensors of one node list (a graph or function body).
+
+    ``protected`` names (graph outputs) must keep their producers.
+    """
+
+    def __init__(self, nodes: Any, *, protected: set[str] = frozenset(),
+                 initializers: Any = ()) -> None:
+        self.nodes = nodes
+        self.protected = set(protected)
+        self.producer: dict[str, int] = {}
+        self.consumers: dict[str, list[int]] = {}
+        for i, node in enumerate(nodes):
+            for name in node.output:
+                if name:
+                    self.producer[name] = i
+            for name in node.input:
+                if name:
+                    self.consumers.setdefault(name, []).append(i)
+            for attr in node.attribute:  # outer-scope uses from subgraphs count as consumers
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    for name in _outer_refs(attr.g):
+                        self.consumers.setdefault(name, []).append(i)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for g in attr.graphs:
+                        for name in _outer_refs(g):
+                            self.consumers.setdefault(name, []).append(i)
+        self._initializers = {t.name: t for t in initializers}
+        self._const_cache: dict[str, np.ndarray | None] = {}
+
+    def constant_value(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` if it is an initializer or a Constant node's output."""
+        if name in self._const_cache:
+            return self._const_cache[name]
+        value = None
+        if name in self._initializers:
+            value = numpy_helper.to_array(self._initializers[name])
+        elif name in self.producer:
+            node = self.nodes[self.producer[name]]
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                for attr in node.attribute:
+                    if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                        value = numpy_helper.to_array(attr.t)
+                    elif attr.name in ("value_float", "value_int"):
+                        value = np.asarray(onnx.helper.get_attribute_value(attr))
+                    elif attr.name in ("value_floats", "value_ints"):
+                        value = np.asarray(onnx.helper.get_attribute_value(attr))
+        self._const_cache[name] = value
+        return value
+
+    def other_uses(self, name: str, node_index: int) -> bool:
+        """Is ``name`` used by anything other than node ``node_index`` (or a graph output)?"""
+        if name in self.protected:
+            return True
+        return any(i != node_index for i in self.consumers.get(name, ()))
+
+
+def _outer_refs(graph: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads from enclosing scopes."""
+    local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    for node in graph.node:
+        local.update(node.output)
+    refs = set()
+    for node in graph.node:
+        refs.update(n for n in node.input if n and n not in local)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                refs.update(n for n in _outer_refs(attr.g) if n not in local)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    refs.update(n for n in _outer_refs(g) if n not in local)
+    refs.update(o.name for o in graph.output if o.name not in local)
+    return refs

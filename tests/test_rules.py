@@ -1,0 +1,152 @@
+"""Pattern rules: multi-node matching, commutation, constants, consumers, reasons."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import REPO, run_cli, run_ort
+from graphkit.errors import RewriteError
+from graphkit.rewrite import Lowering, MatchResult, Rule, RuleSet, rewrite_model
+
+
+def fuse_rule(**kw):
+    return Rule("fuse_my_add", lambda op, x, y: op.Add(op.Mul(x, 2.0), y),
+                lambda op, x, y: op.my_add(x, y, _domain="custom"), **kw)
+
+
+def mul_add_model(two=2.0, swap_mul=False, swap_add=False, extra_consumer=False, as_initializer=False):
+    """
+      x   2          x: input, 2: Constant (or initializer)
+       \\ /
+       Mul -> m      (m optionally also feeds Neg -> n, an extra output)
+         \\  y
+          Add -> z
+    """
+    const = numpy_helper.from_array(np.array(two, np.float32), "two")
+    nodes = [] if as_initializer else [helper.make_node("Constant", [], ["two"], value=const, name="c")]
+    nodes.append(helper.make_node("Mul", ["two", "x"] if swap_mul else ["x", "two"], ["m"], name="mul"))
+    nodes.append(helper.make_node("Add", ["y", "m"] if swap_add else ["m", "y"], ["z"], name="add"))
+    outputs = [helper.make_tensor_value_info("z", TensorProto.FLOAT, [3])]
+    if extra_consumer:
+        nodes.append(helper.make_node("Neg", ["m"], ["n"], name="neg"))
+        outputs.append(helper.make_tensor_value_info("n", TensorProto.FLOAT, [3]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(v, TensorProto.FLOAT, [3]) for v in "xy"],
+                              outputs, initializer=[const] if as_initializer else [])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.mark.parametrize("swap_mul,swap_add", [(False, False), (True, False), (False, True), (True, True)])
+def test_fuse_commutative(swap_mul, swap_add):
+    out, report = rewrite_model(mul_add_model(swap_mul=swap_mul, swap_add=swap_add),
+                                rules=[fuse_rule(commute=True)], lowering=Lowering.KEEP)
+    assert [(n.domain, n.op_type) for n in out.graph.node] == [("custom", "my_add")]
+    assert list(out.graph.node[0].input) == ["x", "y"] and list(out.graph.node[0].output) == ["z"]
+    assert {i.domain: i.version for i in out.opset_import} == {"": 17, "custom": 1}
+    assert report.rules.applied == {"fuse_my_add": 1}
+
+
+def test_without_commute_swapped_inputs_do_not_match_and_say_why():
+    out, report = rewrite_model(mul_add_model(swap_mul=True), rules=[fuse_rule()], lowering=Lowering.KEEP)
+    assert [n.op_type for n in out.graph.node] == ["Constant", "Mul", "Add"]
+    assert "is not a constant" in " ".join(report.rules.reasons["fuse_my_add"])
+
+
+def test_initializer_constant_matches_and_fused_model_runs_native():
+    model = mul_add_model(as_initializer=True)
+    out, _ = rewrite_model(model, rules=[fuse_rule()], lowering=Lowering.DECOMPOSE)
+    x, y = np.float32([1, 2, 3]), np.float32([4, 5, 6])
+    np.testing.assert_allclose(run_ort(out, {"x": x, "y": y})[0], 2 * x + y)
+
+
+def test_constant_of_other_value_is_not_matched():
+    out, report = rewrite_model(mul_add_model(two=3.0), rules=[fuse_rule()], lowering=Lowering.KEEP)
+    assert [n.op_type for n in out.graph.node] == ["Constant", "Mul", "Add"]
+    assert any("is [3.0], pattern wants 2" in r for r in report.rules.reasons["fuse_my_add"])
+
+
+def test_inner_node_with_other_consumers_is_not_swallowed():
+    out, report = rewrite_model(mul_add_model(extra_consumer=True), rules=[fuse_rule()], lowering=Lowering.KEEP)
+    assert "custom" not in {n.domain for n in out.graph.node}
+    assert any("has other consumers" in r for r in report.rules.reasons["fuse_my_add"])
+
+
+def test_check_can_veto_with_reason():
+    rule = fuse_rule(check=lambda ctx, x, y: MatchResult().fail("not today"))
+    out, report = rewrite_model(mul_add_model(), rules=[rule], lowering=Lowering.KEEP)
+    assert len(out.graph.node) == 3
+    assert report.rules.reasons["fuse_my_add"] == ["node 'add': not today"]
+    assert "no match: node 'add': not today" in report.rules.explain()
+
+
+def test_single_node_rule_with_attribute_predicate():
+    graph = helper.make_graph(
+        [helper.make_node("LeakyRelu", ["x"], ["y"], alpha=0.0, name="lr0"),
+         helper.make_node("LeakyRelu", ["y"], ["z"], alpha=0.1, name="lr1")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    rule = Rule.node("leaky0_to_relu", "LeakyRelu", lambda op, x0: op.Relu(x0), alpha=lambda a: a == 0.0)
+    out, report = rewrite_model(model, rules=[rule])
+    assert [n.op_type for n in out.graph.node] == ["Relu", "LeakyRelu"]
+    assert any("attribute alpha=" in r for r in report.rules.reasons["leaky0_to_relu"])
+    x = np.float32([-1, 0, 2])
+    np.testing.assert_allclose(run_ort(out, {"x": x})[0], np.maximum(x, 0))
+
+
+def test_rule_inside_loop_body():
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["acc_in", "two"], ["m"], name="b_mul"),
+         helper.make_node("Add", ["m", "x"], ["acc_out"], name="b_add"),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [3])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["n", "c", "x"], ["acc"], body=body, name="loop")], "g",
+        [helper.make_tensor_value_info("n", TensorProto.INT64, []),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("acc", TensorProto.FLOAT, [3])],
+        initializer=[numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    out, report = rewrite_model(model, rules=[fuse_rule()])
+    assert report.rules.applied == {"fuse_my_add": 1}
+    x = np.float32([1, 2, 3])
+    (acc,) = run_ort(out, {"n": np.array(3, np.int64), "c": np.array(True), "x": x})
+    np.testing.assert_allclose(acc, 15 * x)  # x -> 3x -> 7x -> 15x
+
+
+def test_bad_pattern_and_duplicate_names_are_errors():
+    with pytest.raises(RewriteError, match="pattern must return an op"):
+        Rule("bad", lambda op, x: x, lambda op, x: x)
+    with pytest.raises(RewriteError, match="unique"):
+        RuleSet([fuse_rule(), fuse_rule()])
+
+
+def test_rules_file_from_cli_and_explain(tmp_path):
+    onnx.save(mul_add_model(), tmp_path / "std.onnx")
+    proc = run_cli("rewrite", tmp_path / "std.onnx", tmp_path / "fused.onnx", "--keep-custom", "--explain",
+                   "--rules", REPO / "samples" / "rules" / "fuse_my_add.py", check_rc=0)
+    assert "rule fuse_my_add: applied 1x" in proc.stdout
+    fused = onnx.load(tmp_path / "fused.onnx")
+    assert [(n.domain, n.op_type) for n in fused.graph.node] == [("custom", "my_add")]
+
+
+def test_rules_file_errors(tmp_path):
+    onnx.save(mul_add_model(), tmp_path / "m.onnx")
+    proc = run_cli("rewrite", tmp_path / "m.onnx", tmp_path / "o.onnx", "--rules", tmp_path / "none.py", check_rc=2)
+    assert "none.py" in proc.stderr
+    bad = tmp_path / "bad.py"
+    bad.write_text("raise ValueError('boom')\n")
+    proc = run_cli("rewrite", tmp_path / "m.onnx", tmp_path / "o.onnx", "--rules", bad, check_rc=7)
+    assert "bad.py" in proc.stderr and "boom" in proc.stderr
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1\n")
+    proc = run_cli("rewrite", tmp_path / "m.onnx", tmp_path / "o.onnx", "--rules", empty, check_rc=7)
+    assert "defines no 'rules'" in proc.stderr
+    assert not (tmp_path / "o.onnx").exists()
