@@ -32,27 +32,139 @@ class NameGenerator:
         return name
 
 
-class TypeTable:
-    """Element types and shapes of the model's tensors, as far as inference knows them."""
+_T = onnx.TensorProto
+# Standard ops whose outputs all have the element type of input 0.
+_SAME_AS_INPUT0 = frozenset("""
+    Abs Acos Acosh Add AveragePool BatchNormalization Ceil Celu Clip Concat Conv ConvTranspose Cos
+    Cosh CumSum DepthToSpace Div Dropout Einsum Elu Erf Exp Expand Flatten Floor Gather GatherElements
+    GatherND Gelu Gemm GlobalAveragePool GlobalMaxPool HardSigmoid HardSwish Hardmax Identity
+    InstanceNormalization LayerNormalization LeakyRelu Log LogSoftmax LpNormalization MatMul Max MaxPool
+    Mean Min Mish Mod Mul Neg Pad Pow PRelu Reciprocal ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp
+    ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum ReduceSumSquare Relu Reshape Resize Round Selu
+    Shrink Sigmoid Sign Sin Sinh Slice Softmax Softplus Softsign SpaceToDepth Split Sqrt Squeeze Sub Sum
+    Tan Tanh ThresholdedRelu Tile TopK Transpose Trilu Unsqueeze Upsample DeformConv GridSample RoiAlign
+    Asin Asinh Atan Atanh
+""".split())
+_FIXED = {"Shape": _T.INT64, "Size": _T.INT64, "NonZero": _T.INT64, "ArgMax": _T.INT64, "ArgMin": _T.INT64,
+          "Equal": _T.BOOL, "Less": _T.BOOL, "Greater": _T.BOOL, "LessOrEqual": _T.BOOL,
+          "GreaterOrEqual": _T.BOOL, "Not": _T.BOOL, "And": _T.BOOL, "Or": _T.BOOL, "Xor": _T.BOOL,
+          "IsNaN": _T.BOOL, "IsInf": _T.BOOL}
+# Outputs after the first that have a fixed type.
+_SECOND_OUTPUT = {"TopK": _T.INT64, "MaxPool": _T.INT64, "Dropout": _T.BOOL}
 
-    def __init__(self, types: Mapping[str, onnx.TypeProto] | None = None) -> None:
-        self._types: dict[str, onnx.TypeProto] = dict(types or {})
+
+class TypeTable:
+    """Element types and shapes of a model's tensors, computed on first use.
+
+    Element types come from the declarations (inputs, value_info, initializers,
+    constants) and a forward pass over the nodes that knows the common standard ops and
+    the registry's ops. Whatever that leaves unknown is asked of ONNX shape inference,
+    once, the first time it is needed.
+    """
+
+    def __init__(self, model: onnx.ModelProto | None = None, registry: Any = None) -> None:
+        self._model = model
+        self._registry = registry
+        self._types: dict[str, onnx.TypeProto] = {}
+        self._elem: dict[str, int] = {}
+        self._state = "new" if model is not None else "done"
 
     def set(self, name: str, tp: onnx.TypeProto) -> None:
         self._types[name] = tp
+        if tp.HasField("tensor_type") and tp.tensor_type.elem_type:
+            self._elem[name] = tp.tensor_type.elem_type
 
     def elem_type(self, name: str) -> int | None:
-        tp = self._types.get(name)
-        if tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.elem_type:
-            return None
-        return tp.tensor_type.elem_type
+        if self._state == "new":
+            self._forward()
+        elem = self._elem.get(name)
+        if elem is None and self._state == "forward":
+            self._infer()
+            elem = self._elem.get(name)
+        return elem
 
     def shape(self, name: str) -> list[Any] | None:
+        if self._state == "new":
+            self._forward()
+        if name not in self._types and self._state == "forward":
+            self._infer()
         tp = self._types.get(name)
         if tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
             return None
         return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                 for d in tp.tensor_type.shape.dim]
+
+    def _declare(self, graph: onnx.GraphProto) -> None:
+        for vi in (*graph.input, *graph.output, *graph.value_info):
+            self.set(vi.name, vi.type)
+        for t in graph.initializer:
+            self.set(t.name, helper.make_tensor_type_proto(t.data_type, list(t.dims)))
+
+    def _forward(self) -> None:
+        self._state = "forward"
+        self._forward_graph(self._model.graph)
+
+    def _forward_graph(self, graph: onnx.GraphProto) -> None:
+        self._declare(graph)
+        elem = self._elem
+        for node in graph.node:
+            op = node.op_type
+            std = node.domain in ("", "ai.onnx")
+            if std and op in _SAME_AS_INPUT0 and node.input and node.input[0] in elem:
+                t = elem[node.input[0]]
+                for i, out in enumerate(node.output):
+                    elem.setdefault(out, _SECOND_OUTPUT.get(op, t) if i else t)
+            elif std and op in _FIXED:
+                for out in node.output:
+                    elem.setdefault(out, _FIXED[op])
+            elif std and op in ("Cast", "Constant", "ConstantOfShape"):
+                for a in node.attribute:
+                    if a.name == "to":
+                        elem.setdefault(node.output[0], a.i)
+                    elif a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                        elem.setdefault(node.output[0], a.t.data_type)
+                if op == "ConstantOfShape":
+                    elem.setdefault(node.output[0], _T.FLOAT)
+            elif std and op in ("CastLike", "Where") and len(node.input) > 1 and node.input[1] in elem:
+                elem.setdefault(node.output[0], elem[node.input[1]])
+            elif self._registry is not None and (opdef := self._registry.lookup(node.domain, op)):
+                bound = {}
+                for p, name in zip(opdef.inputs, node.input):
+                    if name in elem:
+                        bound.setdefault(p.type, elem[name])
+                for p, out in zip(opdef.outputs, node.output):
+                    if p.type in bound:
+                        elem.setdefault(out, bound[p.type])
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    self._forward_graph(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for g in attr.graphs:
+                        self._forward_graph(g)
+
+    def _infer(self) -> None:
+        """Ask ONNX shape inference (custom ops known through their schemas)."""
+        self._state = "done"
+        import contextlib
+
+        schemas = self._registry.onnx_schemas() if self._registry is not None else contextlib.nullcontext()
+        try:
+            with schemas:
+                inferred = onnx.shape_inference.infer_shapes(self._model, check_type=False, strict_mode=False)
+        except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError):
+            return  # keep what the declarations and the forward pass found
+        stack = [inferred.graph]
+        while stack:
+            g = stack.pop()
+            for vi in (*g.input, *g.output, *g.value_info):
+                if vi.name not in self._types or not self._types[vi.name].tensor_type.HasField("shape"):
+                    self.set(vi.name, vi.type)
+            for n in g.node:
+                for a in n.attribute:
+                    if a.type == onnx.AttributeProto.GRAPH:
+                        stack.append(a.g)
+                    elif a.type == onnx.AttributeProto.GRAPHS:
+                        stack.extend(a.graphs)
 
 
 class Builder:
@@ -63,9 +175,11 @@ class Builder:
     """
 
     def __init__(self, *, opset: int, prefix: str, names: NameGenerator, types: TypeTable,
-                 node_name: str = "", op_name: str = "") -> None:
+                 node_name: str = "", op_name: str = "", constants: dict | None = None) -> None:
         self.opset = opset
         self.nodes: list[onnx.NodeProto] = []
+        # Constants already made in this scope (by earlier replacements), shared by value.
+        self._constants = {} if constants is None else constants
         self._prefix = prefix
         self._names = names
         self._types = types
@@ -78,16 +192,22 @@ class Builder:
         node_name = self._names.fresh(f"{self._prefix}/{op_type}")
         out_names = [self._names.fresh(f"{node_name}_out{i}" if outputs > 1 else f"{node_name}_out")
                      for i in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), out_names, name=node_name,
-                                           domain=domain, **attrs))
+        node = onnx.NodeProto(op_type=op_type, input=inputs, output=out_names, name=node_name, domain=domain)
+        if attrs:
+            node.attribute.extend(helper.make_attribute(k, v) for k, v in sorted(attrs.items()))
+        self.nodes.append(node)
         return out_names[0] if outputs == 1 else tuple(out_names)
 
     def constant(self, value: Any, *, dtype: int) -> str:
         """A Constant node holding ``value`` with ONNX element type ``dtype``."""
         array = np.asarray(value, dtype=helper.tensor_dtype_to_np_dtype(dtype))
-        name = self._names.fresh(f"{self._prefix}/const")
-        tensor = numpy_helper.from_array(array, name=name)
-        self.nodes.append(helper.make_node("Constant", [], [name], name=name, value=tensor))
+        key = (dtype, array.shape, array.tobytes())
+        name = self._constants.get(key)
+        if name is None:
+            name = self._names.fresh(f"{self._prefix}/const")
+            tensor = numpy_helper.from_array(array, name=name)
+            self.nodes.append(helper.make_node("Constant", [], [name], name=name, value=tensor))
+            self._constants[key] = name
         return name
 
     def dtype(self, name: str) -> int:

@@ -126,28 +126,6 @@ def _names_in_use(model: onnx.ModelProto) -> set[str]:
     return names
 
 
-def _type_table(model: onnx.ModelProto, registry: OpRegistry) -> TypeTable:
-    """Run ONNX shape inference (custom ops known through their schemas) on a copy."""
-    inferred = model
-    try:
-        with registry.onnx_schemas():
-            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError):
-        pass  # fall back to the types the file declares
-    table = TypeTable()
-    for g in _graphs(inferred.graph):
-        for vi in (*g.input, *g.output, *g.value_info):
-            table.set(vi.name, vi.type)
-        for t in g.initializer:
-            table.set(t.name, helper.make_tensor_type_proto(t.data_type, list(t.dims)))
-        for n in g.node:
-            if n.op_type == "Constant" and n.domain in _STANDARD_DOMAINS:
-                for a in n.attribute:
-                    if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                        table.set(n.output[0], helper.make_tensor_type_proto(a.t.data_type, list(a.t.dims)))
-    return table
-
-
 class _Lowerer:
     def __init__(self, model: onnx.ModelProto, registry: OpRegistry, lowering: Lowering,
                  opset: int, path: str | None) -> None:
@@ -156,7 +134,7 @@ class _Lowerer:
         self.opset = opset
         self.path = path
         self.names = NameGenerator(_names_in_use(model))
-        self.types = _type_table(model, registry)
+        self.types = TypeTable(model, registry)
         self.actions: collections.Counter = collections.Counter()
 
     def fail(self, cls: type, message: str, node: onnx.NodeProto, hint: str) -> Exception:
@@ -170,6 +148,7 @@ class _Lowerer:
                 self._recurse(n)
             return
         new_nodes: list[onnx.NodeProto] = []
+        self._scope_constants: dict = {}
         for n in nodes:
             if n.domain == PLACEHOLDER_DOMAIN:
                 new_nodes.extend(self.lower_node(n))
@@ -220,7 +199,8 @@ class _Lowerer:
                             + (f" (has {ranges})" if ranges else ""), node,
                             hint="bind it to a kernel with --bind native or --bind python")
         builder = Builder(opset=self.opset, prefix=node.name or op.name, names=self.names,
-                          types=self.types, node_name=node.name, op_name=op.qualified_name)
+                          types=self.types, node_name=node.name, op_name=op.qualified_name,
+                          constants=self._scope_constants)
         inputs = list(node.input) + [""] * (len(op.inputs) - len(node.input))
         try:
             nodes = builder.finish(list(dec.build(builder, inputs, attrs)), list(node.output))
