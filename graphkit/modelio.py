@@ -56,15 +56,29 @@ def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
 
 def external_data_locations(model: onnx.ModelProto) -> set[str]:
     """The external-data file locations the model's tensors reference."""
-    from onnx.external_data_helper import _get_all_tensors
+    from graphkit.rewrite._walk import scopes
 
-    out = set()
-    for t in _get_all_tensors(model):
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            for entry in t.external_data:
-                if entry.key == "location":
-                    out.add(entry.value)
-    return out
+    external = onnx.TensorProto.EXTERNAL
+    tensors: list[onnx.TensorProto] = []
+    for nodes, _, initializers in scopes(model):
+        tensors.extend(initializers)
+        for node in nodes:
+            if node.attribute:
+                for attr in node.attribute:
+                    if attr.type == onnx.AttributeProto.TENSOR:
+                        tensors.append(attr.t)
+                    elif attr.type == onnx.AttributeProto.TENSORS:
+                        tensors.extend(attr.tensors)
+    for g_sparse in _sparse_initializers(model):
+        tensors.extend((g_sparse.values, g_sparse.indices))
+    return {entry.value for t in tensors if t.data_location == external
+            for entry in t.external_data if entry.key == "location"}
+
+
+def _sparse_initializers(model: onnx.ModelProto) -> list[onnx.SparseTensorProto]:
+    from graphkit.rewrite._walk import graphs
+
+    return [s for g in graphs(model.graph) for s in g.sparse_initializer]
 
 
 def _umask() -> int:

@@ -185,6 +185,7 @@ class Builder:
         self._types = types
         self._node_name = node_name
         self._op_name = op_name
+        self.used_shapes = False
 
     def op(self, op_type: str, *inputs: str, domain: str = "", outputs: int = 1,
            **attrs: Any) -> Any:
@@ -197,6 +198,10 @@ class Builder:
             node.attribute.extend(helper.make_attribute(k, v) for k, v in sorted(attrs.items()))
         self.nodes.append(node)
         return out_names[0] if outputs == 1 else tuple(out_names)
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
 
     def constant(self, value: Any, *, dtype: int) -> str:
         """A Constant node holding ``value`` with ONNX element type ``dtype``."""
@@ -220,6 +225,7 @@ class Builder:
         return elem
 
     def shape(self, name: str) -> list[Any] | None:
+        self.used_shapes = True  # the result may depend on shapes: not reusable as a template
         return self._types.shape(name)
 
     def __getattr__(self, op_type: str) -> Any:

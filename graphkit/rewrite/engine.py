@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 import enum
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from graphkit.ops import (
     default_registry,
 )
 from graphkit.rewrite._rules import Rule, RuleReport, RuleSet, apply_rules
+from graphkit.rewrite._walk import ModelIndex, count_ops, graphs, scopes
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 
 __all__ = ["Lowering", "RewriteReport", "rewrite_model", "ai_onnx_opset"]
@@ -32,6 +33,7 @@ __all__ = ["Lowering", "RewriteReport", "rewrite_model", "ai_onnx_opset"]
 # Opset written into models that hold no ai.onnx import before a decomposition adds one.
 _DEFAULT_OPSET = 17
 _STANDARD_DOMAINS = ("", "ai.onnx")
+FULL_CHECK_NODES = 20_000
 
 
 class Lowering(enum.Enum):
@@ -75,96 +77,43 @@ def ai_onnx_opset(model: onnx.ModelProto) -> int | None:
     return None
 
 
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """``graph`` and every subgraph nested in its nodes' attributes."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _graphs(g)
-
-
-def _all_node_lists(model: onnx.ModelProto) -> Iterator[Any]:
-    for g in _graphs(model.graph):
-        yield g.node
-    for fn in model.functions:
-        yield fn.node
-        for node in fn.node:
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    for g in _graphs(attr.g):
-                        yield g.node
-
-
-def _count_ops(model: onnx.ModelProto) -> collections.Counter:
-    counts: collections.Counter = collections.Counter()
-    for nodes in _all_node_lists(model):
-        for n in nodes:
-            counts[(n.domain, n.op_type)] += 1
-    return counts
-
-
-def _names_in_use(model: onnx.ModelProto) -> set[str]:
-    names: set[str] = set()
-    for g in _graphs(model.graph):
-        names.update(i.name for i in g.input)
-        names.update(o.name for o in g.output)
-        names.update(t.name for t in g.initializer)
-        names.update(v.name for v in g.value_info)
-        for n in g.node:
-            names.add(n.name)
-            names.update(n.input)
-            names.update(n.output)
-    for fn in model.functions:
-        for n in fn.node:
-            names.add(n.name)
-            names.update(n.input)
-            names.update(n.output)
-    return names
-
-
 class _Lowerer:
     def __init__(self, model: onnx.ModelProto, registry: OpRegistry, lowering: Lowering,
-                 opset: int, path: str | None) -> None:
+                 opset: int, path: str | None, names: set[str]) -> None:
         self.registry = registry
         self.lowering = lowering
         self.opset = opset
         self.path = path
-        self.names = NameGenerator(_names_in_use(model))
+        self.names = NameGenerator(names)
+        self.emitted: collections.Counter = collections.Counter()
+        self.lowered: collections.Counter = collections.Counter()
         self.types = TypeTable(model, registry)
         self.actions: collections.Counter = collections.Counter()
+        # (original node, replacement nodes, rule) of every freshly built replacement
+        self.replacements: list[tuple[onnx.NodeProto, list[onnx.NodeProto], str]] = []
 
     def fail(self, cls: type, message: str, node: onnx.NodeProto, hint: str) -> Exception:
         return cls(message, path=self.path, node=node.name or "<unnamed>",
                    op=f"{node.domain}::{node.op_type}", hint=hint)
 
     def lower_graph(self, nodes: Any) -> None:
-        """Rewrite one node list in place; recurse into subgraphs."""
+        """Lower the custom:: nodes of one node list in place (subgraphs are their own scopes)."""
         if not any(n.domain == PLACEHOLDER_DOMAIN for n in nodes):
-            for n in nodes:
-                self._recurse(n)
             return
         new_nodes: list[onnx.NodeProto] = []
         self._scope_constants: dict = {}
+        self._templates: dict = {}
         for n in nodes:
             if n.domain == PLACEHOLDER_DOMAIN:
-                new_nodes.extend(self.lower_node(n))
+                replacement = self.lower_node(n)
+                self.lowered[(n.domain, n.op_type)] += 1
+                for r in replacement:
+                    self.emitted[(r.domain, r.op_type)] += 1
+                new_nodes.extend(replacement)
             else:
-                self._recurse(n)
                 new_nodes.append(n)
         del nodes[:]
         nodes.extend(new_nodes)
-
-    def _recurse(self, node: onnx.NodeProto) -> None:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                self.lower_graph(attr.g.node)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    self.lower_graph(g.node)
 
     def lower_node(self, node: onnx.NodeProto) -> list[onnx.NodeProto]:
         op = self.registry.get(node.op_type)
@@ -198,17 +147,53 @@ class _Lowerer:
             raise self.fail(UnsupportedOpError, f"no decomposition valid at opset {self.opset}"
                             + (f" (has {ranges})" if ranges else ""), node,
                             hint="bind it to a kernel with --bind native or --bind python")
-        builder = Builder(opset=self.opset, prefix=node.name or op.name, names=self.names,
-                          types=self.types, node_name=node.name, op_name=op.qualified_name,
-                          constants=self._scope_constants)
         inputs = list(node.input) + [""] * (len(op.inputs) - len(node.input))
-        try:
-            nodes = builder.finish(list(dec.build(builder, inputs, attrs)), list(node.output))
-        except RewriteError as exc:
-            raise self.fail(RewriteError, f"decomposition '{dec.name}': {exc.message}", node,
-                            exc.hint or "fix the decomposition") from exc
+        prefix = node.name or op.name
+        key = (op.name, dec.name, tuple(self.types.elem_type(i) if i else None for i in inputs),
+               repr(sorted(attrs.items())), len(node.output))
+        template = self._templates.get(key)
+        if template is not None:
+            nodes = self._instantiate(template, inputs, list(node.output), prefix)
+        else:
+            builder = Builder(opset=self.opset, prefix=prefix, names=self.names, types=self.types,
+                              node_name=node.name, op_name=op.qualified_name,
+                              constants=self._scope_constants)
+            shared = set(self._scope_constants.values())
+            try:
+                nodes = builder.finish(list(dec.build(builder, inputs, attrs)), list(node.output))
+            except RewriteError as exc:
+                raise self.fail(RewriteError, f"decomposition '{dec.name}': {exc.message}", node,
+                                exc.hint or "fix the decomposition") from exc
+            if not builder.used_shapes:
+                # Later nodes with the same op, input types and attributes reuse this replacement
+                # with their own names; constants made here are shared by value in this scope.
+                reused = [n for n in nodes if not (n.op_type == "Constant" and n.output[0] not in shared)]
+                self._templates[key] = (reused, inputs, list(node.output), prefix)
+            self.replacements.append((node, [n for n in nodes], f"decomposition '{dec.name}' of {op.qualified_name}"))
         self.actions[(op.qualified_name, f"decompose:{dec.name}")] += 1
         return nodes
+
+    def _instantiate(self, template: tuple, inputs: list[str], outputs: list[str],
+                     prefix: str) -> list[onnx.NodeProto]:
+        tpl_nodes, tpl_inputs, tpl_outputs, tpl_prefix = template
+        rename = dict(zip(tpl_inputs, inputs))
+        rename.update(zip(tpl_outputs, outputs))
+        fresh = self.names.fresh
+        cut = len(tpl_prefix)
+        out = []
+        for tpl in tpl_nodes:
+            node = onnx.NodeProto()
+            node.CopyFrom(tpl)
+            node.name = fresh(prefix + tpl.name[cut:] if tpl.name.startswith(tpl_prefix) else tpl.name)
+            for i, name in enumerate(tpl.output):
+                if name not in rename:
+                    rename[name] = fresh(prefix + name[cut:] if name.startswith(tpl_prefix) else name)
+                node.output[i] = rename[name]
+            for i, name in enumerate(tpl.input):
+                if name in rename:
+                    node.input[i] = rename[name]
+            out.append(node)
+        return out
 
     def _bind(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any]) -> onnx.NodeProto:
         if self.lowering is Lowering.NATIVE:
@@ -234,8 +219,7 @@ class _Lowerer:
         return bound
 
 
-def _fix_opset_imports(model: onnx.ModelProto, opset: int) -> None:
-    used = {n.domain for nodes in _all_node_lists(model) for n in nodes}
+def _fix_opset_imports(model: onnx.ModelProto, opset: int, used: set[str]) -> None:
     imports = {imp.domain: imp for imp in model.opset_import}
     if PLACEHOLDER_DOMAIN in imports and PLACEHOLDER_DOMAIN not in used:
         keep = [imp for imp in model.opset_import if imp.domain != PLACEHOLDER_DOMAIN]
@@ -248,13 +232,20 @@ def _fix_opset_imports(model: onnx.ModelProto, opset: int) -> None:
         model.opset_import.append(helper.make_opsetid(domain, 1))
 
 
+def _shapeless_io(model: onnx.ModelProto) -> list[onnx.TypeProto.Tensor]:
+    return [vi.type.tensor_type for g in graphs(model.graph) for vi in (*g.input, *g.output)
+            if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")]
+
+
 def check_model(model: onnx.ModelProto, registry: OpRegistry, *, path: str | None = None,
-                context: str = "") -> None:
-    """ONNX checker plus strict shape inference, custom ops known through their schemas."""
+                context: str = "", full: bool = True) -> None:
+    """ONNX checker, plus strict shape inference over the whole model when ``full``.
+
+    Custom ops are known to both through their schemas.
+    """
     # onnx's checker insists on a shape field in graph inputs/outputs; ONNX Runtime and
     # exporters do not. Give shapeless ones an empty shape during the check only.
-    shapeless = [vi.type.tensor_type for g in _graphs(model.graph) for vi in (*g.input, *g.output)
-                 if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")]
+    shapeless = _shapeless_io(model)
     with registry.onnx_schemas():
         try:
             for tt in shapeless:
@@ -264,70 +255,92 @@ def check_model(model: onnx.ModelProto, registry: OpRegistry, *, path: str | Non
             finally:
                 for tt in shapeless:
                     tt.ClearField("shape")
-            onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+            if full:
+                onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValidationError(f"invalid model{context}: {first}", path=path,
                                   hint="fix the input model, or skip the check with --no-check") from exc
 
 
-def _scopes(model: onnx.ModelProto) -> Iterator[tuple[Any, set[str], list[onnx.TensorProto]]]:
-    """(node list, protected names, visible initializers) of every graph, subgraph and function."""
-    def walk(graph: onnx.GraphProto, outer: list[onnx.TensorProto]):
-        visible = [*outer, *graph.initializer]
-        yield graph.node, {o.name for o in graph.output}, visible
-        for node in graph.node:
-            for attr in node.attribute:
-                subgraphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else (
-                    attr.graphs if attr.type == onnx.AttributeProto.GRAPHS else [])
-                for g in subgraphs:
-                    yield from walk(g, visible)
-
-    yield from walk(model.graph, [])
-    for fn in model.functions:
-        yield fn.node, set(fn.output), []
+def _check_replacement(original: onnx.NodeProto, nodes: list[onnx.NodeProto], types: TypeTable,
+                       opset_imports: Any, registry: OpRegistry, rule: str, path: str | None) -> None:
+    """Strict type and shape inference over one replacement, fed the types its inputs have."""
+    produced = {o for n in nodes for o in n.output}
+    inputs = list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced))
+    value_infos = []
+    for name in inputs:
+        elem = types.elem_type(name)
+        if elem is None:
+            return  # nothing to check against
+        value_infos.append(helper.make_tensor_value_info(name, elem, types.shape(name)))
+    outputs = [helper.make_value_info(o, onnx.TypeProto()) for o in original.output if o]
+    graph = helper.make_graph(nodes, "replacement", value_infos, outputs)
+    mini = helper.make_model(graph, opset_imports=list(opset_imports), ir_version=10)
+    with registry.onnx_schemas():
+        try:
+            onnx.shape_inference.infer_shapes(mini, check_type=True, strict_mode=True)
+        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise ValidationError(f"replacement made by {rule} is invalid: {first}", path=path,
+                                  node=original.name, op=f"{original.domain}::{original.op_type}",
+                                  hint=f"fix {rule}, or skip the check with --no-check") from exc
 
 
 def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
                   lowering: Lowering = Lowering.DECOMPOSE, rules: Iterable[Rule] | None = None,
-                  check: bool = True, path: str | None = None) -> tuple[onnx.ModelProto, RewriteReport]:
+                  check: bool = True, full_check: bool = False,
+                  path: str | None = None) -> tuple[onnx.ModelProto, RewriteReport]:
     """Apply ``rules`` then lower every custom:: node of ``model``; returns a new model and a report.
 
     ``model`` itself is not modified. A model where nothing applies comes back
-    unchanged field for field.
+    unchanged field for field. ``check`` runs the ONNX checker on the result and strict
+    shape inference on each distinct replacement, and on the whole model when it has at
+    most FULL_CHECK_NODES nodes or ``full_check`` is set.
     """
     registry = registry or default_registry()
     rule_set = rules if isinstance(rules, RuleSet) else RuleSet(rules or ())
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    report = RewriteReport(ops_before=_count_ops(out))
-    has_custom = any(d == PLACEHOLDER_DOMAIN for d, _ in report.ops_before)
+    index = ModelIndex(out)
+    report = RewriteReport(ops_before=index.op_counts)
+    has_custom = PLACEHOLDER_DOMAIN in index.domains
     if not len(rule_set) and (not has_custom or lowering is Lowering.KEEP):
         report.ops_after = report.ops_before.copy()
         return out, report
     opset = ai_onnx_opset(out) or _DEFAULT_OPSET
-    lowerer = _Lowerer(out, registry, lowering, opset, path)
+    lowerer = _Lowerer(out, registry, lowering, opset, path, index.names)
     if len(rule_set):
         def make_builder(node: onnx.NodeProto, rule_name: str) -> Builder:
             return Builder(opset=opset, prefix=node.name or rule_name, names=lowerer.names,
                            types=lowerer.types, node_name=node.name, op_name=rule_name)
 
-        for nodes, protected, inits in list(_scopes(out)):
+        for nodes, protected, inits in list(scopes(out)):
             apply_rules(nodes, rule_set, make_builder=make_builder, protected=protected,
                         initializers=inits, report=report.rules)
     if lowering is not Lowering.KEEP:
-        lowerer.lower_graph(out.graph.node)
-        for fn in out.functions:
-            lowerer.lower_graph(fn.node)
+        for nodes, _, _ in list(scopes(out)):
+            lowerer.lower_graph(nodes)
     if not lowerer.actions and not report.rules.applied:
         report.ops_after = report.ops_before.copy()
         fresh = onnx.ModelProto()
         fresh.CopyFrom(model)
         return fresh, report
-    _fix_opset_imports(out, opset)
     report.actions = lowerer.actions
-    report.ops_after = _count_ops(out)
+    if report.rules.applied:
+        report.ops_after = count_ops(out)
+    else:  # lowering only: derive the counts instead of walking the model again
+        after = report.ops_before.copy()
+        after.subtract(lowerer.lowered)
+        after.update(lowerer.emitted)
+        report.ops_after = +after
+    _fix_opset_imports(out, opset, {d for d, _ in report.ops_after})
     if check:
+        for original, nodes, rule in lowerer.replacements:
+            _check_replacement(original, nodes, lowerer.types, out.opset_import, registry, rule, path)
         applied = ", ".join(sorted({how for _, how in lowerer.actions} | set(report.rules.applied)))
-        check_model(out, registry, path=path, context=f" after rewrite ({applied})")
+        # Every distinct replacement was inferred strictly above; the whole model is
+        # inferred too unless it is big (the per-replacement check covers what changed).
+        check_model(out, registry, path=path, context=f" after rewrite ({applied})",
+                    full=full_check or sum(report.ops_after.values()) <= FULL_CHECK_NODES)
     return out, report

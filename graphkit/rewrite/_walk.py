@@ -1,0 +1,89 @@
+"""Walking a model: every graph, subgraph and function body, in one pass where possible."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from typing import Any
+
+import onnx
+
+__all__ = ["graphs", "scopes", "ModelIndex"]
+
+_GRAPH = onnx.AttributeProto.GRAPH
+_GRAPHS = onnx.AttributeProto.GRAPHS
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    for attr in node.attribute:
+        if attr.type == _GRAPH:
+            yield attr.g
+        elif attr.type == _GRAPHS:
+            yield from attr.graphs
+
+
+def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph nested in its nodes' attributes."""
+    yield graph
+    for node in graph.node:
+        if node.attribute:
+            for g in _subgraphs(node):
+                yield from graphs(g)
+
+
+def scopes(model: onnx.ModelProto) -> Iterator[tuple[Any, set[str], list[onnx.TensorProto]]]:
+    """(node list, protected names, visible initializers) of every graph, subgraph and function."""
+    def walk(graph: onnx.GraphProto, outer: list[onnx.TensorProto]):
+        visible = [*outer, *graph.initializer]
+        yield graph.node, {o.name for o in graph.output}, visible
+        for node in graph.node:
+            if node.attribute:
+                for g in _subgraphs(node):
+                    yield from walk(g, visible)
+
+    yield from walk(model.graph, [])
+    for fn in model.functions:
+        yield fn.node, set(fn.output), []
+        for node in fn.node:
+            for g in _subgraphs(node):
+                yield from walk(g, [])
+
+
+class ModelIndex:
+    """One pass over a model: op counts and every name in use (nodes and tensors)."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.op_counts: collections.Counter = collections.Counter()
+        self.names: set[str] = set()
+        for nodes, _, _ in scopes(model):
+            self._nodes(nodes)
+        for g in graphs(model.graph):
+            self.names.update(i.name for i in g.input)
+            self.names.update(o.name for o in g.output)
+            self.names.update(t.name for t in g.initializer)
+            self.names.update(v.name for v in g.value_info)
+        for fn in model.functions:
+            self.names.update(fn.input)
+            self.names.update(fn.output)
+
+    def _nodes(self, nodes: Any) -> None:
+        counts = self.op_counts
+        update = self.names.update
+        add = self.names.add
+        for n in nodes:
+            counts[(n.domain, n.op_type)] += 1
+            add(n.name)
+            update(n.input)
+            update(n.output)
+
+    @property
+    def domains(self) -> set[str]:
+        return {d for d, _ in self.op_counts}
+
+
+def count_ops(model: onnx.ModelProto) -> collections.Counter:
+    counts: collections.Counter = collections.Counter()
+    for nodes, _, _ in scopes(model):
+        for n in nodes:
+            counts[(n.domain, n.op_type)] += 1
+    return counts
