@@ -153,7 +153,54 @@ def test_user_op_decomposes_with_default_attribute():
 def test_decomposition_outside_its_opset_range_fails_with_reason():
     reg = OpRegistry([_attr_op()])
     with pytest.raises(UnsupportedOpError, match=r"no decomposition valid at opset 17 \(has mul: opset 13..15\)"):
-        rewrite_model(_scale_model(opset=17), registry=reg)
+        rewrite_model(_scale_model(opset=17), registry=reg, lowering=Lowering.DECOMPOSE)
+    with pytest.raises(UnsupportedOpError, match="opset 17.*; has no native kernel") as err:
+        rewrite_model(_scale_model(opset=17), registry=reg, lowering=[Lowering.DECOMPOSE, Lowering.NATIVE])
+    assert "--prefer" in str(err.value)
+
+
+def test_default_preference_falls_back_to_a_kernel_and_records_it():
+    reg = OpRegistry([_attr_op()])
+    out, report = rewrite_model(_scale_model(opset=14), registry=reg)
+    assert report.actions == {("custom::scale", "decompose:mul"): 1}
+    out, report = rewrite_model(_scale_model(opset=17), registry=reg)
+    assert report.actions == {("custom::scale", "bind:python"): 1}
+    out, report = rewrite_model(my_add_model(), lowering=[Lowering.NATIVE, Lowering.DECOMPOSE])
+    assert report.actions == {("custom::my_add", "bind:native"): 1}
+
+
+def test_target_opset_converts_and_picks_the_decomposition(rng):
+    reg = OpRegistry([_attr_op()])
+    out, report = rewrite_model(_scale_model(opset=17), registry=reg, target_opset=15,
+                                lowering=Lowering.DECOMPOSE)
+    assert {i.domain: i.version for i in out.opset_import} == {"": 15}
+    x = np.float32([1, 2, 3])
+    np.testing.assert_allclose(run_ort(out, {"x": x})[0], 2 * x)
+    out, _ = rewrite_model(my_add_model(opset=13), target_opset=19)
+    assert {i.domain: i.version for i in out.opset_import} == {"": 19}
+    a = rng.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_allclose(run_ort(out, {"a": a, "b": a})[0], np.maximum(3 * a, 0), rtol=1e-6)
+
+
+def test_as_functions_keeps_placeholders_and_runs_the_body(rng):
+    out, report = rewrite_model(my_add_model(), as_functions=True)
+    assert [(n.domain, n.op_type) for n in out.graph.node] == [("custom", "my_add"), ("", "Relu")]
+    assert [(f.domain, f.name) for f in out.functions] == [("custom", "my_add")]
+    assert "CastLike" in [n.op_type for n in out.functions[0].node]
+    assert report.actions == {("custom::my_add", "function:mul_add"): 1}
+    for dtype in (TensorProto.FLOAT, TensorProto.DOUBLE):
+        out, _ = rewrite_model(my_add_model(dtype), as_functions=True)
+        a = rng.standard_normal((2, 3)).astype(NP_TYPES[dtype])
+        np.testing.assert_allclose(run_ort(out, {"a": a, "b": a})[0], np.maximum(3 * a, 0), rtol=1e-6)
+
+
+def test_as_functions_refuses_differing_attributes():
+    reg = OpRegistry([_attr_op()])
+    model = _scale_model(scale=3.0)
+    model.graph.node.append(helper.make_node("scale", ["y"], ["y2"], domain="custom", name="s1", scale=4.0))
+    model.graph.output[0].name = "y2"
+    with pytest.raises(UnsupportedOpError, match="same attributes"):
+        rewrite_model(model, registry=reg, as_functions=True)
 
 
 def test_bad_attributes_are_reported():
@@ -181,3 +228,22 @@ def test_bind_python_writes_every_attribute_and_encodes_lists():
 def test_default_registry_is_explicit_and_fresh():
     a, b = default_registry(), default_registry()
     assert a is not b and [op.name for op in a] == ["my_add"]
+
+
+def test_decompose_inside_local_function_fixes_its_imports(rng):
+    """
+    graph: x, y -> local::twice_add (a model-local function whose body holds custom::my_add) -> z
+    """
+    body = [helper.make_node("my_add", ["p", "q"], ["r"], domain="custom", name="fn_add")]
+    fn = helper.make_function("local", "twice_add", ["p", "q"], ["r"], body, [helper.make_opsetid("custom", 1)])
+    graph = helper.make_graph([helper.make_node("twice_add", ["x", "y"], ["z"], domain="local", name="call")], "g",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in "xy"],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, functions=[fn], ir_version=10, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("local", 1), helper.make_opsetid("custom", 1)])
+    out, report = rewrite_model(model)
+    assert report.actions == {("custom::my_add", "decompose:mul_add"): 1}
+    assert {i.domain: i.version for i in out.functions[0].opset_import} == {"": 17}
+    assert {i.domain for i in out.opset_import} == {"", "local"}
+    x, y = np.float32([1, 2, 3]), np.float32([1, 1, 1])
+    np.testing.assert_allclose(run_ort(out, {"x": x, "y": y})[0], 2 * x + y)

@@ -34,7 +34,7 @@ def python_kernel(a, b):
 
 def _mul_add(builder, inputs: Sequence[str], attrs: Mapping[str, Any]) -> list[str]:
     a, b = inputs
-    two = builder.constant(2, dtype=builder.dtype(a))
+    two = builder.constant(2, like=a)
     return [builder.op("Add", builder.op("Mul", a, two), b)]
 
 

@@ -203,8 +203,20 @@ class Builder:
     def prefix(self) -> str:
         return self._prefix
 
-    def constant(self, value: Any, *, dtype: int) -> str:
-        """A Constant node holding ``value`` with ONNX element type ``dtype``."""
+    def constant(self, value: Any, *, dtype: int | None = None, like: str | None = None) -> str:
+        """A constant holding ``value``, of element type ``dtype`` or of tensor ``like``'s type.
+
+        Where ``like``'s type is unknown (inside a function body) the constant is made
+        float and cast with CastLike (opset 15 and up).
+        """
+        if dtype is None:
+            if like is None:
+                raise TypeError("constant() needs dtype= or like=")
+            dtype = self._types.elem_type(like)
+            if dtype is None:
+                if self.opset < 15:
+                    self.dtype(like)  # raises: unknown type and no CastLike before opset 15
+                return self.op("CastLike", self.constant(value, dtype=onnx.TensorProto.FLOAT), like)
         array = np.asarray(value, dtype=helper.tensor_dtype_to_np_dtype(dtype))
         key = (dtype, array.shape, array.tobytes())
         name = self._constants.get(key)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from graphkit.rewrite._rules import Rule, RuleReport, RuleSet, apply_rules
 from graphkit.rewrite._walk import ModelIndex, count_ops, graphs, scopes
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 
-__all__ = ["Lowering", "RewriteReport", "rewrite_model", "ai_onnx_opset"]
+__all__ = ["DEFAULT_PREFERENCE", "Lowering", "RewriteReport", "rewrite_model", "ai_onnx_opset"]
 
 # Opset written into models that hold no ai.onnx import before a decomposition adds one.
 _DEFAULT_OPSET = 17
@@ -78,10 +78,10 @@ def ai_onnx_opset(model: onnx.ModelProto) -> int | None:
 
 
 class _Lowerer:
-    def __init__(self, model: onnx.ModelProto, registry: OpRegistry, lowering: Lowering,
+    def __init__(self, model: onnx.ModelProto, registry: OpRegistry, prefer: tuple[Lowering, ...],
                  opset: int, path: str | None, names: set[str]) -> None:
         self.registry = registry
-        self.lowering = lowering
+        self.prefer = prefer
         self.opset = opset
         self.path = path
         self.names = NameGenerator(names)
@@ -127,9 +127,29 @@ class _Lowerer:
                                      where=node.name)
         except OpDefinitionError as exc:
             raise self.fail(RewriteError, exc.message, node, exc.hint or "fix the node") from exc
-        if self.lowering is Lowering.DECOMPOSE:
-            return self._decompose(op, node, attrs)
-        return [self._bind(op, node, attrs)]
+        reasons = []
+        for how in self.prefer:
+            if how is Lowering.DECOMPOSE:
+                dec = op.decomposition_for(self.opset)
+                if dec is not None:
+                    return self._decompose(op, node, attrs, dec)
+                ranges = ", ".join(f"{d.name}: opset {d.min_opset}..{d.max_opset or ''}"
+                                   for d in op.decompositions)
+                reasons.append(f"no decomposition valid at opset {self.opset}"
+                               + (f" (has {ranges})" if ranges else ""))
+            elif how is Lowering.NATIVE:
+                if op.native:
+                    return [self._bind(op, node, attrs, how)]
+                reasons.append("has no native kernel")
+            elif how is Lowering.PYTHON:
+                if op.python_kernel is not None:
+                    return [self._bind(op, node, attrs, how)]
+                reasons.append("has no Python kernel")
+        others = [h.value for h in (Lowering.DECOMPOSE, Lowering.NATIVE, Lowering.PYTHON) if h not in self.prefer]
+        hint = (f"allow another lowering ({', '.join(others)}) with --prefer, or pick the opset with "
+                "--target-opset" if others else "pick another opset with --target-opset or add a lowering "
+                f"to the definition of {op.name}")
+        raise self.fail(UnsupportedOpError, "; ".join(reasons), node, hint=hint)
 
     def _check_arity(self, op: OpDef, node: onnx.NodeProto) -> None:
         n_req = sum(not p.optional for p in op.inputs)
@@ -140,13 +160,8 @@ class _Lowerer:
             raise self.fail(RewriteError, f"has {len(node.output)} outputs; {op.name} gives "
                             f"{len(op.outputs)}", node, hint="re-export the model")
 
-    def _decompose(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any]) -> list[onnx.NodeProto]:
-        dec = op.decomposition_for(self.opset)
-        if dec is None:
-            ranges = ", ".join(f"{d.name}: opset {d.min_opset}..{d.max_opset or ''}" for d in op.decompositions)
-            raise self.fail(UnsupportedOpError, f"no decomposition valid at opset {self.opset}"
-                            + (f" (has {ranges})" if ranges else ""), node,
-                            hint="bind it to a kernel with --bind native or --bind python")
+    def _decompose(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any],
+                   dec: Any) -> list[onnx.NodeProto]:
         inputs = list(node.input) + [""] * (len(op.inputs) - len(node.input))
         prefix = node.name or op.name
         key = (op.name, dec.name, tuple(self.types.elem_type(i) if i else None for i in inputs),
@@ -195,17 +210,12 @@ class _Lowerer:
             out.append(node)
         return out
 
-    def _bind(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any]) -> onnx.NodeProto:
-        if self.lowering is Lowering.NATIVE:
-            if not op.native:
-                raise self.fail(UnsupportedOpError, "has no native kernel", node,
-                                hint="decompose it (the default) or --bind python")
+    def _bind(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], how: Lowering) -> onnx.NodeProto:
+        if how is Lowering.NATIVE:
             domain, values = NATIVE_DOMAIN, attrs
         else:
-            if op.python_kernel is None:
-                raise self.fail(UnsupportedOpError, "has no Python kernel", node,
-                                hint="decompose it (the default) or --bind native")
             from graphkit.runtime.python_kernels import encode_list_attr
+
 
             domain = PYTHON_DOMAIN
             values = {k: encode_list_attr(v) if op.attr(k).type.is_list else v for k, v in attrs.items()}
@@ -215,21 +225,30 @@ class _Lowerer:
         del bound.attribute[:]
         # Every attribute is written out: kernels read them without knowing defaults.
         bound.attribute.extend(helper.make_attribute(k, v) for k, v in values.items())
-        self.actions[(op.qualified_name, f"bind:{self.lowering.value}")] += 1
+        self.actions[(op.qualified_name, f"bind:{how.value}")] += 1
         return bound
 
 
-def _fix_opset_imports(model: onnx.ModelProto, opset: int, used: set[str]) -> None:
-    imports = {imp.domain: imp for imp in model.opset_import}
-    if PLACEHOLDER_DOMAIN in imports and PLACEHOLDER_DOMAIN not in used:
-        keep = [imp for imp in model.opset_import if imp.domain != PLACEHOLDER_DOMAIN]
-        del model.opset_import[:]
-        model.opset_import.extend(keep)
-    present = {imp.domain for imp in model.opset_import}
+def _fix_imports(imports: Any, used: set[str], opset: int) -> None:
+    """Drop an unused `custom` import; import every used domain (ai.onnx at ``opset``)."""
+    keep = [imp for imp in imports if not (imp.domain == PLACEHOLDER_DOMAIN and PLACEHOLDER_DOMAIN not in used)]
+    present = {imp.domain for imp in keep}
     if not present & set(_STANDARD_DOMAINS) and used & set(_STANDARD_DOMAINS):
-        model.opset_import.append(helper.make_opsetid("", opset))
-    for domain in sorted(used - present - set(_STANDARD_DOMAINS)):
-        model.opset_import.append(helper.make_opsetid(domain, 1))
+        keep.append(helper.make_opsetid("", opset))
+    keep.extend(helper.make_opsetid(d, 1) for d in sorted(used - present - set(_STANDARD_DOMAINS)))
+    if [(i.domain, i.version) for i in keep] != [(i.domain, i.version) for i in imports]:
+        del imports[:]
+        imports.extend(keep)
+
+
+def _fix_opset_imports(model: onnx.ModelProto, opset: int, used: set[str]) -> None:
+    """Consistent opset imports in the model and in every local function."""
+    for fn in model.functions:
+        fn_used = {n.domain for n in fn.node}
+        _fix_imports(fn.opset_import, fn_used, opset)
+        used = used | fn_used
+    used |= {f.domain for f in model.functions}
+    _fix_imports(model.opset_import, used, opset)
 
 
 def _shapeless_io(model: onnx.ModelProto) -> list[onnx.TypeProto.Tensor]:
@@ -287,11 +306,81 @@ def _check_replacement(original: onnx.NodeProto, nodes: list[onnx.NodeProto], ty
                                   hint=f"fix {rule}, or skip the check with --no-check") from exc
 
 
+def _convert_opset(model: onnx.ModelProto, target: int, path: str | None) -> onnx.ModelProto:
+    """Move the model's standard ops to ai.onnx opset ``target`` (custom nodes ride along)."""
+    from onnx import version_converter
+
+    current = ai_onnx_opset(model)
+    if current == target or not any(d in _STANDARD_DOMAINS for d, _ in count_ops(model)):
+        converted = model
+    else:
+        try:
+            converted = version_converter.convert_version(model, target)
+        except Exception as exc:  # the converter raises bare RuntimeErrors / its own types
+            raise RewriteError(f"cannot convert from opset {current} to {target}: {str(exc).splitlines()[0]}",
+                               path=path, hint="pick a --target-opset the converter supports, or omit it") from exc
+    imports = [imp for imp in converted.opset_import if imp.domain not in _STANDARD_DOMAINS]
+    del converted.opset_import[:]
+    converted.opset_import.extend([helper.make_opsetid("", target), *imports])
+    return converted
+
+
+def _attach_functions(model: onnx.ModelProto, registry: OpRegistry, opset: int, names: NameGenerator,
+                      path: str | None) -> collections.Counter:
+    """Give every custom op used in ``model`` a local function holding its decomposition."""
+    attrs_seen: dict[str, dict[str, Any]] = {}
+    for nodes, _, _ in scopes(model):
+        for node in nodes:
+            if node.domain != PLACEHOLDER_DOMAIN:
+                continue
+            op = registry.get(node.op_type)
+            if op is None:
+                raise UnsupportedOpError("no op definition for this custom op", path=path, node=node.name,
+                                         op=f"custom::{node.op_type}",
+                                         hint=f"define '{node.op_type}' in custom_ops/")
+            given = op.resolve_attrs({a.name: helper.get_attribute_value(a) for a in node.attribute},
+                                     where=node.name)
+            if attrs_seen.setdefault(op.name, given) != given:
+                raise UnsupportedOpError(
+                    "--as-functions needs every node of an op to have the same attributes", path=path,
+                    node=node.name, op=op.qualified_name, hint="decompose or bind these nodes instead")
+    existing = {(f.domain, f.name) for f in model.functions}
+    actions: collections.Counter = collections.Counter()
+    for name, attrs in attrs_seen.items():
+        op = registry.get(name)
+        if (PLACEHOLDER_DOMAIN, name) in existing:
+            continue
+        dec = op.decomposition_for(opset)
+        if dec is None:
+            raise UnsupportedOpError(f"no decomposition valid at opset {opset} to put in a function",
+                                     path=path, op=op.qualified_name, hint="pick another --target-opset")
+        inputs = [p.name for p in op.inputs]
+        builder = Builder(opset=opset, prefix=name, names=NameGenerator(inputs), types=TypeTable(),
+                          op_name=op.qualified_name)
+        body = builder.finish(list(dec.build(builder, inputs, attrs)), [p.name for p in op.outputs])
+        model.functions.append(helper.make_function(
+            PLACEHOLDER_DOMAIN, name, inputs, [p.name for p in op.outputs], body,
+            [helper.make_opsetid("", opset)], attributes=[a.name for a in op.attributes], doc_string=op.doc))
+        actions[(op.qualified_name, f"function:{dec.name}")] += 1
+    return actions
+
+
+DEFAULT_PREFERENCE = (Lowering.DECOMPOSE, Lowering.NATIVE, Lowering.PYTHON)
+
+
 def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
-                  lowering: Lowering = Lowering.DECOMPOSE, rules: Iterable[Rule] | None = None,
-                  check: bool = True, full_check: bool = False,
+                  lowering: Lowering | Sequence[Lowering] = DEFAULT_PREFERENCE,
+                  rules: Iterable[Rule] | None = None, target_opset: int | None = None,
+                  as_functions: bool = False, check: bool = True, full_check: bool = False,
                   path: str | None = None) -> tuple[onnx.ModelProto, RewriteReport]:
-    """Apply ``rules`` then lower every custom:: node of ``model``; returns a new model and a report.
+    """Apply ``rules``, then lower every custom:: node of ``model``; returns a new model and a report.
+
+    ``lowering`` is one lowering or a preference order: each node gets the first that
+    fits (a decomposition valid at the target opset, a native or a Python kernel).
+    ``Lowering.KEEP`` leaves placeholders alone; ``as_functions`` keeps them and attaches
+    their decompositions as model-local functions (ONNX Runtime runs a registered kernel
+    where there is one, the function body elsewhere). ``target_opset`` converts the
+    model's standard ops first.
 
     ``model`` itself is not modified. A model where nothing applies comes back
     unchanged field for field. ``check`` runs the ONNX checker on the result and strict
@@ -299,15 +388,59 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     most FULL_CHECK_NODES nodes or ``full_check`` is set.
     """
     registry = registry or default_registry()
+    prefer = (lowering,) if isinstance(lowering, Lowering) else tuple(lowering)
+    if as_functions:
+        prefer = (Lowering.KEEP,)
     rule_set = rules if isinstance(rules, RuleSet) else RuleSet(rules or ())
     out = onnx.ModelProto()
     out.CopyFrom(model)
     index = ModelIndex(out)
     report = RewriteReport(ops_before=index.op_counts)
     has_custom = PLACEHOLDER_DOMAIN in index.domains
-    if not len(rule_set) and (not has_custom or lowering is Lowering.KEEP):
+    converting = target_opset is not None and target_opset != ai_onnx_opset(out)
+    if not len(rule_set) and not converting and (not has_custom or prefer == (Lowering.KEEP,)) and not (
+            as_functions and has_custom):
         report.ops_after = report.ops_before.copy()
         return out, report
+    if target_opset is not None:
+        out = _convert_opset(out, target_opset, path)
+        index = ModelIndex(out) if converting else index
+    opset = ai_onnx_opset(out) or _DEFAULT_OPSET
+    lowerer = _Lowerer(out, registry, prefer, opset, path, index.names)
+    if len(rule_set):
+        def make_builder(node: onnx.NodeProto, rule_name: str) -> Builder:
+            return Builder(opset=opset, prefix=node.name or rule_name, names=lowerer.names,
+                           types=lowerer.types, node_name=node.name, op_name=rule_name)
+
+        for nodes, protected, inits in list(scopes(out)):
+            apply_rules(nodes, rule_set, make_builder=make_builder, protected=protected,
+                        initializers=inits, report=report.rules)
+    if prefer != (Lowering.KEEP,):
+        for nodes, _, _ in list(scopes(out)):
+            lowerer.lower_graph(nodes)
+    if as_functions:
+        lowerer.actions.update(_attach_functions(out, registry, opset, lowerer.names, path))
+    if not lowerer.actions and not report.rules.applied and not converting:
+        report.ops_after = report.ops_before.copy()
+        fresh = onnx.ModelProto()
+        fresh.CopyFrom(model)
+        return fresh, report
+    report.actions = lowerer.actions
+    if report.rules.applied or converting or as_functions:
+        report.ops_after = count_ops(out)
+    else:  # lowering only: derive the counts instead of walking the model again
+        after = report.ops_before.copy()
+        after.subtract(lowerer.lowered)
+        after.update(lowerer.emitted)
+        report.ops_after = +after
+    _fix_opset_imports(out, opset, {d for d, _ in report.ops_after})
+    if check:
+        for original, nodes, rule in lowerer.replacements:
+            _check_replacement(original, nodes, lowerer.types, out.opset_import, registry, rule, path)
+        applied = ", ".join(sorted({how for _, how in lowerer.actions} | set(report.rules.applied)))
+        check_model(out, registry, path=path, context=f" after rewrite ({applied})",
+                    full=full_check or sum(report.ops_after.values()) <= FULL_CHECK_NODES)
+    return out, report
     opset = ai_onnx_opset(out) or _DEFAULT_OPSET
     lowerer = _Lowerer(out, registry, lowering, opset, path, index.names)
     if len(rule_set):
