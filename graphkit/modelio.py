@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError
 
 from graphkit.errors import ModelLoadError, OutputError
 
-__all__ = ["load_model", "save_model", "atomic_write", "external_data_locations"]
+__all__ = ["load_model", "save_model", "atomic_write", "check_output_path"]
 
 _PROTOBUF_LIMIT = 2**31 - 1
 
@@ -52,33 +52,6 @@ def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
         raise ModelLoadError(f"not an ONNX model or truncated (missing {', '.join(missing)})",
                              path=str(p), hint="re-export the model or check the file was copied whole")
     return model
-
-
-def external_data_locations(model: onnx.ModelProto) -> set[str]:
-    """The external-data file locations the model's tensors reference."""
-    from graphkit.rewrite._walk import scopes
-
-    external = onnx.TensorProto.EXTERNAL
-    tensors: list[onnx.TensorProto] = []
-    for nodes, _, initializers in scopes(model):
-        tensors.extend(initializers)
-        for node in nodes:
-            if node.attribute:
-                for attr in node.attribute:
-                    if attr.type == onnx.AttributeProto.TENSOR:
-                        tensors.append(attr.t)
-                    elif attr.type == onnx.AttributeProto.TENSORS:
-                        tensors.extend(attr.tensors)
-    for g_sparse in _sparse_initializers(model):
-        tensors.extend((g_sparse.values, g_sparse.indices))
-    return {entry.value for t in tensors if t.data_location == external
-            for entry in t.external_data if entry.key == "location"}
-
-
-def _sparse_initializers(model: onnx.ModelProto) -> list[onnx.SparseTensorProto]:
-    from graphkit.rewrite._walk import graphs
-
-    return [s for g in graphs(model.graph) for s in g.sparse_initializer]
 
 
 def _umask() -> int:
@@ -145,22 +118,33 @@ def check_output_path(output: str | os.PathLike[str], input_path: str | os.PathL
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike[str], *,
-               input_path: str | os.PathLike[str] | None = None) -> None:
+               input_path: str | os.PathLike[str] | None = None, external_data: str = "auto") -> None:
     """Write ``model`` to ``path`` atomically; never over ``input_path``.
 
-    External-data references are kept as they are, so they must stay valid from the
-    output's directory.
+    Weights kept in external files next to ``input_path`` are validated (never read) and
+    made valid from the output's directory: hard-linked where possible, else copied
+    (``external_data``: "auto", "link" or "copy"). Nothing partial is left on failure.
     """
+    from graphkit.external_data import check_external_data, external_tensors, place_external_data
+
     check_output_path(path, input_path)
-    locations = external_data_locations(model)
-    if locations and input_path is not None:
-        src_dir = Path(input_path).resolve().parent
-        if Path(path).resolve().parent != src_dir:
-            raise OutputError(
-                f"the model keeps weights in external file(s) {sorted(locations)} next to the input",
-                path=str(path), hint=f"write the output into {src_dir} so those references stay valid")
+    created: list[Path] = []
+    if external_tensors(model):
+        if input_path is None:
+            raise OutputError("the model references external data but its source is unknown", path=str(path),
+                              hint="pass input_path= so the weights can be found")
+        files = check_external_data(model, input_path)
+        out_dir = Path(path).resolve().parent
+        if out_dir != Path(input_path).resolve().parent:
+            created = place_external_data(files, out_dir, external_data)
     if model.ByteSize() > _PROTOBUF_LIMIT:
         raise OutputError("model is over protobuf's 2 GiB limit and has inline weights",
                           path=str(path), hint="move its weights to external data first")
-    with atomic_write(path) as tmp:
-        tmp.write_bytes(model.SerializeToString())
+    try:
+        with atomic_write(path) as tmp:
+            tmp.write_bytes(model.SerializeToString())
+    except BaseException:
+        for f in created:
+            with contextlib.suppress(OSError):
+                f.unlink()
+        raise

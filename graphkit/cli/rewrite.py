@@ -6,14 +6,27 @@ import argparse
 import json
 
 
+LOWERINGS = ("decompose", "native", "python")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="ONNX model to read (never modified)")
     p.add_argument("output", help="where to write the rewritten model (written atomically)")
-    p.add_argument("--bind", choices=("native", "python"),
-                   help="bind custom:: nodes to graphkit's C++ (native) or Python kernels "
-                        "instead of decomposing them into standard ops")
-    p.add_argument("--keep-custom", action="store_true",
-                   help="leave custom:: nodes as placeholders (apply --rules only)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--bind", choices=("native", "python"),
+                     help="bind every custom:: node to graphkit's C++ (native) or Python kernels "
+                          "instead of decomposing them into standard ops")
+    how.add_argument("--prefer", metavar="LIST",
+                     help="per node, the first lowering that fits, in this order; comma-separated "
+                          "from decompose, native, python. Default: decompose,native,python (the "
+                          "most portable the target opset supports). For example --prefer native,decompose")
+    how.add_argument("--keep-custom", action="store_true",
+                     help="leave custom:: nodes as placeholders (apply --rules only)")
+    how.add_argument("--as-functions", action="store_true",
+                     help="keep custom:: nodes and attach their decompositions as model-local functions: "
+                          "ONNX Runtime runs a registered kernel where there is one, the function elsewhere")
+    p.add_argument("--target-opset", type=int, metavar="N",
+                   help="convert the model's standard ops to ai.onnx opset N and pick decompositions valid there")
     p.add_argument("--rules", action="append", default=[], metavar="FILE.py|MODULE",
                    help="apply the rules defined as `rules = RuleSet([...])` in a Python file or "
                         "module before lowering; repeatable. For example --rules my_rules.py")
@@ -21,34 +34,76 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="print, per rule, how often it applied and why it did not match elsewhere")
     p.add_argument("--no-check", action="store_true",
                    help="skip the ONNX checker and shape inference on the result")
+    p.add_argument("--full-check", action="store_true",
+                   help="run strict shape inference over the whole result even when it is big")
+    p.add_argument("--external-data", choices=("auto", "link", "copy"), default="auto",
+                   help="when writing into another directory, make external weights valid there by hard "
+                        "link (link), copy (copy) or link falling back to copy (auto, the default)")
+    p.add_argument("--dry-run", action="store_true", help="do everything but write the output")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show progress on stderr (default: on a terminal, for models over 10k nodes)")
+
+
+def _preference(args: argparse.Namespace):
+    from graphkit.errors import UsageError
+    from graphkit.rewrite import Lowering
+    from graphkit.rewrite.engine import DEFAULT_PREFERENCE
+
+    if args.keep_custom:
+        return Lowering.KEEP
+    if args.bind:
+        return Lowering(args.bind)
+    if not args.prefer:
+        return DEFAULT_PREFERENCE
+    names = [n.strip() for n in args.prefer.split(",") if n.strip()]
+    bad = [n for n in names if n not in LOWERINGS]
+    if bad or not names or len(set(names)) != len(names):
+        raise UsageError(f"--prefer {args.prefer!r} is not a list of distinct {', '.join(LOWERINGS)}",
+                         hint="for example --prefer native,decompose")
+    return [Lowering(n) for n in names]
 
 
 def run(args: argparse.Namespace) -> int:
-    from graphkit.modelio import check_output_path, load_model, save_model
-    from graphkit.rewrite import Lowering, rewrite_model
+    import sys
 
-    from graphkit.errors import UsageError
-    from graphkit.rewrite import RuleSet
+    from graphkit.external_data import check_external_data, external_tensors
+    from graphkit.modelio import check_output_path, load_model, save_model
+    from graphkit.rewrite import RuleSet, rewrite_model
     from graphkit.rewrite.loader import load_rules
 
-    if args.bind and args.keep_custom:
-        raise UsageError("--bind and --keep-custom exclude each other", hint="pick one")
-    check_output_path(args.output, args.input)
+    lowering = _preference(args)
+    if not args.dry_run:
+        check_output_path(args.output, args.input)
     rules = RuleSet([r for source in args.rules for r in load_rules(source)])
     model = load_model(args.input)
-    lowering = (Lowering.KEEP if args.keep_custom else
-                Lowering(args.bind) if args.bind else Lowering.DECOMPOSE)
-    out, report = rewrite_model(model, lowering=lowering, rules=rules, check=not args.no_check,
-                                path=args.input)
-    save_model(out, args.output, input_path=args.input)
+    if external_tensors(model):
+        check_external_data(model, args.input)
+    show = args.progress if args.progress is not None else sys.stderr.isatty()
+    out, report = rewrite_model(model, lowering=lowering, rules=rules, target_opset=args.target_opset,
+                                as_functions=args.as_functions, check=not args.no_check,
+                                full_check=args.full_check, path=args.input,
+                                progress=_progress_bar if show else None)
+    if not args.dry_run:
+        save_model(out, args.output, input_path=args.input, external_data=args.external_data)
     if args.json:
-        print(json.dumps({"input": args.input, "output": args.output, **report.to_dict()}, indent=2))
+        print(json.dumps({"input": args.input, "output": None if args.dry_run else args.output,
+                          **report.to_dict()}, indent=2))
     else:
-        print(format_report(report, args.input, args.output))
+        print(format_report(report, args.input, "(dry run: not written)" if args.dry_run else args.output))
         if args.explain:
             print(report.rules.explain() or "no rules given")
     return 0
+
+
+def _progress_bar(phase: str, done: int, total: int) -> None:
+    import sys
+
+    width = 30
+    filled = width * done // max(total, 1)
+    end = "\n" if done >= total else ""
+    sys.stderr.write(f"\r{phase:<10} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}{end}")
+    sys.stderr.flush()
 
 
 def format_report(report, src: str, dst: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,8 @@ __all__ = ["DEFAULT_PREFERENCE", "Lowering", "RewriteReport", "rewrite_model", "
 _DEFAULT_OPSET = 17
 _STANDARD_DOMAINS = ("", "ai.onnx")
 FULL_CHECK_NODES = 20_000
+PROGRESS_MIN_NODES = 10_000  # smaller models finish before a progress bar would help
+PROGRESS_STEP = 2_000
 
 
 class Lowering(enum.Enum):
@@ -86,6 +88,8 @@ class _Lowerer:
         self.path = path
         self.names = NameGenerator(names)
         self.emitted: collections.Counter = collections.Counter()
+        self.progress: Callable[[str, int, int], None] | None = None
+        self.done = self.total = 0
         self.lowered: collections.Counter = collections.Counter()
         self.types = TypeTable(model, registry)
         self.actions: collections.Counter = collections.Counter()
@@ -103,7 +107,10 @@ class _Lowerer:
         new_nodes: list[onnx.NodeProto] = []
         self._scope_constants: dict = {}
         self._templates: dict = {}
-        for n in nodes:
+        progress, step = self.progress, PROGRESS_STEP
+        for i, n in enumerate(nodes):
+            if progress is not None and i % step == 0:
+                progress("lowering", self.done + i, self.total)
             if n.domain == PLACEHOLDER_DOMAIN:
                 replacement = self.lower_node(n)
                 self.lowered[(n.domain, n.op_type)] += 1
@@ -112,6 +119,7 @@ class _Lowerer:
                 new_nodes.extend(replacement)
             else:
                 new_nodes.append(n)
+        self.done += len(nodes)
         del nodes[:]
         nodes.extend(new_nodes)
 
@@ -372,7 +380,8 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
                   lowering: Lowering | Sequence[Lowering] = DEFAULT_PREFERENCE,
                   rules: Iterable[Rule] | None = None, target_opset: int | None = None,
                   as_functions: bool = False, check: bool = True, full_check: bool = False,
-                  path: str | None = None) -> tuple[onnx.ModelProto, RewriteReport]:
+                  path: str | None = None, progress: Callable[[str, int, int], None] | None = None,
+                  ) -> tuple[onnx.ModelProto, RewriteReport]:
     """Apply ``rules``, then lower every custom:: node of ``model``; returns a new model and a report.
 
     ``lowering`` is one lowering or a preference order: each node gets the first that
@@ -380,7 +389,8 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     ``Lowering.KEEP`` leaves placeholders alone; ``as_functions`` keeps them and attaches
     their decompositions as model-local functions (ONNX Runtime runs a registered kernel
     where there is one, the function body elsewhere). ``target_opset`` converts the
-    model's standard ops first.
+    model's standard ops first. ``progress(phase, done, total)`` is called while lowering
+    models of more than PROGRESS_MIN_NODES nodes.
 
     ``model`` itself is not modified. A model where nothing applies comes back
     unchanged field for field. ``check`` runs the ONNX checker on the result and strict
@@ -416,8 +426,13 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
             apply_rules(nodes, rule_set, make_builder=make_builder, protected=protected,
                         initializers=inits, report=report.rules)
     if prefer != (Lowering.KEEP,):
+        lowerer.total = sum(index.op_counts.values())
+        if lowerer.total > PROGRESS_MIN_NODES:
+            lowerer.progress = progress
         for nodes, _, _ in list(scopes(out)):
             lowerer.lower_graph(nodes)
+        if lowerer.progress is not None:
+            lowerer.progress("lowering", lowerer.total, lowerer.total)
     if as_functions:
         lowerer.actions.update(_attach_functions(out, registry, opset, lowerer.names, path))
     if not lowerer.actions and not report.rules.applied and not converting:

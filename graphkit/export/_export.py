@@ -1,0 +1,414 @@
+"""``export``: a torch model to an ONNX file holding graphkit's placeholder nodes.
+
+Both torch exporters, one call:
+
+- ``dynamo=True`` (``torch.export``): graphkit ops called through :class:`TorchOps` (or an
+  :func:`autograd_function`) are recorded as ``graphkit::<name>`` and translated by the
+  generated onnxscript functions into ``custom::<name>`` nodes.
+- ``dynamo=False`` (TorchScript): autograd.Functions emit the node through their
+  ``symbolic``; ``graphkit::<name>`` library ops through symbolics registered for the
+  duration of the call only.
+
+Dynamic dimensions are spelled once, ``{"a": {0: "batch"}}`` (keys are ONNX input names:
+``input_names`` or, by default, the forward's parameter names), and become
+``dynamic_axes`` or ``dynamic_shapes`` with ``torch.export.Dim`` as the exporter needs.
+The file is written atomically and only when the whole export succeeded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import logging
+import os
+import re
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+
+from graphkit.errors import ExportError, GraphkitError
+from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
+from graphkit.export import torch_ops
+
+__all__ = ["export", "ExportReport", "CustomNode", "MAX_IR_VERSION"]
+
+# ONNX Runtime 1.31.1 loads ir_version <= 13; graphkit writes at most 10 so older runtimes
+# (ORT >= 1.17 reads 10) load its exports too.
+MAX_IR_VERSION = 10
+# torch 2.13's exporter builds opset 18 and its version converter goes no lower.
+_DYNAMO_MIN_OPSET = 18
+
+
+@dataclass(frozen=True)
+class CustomNode:
+    """A placeholder node of the exported graph."""
+
+    name: str
+    op: str  # "custom::my_add"
+    known: bool = True  # whether the registry defines this op
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    """What :func:`export` wrote."""
+
+    path: Path
+    exporter: str  # "dynamo" or "torchscript"
+    opset: int
+    ir_version: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    custom_nodes: tuple[CustomNode, ...] = ()
+    opset_imports: Mapping[str, int] = field(default_factory=dict)
+
+    def count(self, op: str) -> int:
+        """How many custom nodes run ``op`` (``"my_add"`` or ``"custom::my_add"``)."""
+        full = op if "::" in op else f"{PLACEHOLDER_DOMAIN}::{op}"
+        return sum(1 for n in self.custom_nodes if n.op == full)
+
+    @property
+    def unknown_ops(self) -> tuple[str, ...]:
+        """Placeholder ops the registry does not define (nothing will serve them)."""
+        return tuple(sorted({n.op for n in self.custom_nodes if not n.known}))
+
+    def summary(self) -> str:
+        ops: dict[str, int] = {}
+        for n in self.custom_nodes:
+            ops[n.op] = ops.get(n.op, 0) + 1
+        listed = ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())) or "no custom nodes"
+        return (f"{self.path}: {self.exporter} exporter, opset {self.opset}, ir_version "
+                f"{self.ir_version}; {listed}")
+
+
+def export(
+    model: torch.nn.Module,
+    args: Any,
+    path: str | os.PathLike[str],
+    *,
+    dynamo: bool = True,
+    registry: OpRegistry | None = None,
+    opset: int = 18,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    dynamic_dims: Mapping[str, Mapping[int, str]] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+) -> ExportReport:
+    """Export ``model(*args, **kwargs)`` to ``path`` with graphkit's ops as ``custom::`` nodes.
+
+    ``registry`` (default :func:`~graphkit.ops.default_registry`) names the ops graphkit
+    hooks into the exporters. Raises ExportError naming the model class and the cause
+    (nothing is written then), OutputError for an unwritable ``path``.
+    """
+    from graphkit.modelio import check_output_path, save_model
+    from graphkit.ops import default_registry
+
+    registry = default_registry() if registry is None else registry
+    args = args if isinstance(args, tuple) else (args,)
+    kwargs = dict(kwargs or {})
+    model_name = type(model).__name__
+    if dynamo and opset < _DYNAMO_MIN_OPSET:
+        raise ExportError(f"cannot export {model_name}: the dynamo exporter writes opset >= "
+                          f"{_DYNAMO_MIN_OPSET}, {opset} was asked",
+                          hint=f"use opset={_DYNAMO_MIN_OPSET} or higher, or dynamo=False for older opsets")
+    check_output_path(path, None)
+    names = _input_names(model, args, kwargs, input_names)
+    _check_dynamic_dims(dynamic_dims, names, model_name)
+
+    try:
+        with _eval_mode(model):
+            if dynamo:
+                proto = _export_dynamo(model, args, kwargs, registry, opset, names, output_names,
+                                       dynamic_dims, given_names=input_names is not None)
+            else:
+                proto = _export_torchscript(model, args, kwargs, registry, opset, names,
+                                            output_names, dynamic_dims)
+    except Exception as exc:  # noqa: BLE001 - every exporter failure becomes an ExportError
+        root = _graphkit_root(exc)  # ours, possibly wrapped by the exporter
+        if root is not None:
+            named = _with_model(root, model_name)
+            if named is root:
+                raise root  # e.g. NativeBuildError keeps its class and exit code
+            raise named from exc
+        exporter = "dynamo=True" if dynamo else "dynamo=False"
+        raise ExportError(
+            f"cannot export {model_name} ({exporter}): {_cause(exc)}",
+            hint=("torch.export could not trace the model: fix the cause, or try dynamo=False"
+                  if dynamo else "fix the cause, or try dynamo=True"),
+        ) from exc
+
+    proto = _finalize(proto, registry)
+    save_model(proto, path)
+    return _report(proto, Path(path), "dynamo" if dynamo else "torchscript", registry)
+
+
+# --------------------------------------------------------------------------- exporters
+
+
+def _export_dynamo(model, args, kwargs, registry, opset, names, output_names, dynamic_dims,
+                   *, given_names: bool) -> onnx.ModelProto:
+    with _registry_ops(registry):
+        table = torch_ops.custom_translation_table()
+        dynamic_shapes = _dynamic_shapes(model, args, kwargs, names, dynamic_dims)
+        with _quiet_dynamo():
+            program = torch.onnx.export(
+                model, args, kwargs=kwargs or None, dynamo=True, opset_version=opset,
+                input_names=list(names) if given_names else None,
+                output_names=list(output_names) if output_names else None,
+                dynamic_shapes=dynamic_shapes, custom_translation_table=table,
+                verbose=False, report=False, verify=False)
+        if program is None:  # pragma: no cover - torch returns None only with f= given
+            raise ExportError("torch.onnx.export returned no program")
+        return program.model_proto
+
+
+def _export_torchscript(model, args, kwargs, registry, opset, names, output_names,
+                        dynamic_dims) -> onnx.ModelProto:
+    buf = io.BytesIO()
+    dynamic_axes = {name: dict(axes) for name, axes in (dynamic_dims or {}).items()}
+    model, args = _positional_call(model, args, kwargs)  # torch.jit.trace takes no kwargs
+    with _registry_ops(registry), torch_ops.scoped_symbolics(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(
+            model, args, buf, dynamo=False, opset_version=opset,
+            input_names=list(names), output_names=list(output_names) if output_names else None,
+            dynamic_axes=dynamic_axes or None)
+    return onnx.load_from_string(buf.getvalue())
+
+
+class _KeywordCall(torch.nn.Module):
+    """Calls ``model(*args, **kwargs)`` from positional values (for TorchScript tracing)."""
+
+    def __init__(self, model: torch.nn.Module, n_args: int, keywords: Sequence[str]) -> None:
+        super().__init__()
+        self.model = model
+        self.n_args = n_args
+        self.keywords = tuple(keywords)
+
+    def forward(self, *values):
+        return self.model(*values[: self.n_args], **dict(zip(self.keywords, values[self.n_args:])))
+
+
+def _positional_call(model, args: tuple, kwargs: dict) -> tuple[Any, tuple]:
+    """(model, args) that trace like ``model(*args, **kwargs)``: kwargs become positional
+    when forward allows it, else a thin wrapper passes them as keywords."""
+    if not kwargs:
+        return model, args
+    try:
+        sig = inspect.signature(model.forward)
+        bound = sig.bind(*args, **kwargs)
+    except (TypeError, ValueError, AttributeError):
+        return _KeywordCall(model, len(args), list(kwargs)), (*args, *kwargs.values())
+    order = [p.name for p in sig.parameters.values()
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    given = list(bound.arguments)
+    if set(given) == set(order[: len(given)]):  # the values fill a prefix of the parameters
+        return model, tuple(bound.arguments[name] for name in order[: len(given)])
+    return _KeywordCall(model, len(args), list(kwargs)), (*args, *kwargs.values())
+
+
+@contextlib.contextmanager
+def _eval_mode(model) -> Iterator[None]:
+    """Export in eval mode (as the TorchScript exporter does by default), then restore."""
+    if not isinstance(model, torch.nn.Module):
+        yield
+        return
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes.items():
+            m.training = training
+
+
+@contextlib.contextmanager
+def _registry_ops(registry: OpRegistry) -> Iterator[None]:
+    """Define the registry's ops as graphkit::<name> for the call (sharing any definition a
+    model's TorchOps already made). An op already defined from a different OpDef of the
+    same name is left as it is: the model uses that one."""
+    ops = torch_ops.TorchOps(registry)
+    try:
+        defined = torch_ops.defined_ops()
+        for op in registry:
+            if op.name not in defined or defined[op.name] == op:
+                ops.define(op.name)
+        yield
+    finally:
+        ops.close()
+
+
+@contextlib.contextmanager
+def _quiet_dynamo() -> Iterator[None]:
+    """Silence exporter chatter that says nothing about the user's model."""
+    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # "torchvision is not installed. Skipping torchvision::nms"
+    try:
+        with warnings.catch_warnings():
+            # Two inputs sharing one named Dim make torch warn that the name is not reused.
+            warnings.filterwarnings("ignore", message=r"# The axis name: .* will not be used")
+            # torch's own pytree deprecation, raised inside torch.export.
+            warnings.filterwarnings("ignore", category=FutureWarning, message=r".*LeafSpec")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+# --------------------------------------------------------------------------- names and dims
+
+
+def _positional_params(model) -> list[str] | None:
+    try:
+        sig = inspect.signature(model.forward)
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return [p.name for p in sig.parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _input_names(model, args, kwargs, input_names) -> list[str]:
+    """ONNX input names: ``input_names``, else the forward's parameter names of the
+    tensors passed (so both exporters name inputs alike)."""
+    if input_names is not None:
+        return list(input_names)
+    params = _positional_params(model) or []
+    names: list[str] = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            names.append(params[i] if i < len(params) else f"input_{i}")
+    for k, v in kwargs.items():
+        if isinstance(v, torch.Tensor):
+            names.append(k)
+    return names
+
+
+def _check_dynamic_dims(dynamic_dims, names: Sequence[str], model_name: str) -> None:
+    if not dynamic_dims:
+        return
+    unknown = sorted(set(dynamic_dims) - set(names))
+    if unknown:
+        raise ExportError(f"cannot export {model_name}: dynamic_dims names unknown input(s) {unknown}",
+                          hint=f"the inputs are {list(names)} (input_names, else the forward's "
+                               "parameter names)")
+    for name, axes in dynamic_dims.items():
+        for axis, dim in axes.items():
+            if not isinstance(axis, int) or not isinstance(dim, str) or not dim.isidentifier():
+                raise ExportError(
+                    f"cannot export {model_name}: dynamic_dims[{name!r}] must map an axis (int) "
+                    f"to a dimension name (identifier), got {axis!r}: {dim!r}",
+                    hint='spell it like {"a": {0: "batch"}}')
+
+
+def _dynamic_shapes(model, args, kwargs, names, dynamic_dims):
+    """``dynamic_shapes`` for torch.export: one shared ``Dim`` per dimension name, keyed by
+    the forward's parameter names."""
+    if not dynamic_dims:
+        return None
+    dims: dict[str, Any] = {}
+
+    def spec(axes: Mapping[int, str]) -> dict[int, Any]:
+        return {axis: dims.setdefault(dim, torch.export.Dim(dim)) for axis, dim in axes.items()}
+
+    try:
+        bound = inspect.signature(model.forward).bind(*args, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ExportError(f"the example inputs do not fit {type(model).__name__}.forward: {exc}",
+                          hint="pass args (and kwargs) as forward expects them") from exc
+    tensor_params = [p for p, v in bound.arguments.items() if isinstance(v, torch.Tensor)]
+    by_param = dict(zip(names, tensor_params))
+    shapes: dict[str, Any] = {p: None for p in bound.arguments}
+    for name, axes in dynamic_dims.items():
+        shapes[by_param[name]] = spec(axes)
+    return shapes
+
+
+# --------------------------------------------------------------------------- the written model
+
+
+def _finalize(model: onnx.ModelProto, registry: OpRegistry) -> onnx.ModelProto:
+    """Import the placeholder domain when used and keep ir_version loadable."""
+    domains = {n.domain for n in _all_nodes(model.graph)}
+    for fn in model.functions:
+        domains |= {n.domain for n in fn.node}
+    if PLACEHOLDER_DOMAIN in domains:
+        used = {n.op_type for n in _all_nodes(model.graph) if n.domain == PLACEHOLDER_DOMAIN}
+        wanted = max((op.since_version for op in registry if op.name in used), default=1)
+        for imp in model.opset_import:
+            if imp.domain == PLACEHOLDER_DOMAIN:
+                imp.version = imp.version or wanted
+                break
+        else:
+            model.opset_import.append(onnx.helper.make_opsetid(PLACEHOLDER_DOMAIN, wanted))
+    model.ir_version = min(model.ir_version or MAX_IR_VERSION, MAX_IR_VERSION)
+    return model
+
+
+def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _all_nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _all_nodes(g)
+
+
+def _report(model: onnx.ModelProto, path: Path, exporter: str, registry: OpRegistry) -> ExportReport:
+    imports = {imp.domain: imp.version for imp in model.opset_import}
+    nodes = tuple(CustomNode(n.name, f"{n.domain}::{n.op_type}", n.op_type in registry)
+                  for n in _all_nodes(model.graph) if n.domain == PLACEHOLDER_DOMAIN)
+    return ExportReport(
+        path=path, exporter=exporter, opset=imports.get("", imports.get("ai.onnx", 0)),
+        ir_version=model.ir_version, inputs=tuple(i.name for i in model.graph.input),
+        outputs=tuple(o.name for o in model.graph.output), custom_nodes=nodes,
+        opset_imports=imports)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _graphkit_root(exc: BaseException | None) -> GraphkitError | None:
+    """The GraphkitError an exporter exception wraps, if any."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, GraphkitError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _with_model(exc: GraphkitError, model_name: str) -> GraphkitError:
+    """ExportErrors name the model; other graphkit errors (a failed build) keep their class."""
+    if not isinstance(exc, ExportError) or model_name in exc.message:
+        return exc
+    return ExportError(f"cannot export {model_name}: {exc.message}", hint=exc.hint, path=exc.path,
+                       node=exc.node, op=exc.op)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = next((ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()), "")
+    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _cause(exc: BaseException) -> str:
+    """The root cause's first line (torch wraps it in step-by-step exporter errors)."""
+    root = exc
+    seen = {id(exc)}
+    while (nxt := root.__cause__ or root.__context__) is not None and id(nxt) not in seen:
+        seen.add(id(nxt))
+        root = nxt
+    if root is exc:
+        return _first_line(exc)
+    return f"{_first_line(root)} [in {type(exc).__name__}]"

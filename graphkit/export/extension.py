@@ -1,0 +1,295 @@
+"""Build and load torch C++ extensions shipped as package data, once per machine.
+
+:func:`load_extension` compiles the sources with ``torch.utils.cpp_extension.load`` into
+``$GRAPHKIT_CACHE_DIR/torch_ext/<name>-<key>/`` (default ``~/.cache/graphkit``), where
+``key`` hashes the sources, the torch and Python versions and the compiler flags, so a
+machine compiles each source version once. Builds are serialised by a file lock (several
+processes may ask at once); a finished build is marked by ``graphkit-build.json`` and later
+loads import the library directly without running the build system. Failures become
+:class:`~graphkit.errors.NativeBuildError` with the compiler's last lines and a hint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.machinery
+import importlib.resources
+import importlib.util
+import json
+import logging
+import os
+import platform
+import re
+import shutil
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from graphkit.errors import NativeBuildError
+
+__all__ = ["load_extension", "cache_dir", "extension_build_dir", "CXX_FLAGS"]
+
+log = logging.getLogger(__name__)
+
+# -O3, no debug info, no asserts. The build is dominated by parsing torch's headers, which
+# the sources keep small (see custom_ops/*/..._torch.cpp); these flags do not lengthen it.
+CXX_FLAGS: tuple[str, ...] = ("-O3", "-DNDEBUG", "-g0")
+_MARKER = "graphkit-build.json"
+_LOG = "build.log"
+_KEY_VERSION = "1"  # bump when the layout of the cache or the build recipe changes
+_TAIL_LINES = 25
+
+_thread_lock = threading.Lock()
+
+
+def cache_dir() -> Path:
+    """graphkit's cache root: ``$GRAPHKIT_CACHE_DIR`` or ``~/.cache/graphkit``."""
+    env = os.environ.get("GRAPHKIT_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "graphkit"
+
+
+def load_extension(name: str, package: str, sources: Sequence[str]) -> types.ModuleType:
+    """Build (once per machine and source version) and import a torch C++ extension.
+
+    ``sources`` are file names inside the importable ``package`` (read with
+    importlib.resources, so installed and zipped packages work); ``.cpp``/``.cc`` files are
+    compiled, anything else (headers) is copied beside them. The loaded module is cached
+    in-process. Raises NativeBuildError when the sources are missing or do not compile.
+    """
+    if not name.isidentifier():
+        raise NativeBuildError(f"extension name {name!r} is not a Python identifier",
+                               hint="use letters, digits and underscores")
+    if isinstance(sources, str):
+        sources = [sources]
+    return _load_cached(name, package, tuple(sources))
+
+
+@functools.cache
+def _load_cached(name: str, package: str, sources: tuple[str, ...]) -> types.ModuleType:
+    return _load(name, package, sources)
+
+
+def _read_sources(package: str, sources: tuple[str, ...]) -> dict[str, bytes]:
+    if not sources:
+        raise NativeBuildError(f"extension sources for package {package} are empty",
+                               hint="list at least one .cpp file")
+    try:
+        root = importlib.resources.files(package)
+    except (ModuleNotFoundError, TypeError) as exc:
+        raise NativeBuildError(f"cannot find package {package!r} holding the extension sources",
+                               hint="install graphkit with its custom_ops package") from exc
+    out: dict[str, bytes] = {}
+    for src in sources:
+        if Path(src).name != src:
+            raise NativeBuildError(f"extension source {src!r} must be a plain file name in {package}",
+                                   hint="list files that sit beside the package's __init__.py")
+        try:
+            out[src] = (root / src).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise NativeBuildError(f"extension source {src} not found in package {package}",
+                                   hint="reinstall graphkit so its package data (*.cpp) is present"
+                                   ) from exc
+    return out
+
+
+def _build_key(name: str, contents: dict[str, bytes]) -> str:
+    import torch
+
+    h = hashlib.sha256()
+
+    def feed(*parts: object) -> None:
+        for p in parts:
+            data = p if isinstance(p, bytes) else str(p).encode()
+            h.update(len(data).to_bytes(8, "little"))
+            h.update(data)
+
+    feed(_KEY_VERSION, name, torch.__version__, getattr(torch.version, "git_version", ""),
+         sys.implementation.cache_tag, platform.machine(), sys.platform,
+         os.environ.get("CXX", "c++"), *CXX_FLAGS)
+    for src in sorted(contents):
+        feed(src, contents[src])
+    return h.hexdigest()[:16]
+
+
+def extension_build_dir(name: str, package: str, sources: Sequence[str]) -> Path:
+    """Where :func:`load_extension` builds (or has built) this extension."""
+    contents = _read_sources(package, tuple(sources))
+    return cache_dir() / "torch_ext" / f"{name}-{_build_key(name, contents)}"
+
+
+def _load(name: str, package: str, sources: tuple[str, ...]) -> types.ModuleType:
+    import torch  # noqa: F401  (libtorch must be loaded before the extension)
+
+    contents = _read_sources(package, sources)
+    key = _build_key(name, contents)
+    build_dir = cache_dir() / "torch_ext" / f"{name}-{key}"
+    module_name = f"graphkit_{name}_{key[:8]}"
+
+    module = _import_marked(build_dir, module_name)
+    if module is not None:
+        return module
+    try:
+        build_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise NativeBuildError(f"cannot create the build directory: {exc.strerror or exc}",
+                               path=str(build_dir),
+                               hint="set GRAPHKIT_CACHE_DIR to a writable directory") from exc
+    with _thread_lock, _file_lock(build_dir.parent / f"{build_dir.name}.lock"):
+        module = _import_marked(build_dir, module_name)  # built while we waited
+        if module is not None:
+            return module
+        return _build(name, package, contents, build_dir, module_name)
+
+
+def _import_marked(build_dir: Path, module_name: str) -> types.ModuleType | None:
+    """The finished build's module, or None when there is none (or it is unusable)."""
+    marker = build_dir / _MARKER
+    try:
+        info = json.loads(marker.read_text())
+        lib = build_dir / info["library"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if info.get("module") != module_name or not lib.is_file():
+        return None
+    try:
+        return _import_library(module_name, lib)
+    except ImportError as exc:
+        log.warning("cached extension %s cannot be imported (%s); rebuilding", lib, exc)
+        with contextlib.suppress(OSError):
+            marker.unlink()
+        return None
+
+
+def _import_library(module_name: str, lib: Path) -> types.ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(module_name, str(lib))
+    spec = importlib.util.spec_from_file_location(module_name, lib, loader=loader)
+    if spec is None:
+        raise ImportError(f"cannot create an import spec for {lib}")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock between processes (flock; released by the OS if we die)."""
+    fh = open(path, "a+b")  # noqa: SIM115
+    try:
+        try:
+            import fcntl
+        except ImportError:  # Windows
+            import msvcrt
+
+            while True:
+                try:
+                    msvcrt.locking(fh.fileno(), msvcrt.LK_LOCK, 1)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            try:
+                yield
+            finally:
+                fh.seek(0)
+                msvcrt.locking(fh.fileno(), msvcrt.LK_UNLCK, 1)
+            return
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    finally:
+        fh.close()
+
+
+@contextlib.contextmanager
+def _ninja_on_path() -> Iterator[None]:
+    """Make sure ``ninja`` is found even when the venv's bin/ is not on PATH."""
+    if shutil.which("ninja"):
+        yield
+        return
+    candidates = [Path(sys.executable).parent]
+    with contextlib.suppress(ImportError, AttributeError):
+        import ninja  # the PyPI package
+
+        candidates.insert(0, Path(ninja.BIN_DIR))
+    extra = next((str(d) for d in candidates if (d / "ninja").exists()), None)
+    if extra is None:
+        raise NativeBuildError("the ninja build tool is not installed",
+                               hint="pip install ninja (torch C++ extensions need it)")
+    old = os.environ.get("PATH")
+    os.environ["PATH"] = extra + os.pathsep + (old or "")
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = old
+
+
+def _tail(text: str, n: int = _TAIL_LINES) -> str:
+    """The compiler's diagnostics from torch's build error (its last ``n`` lines), without
+    the torch prefix, ninja's progress and the (very long) compiler command lines."""
+    text = text.split(": ", 1)[1] if text.startswith("Error building extension") else text
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    noise = ("FAILED:", "ninja: build stopped")
+    kept = [ln for ln in lines
+            if not ln.startswith(noise) and not re.match(r"^(\[\d+/\d+\] )?\S*(c\+\+|g\+\+|clang\+\+|cc|gcc)\s", ln)]
+    return "\n".join((kept or lines)[-n:])
+
+
+def _build(name: str, package: str, contents: dict[str, bytes], build_dir: Path,
+           module_name: str) -> types.ModuleType:
+    from torch.utils import cpp_extension
+
+    cxx = os.environ.get("CXX", "c++")
+    if not shutil.which(cxx.split()[0]):
+        raise NativeBuildError(f"no C++ compiler: '{cxx}' is not on PATH",
+                               hint="install g++ (or set CXX) to build graphkit's torch extensions")
+    # We hold the lock, so a leftover torch FileBaton from a killed build is stale; torch
+    # would wait on it forever.
+    with contextlib.suppress(FileNotFoundError):
+        (build_dir / "lock").unlink()
+    src_dir = build_dir / "src"
+    src_dir.mkdir(exist_ok=True)
+    compiled = []
+    for src, data in contents.items():
+        (src_dir / src).write_bytes(data)
+        if src.endswith((".cpp", ".cc", ".cxx")):
+            compiled.append(str(src_dir / src))
+    if not compiled:
+        raise NativeBuildError(f"extension {name} lists no .cpp source", op=name,
+                               hint=f"add the .cpp file to the sources given for {package}")
+
+    log.info("building torch extension %s in %s (first use on this machine)", name, build_dir)
+    start = time.perf_counter()
+    try:
+        with _ninja_on_path():
+            module = cpp_extension.load(
+                name=module_name, sources=compiled, extra_cflags=list(CXX_FLAGS),
+                build_directory=str(build_dir), verbose=False)
+    except NativeBuildError:
+        raise
+    except (RuntimeError, OSError, ImportError) as exc:
+        output = str(exc)
+        with contextlib.suppress(OSError):
+            (build_dir / _LOG).write_text(output)
+        raise NativeBuildError(
+            f"cannot build the torch extension '{name}' from {package} "
+            f"({', '.join(contents)}):\n{_tail(output)}",
+            path=str(build_dir),
+            hint=f"fix the C++ source; the full compiler output is in {build_dir / _LOG}") from exc
+    seconds = time.perf_counter() - start
+    lib = Path(module.__file__ or "")
+    info = {"module": module_name, "library": lib.name, "name": name, "package": package,
+            "sources": sorted(contents), "flags": list(CXX_FLAGS), "build_seconds": round(seconds, 2)}
+    tmp = build_dir / f".{_MARKER}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, build_dir / _MARKER)
+    log.info("built torch extension %s in %.1f s", name, seconds)
+    return module
