@@ -12,26 +12,27 @@ from graphkit.errors import GraphkitError
 
 __version__ = "0.1.0"
 
-# Public name -> module that defines it; resolved on first access.
+# Public name -> (module, attribute); resolved on first access. The torch-side export
+# function is `graphkit.export.export` (graphkit.export is the torch subpackage).
 _LAZY = {
-    "OpDef": "graphkit.ops",
-    "OpRegistry": "graphkit.ops",
-    "default_registry": "graphkit.ops",
-    "Lowering": "graphkit.rewrite",
-    "rewrite_model": "graphkit.rewrite",
-    "load_model": "graphkit.modelio",
-    "save_model": "graphkit.modelio",
-    "open_session": "graphkit.runtime",
-    "export": "graphkit.export",
+    "OpDef": ("graphkit.ops", "OpDef"),
+    "OpRegistry": ("graphkit.ops", "OpRegistry"),
+    "default_registry": ("graphkit.ops", "default_registry"),
+    "Lowering": ("graphkit.rewrite", "Lowering"),
+    "rewrite_model": ("graphkit.rewrite", "rewrite_model"),
+    "load_model": ("graphkit.modelio", "load_model"),
+    "save_model": ("graphkit.modelio", "save_model"),
+    "open_session": ("graphkit.runtime", "open_session"),
+    "export_model": ("graphkit.export", "export"),
 }
 
 __all__ = ["GraphkitError", "__version__", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    if name not in _LAZY:
         raise AttributeError(f"module 'graphkit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    module, attr = _LAZY[name]
+    value = getattr(importlib.import_module(module), attr)
     globals()[name] = value
     return value

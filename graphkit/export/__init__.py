@@ -36,17 +36,3 @@ __all__ = [
     "torchscript_symbolic",
 ]
 
-
-# `graphkit.export` names both this subpackage and (lazily, in graphkit/__init__.py) the
-# function. Importing the subpackage first binds the module to that attribute, so the
-# module itself is made callable: graphkit.export(model, args, path, ...) works either way.
-import sys as _sys
-import types as _types
-
-
-class _CallableModule(_types.ModuleType):
-    def __call__(self, *args, **kwargs):
-        return export(*args, **kwargs)
-
-
-_sys.modules[__name__].__class__ = _CallableModule
