@@ -16,6 +16,7 @@ __all__ = ["main"]
 SUBCOMMANDS = {
     "rewrite": ("graphkit.cli.rewrite", "decompose custom:: nodes or bind them to kernels"),
     "run": ("graphkit.cli.run", "run a model in ONNX Runtime with graphkit's kernels registered"),
+    "inspect": ("graphkit.cli.inspect", "show opsets, custom ops with their lowerings, external data"),
 }
 
 EPILOG = """exit codes: 0 ok, 2 usage, 3 cannot load model, 4 cannot write output,
@@ -59,6 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("graphkit: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed early (`graphkit inspect m.onnx | head`): not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:  # a bug in graphkit, not a user mistake
         if args.debug:
             traceback.print_exc()

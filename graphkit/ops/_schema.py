@@ -38,7 +38,9 @@ def _attr_value(attr: onnx.AttributeProto | None) -> Any:
     return None if attr is None else helper.get_attribute_value(attr)
 
 
-def _make_inference(op: "OpDef"):
+def _make_inference(op: "OpDef", kernel_encoded: bool):
+    from graphkit.ops._encoding import decode_kernel_attr, kernel_attr_type
+
     def infer(ctx) -> None:
         types = []
         for i in range(ctx.get_num_inputs()):
@@ -55,6 +57,8 @@ def _make_inference(op: "OpDef"):
         given = {}
         for a in op.attributes:
             value = _attr_value(ctx.get_attribute(a.name))
+            if value is not None and kernel_encoded and kernel_attr_type(a.type) is not a.type:
+                value = decode_kernel_attr(value, a.type)
             if value is not None:
                 given[a.name] = value
         attrs = {a.name: given.get(a.name, None if a.required else a.default) for a in op.attributes}
@@ -90,13 +94,19 @@ def build_schema(op: "OpDef", domain: str) -> onnx.defs.OpSchema:
               for p in op.inputs]
     outputs = [fp(p.name, p.type, p.doc, param_option=opt.Optional if p.optional else opt.Single)
                for p in op.outputs]
+    from graphkit.ops._encoding import encode_kernel_attr, kernel_attr_type
+    from graphkit.ops._opdef import PYTHON_DOMAIN
+
+    kernel_encoded = domain == PYTHON_DOMAIN  # see graphkit/ops/_encoding.py
     attributes = []
     for a in op.attributes:
+        attr_type = kernel_attr_type(a.type) if kernel_encoded else a.type
         if a.required:
-            attributes.append(onnx.defs.OpSchema.Attribute(a.name, _ATTR_TYPES[a.type.onnx_name], a.doc))
+            attributes.append(onnx.defs.OpSchema.Attribute(a.name, _ATTR_TYPES[attr_type.onnx_name], a.doc))
         else:
-            proto = helper.make_attribute(a.name, a.default, attr_type=getattr(
-                onnx.AttributeProto, a.type.onnx_name))
+            default = encode_kernel_attr(a.default, a.type) if kernel_encoded else a.default
+            proto = helper.make_attribute(a.name, default, attr_type=getattr(
+                onnx.AttributeProto, attr_type.onnx_name))
             attributes.append(onnx.defs.OpSchema.Attribute(a.name, proto, a.doc))
     schema = onnx.defs.OpSchema(
         op.name, domain, op.since_version, op.doc,
@@ -104,5 +114,5 @@ def build_schema(op: "OpDef", domain: str) -> onnx.defs.OpSchema:
         type_constraints=[(k, list(v), "") for k, v in op.type_constraints.items()],
         attributes=attributes,
     )
-    schema.set_type_and_shape_inference_function(_make_inference(op))
+    schema.set_type_and_shape_inference_function(_make_inference(op, kernel_encoded))
     return schema

@@ -24,6 +24,7 @@ from graphkit.ops import (
     OpRegistry,
     default_registry,
 )
+from graphkit.ops._encoding import encode_kernel_attrs
 from graphkit.rewrite._rules import Rule, RuleReport, RuleSet, apply_rules
 from graphkit.rewrite._walk import ModelIndex, count_ops, graphs, scopes
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
@@ -222,11 +223,7 @@ class _Lowerer:
         if how is Lowering.NATIVE:
             domain, values = NATIVE_DOMAIN, attrs
         else:
-            from graphkit.runtime.python_kernels import encode_list_attr
-
-
-            domain = PYTHON_DOMAIN
-            values = {k: encode_list_attr(v) if op.attr(k).type.is_list else v for k, v in attrs.items()}
+            domain, values = PYTHON_DOMAIN, encode_kernel_attrs(op, attrs)
         bound = onnx.NodeProto()
         bound.CopyFrom(node)
         bound.domain = domain
@@ -264,12 +261,38 @@ def _shapeless_io(model: onnx.ModelProto) -> list[onnx.TypeProto.Tensor]:
             if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")]
 
 
+def _without_external_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose external initializers are graph inputs of the same type.
+
+    onnx's checker resolves external files against the working directory (and rejects
+    links); graphkit validates external data itself, so the checker sees typed inputs.
+    """
+    external = onnx.TensorProto.EXTERNAL
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for g in graphs(copy.graph):
+        moved = [t for t in g.initializer if t.data_location == external]
+        if not moved:
+            continue
+        keep = [t for t in g.initializer if t.data_location != external]
+        del g.initializer[:]
+        g.initializer.extend(keep)
+        declared = {i.name for i in g.input}
+        g.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                       for t in moved if t.name not in declared)
+    return copy
+
+
 def check_model(model: onnx.ModelProto, registry: OpRegistry, *, path: str | None = None,
                 context: str = "", full: bool = True) -> None:
     """ONNX checker, plus strict shape inference over the whole model when ``full``.
 
     Custom ops are known to both through their schemas.
     """
+    from graphkit.external_data import external_tensors
+
+    if external_tensors(model):
+        model = _without_external_initializers(model)
     # onnx's checker insists on a shape field in graph inputs/outputs; ONNX Runtime and
     # exporters do not. Give shapeless ones an empty shape during the check only.
     shapeless = _shapeless_io(model)

@@ -1,0 +1,781 @@
+"""Python kernels (``OpDef.python_kernel``) run by ONNX Runtime through onnxruntime-extensions.
+
+onnxruntime-extensions ("ort-extensions") lets Python functions serve ONNX nodes (its
+"PyOp"s). graphkit declares every op with a ``python_kernel`` in the domain
+``graphkit.python`` and installs its own invocation handler, which fixes what the stock glue
+gets wrong (all measured with onnxruntime-extensions 0.15.2 / ONNX Runtime 1.31.1):
+
+- **Exceptions abort the process.** The C++ side calls the handler inside a ``noexcept``
+  kernel, so *any* C++ exception there (a Python exception, but also a malformed result
+  tuple, a bad shape, a size mismatch) ends in ``std::terminate`` (rc 134). The handler
+  therefore never raises: on failure it returns empty outputs, stores the exception in the
+  calling thread's run context and sets that run's ``RunOptions.terminate``; ONNX Runtime
+  stops before the next node and graphkit's ``Session.run`` raises :class:`KernelError`
+  chained to the original exception. Python kernels run on the thread that called ``run()``
+  (sequential execution mode, which graphkit forces for such sessions), so a thread-local
+  context is exact and sessions may run from several threads.
+- **Outputs went through ``flatten().tolist()``** (45 ms for a 1 MB tensor). The C++ side
+  accepts any buffer of the declared element type and memcpys it, so the handler returns the
+  kernel's C-contiguous arrays as they are.
+- **float16 tensors abort** (the C++ side has no float16 numpy mapping, for inputs or
+  outputs). graphkit declares float16 combinations as separate ops (``my_add@f16:T``) taking
+  float32, and :func:`bind_python_nodes` wraps such nodes in exact Casts (float16 -> float32
+  -> float16 is lossless); the handler casts back so the kernel sees and returns float16.
+- **FLOAT attributes are printed with 6 digits** (``std::stringstream``). graphkit passes
+  FLOAT, INTS and FLOATS attributes as strings (:func:`encode_kernel_attrs`) and decodes them
+  exactly; INT and STRING pass natively. ort-extensions requires every declared attribute on
+  the node; :func:`bind_python_nodes` fills defaults in and converts natural encodings.
+- **Declaring an op after a session exists can crash that session.** ort-extensions keeps
+  declarations per domain in a ``std::vector`` whose elements ONNX Runtime references for the
+  session's lifetime; growing it past its capacity moves them (use after free: measured
+  segfault). graphkit reserves room on the first declaration (padding with never-used ops)
+  and refuses to grow the table past it while a Python-kernel session is alive.
+
+Several declarations with the same op name and different element types work: ONNX Runtime
+picks the kernel by the node's input types. An op with type variables is declared once per
+combination of their allowed types (``undefined``/any types do not work for outputs: ONNX
+Runtime cannot infer the output type of such a custom op without a shape-inference function).
+
+The declaration table and the hooker are process-wide because ort-extensions' own registry
+and its single invocation handler are: one :class:`PythonKernelTable`, created on first use.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import traceback
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from graphkit.errors import GraphkitError, KernelError, UnsupportedOpError
+from graphkit.ops import PYTHON_DOMAIN, AttrType, OpDef
+from graphkit.ops._encoding import (  # noqa: F401 (re-exported: the kernel attribute encoding)
+    decode_kernel_attr,
+    decode_list_attr,
+    encode_kernel_attr,
+    encode_kernel_attrs,
+    encode_list_attr,
+)
+
+if TYPE_CHECKING:
+    import onnx
+    import onnxruntime as ort
+
+    from graphkit.ops import OpRegistry
+
+__all__ = [
+    "F16_TAG",
+    "EXTENSIONS_DOMAINS",
+    "encode_list_attr",
+    "decode_list_attr",
+    "encode_kernel_attr",
+    "decode_kernel_attr",
+    "encode_kernel_attrs",
+    "kernel_problem",
+    "bind_python_nodes",
+    "python_kernel_table",
+    "PythonKernelTable",
+    "KernelFailure",
+    "RunContext",
+    "kernel_run",
+]
+
+# Op types of the float16-wrapped declarations: f"{name}{F16_TAG}{'+'.join(type vars)}".
+F16_TAG = "@f16:"
+# Domains served by the onnxruntime-extensions library itself (its C++ ops, foreign PyOps).
+EXTENSIONS_DOMAINS = frozenset({"ai.onnx.contrib", "com.microsoft.extensions"})
+
+# ONNX type string -> (numpy dtype, ort-extensions PyCustomOpDef attribute name).
+# float16 is served through float32 (see the module docstring); bfloat16 and the float8
+# types are not served at all.
+_TENSOR_TYPES: dict[str, tuple[Any, str]] = {
+    "tensor(float)": (np.float32, "dt_float"),
+    "tensor(double)": (np.float64, "dt_double"),
+    "tensor(float16)": (np.float16, "dt_float"),
+    "tensor(int8)": (np.int8, "dt_int8"),
+    "tensor(int16)": (np.int16, "dt_int16"),
+    "tensor(int32)": (np.int32, "dt_int32"),
+    "tensor(int64)": (np.int64, "dt_int64"),
+    "tensor(uint8)": (np.uint8, "dt_uint8"),
+    "tensor(uint16)": (np.uint16, "dt_uint16"),
+    "tensor(uint32)": (np.uint32, "dt_uint32"),
+    "tensor(uint64)": (np.uint64, "dt_uint64"),
+    "tensor(bool)": (np.bool_, "dt_bool"),
+    "tensor(complex64)": (np.complex64, "dt_complex64"),
+    "tensor(complex128)": (np.complex128, "dt_complex128"),
+    "tensor(string)": (np.object_, "dt_string"),
+}
+_F16 = "tensor(float16)"
+# More type combinations than this for one op is almost certainly a definition mistake.
+_MAX_COMBINATIONS = 64
+# First declaration batch: pad the domain's vector to this many entries so that its
+# capacity (next power of two on libstdc++/libc++) leaves room for later declarations.
+_RESERVE_SIZE = 129
+
+
+# ---------------------------------------------------------------------------------------
+# Attribute encoding (the `graphkit rewrite --bind python` protocol)
+# ---------------------------------------------------------------------------------------
+
+def _declared_attr_type(attr_type: AttrType) -> str:
+    return "dt_int64" if attr_type is AttrType.INT else "dt_string"
+
+
+# ---------------------------------------------------------------------------------------
+# Declarations
+# ---------------------------------------------------------------------------------------
+
+def _type_vars(op: OpDef) -> list[str]:
+    seen: dict[str, None] = {}
+    for p in op.inputs + op.outputs:
+        seen.setdefault(p.type, None)
+    return list(seen)
+
+
+def _combinations(op: OpDef) -> list[dict[str, str]]:
+    """Every assignment of a served ONNX type to each of ``op``'s type variables."""
+    input_vars = {p.type for p in op.inputs}
+    choices = []
+    for var in _type_vars(op):
+        allowed = [t for t in op.type_constraints[var] if t in _TENSOR_TYPES]
+        if var not in input_vars:
+            # ONNX Runtime picks a kernel by its input types only: an output-only variable
+            # can have one type.
+            allowed = allowed[:1]
+        choices.append([(var, t) for t in allowed])
+    return [dict(c) for c in itertools.product(*choices)] if choices else [{}]
+
+
+def _signature(op: OpDef) -> tuple:
+    return (tuple(p.type for p in op.inputs), tuple(p.type for p in op.outputs),
+            tuple((a.name, a.type) for a in op.attributes),
+            tuple(sorted((k, tuple(v)) for k, v in op.type_constraints.items())))
+
+
+def kernel_problem(op: OpDef) -> str | None:
+    """Why ``op`` cannot run as a Python kernel, or None."""
+    if op.python_kernel is None:
+        return "no Python kernel"
+    combos = _combinations(op)
+    if not combos:
+        types = sorted({t for v in op.type_constraints.values() for t in v})
+        return f"none of its types {types} can pass through onnxruntime-extensions"
+    if len(combos) > _MAX_COMBINATIONS:
+        return f"its type constraints give {len(combos)} type combinations (at most {_MAX_COMBINATIONS})"
+    return None
+
+
+class _Contract(Exception):
+    """A kernel broke its contract (wrong output count, type or dtype; unreadable attribute)."""
+
+    def __init__(self, message: str, hint: str = "fix the kernel's return value") -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+@dataclass(eq=False)
+class _Declaration:
+    """One ort-extensions PyOp: an op with one concrete type per type variable."""
+
+    op: OpDef                       # the definition first declared under this name
+    op_type: str                    # node op_type in the graphkit.python domain
+    combo: Mapping[str, str]        # type variable -> ONNX type the kernel sees
+    in_f16: tuple[bool, ...]        # inputs that arrive as float32 and are float16 for the kernel
+    out_f16: tuple[bool, ...]
+    out_dtypes: tuple[np.dtype, ...]
+    out_string: tuple[bool, ...]
+    attr_types: tuple[tuple[str, AttrType], ...]
+    native_def: Any = None          # the PyCustomOpDef: C++ holds a raw pointer to it
+
+    def __post_init__(self) -> None:
+        self.k_id = id(self)
+        self.empty = (self.k_id,) + ([0], []) * max(1, len(self.out_dtypes))
+        self.describe = ", ".join(f"{v}={t[7:-1]}" for v, t in self.combo.items())
+
+    def decode_attrs(self, attrs: Mapping[str, str]) -> dict[str, Any]:
+        out = {}
+        for name, attr_type in self.attr_types:
+            try:
+                out[name] = decode_kernel_attr(attrs[name], attr_type)
+            except (KeyError, ValueError) as exc:
+                raise _Contract(f"attribute '{name}' ({attr_type.onnx_name}) is not in the "
+                                f"kernel encoding: {exc}",
+                                hint="write attributes with encode_kernel_attrs") from None
+        return out
+
+    def pack(self, op: OpDef, result: Any) -> tuple:
+        """The ``(k_id, shape0, data0, ...)`` tuple ort-extensions expects, without copies."""
+        outs = result if isinstance(result, tuple) else (result,)
+        if len(outs) != len(self.out_dtypes):
+            raise _Contract(f"returned {len(outs)} output(s), expected {len(self.out_dtypes)} "
+                            f"({', '.join(p.name for p in op.outputs)})")
+        packed: list = [self.k_id]
+        for i, arr in enumerate(outs):
+            name = op.outputs[i].name
+            if not isinstance(arr, np.ndarray):
+                if not isinstance(arr, np.generic):
+                    raise _Contract(f"output '{name}' is a {type(arr).__name__}, expected a numpy array")
+                arr = np.asarray(arr)
+            if self.out_string[i]:
+                if arr.dtype.kind not in "OUS":
+                    raise _Contract(f"output '{name}' has dtype {arr.dtype}, expected strings")
+                packed += [arr.shape, [str(s) for s in arr.ravel().tolist()]]
+                continue
+            if arr.dtype != self.out_dtypes[i]:
+                raise _Contract(f"output '{name}' has dtype {arr.dtype}, expected "
+                                f"{self.out_dtypes[i]} (type {op.outputs[i].type})")
+            if self.out_f16[i]:
+                arr = arr.astype(np.float32)  # exact; a Cast back to float16 follows the node
+            elif not arr.flags.c_contiguous:
+                arr = arr.copy(order="C")
+            packed += [arr.shape, arr]
+        return tuple(packed)
+
+
+@dataclass
+class KernelFailure:
+    """A Python kernel's exception, kept for ``Session.run`` to re-raise."""
+
+    op: str                 # "graphkit.python::name"
+    op_name: str            # OpDef name (a foreign op's op_type)
+    types: str              # "T=float" or "" for foreign ops
+    inputs: str             # "float32[2,3], float32[3]"
+    exc: BaseException
+    contract: bool = False  # the kernel ran but broke its contract (not an exception of its own)
+
+    def to_error(self, node: str | None = None, path: str | None = None) -> KernelError:
+        typed = f" ({self.types})" if self.types else ""
+        if self.contract:
+            return KernelError(f"Python kernel{typed}: {self.exc}", op=self.op, node=node,
+                               path=path, hint=getattr(self.exc, "hint", None))
+        msg = str(self.exc)
+        return KernelError(f"Python kernel{typed} raised {type(self.exc).__name__}"
+                           f"{': ' + msg if msg else ''} (inputs {self.inputs or 'none'})",
+                           op=self.op, node=node, path=path,
+                           hint="see the chained exception's traceback")
+
+
+def _describe_feed(feed: Sequence[Any]) -> str:
+    parts = []
+    for x in feed:
+        shape = getattr(x, "shape", None)
+        dtype = getattr(x, "dtype", None)
+        parts.append(f"{dtype}[{','.join(map(str, shape))}]" if shape is not None else type(x).__name__)
+    return ", ".join(parts)
+
+
+class RunContext:
+    """What one ``Session.run`` call lends the kernels it runs on this thread."""
+
+    __slots__ = ("run_options", "ops", "failure")
+
+    def __init__(self, run_options: "ort.RunOptions", ops: Mapping[str, OpDef]) -> None:
+        self.run_options = run_options
+        self.ops = ops
+        self.failure: KernelFailure | None = None
+
+
+_tls = threading.local()
+
+
+class kernel_run:
+    """Context manager making ``ctx`` the current run context of this thread (re-entrant)."""
+
+    __slots__ = ("ctx", "_prev")
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+
+    def __enter__(self) -> RunContext:
+        self._prev = getattr(_tls, "ctx", None)
+        _tls.ctx = self.ctx
+        return self.ctx
+
+    def __exit__(self, *exc: object) -> None:
+        _tls.ctx = self._prev
+
+
+def _report_orphan(failure: KernelFailure) -> None:
+    """A kernel failed outside graphkit's Session.run: nothing can raise; say it loudly."""
+    try:
+        sys.stderr.write(f"graphkit: {failure.to_error()}; it ran outside graphkit's "
+                         f"Session.run, so its outputs are EMPTY tensors\n")
+        traceback.print_exception(type(failure.exc), failure.exc, failure.exc.__traceback__)
+    except BaseException:  # noqa: BLE001 - never let anything escape into C++
+        pass
+
+
+def _tune_malloc() -> bool:
+    """Keep glibc from returning freed array memory to the OS after every kernel call.
+
+    A Python kernel call allocates several tensor-sized numpy arrays (the inputs ort-extensions
+    copies, the kernel's results) and frees them. With glibc's dynamic thresholds the freed
+    top of the heap is trimmed each time, so the next call page-faults all of it again:
+    measured 1.7 ms instead of 0.13 ms for my_add on 1x16x128x128 float32. Fixed thresholds
+    (mmap above 32 MiB, trim above 128 MiB of free heap) avoid that; the process keeps up to
+    128 MiB of freed memory for reuse. Process-wide; set GRAPHKIT_MALLOC_TUNING=0 to skip it.
+    """
+    if os.environ.get("GRAPHKIT_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 128 << 20))
+
+
+class PythonKernelTable:
+    """The process-wide declarations of graphkit's Python kernels and the invocation hooker.
+
+    Process-wide because ort-extensions' PyOp registry and its single invocation handler
+    are: declarations cannot be removed, and every session that registers the library sees
+    all of them. Use :func:`python_kernel_table`.
+    """
+
+    def __init__(self) -> None:
+        import onnxruntime_extensions  # noqa: F401 - loads the library, installs its own hooker
+        from onnxruntime_extensions import _ocos
+
+        self._ocos = _ocos
+        self._lock = threading.RLock()
+        self._decls: dict[int, _Declaration] = {}
+        self._by_name: dict[str, tuple[tuple, list[_Declaration]]] = {}
+        # Entries in ort-extensions' vector for the graphkit.python domain; this assumes only
+        # graphkit declares ops there (nobody else has a reason to).
+        self._size = 0
+        self._capacity = 0
+        self._live = 0        # sessions (alive or being created) that reference those entries
+        self._hooked = False
+        self._padding: list[Any] = []
+        _tune_malloc()
+
+    # -- declarations ---------------------------------------------------------------------
+
+    @property
+    def library_path(self) -> str:
+        return self._ocos.get_library_path()
+
+    def declared(self, name: str) -> bool:
+        return name in self._by_name
+
+    def conflict(self, op: OpDef) -> str | None:
+        """Why ``op`` cannot be declared next to what this process already declared, or None."""
+        entry = self._by_name.get(op.name)
+        if entry is not None and entry[0] != _signature(op):
+            return ("another definition of this op, with a different signature, was already "
+                    "declared to onnxruntime-extensions in this process (its registry is "
+                    "process-wide); rename the op or use one definition per process")
+        return None
+
+    def _grow(self, n: int) -> None:
+        for _ in range(n):
+            if self._size == self._capacity:
+                self._capacity = (max(1, self._capacity * 2) if sys.platform != "win32"
+                                  else max(self._capacity + 1, self._capacity + self._capacity // 2))
+            self._size += 1
+
+    def _push(self, op_type: str, inputs: list[int], outputs: list[int], attrs: dict[str, int],
+              obj_id: int) -> Any:
+        d = self._ocos.PyCustomOpDef()
+        d.op_type = f"{PYTHON_DOMAIN}::{op_type}"
+        d.obj_id = obj_id
+        d.input_types = inputs
+        d.output_types = outputs
+        d.attrs = attrs
+        self._ocos.add_custom_op(d)
+        self._grow(1)
+        return d
+
+    def _plan(self, op: OpDef) -> list[_Declaration]:
+        decls = []
+        attr_types = tuple((a.name, a.type) for a in op.attributes)
+        for combo in _combinations(op):
+            f16 = sorted(v for v, t in combo.items() if t == _F16)
+            decls.append(_Declaration(
+                op=op,
+                op_type=f"{op.name}{F16_TAG}{'+'.join(f16)}" if f16 else op.name,
+                combo=combo,
+                in_f16=tuple(combo[p.type] == _F16 for p in op.inputs),
+                out_f16=tuple(combo[p.type] == _F16 for p in op.outputs),
+                out_dtypes=tuple(np.dtype(_TENSOR_TYPES[combo[p.type]][0]) for p in op.outputs),
+                out_string=tuple(combo[p.type] == "tensor(string)" for p in op.outputs),
+                attr_types=attr_types))
+        return decls
+
+    def declare(self, ops: Iterable[OpDef]) -> None:
+        """Declare every op of ``ops`` not declared yet (all its type combinations)."""
+        with self._lock:
+            todo = {op.name: op for op in ops if op.name not in self._by_name}
+            for op in todo.values():
+                problem = kernel_problem(op)
+                if problem:
+                    raise UnsupportedOpError(problem, op=f"{PYTHON_DOMAIN}::{op.name}",
+                                             hint="decompose it or bind it to the native kernel")
+            plans = {name: self._plan(op) for name, op in todo.items()}
+            count = sum(len(p) for p in plans.values())
+            if not count:
+                return
+            first = self._size == 0
+            if not first and self._size + count > self._capacity and self._live:
+                raise KernelError(
+                    f"cannot declare {count} more Python kernel(s) while Python-kernel sessions "
+                    f"are alive: onnxruntime-extensions' table for {PYTHON_DOMAIN} is full "
+                    f"({self._size} of {self._capacity}) and growing it would invalidate them",
+                    op=", ".join(f"{PYTHON_DOMAIN}::{n}" for n in plans),
+                    hint="open sessions for every op earlier, or close the other sessions first")
+            d = self._ocos.PyCustomOpDef
+            for name, decls in plans.items():
+                op = todo[name]
+                for decl in decls:
+                    ins = [getattr(d, _TENSOR_TYPES[decl.combo[p.type]][1]) for p in op.inputs]
+                    outs = [getattr(d, _TENSOR_TYPES[decl.combo[p.type]][1]) for p in op.outputs]
+                    attrs = {a.name: getattr(d, _declared_attr_type(a.type)) for a in op.attributes}
+                    decl.native_def = self._push(decl.op_type, ins, outs, attrs, decl.k_id)
+                    self._decls[decl.k_id] = decl
+                self._by_name[name] = (_signature(op), decls)
+            if first:
+                f = d.dt_float
+                while self._size < _RESERVE_SIZE:
+                    pad = self._push(f"_graphkit_reserved_{self._size}", [f], [f], {}, 0)
+                    self._padding.append(pad)
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def attach(self, so: "ort.SessionOptions") -> "_Lease":
+        """Register the ort-extensions library on ``so``, installing the hooker on first use.
+
+        The returned lease counts a session referencing the table; release it when the
+        session is gone (or was never created).
+        """
+        with self._lock:
+            if not self._hooked:
+                self._ocos.PyCustomOpDef.install_hooker(self._invoke)
+                self._hooked = True
+            self._live += 1
+            lease = _Lease(self)
+            try:
+                so.register_custom_ops_library(self.library_path)
+            except BaseException:
+                lease.release()
+                raise
+            return lease
+
+    def _release(self) -> None:
+        with self._lock:
+            self._live -= 1
+
+    # -- the hooker (called by ort-extensions' C++; must never raise) ---------------------
+
+    def _invoke(self, k_id: int, feed: list, attrs: dict) -> tuple:
+        decl = self._decls.get(k_id)
+        if decl is None:
+            return self._foreign(k_id, feed, attrs)
+        ctx = getattr(_tls, "ctx", None)
+        op = decl.op
+        try:
+            if ctx is not None:
+                op = ctx.ops.get(op.name, op)
+            kwargs = decl.decode_attrs(attrs) if decl.attr_types else {}
+            args = feed
+            if True in decl.in_f16:
+                args = [x.astype(np.float16) if f else x for x, f in zip(feed, decl.in_f16)]
+            return decl.pack(op, op.python_kernel(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - anything escaping aborts the process
+            try:
+                failure = KernelFailure(
+                    op=f"{PYTHON_DOMAIN}::{op.name}", op_name=op.name, types=decl.describe,
+                    inputs=_describe_feed(feed), exc=exc, contract=isinstance(exc, _Contract))
+                self._fail(ctx, failure)
+            except BaseException:  # noqa: BLE001
+                pass
+            return decl.empty
+
+    def _foreign(self, k_id: int, feed: list, attrs: dict) -> tuple:
+        """Another user's @onnx_op: ort-extensions' own handler, made safe inside graphkit runs."""
+        handler = self._ocos._on_pyop_invocation
+        ctx = getattr(_tls, "ctx", None)
+        if ctx is None:
+            return handler(k_id, feed, attrs)  # upstream behaviour, unchanged
+        try:
+            return handler(k_id, feed, attrs)
+        except BaseException as exc:  # noqa: BLE001
+            n_out = 1
+            name = f"#{k_id}"
+            try:
+                od = self._ocos.Opdef._odlist.get(k_id)
+                if od is not None:
+                    name = od.op_type
+                    n_out = max(1, len(od._nativedef.output_types))
+                op_type = name if "::" in name else f"{self._ocos.default_opset_domain()}::{name}"
+                self._fail(ctx, KernelFailure(op=op_type, op_name=name, types="",
+                                              inputs=_describe_feed(feed), exc=exc))
+            except BaseException:  # noqa: BLE001
+                pass
+            return (k_id,) + ([0], []) * n_out
+
+    @staticmethod
+    def _fail(ctx: RunContext | None, failure: KernelFailure) -> None:
+        if ctx is None:
+            _report_orphan(failure)
+            return
+        if ctx.failure is None:
+            ctx.failure = failure
+        ctx.run_options.terminate = True
+
+
+class _Lease:
+    __slots__ = ("_table", "_done", "__weakref__")
+
+    def __init__(self, table: PythonKernelTable) -> None:
+        self._table = table
+        self._done = False
+
+    def release(self) -> None:
+        if not self._done:
+            self._done = True
+            self._table._release()
+
+    def bind(self, session: object) -> None:
+        """Release when ``session`` is collected."""
+        weakref.finalize(session, self.release)
+
+
+_table: PythonKernelTable | None = None
+_table_lock = threading.Lock()
+
+
+def python_kernel_table() -> PythonKernelTable:
+    """The process-wide table, created (importing onnxruntime-extensions) on first use."""
+    global _table
+    if _table is None:
+        with _table_lock:
+            if _table is None:
+                _table = PythonKernelTable()
+    return _table
+
+
+# ---------------------------------------------------------------------------------------
+# Preparing a model's graphkit.python nodes
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class PythonNode:
+    """A graphkit.python node and where it lives.
+
+    ``graph`` is None inside a model-local function; ``index`` is the node's position in
+    ``graph.node`` and ``depth`` the graph's nesting depth (0 for the main graph).
+    """
+
+    node: "onnx.NodeProto"
+    graph: "onnx.GraphProto | None"
+    index: int
+    depth: int
+    display: str
+
+
+def _given_attrs(op: OpDef, node: "onnx.NodeProto") -> dict[str, Any]:
+    """The node's attributes as Python values, accepting the kernel and the natural encodings."""
+    from onnx import AttributeProto, helper
+
+    given: dict[str, Any] = {}
+    for a in node.attribute:
+        decl = op._attr_index.get(a.name)
+        if decl is None:
+            given[a.name] = None  # resolve_attrs names it as unknown
+            continue
+        if a.type == AttributeProto.STRING and decl.type is not AttrType.STRING:
+            given[a.name] = decode_kernel_attr(a.s, decl.type)
+        elif a.type == AttributeProto.STRING:
+            given[a.name] = a.s.decode()
+        else:
+            if decl.type is AttrType.FLOAT and a.type == AttributeProto.INT:
+                raise TypeError(f"attribute '{a.name}' is an INT, expected FLOAT")
+            value = helper.get_attribute_value(a)
+            given[a.name] = list(value) if isinstance(value, (list, tuple)) else value
+    return given
+
+
+def _resolve_node_attrs(op: OpDef, ref: PythonNode) -> dict[str, Any]:
+    try:
+        return op.resolve_attrs(_given_attrs(op, ref.node), where=ref.display)
+    except GraphkitError as exc:
+        raise KernelError(exc.message, node=ref.display, op=f"{PYTHON_DOMAIN}::{op.name}",
+                          hint=exc.hint) from exc
+    except (TypeError, ValueError, UnicodeDecodeError) as exc:
+        raise KernelError(f"bad attribute: {exc}", node=ref.display, op=f"{PYTHON_DOMAIN}::{op.name}",
+                          hint="re-run `graphkit rewrite --bind python` on the original model") from exc
+
+
+def _set_attrs(node: "onnx.NodeProto", op: OpDef, values: Mapping[str, Any], *, kernel: bool) -> None:
+    from onnx import AttributeProto, helper
+
+    del node.attribute[:]
+    for a in op.attributes:
+        if kernel:
+            node.attribute.append(helper.make_attribute(a.name, encode_kernel_attr(values[a.name], a.type)))
+        else:
+            node.attribute.append(helper.make_attribute(
+                a.name, values[a.name], attr_type=getattr(AttributeProto, a.type.onnx_name)))
+
+
+def _elem_types(model: "onnx.ModelProto", registry: "OpRegistry") -> dict[str, int]:
+    """Element type of every value ONNX shape inference can type (all graphs, best effort)."""
+    import onnx
+
+    try:
+        with registry.onnx_schemas():
+            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+    except Exception:  # noqa: BLE001 - inference is an optimisation, never a requirement
+        inferred = model
+    types: dict[str, int] = {}
+
+    def visit(g: "onnx.GraphProto") -> None:
+        for init in g.initializer:
+            types.setdefault(init.name, init.data_type)
+        for vi in (*g.input, *g.value_info, *g.output):
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+                types.setdefault(vi.name, vi.type.tensor_type.elem_type)
+        for n in g.node:
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    visit(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for sub in a.graphs:
+                        visit(sub)
+
+    visit(inferred.graph)
+    return types
+
+
+def _f16_vars(op: OpDef, node: "onnx.NodeProto", types: Mapping[str, int]) -> list[str]:
+    from onnx import TensorProto
+
+    bound: dict[str, int] = {}
+    for p, name in zip(op.inputs, node.input):
+        if name and name in types:
+            bound.setdefault(p.type, types[name])
+    return sorted(v for v, t in bound.items() if t == TensorProto.FLOAT16)
+
+
+def _all_names(model: "onnx.ModelProto") -> set[str]:
+    import onnx
+
+    names: set[str] = set()
+
+    def visit_nodes(nodes: Iterable["onnx.NodeProto"]) -> None:
+        for n in nodes:
+            names.update(n.input)
+            names.update(n.output)
+            names.add(n.name)
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    visit_graph(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for sub in a.graphs:
+                        visit_graph(sub)
+
+    def visit_graph(g: "onnx.GraphProto") -> None:
+        names.update(vi.name for vi in (*g.input, *g.output, *g.value_info))
+        names.update(t.name for t in g.initializer)
+        visit_nodes(g.node)
+
+    visit_graph(model.graph)
+    for f in model.functions:
+        visit_nodes(f.node)
+    return names
+
+
+def _wrap_f16(node: "onnx.NodeProto", op: OpDef, f16: list[str], names: set[str]) -> tuple[list, list]:
+    """Point a float16 node at its float32 declaration; return the Casts to put around it."""
+    from onnx import TensorProto, helper
+
+    def fresh(base: str) -> str:
+        name, i = base, 1
+        while name in names:
+            name, i = f"{base}_{i}", i + 1
+        names.add(name)
+        return name
+
+    tag = node.name or node.output[0]
+    before, after = [], []
+    for i, p in enumerate(op.inputs):
+        if i < len(node.input) and node.input[i] and p.type in f16:
+            cast_out = fresh(f"{node.input[i]}/graphkit_f32")
+            before.append(helper.make_node("Cast", [node.input[i]], [cast_out], to=TensorProto.FLOAT,
+                                           name=fresh(f"{tag}/graphkit_cast_in{i}")))
+            node.input[i] = cast_out
+    for i, p in enumerate(op.outputs):
+        if i < len(node.output) and node.output[i] and p.type in f16:
+            raw = fresh(f"{node.output[i]}/graphkit_f32")
+            after.append(helper.make_node("Cast", [raw], [node.output[i]], to=TensorProto.FLOAT16,
+                                          name=fresh(f"{tag}/graphkit_cast_out{i}")))
+            node.output[i] = raw
+    node.op_type = f"{op.name}{F16_TAG}{'+'.join(f16)}"
+    return before, after
+
+
+def bind_python_nodes(model: "onnx.ModelProto", registry: "OpRegistry",
+                      nodes: Sequence[PythonNode]) -> bool:
+    """Make ``model``'s graphkit.python nodes runnable by the declared kernels, in place.
+
+    Attributes are brought to the kernel encoding (defaults filled in, FLOAT/INTS/FLOATS as
+    strings) and float16 nodes (element types from ONNX shape inference) are pointed at their
+    float32 declaration with exact Casts around them. Returns whether the model changed.
+    Raises KernelError for a node whose attributes are wrong.
+    """
+    changed = False
+    resolved = []
+    wants_types = False
+    for ref in nodes:
+        op = registry.get(ref.node.op_type)
+        assert op is not None
+        values = _resolve_node_attrs(op, ref)
+        original = [a.SerializeToString() for a in ref.node.attribute]
+        resolved.append((ref, op, values, original))
+        if ref.graph is not None and any(_F16 in op.type_constraints[p.type] for p in op.inputs):
+            wants_types = True
+    types: dict[str, int] = {}
+    if wants_types:
+        # Shape inference wants the attributes in their ONNX types.
+        for ref, op, values, _ in resolved:
+            _set_attrs(ref.node, op, values, kernel=False)
+        types = _elem_types(model, registry)
+    for ref, op, values, original in resolved:
+        _set_attrs(ref.node, op, values, kernel=True)
+        if [a.SerializeToString() for a in ref.node.attribute] != original:
+            changed = True
+    # Wrap float16 nodes; rebuild the deepest graphs first (rebuilding copies the nodes).
+    wraps: dict[int, tuple["onnx.GraphProto", int, dict[int, tuple[list, list]]]] = {}
+    names: set[str] | None = None
+    for ref, op, _, _ in resolved:
+        if ref.graph is None:
+            continue
+        f16 = _f16_vars(op, ref.node, types)
+        if f16:
+            names = _all_names(model) if names is None else names
+            entry = wraps.setdefault(id(ref.graph), (ref.graph, ref.depth, {}))
+            entry[2][ref.index] = _wrap_f16(ref.node, op, f16, names)
+    for graph, _, around in sorted(wraps.values(), key=lambda w: -w[1]):
+        new = []
+        for i, n in enumerate(graph.node):
+            before, after = around.get(i, ((), ()))
+            new.extend(before)
+            new.append(n)
+            new.extend(after)
+        del graph.node[:]
+        graph.node.extend(new)
+        changed = True
+    return changed

@@ -1,0 +1,453 @@
+"""Open ONNX Runtime sessions with the kernels a model's custom ops need.
+
+- ``custom`` (placeholder) and ``graphkit.native`` nodes run on the native kernel library
+  (``graphkit.runtime.native``), registered only when the model has such nodes.
+- ``graphkit.python`` nodes run their op's ``python_kernel`` through onnxruntime-extensions
+  (:mod:`graphkit.runtime.python_kernels`), as do ort-extensions' own domains.
+- Nodes inside If/Loop/Scan bodies and model-local functions count too.
+
+Every node without a kernel is named before ONNX Runtime is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from graphkit.errors import KernelError, UnsupportedOpError, UsageError
+from graphkit.ops import NATIVE_DOMAIN, PLACEHOLDER_DOMAIN, PYTHON_DOMAIN, OpRegistry
+from graphkit.runtime import python_kernels as pk
+
+__all__ = ["open_session", "Session", "TensorInfo", "STANDARD_DOMAINS"]
+
+# Domains ONNX Runtime serves itself.
+STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
+_NATIVE_DOMAINS = (PLACEHOLDER_DOMAIN, NATIVE_DOMAIN)
+# Marks SessionOptions graphkit already registered kernel libraries on.
+_USED_KEY = "graphkit.kernels_registered"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A model input or output: ``shape`` holds ints, symbolic names or None (unknown dim);
+    it is None when the rank is unknown. ``dtype`` is None for non-tensor types."""
+
+    name: str
+    type: str
+    dtype: np.dtype | None
+    shape: tuple[int | str | None, ...] | None
+
+
+@dataclass
+class _NodeRef:
+    node: onnx.NodeProto
+    graph: onnx.GraphProto | None   # None inside a model-local function
+    index: int
+    depth: int
+    display: str
+
+
+def _walk(model: onnx.ModelProto) -> Iterator[_NodeRef]:
+    """Every node: main graph, subgraphs (any depth), model-local functions."""
+    counter = [0]
+
+    def label(node: onnx.NodeProto, where: str) -> str:
+        counter[0] += 1
+        base = node.name or f"<unnamed {node.domain or 'ai.onnx'}::{node.op_type} #{counter[0]}>"
+        return f"{where}{base}" if where else base
+
+    def graph(g: onnx.GraphProto, depth: int, where: str) -> Iterator[_NodeRef]:
+        for i, n in enumerate(g.node):
+            display = label(n, where)
+            yield _NodeRef(n, g, i, depth, display)
+            yield from subgraphs(n, depth, display)
+
+    def subgraphs(n: onnx.NodeProto, depth: int, display: str) -> Iterator[_NodeRef]:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from graph(a.g, depth + 1, f"{display}/{a.name}/")
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for k, sub in enumerate(a.graphs):
+                    yield from graph(sub, depth + 1, f"{display}/{a.name}[{k}]/")
+
+    yield from graph(model.graph, 0, "")
+    for f in model.functions:
+        where = f"function {f.domain}::{f.name}/"
+        for i, n in enumerate(f.node):
+            display = label(n, where)
+            yield _NodeRef(n, None, i, 1, display)
+            yield from subgraphs(n, 1, display)
+
+
+def _native():
+    from graphkit.runtime import native
+
+    return native
+
+
+def _load(model: str | os.PathLike[str] | onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
+    if isinstance(model, onnx.ModelProto):
+        return model, None
+    if not isinstance(model, (str, os.PathLike)):
+        raise UsageError(f"model must be a path or an onnx.ModelProto, not {type(model).__name__}")
+    from graphkit.modelio import load_model
+
+    return load_model(model), os.fspath(model)
+
+
+@dataclass
+class _Plan:
+    native: list[_NodeRef]
+    python: list[_NodeRef]
+    extensions: bool
+
+
+def _plan(model: onnx.ModelProto, registry: OpRegistry, path: str | None) -> _Plan:
+    """Sort nodes by the kernels they need; raise UnsupportedOpError naming all without one."""
+    refs = list(_walk(model))
+    functions = {(f.domain, f.name) for f in model.functions}
+    function_domains = {f.domain for f in model.functions}
+    native, python, problems = [], [], []
+    extensions = False
+    table = None
+    src = path or "MODEL.onnx"
+
+    def fix(op, *, have: str) -> str:
+        """How to get a kernel for ``op`` other than the lowering ``have`` the node has."""
+        if op is None:
+            return "define the op in custom_ops/ (a decomposition or a kernel) and rewrite the model"
+        ways = []
+        if op.decompositions:
+            ways.append(f"run `graphkit rewrite {src} OUT.onnx` to decompose it")
+        if op.native and have != "native":
+            ways.append("rewrite with --bind native")
+        if op.python_kernel is not None and have != "python":
+            ways.append("rewrite with --bind python")
+        return ", or ".join(ways) or "give the op a decomposition or a kernel in custom_ops/"
+
+    for ref in refs:
+        n = ref.node
+        domain = n.domain
+        qualified = f"{domain or 'ai.onnx'}::{n.op_type}"
+        if (domain, n.op_type) in functions or domain in STANDARD_DOMAINS | function_domains:
+            continue
+        if domain in _NATIVE_DOMAINS:
+            native.append(ref)
+        elif domain == PYTHON_DOMAIN:
+            op = registry.get(n.op_type)
+            if op is None:
+                problems.append((ref, qualified, "op not defined in the registry",
+                                 "define the op in custom_ops/ or pass the registry that has it"))
+                continue
+            reason = pk.kernel_problem(op)
+            if reason is None and (any(not name for name in n.input) or len(n.input) < len(op.inputs)):
+                reason = ("omits an optional input, which onnxruntime-extensions cannot pass "
+                          "to a Python kernel")
+            if reason is None:
+                table = table or pk.python_kernel_table()
+                reason = table.conflict(op)
+            if reason is not None:
+                problems.append((ref, qualified, reason, fix(op, have="python")))
+                continue
+            python.append(ref)
+        elif domain in pk.EXTENSIONS_DOMAINS:
+            extensions = True
+        else:
+            problems.append((ref, qualified, f"domain '{domain}' is unknown to ONNX Runtime",
+                             "define the op in custom_ops/ and rewrite the model, or re-export "
+                             "it without the op"))
+    if native:
+        served = _native().served_ops()
+        for ref in native:
+            n = ref.node
+            if n.op_type in served:
+                continue
+            problems.append((ref, f"{n.domain}::{n.op_type}", "no native kernel",
+                             fix(registry.get(n.op_type), have="native")))
+    if problems:
+        order = {id(r): i for i, r in enumerate(refs)}
+        problems.sort(key=lambda p: order[id(p[0])])
+        if len(problems) == 1:
+            ref, qualified, reason, hint = problems[0]
+            raise UnsupportedOpError(reason, node=ref.display,
+                                     op=qualified, path=path, hint=hint)
+        lines = "; ".join(f"node '{r.display}' ({q}): {why}" for r, q, why, _ in problems)
+        hints = list(dict.fromkeys(h for *_, h in problems))
+        raise UnsupportedOpError(f"{len(problems)} nodes have no kernel: {lines}", path=path,
+                                 hint="; ".join(hints))
+    return _Plan(native, python, extensions)
+
+
+def _dtype_of(type_str: str) -> np.dtype | None:
+    """'tensor(float)' -> float32; None for non-tensor types."""
+    if not (type_str.startswith("tensor(") and type_str.endswith(")")):
+        return None
+    elem = getattr(onnx.TensorProto, type_str[len("tensor("):-1].upper(), None)
+    if elem is None:
+        return None
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _tensor_info(arg: Any, proto_types: Mapping[str, onnx.TypeProto]) -> TensorInfo:
+    shape: tuple[int | str | None, ...] | None = None
+    tp = proto_types.get(arg.name)
+    if tp is not None:
+        if tp.HasField("tensor_type") and tp.tensor_type.HasField("shape"):
+            shape = tuple(d.dim_value if d.HasField("dim_value") else
+                          (d.dim_param if d.HasField("dim_param") else None)
+                          for d in tp.tensor_type.shape.dim)
+    elif arg.shape is not None:
+        shape = tuple(arg.shape)
+    return TensorInfo(arg.name, arg.type, _dtype_of(arg.type), shape)
+
+
+class Session:
+    """An ONNX Runtime session with graphkit's kernels; create it with :func:`open_session`.
+
+    ``inputs`` and ``outputs`` describe the model's tensors (:class:`TensorInfo`); ``path``
+    is the model file, None for an in-memory model. ``run`` may be called from several
+    threads at once.
+    """
+
+    def __init__(self, sess: ort.InferenceSession, model: onnx.ModelProto, *, path: str | None,
+                 python_ops: Mapping[str, Any], python_nodes: Mapping[str, list[str]],
+                 python_kernels: bool) -> None:
+        self._sess = sess
+        self.path = path
+        self._python_kernels = python_kernels
+        self._python_ops = dict(python_ops)
+        self._python_nodes = {k: list(v) for k, v in python_nodes.items()}
+        types = {vi.name: vi.type for vi in (*model.graph.input, *model.graph.output)}
+        self.inputs: tuple[TensorInfo, ...] = tuple(_tensor_info(a, types) for a in sess.get_inputs())
+        self.outputs: tuple[TensorInfo, ...] = tuple(_tensor_info(a, types) for a in sess.get_outputs())
+        self._input_index = {i.name: i for i in self.inputs}
+        self._output_names = [o.name for o in self.outputs]
+
+    def __repr__(self) -> str:
+        return (f"Session({self.path or '<model>'}, inputs={[i.name for i in self.inputs]}, "
+                f"outputs={self._output_names})")
+
+    # -- feeds ----------------------------------------------------------------------------
+
+    def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(feeds, Mapping):
+            raise UsageError(f"feeds must be a mapping of input name to numpy array, not "
+                             f"{type(feeds).__name__}")
+        if len(feeds) != len(self._input_index) or any(n not in feeds for n in self._input_index):
+            expected = list(self._input_index)
+            missing = [n for n in expected if n not in feeds]
+            extra = [n for n in feeds if n not in self._input_index]
+            parts = ([f"missing input(s) {missing}"] if missing else []) + \
+                    ([f"unknown input(s) {extra}"] if extra else [])
+            raise UsageError("; ".join(parts) + f"; the model takes {expected}",
+                             path=self.path, hint="pass exactly the model's inputs, by name")
+        out = {}
+        for name, value in feeds.items():
+            info = self._input_index[name]
+            if isinstance(value, np.generic):
+                value = np.asarray(value)
+            if info.dtype is not None:
+                if not isinstance(value, np.ndarray):
+                    raise UsageError(f"input '{name}' is a {type(value).__name__}; expected a numpy "
+                                     f"array of {info.dtype}", path=self.path)
+                if value.dtype != info.dtype and not (info.dtype.kind == "O" and value.dtype.kind in "OUS"):
+                    raise UsageError(f"input '{name}' has dtype {value.dtype}; expected "
+                                     f"{'strings' if info.dtype.kind == 'O' else info.dtype}",
+                                     path=self.path, hint="convert it with .astype(...)")
+                shape = info.shape
+                if shape is not None and (value.ndim != len(shape) or any(
+                        isinstance(d, int) and d >= 0 and d != s for d, s in zip(shape, value.shape))):
+                    want = "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+                    what = "rank" if value.ndim != len(shape) else "shape"
+                    raise UsageError(f"input '{name}' has shape {list(value.shape)}; expected "
+                                     f"{want}" + (f" (rank {len(shape)})" if what == "rank" else ""),
+                                     path=self.path)
+            out[name] = value
+        return out
+
+    def random_feeds(self, seed: int = 0, dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+        """Random inputs (fixed ``seed``); symbolic dims take ``dims[name]``, default 1."""
+        dims = dict(dims or {})
+        for k, v in dims.items():
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise UsageError(f"dimension {k}={v!r} must be a non-negative int")
+        used = {d for i in self.inputs for d in (i.shape or ()) if isinstance(d, str)}
+        unknown = sorted(set(dims) - used)
+        if unknown:
+            raise UsageError(f"dimension(s) {unknown} match no input dimension; the inputs use "
+                             f"{sorted(used) or 'none'}", path=self.path)
+        rng = np.random.default_rng(seed)
+        feeds = {}
+        for info in self.inputs:
+            if info.dtype is None:
+                raise UsageError(f"cannot make a random value for input '{info.name}' of type "
+                                 f"{info.type}", path=self.path, hint="pass the inputs explicitly")
+            shape = tuple(d if isinstance(d, int) and d >= 0 else
+                          (dims.get(d, 1) if isinstance(d, str) else 1) for d in (info.shape or ()))
+            kind = info.dtype.kind
+            if kind == "f":
+                value = rng.standard_normal(shape).astype(info.dtype)
+            elif kind in "iu":
+                value = rng.integers(0, 10, size=shape).astype(info.dtype)
+            elif kind == "b":
+                value = rng.random(shape) < 0.5
+            elif kind == "c":
+                value = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(info.dtype)
+            elif kind == "O":
+                value = np.array([str(v) for v in rng.integers(0, 10, size=shape).ravel()],
+                                 dtype=object).reshape(shape)
+            else:
+                raise UsageError(f"cannot make a random value for input '{info.name}' of dtype "
+                                 f"{info.dtype}", path=self.path, hint="pass the inputs explicitly")
+            feeds[info.name] = value
+        return feeds
+
+    # -- running --------------------------------------------------------------------------
+
+    def run(self, feeds: Mapping[str, np.ndarray] | None = None,
+            output_names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Run the model; returns the outputs by name (all, or ``output_names`` in order)."""
+        checked = self._check_feeds({} if feeds is None else feeds)
+        if output_names is None:
+            names = self._output_names
+        else:
+            if isinstance(output_names, str):
+                output_names = [output_names]
+            names = list(output_names)
+            unknown = [n for n in names if n not in self._output_names]
+            if unknown:
+                raise UsageError(f"unknown output(s) {unknown}; the model gives {self._output_names}",
+                                 path=self.path)
+        if not self._python_kernels:
+            try:
+                return dict(zip(names, self._sess.run(names, checked)))
+            except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated classes
+                raise self._ort_error(exc) from exc
+        ro = ort.RunOptions()
+        ctx = pk.RunContext(ro, self._python_ops)
+        with pk.kernel_run(ctx):
+            try:
+                values = self._sess.run(names, checked, ro)
+            except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated classes
+                if ctx.failure is None:
+                    raise self._ort_error(exc) from exc
+        if ctx.failure is not None:
+            self._raise_failure(ctx.failure)
+        return dict(zip(names, values))
+
+    def _ort_error(self, exc: Exception) -> KernelError:
+        node = re.search(r"Name:'([^']*)'", str(exc))
+        return KernelError(f"ONNX Runtime failed: {exc}", path=self.path,
+                           node=node.group(1) if node else None,
+                           hint="check the inputs and the failing node")
+
+    def _raise_failure(self, failure: pk.KernelFailure) -> None:
+        """Re-raise a Python kernel's failure: KernelError chained to the kernel's exception."""
+        if isinstance(failure.exc, (KeyboardInterrupt, SystemExit)):
+            raise failure.exc
+        nodes = self._python_nodes.get(failure.op_name, [])
+        err = failure.to_error(nodes[0] if len(nodes) == 1 else None, self.path)
+        if failure.contract:
+            raise err from None
+        raise err from failure.exc
+
+
+def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
+                 registry: OpRegistry | None = None, threads: int | None = None,
+                 providers: Sequence[Any] | None = None,
+                 options: ort.SessionOptions | None = None) -> Session:
+    """Open ``model`` in ONNX Runtime with every kernel its nodes need registered.
+
+    ``threads`` sets the intra-op thread count; ``options`` (a fresh SessionOptions, used
+    once) lets callers set anything else; ``providers`` defaults to the CPU provider.
+    Raises ModelLoadError (unreadable file), UnsupportedOpError (nodes without a kernel,
+    named before ONNX Runtime is touched) and KernelError (ONNX Runtime refused the session).
+    """
+    proto, path = _load(model)
+    if registry is None:
+        from graphkit.ops import default_registry
+
+        registry = default_registry()
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
+        raise UsageError(f"threads must be a non-negative int, not {threads!r}",
+                         hint="0 lets ONNX Runtime choose")
+    plan = _plan(proto, registry, path)
+
+    python_ops = {r.node.op_type: registry.get(r.node.op_type) for r in plan.python}
+    python_nodes: dict[str, list[str]] = {}
+    for r in plan.python:
+        python_nodes.setdefault(r.node.op_type, []).append(r.display)
+    source: str | bytes | None = path
+    if plan.python:
+        work = proto
+        if path is None:  # never modify the caller's model
+            work = onnx.ModelProto()
+            work.CopyFrom(proto)
+            plan = _plan(work, registry, path)
+        refs = [pk.PythonNode(r.node, r.graph, r.index, r.depth, r.display) for r in plan.python]
+        if pk.bind_python_nodes(work, registry, refs) or path is None:
+            source = work.SerializeToString()
+    elif path is None:
+        source = proto.SerializeToString()
+
+    so = options if options is not None else ort.SessionOptions()
+    try:
+        so.get_session_config_entry(_USED_KEY)
+    except Exception:  # noqa: BLE001 - absent: a fresh SessionOptions
+        pass
+    else:
+        raise UsageError("these SessionOptions were already used by open_session",
+                         hint="pass a new onnxruntime.SessionOptions to each open_session call")
+    so.add_session_config_entry(_USED_KEY, "1")
+    if threads is not None:
+        so.intra_op_num_threads = threads
+    if isinstance(source, bytes) and path is not None:
+        # The model is loaded from memory: external data stays relative to the file.
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                    str(Path(path).resolve().parent))
+
+    lease = None
+    try:
+        if plan.native:
+            lib = _native().library_path()
+            try:
+                so.register_custom_ops_library(str(lib))
+            except Exception as exc:  # noqa: BLE001
+                raise KernelError(f"cannot register the native kernel library {lib}: {exc}",
+                                  path=path, hint="rebuild it (delete its cache)") from exc
+        if plan.python or plan.extensions:
+            # Python kernels run on the caller's thread only in sequential mode: that is what
+            # lets a kernel's exception reach the right run() call.
+            so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            table = pk.python_kernel_table()
+            table.declare(op for op in python_ops.values())
+            try:
+                lease = table.attach(so)
+            except Exception as exc:  # noqa: BLE001
+                raise KernelError(f"cannot register onnxruntime-extensions: {exc}", path=path,
+                                  hint="a domain is registered twice: the native library and an "
+                                       "@onnx_op may not share a domain") from exc
+        try:
+            sess = ort.InferenceSession(source, so, providers=list(providers or ["CPUExecutionProvider"]))
+        except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated classes
+            raise KernelError(f"ONNX Runtime cannot create the session: {exc}", path=path,
+                              hint="the message names the failing node") from exc
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
+    if lease is not None:
+        lease.bind(sess)
+    return Session(sess, proto, path=path, python_ops=python_ops, python_nodes=python_nodes,
+                   python_kernels=bool(plan.python or plan.extensions))
