@@ -128,3 +128,17 @@ def test_inspect_reports_external_data_and_lowerings(tmp_path):
 
     data = json.loads(run_cli("inspect", src, "--json", check_rc=0).stdout)
     assert data["external_data"]["bytes"] == 4096 * 4 and data["opsets"] == {"": 17, "custom": 1}
+
+
+def test_external_data_benchmark_small_version():
+    """bench/rewrite_external.py at 256 MiB: peak RSS stays under 150 MiB, so the weights are never loaded."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "rewrite_external.py"), "--gib", "0.25",
+                           "--layers", "4", "--max-rss-mib", "150", "--max-seconds", "60"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "weights hard-linked: True" in proc.stdout
