@@ -150,3 +150,47 @@ def test_rules_file_errors(tmp_path):
     proc = run_cli("rewrite", tmp_path / "m.onnx", tmp_path / "o.onnx", "--rules", empty, check_rc=7)
     assert "defines no 'rules'" in proc.stderr
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_graphsurgeon_rule_rewrites_and_reports():
+    """
+    x -> Relu -> Neg -> y     becomes     x -> Clip(0, 6) -> Neg -> y
+    """
+    import onnx_graphsurgeon as gs
+
+    from graphkit.rewrite import GraphSurgeonRule
+
+    def relu_to_clip(graph):
+        count = 0
+        for node in graph.nodes:
+            if node.op == "Relu":
+                node.op = "Clip"
+                node.inputs += [gs.Constant(f"{node.name}_lo", np.array(0, np.float32)),
+                                gs.Constant(f"{node.name}_hi", np.array(6, np.float32))]
+                count += 1
+        return count or MatchResult().fail("no Relu")
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                               helper.make_node("Neg", ["r"], ["y"], name="neg")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    rule = GraphSurgeonRule("relu_to_clip", relu_to_clip)
+    out, report = rewrite_model(model, rules=[rule])
+    assert [n.op_type for n in out.graph.node] == ["Clip", "Neg"]
+    assert report.rules.applied == {"relu_to_clip": 1}
+    x = np.float32([-1, 3, 9])
+    np.testing.assert_allclose(run_ort(out, {"x": x})[0], -np.clip(x, 0, 6))
+    again, report = rewrite_model(out, rules=[rule])
+    assert report.rules.reasons["relu_to_clip"] == ["no Relu"]
+    assert again.SerializeToString() == out.SerializeToString()
+
+
+def test_graphsurgeon_rule_that_raises_is_named():
+    from graphkit.rewrite import GraphSurgeonRule
+
+    def boom(graph):
+        raise KeyError("nope")
+
+    with pytest.raises(RewriteError, match="rule 'boom' raised KeyError"):
+        rewrite_model(mul_add_model(), rules=[GraphSurgeonRule("boom", boom)])

@@ -265,9 +265,13 @@ class RuleReport:
 
 
 class RuleSet:
-    """An ordered group of rules applied together until none applies."""
+    """An ordered group of rules applied together until none applies.
 
-    def __init__(self, rules: Iterable[Rule]) -> None:
+    Holds pattern :class:`Rule` objects and GraphSurgeonRule objects (run after the
+    pattern rules, on an onnx-graphsurgeon import of the model).
+    """
+
+    def __init__(self, rules: Iterable[Any]) -> None:
         self.rules = list(rules)
         names = [r.name for r in self.rules]
         if len(names) != len(set(names)):
@@ -288,6 +292,8 @@ def apply_rules(nodes: Any, rules: RuleSet, *, make_builder: Callable[[onnx.Node
     for _ in itertools.repeat(None, max_passes):
         changed = 0
         for rule in rules:
+            if not isinstance(rule, Rule):
+                continue  # GraphSurgeonRule: applied model-wide by the engine
             changed += _apply_rule(nodes, rule, make_builder, protected, initializers, report)
         total += changed
         if not changed:

@@ -25,6 +25,7 @@ from graphkit.ops import (
     default_registry,
 )
 from graphkit.ops._encoding import encode_kernel_attrs
+from graphkit.rewrite._gsrules import GraphSurgeonRule, apply_graphsurgeon_rules
 from graphkit.rewrite._rules import Rule, RuleReport, RuleSet, apply_rules
 from graphkit.rewrite._walk import ModelIndex, count_ops, graphs, scopes
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
@@ -448,6 +449,10 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
         for nodes, protected, inits in list(scopes(out)):
             apply_rules(nodes, rule_set, make_builder=make_builder, protected=protected,
                         initializers=inits, report=report.rules)
+        gs_rules = [r for r in rule_set if isinstance(r, GraphSurgeonRule)]
+        if gs_rules:
+            out = apply_graphsurgeon_rules(out, gs_rules, report.rules, path)
+            lowerer = _Lowerer(out, registry, prefer, opset, path, ModelIndex(out).names)
     if prefer != (Lowering.KEEP,):
         lowerer.total = sum(index.op_counts.values())
         if lowerer.total > PROGRESS_MIN_NODES:
@@ -489,6 +494,10 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
         for nodes, protected, inits in list(scopes(out)):
             apply_rules(nodes, rule_set, make_builder=make_builder, protected=protected,
                         initializers=inits, report=report.rules)
+        gs_rules = [r for r in rule_set if isinstance(r, GraphSurgeonRule)]
+        if gs_rules:
+            out = apply_graphsurgeon_rules(out, gs_rules, report.rules, path)
+            lowerer = _Lowerer(out, registry, prefer, opset, path, ModelIndex(out).names)
     if lowering is not Lowering.KEEP:
         for nodes, _, _ in list(scopes(out)):
             lowerer.lower_graph(nodes)

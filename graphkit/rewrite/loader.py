@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 
 from graphkit.errors import RewriteError, UsageError
+from graphkit.rewrite._gsrules import GraphSurgeonRule
 from graphkit.rewrite._rules import Rule, RuleSet
 
 __all__ = ["load_rules"]
@@ -44,7 +45,7 @@ def load_rules(source: str) -> RuleSet:
                            hint="add `rules = RuleSet([...])` at the end of the file")
     if isinstance(rules, RuleSet):
         return rules
-    if isinstance(rules, (list, tuple)) and all(isinstance(r, Rule) for r in rules):
+    if isinstance(rules, (list, tuple)) and all(isinstance(r, (Rule, GraphSurgeonRule)) for r in rules):
         return RuleSet(rules)
     raise RewriteError(f"'rules' is {type(rules).__name__}, not a RuleSet or list of Rule", path=source,
                        hint="set `rules = RuleSet([...])`")
