@@ -150,3 +150,36 @@ def test_exit_codes_documented_in_readme():
                 errors.RewriteError, errors.ValidationError, errors.KernelError, errors.NativeBuildError,
                 errors.ExportError):
         assert f"| {cls.exit_code} |" in readme, cls
+
+
+def test_prefer_target_opset_as_functions_dry_run_and_progress(model_file, tmp_path):
+    import json as _json
+
+    out = tmp_path / "p.onnx"
+    report = _json.loads(run_cli("rewrite", model_file, out, "--prefer", "native,decompose", "--json",
+                                 check_rc=0).stdout)
+    assert report["actions"] == [{"op": "custom::my_add", "lowering": "bind:native", "nodes": 1}]
+    run_cli("rewrite", model_file, tmp_path / "t.onnx", "--target-opset", "19", check_rc=0)
+    assert {i.domain: i.version for i in onnx.load(tmp_path / "t.onnx").opset_import} == {"": 19}
+    run_cli("rewrite", model_file, tmp_path / "f.onnx", "--as-functions", check_rc=0)
+    assert [f.name for f in onnx.load(tmp_path / "f.onnx").functions] == ["my_add"]
+    proc = run_cli("rewrite", model_file, tmp_path / "d.onnx", "--dry-run", check_rc=0)
+    assert "dry run" in proc.stdout and not (tmp_path / "d.onnx").exists()
+    assert run_cli("rewrite", model_file, out, "--prefer", "native,bogus").returncode == 2
+    assert run_cli("rewrite", model_file, out, "--bind", "native", "--keep-custom").returncode == 2
+
+
+def test_progress_bar_on_big_models(tmp_path):
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("my_add", ["x", "x"] if i == 0 else [f"y{i - 1}", "x"], [f"y{i}"], domain="custom",
+                              name=f"n{i}") for i in range(10_500)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y10499", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                              ir_version=10)
+    onnx.save(model, tmp_path / "big.onnx")
+    proc = run_cli("rewrite", tmp_path / "big.onnx", tmp_path / "o.onnx", "--progress", check_rc=0)
+    assert "lowering" in proc.stderr and "10500/10500" in proc.stderr
+    quiet = run_cli("rewrite", tmp_path / "big.onnx", tmp_path / "o2.onnx", check_rc=0)
+    assert quiet.stderr == ""

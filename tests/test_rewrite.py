@@ -247,3 +247,33 @@ def test_decompose_inside_local_function_fixes_its_imports(rng):
     assert {i.domain for i in out.opset_import} == {"", "local"}
     x, y = np.float32([1, 2, 3]), np.float32([1, 1, 1])
     np.testing.assert_allclose(run_ort(out, {"x": x, "y": y})[0], 2 * x + y)
+
+
+def test_decompose_inside_scan_body(rng):
+    """
+    Scan over rows of xs: state s -> my_add(s, x_row) -> s'   (a running 2s + x)
+    """
+    body = helper.make_graph(
+        [helper.make_node("my_add", ["s_in", "x_row"], ["s_out"], domain="custom", name="scan_add"),
+         helper.make_node("Identity", ["s_out"], ["y_row"])],
+        "body", [helper.make_tensor_value_info("s_in", TensorProto.FLOAT, [3]),
+                 helper.make_tensor_value_info("x_row", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("s_out", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("y_row", TensorProto.FLOAT, [3])])
+    graph = helper.make_graph(
+        [helper.make_node("Scan", ["s0", "xs"], ["s_final", "ys"], body=body, num_scan_inputs=1, name="scan")],
+        "g", [helper.make_tensor_value_info("s0", TensorProto.FLOAT, [3]),
+              helper.make_tensor_value_info("xs", TensorProto.FLOAT, [4, 3])],
+        [helper.make_tensor_value_info("s_final", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("ys", TensorProto.FLOAT, [4, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                              ir_version=10)
+    out, report = rewrite_model(model)
+    assert report.actions == {("custom::my_add", "decompose:mul_add"): 1}
+    s0 = np.zeros(3, np.float32)
+    xs = rng.standard_normal((4, 3)).astype(np.float32)
+    s_final, _ = run_ort(out, {"s0": s0, "xs": xs})
+    expect = s0
+    for row in xs:
+        expect = 2 * expect + row
+    np.testing.assert_allclose(s_final, expect, rtol=1e-5)
