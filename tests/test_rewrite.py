@@ -277,3 +277,21 @@ def test_decompose_inside_scan_body(rng):
     for row in xs:
         expect = 2 * expect + row
     np.testing.assert_allclose(s_final, expect, rtol=1e-5)
+
+
+def test_invalid_replacement_names_the_node_and_the_rule():
+    """A decomposition producing ill-typed ONNX (Add of float and int64) is caught by the check."""
+    from graphkit.errors import ValidationError
+
+    def bad(b, inputs, attrs):
+        return [b.op("Add", inputs[0], b.constant(1, dtype=TensorProto.INT64))]
+
+    import dataclasses
+
+    op = dataclasses.replace(_attr_op(), decompositions=(Decomposition("broken", bad, min_opset=13),))
+    with pytest.raises(ValidationError) as err:
+        rewrite_model(_scale_model(), registry=OpRegistry([op]), lowering=Lowering.DECOMPOSE)
+    msg = str(err.value)
+    assert "node 's0'" in msg and "decomposition 'broken' of custom::scale" in msg
+    out, _ = rewrite_model(_scale_model(), registry=OpRegistry([op]), lowering=Lowering.DECOMPOSE, check=False)
+    assert [n.op_type for n in out.graph.node] == ["Constant", "Add"]
