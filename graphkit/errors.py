@@ -19,6 +19,7 @@ __all__ = [
     "KernelError",
     "NativeBuildError",
     "ExportError",
+    "VerificationError",
     "EXIT_INTERNAL",
 ]
 
@@ -118,3 +119,9 @@ class ExportError(GraphkitError):
     """A torch model could not be exported."""
 
     exit_code = 11
+
+
+class VerificationError(GraphkitError):
+    """Two computations of the same model differ beyond tolerance (torch vs ORT, a vs b)."""
+
+    exit_code = 12

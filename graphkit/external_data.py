@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import shutil
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -62,18 +64,33 @@ def _resolve(location: str, base: Path, path: str, tensor: str) -> Path:
 
     if not location:
         raise refuse("is empty")
+    if "\0" in location:
+        raise refuse("contains a NUL byte")
     if os.path.isabs(location) or location.startswith(("/", "\\")) or (len(location) > 1 and location[1] == ":"):
         raise refuse("is absolute")
     if ".." in Path(location.replace("\\", "/")).parts:
         raise refuse("climbs out of the model's directory")
     target = base / location
-    real_base = base.resolve()
-    real = target.resolve()
+    try:
+        real_base = base.resolve()
+        real = target.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop, a name too long
+        raise refuse(f"cannot be resolved ({getattr(exc, 'strerror', None) or exc})") from exc
     if real != real_base and real_base not in real.parents:
         raise refuse("leads out of the model's directory through a symlink")
-    if not real.is_file():
+    try:
+        st = real.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise refuse(f"cannot be read ({exc.strerror})") from exc
+    if st is None:
         raise ModelLoadError(f"tensor '{tensor}': external data file '{location}' is missing", path=path,
                              hint="copy the weights file next to the model")
+    if not stat.S_ISREG(st.st_mode):
+        # A directory, FIFO or device: never opened (it could block or never end).
+        raise ModelLoadError(f"tensor '{tensor}': external data file '{location}' is not a regular file",
+                             path=path, hint="external data must be a regular file next to the model")
     return real
 
 
@@ -98,9 +115,18 @@ def check_external_data(model: onnx.ModelProto, model_path: str | os.PathLike[st
             raise ModelLoadError(f"tensor '{t.name}': external data offset/length is not a number",
                                  path=str(model_path), hint="re-export the model") from exc
         if length is None:
-            itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize \
-                if t.data_type != onnx.TensorProto.STRING else 0
-            length = int(np.prod(t.dims, dtype=np.int64)) * itemsize
+            if t.data_type == onnx.TensorProto.STRING:
+                itemsize = 0
+            else:
+                try:
+                    itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise ModelLoadError(f"tensor '{t.name}': unknown data type {t.data_type} and no external "
+                                         "data length", path=str(model_path), hint="re-export the model") from exc
+            if any(d < 0 for d in t.dims):
+                raise ModelLoadError(f"tensor '{t.name}': negative dimension in {list(t.dims)}",
+                                     path=str(model_path), hint="re-export the model")
+            length = math.prod(t.dims) * itemsize  # Python ints: absurd dims cannot wrap around
         if offset < 0 or length < 0 or offset + length > size:
             raise ModelLoadError(
                 f"tensor '{t.name}': external data [{offset}, {offset + length}) is past the end of "

@@ -8,6 +8,7 @@ from typing import Any
 
 import onnx
 
+from graphkit.errors import ModelLoadError
 from graphkit.external_data import check_external_data, external_tensors
 from graphkit.ops import KERNEL_DOMAINS, PLACEHOLDER_DOMAIN, OpRegistry, default_registry
 from graphkit.rewrite._walk import scopes
@@ -36,10 +37,13 @@ def inspect_model(model: onnx.ModelProto, *, path: str | os.PathLike[str] | None
     for node_list, _, _ in scopes(model):
         for n in node_list:
             nodes += 1
+            if isinstance(n.op_type, bytes) or isinstance(n.domain, bytes):
+                raise ModelLoadError(f"node '{n.name!s}' has an op type or domain that is not valid UTF-8",
+                                     path=None if path is None else str(path), hint="re-export the model")
             if n.domain == PLACEHOLDER_DOMAIN or n.domain in KERNEL_DOMAINS:
                 where[(n.domain, n.op_type)].append(n.name or "<unnamed>")
     custom = []
-    for (domain, op_type), names in sorted(where.items()):
+    for (domain, op_type), names in sorted(where.items(), key=str):
         op = registry.lookup(domain, op_type)
         custom.append({"op": f"{domain}::{op_type}", "count": len(names), "nodes": names,
                        "known": op is not None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from google.protobuf.message import DecodeError
 
 from graphkit.errors import ModelLoadError, OutputError
 
-__all__ = ["load_model", "save_model", "atomic_write", "check_output_path"]
+__all__ = ["load_model", "save_model", "atomic_write", "check_output_path", "weights_files"]
 
 _PROTOBUF_LIMIT = 2**31 - 1
 
@@ -25,25 +26,54 @@ def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
     Raises ModelLoadError for a missing file, a directory, an empty, truncated or
     non-ONNX file.
     """
+    return parse_model_bytes(read_model_bytes(path), path)
+
+
+def read_model_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of an ONNX file, with load_model's errors for what cannot be read."""
     p = Path(path)
-    if not p.exists():
-        raise ModelLoadError("no such file", path=str(p), hint="check the path")
-    if p.is_dir():
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise ModelLoadError("no such file", path=str(p), hint="check the path") from None
+    except (OSError, ValueError) as exc:  # ENAMETOOLONG, ELOOP, ENOTDIR, an embedded NUL byte
+        raise ModelLoadError(f"cannot open: {getattr(exc, 'strerror', None) or exc}", path=str(p),
+                             hint="check the path") from exc
+    if stat.S_ISDIR(st.st_mode):
         raise ModelLoadError("is a directory, not an ONNX file", path=str(p),
                              hint="pass the .onnx file inside it")
+    if not stat.S_ISREG(st.st_mode):
+        # A FIFO, socket or device could block forever or never end: never opened.
+        raise ModelLoadError("is not a regular file (a pipe, socket or device)", path=str(p),
+                             hint="save the model to a file first")
+    if st.st_size > _PROTOBUF_LIMIT:
+        raise ModelLoadError(f"is {st.st_size} bytes, over protobuf's 2 GiB limit for one ONNX file",
+                             path=str(p), hint="keep the weights in external data files")
     try:
         data = p.read_bytes()
     except OSError as exc:
         raise ModelLoadError(f"cannot read: {exc.strerror}", path=str(p),
                              hint="check the file's permissions") from exc
+    except MemoryError:
+        raise ModelLoadError(f"not enough memory to read {st.st_size} bytes", path=str(p),
+                             hint="free some memory or raise the process's memory limit") from None
     if not data:
         raise ModelLoadError("file is empty", path=str(p), hint="re-export the model")
+    return data
+
+
+def parse_model_bytes(data: bytes, path: str | os.PathLike[str]) -> onnx.ModelProto:
+    """Parse a serialized ONNX model read from ``path``, with load_model's errors."""
+    p = Path(path)
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
         raise ModelLoadError("not an ONNX model or truncated (protobuf parse failed)", path=str(p),
                              hint="re-export the model or check the file was copied whole") from exc
+    except MemoryError:
+        raise ModelLoadError("not enough memory to parse the model", path=str(p),
+                             hint="free some memory or raise the process's memory limit") from None
     # A file cut at a field boundary parses; what it lost shows as missing parts.
     if not model.HasField("graph") or not model.opset_import or model.ir_version <= 0:
         missing = [name for name, ok in (("graph", model.HasField("graph")),
@@ -96,17 +126,35 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
             tmp.unlink()
 
 
-def check_output_path(output: str | os.PathLike[str], input_path: str | os.PathLike[str] | None) -> None:
-    """Refuse to overwrite the input or write into a missing directory, before any work."""
+def _same_file(a: Path, b: Path) -> bool:
+    if a.resolve() == b.resolve():
+        return True
+    return a.exists() and b.exists() and os.path.samefile(a, b)
+
+
+def check_output_path(output: str | os.PathLike[str], input_path: str | os.PathLike[str] | None,
+                      *, inputs: tuple[tuple[str | os.PathLike[str], str], ...] = ()) -> None:
+    """Refuse to overwrite the input or write into a missing directory, before any work.
+
+    ``inputs`` lists other files read, as (path, what) pairs: the output must be none of them.
+    """
     out = Path(output)
+    try:
+        _check_output_path(out, input_path, inputs)
+    except (OSError, RuntimeError, ValueError) as exc:  # ELOOP, ENAMETOOLONG, NUL byte
+        raise OutputError(f"unusable output path: {getattr(exc, 'strerror', None) or exc}", path=str(out),
+                          hint="choose another output path") from exc
+
+
+def _check_output_path(out: Path, input_path, inputs) -> None:
     if input_path is not None:
-        inp = Path(input_path)
-        same = out.resolve() == inp.resolve()
-        if not same and out.exists() and inp.exists():
-            same = os.path.samefile(out, inp)
-        if same:
+        if _same_file(out, Path(input_path)):
             raise OutputError("output is the input file", path=str(out),
                               hint="write to a new file; graphkit never overwrites its input")
+    for other, what in inputs:
+        if _same_file(out, Path(other)):
+            raise OutputError(f"output is the {what}", path=str(out),
+                              hint="write to a new file; graphkit never overwrites what it reads")
     if out.is_dir():
         raise OutputError("output path is a directory", path=str(out), hint="give a file name")
     parent = out.parent if str(out.parent) else Path(".")
@@ -115,6 +163,15 @@ def check_output_path(output: str | os.PathLike[str], input_path: str | os.PathL
     if not os.access(parent, os.W_OK):
         raise OutputError("output directory is not writable", path=str(out),
                           hint="choose a writable location")
+
+
+def weights_files(files: dict[str, Path], output: str | os.PathLike[str]) -> tuple[tuple[Path, str], ...]:
+    """The external-data files an output at ``output`` must not replace: the input's own
+    (``files``: location -> file, from check_external_data) and those it will need beside it."""
+    out_dir = Path(output).resolve().parent
+    return tuple((f, f"external data file '{location}' of the input") for location, f in files.items()) + \
+        tuple((out_dir / location, f"external data file '{location}' the output needs")
+              for location in files)
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike[str], *,
@@ -134,6 +191,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike[str], *,
             raise OutputError("the model references external data but its source is unknown", path=str(path),
                               hint="pass input_path= so the weights can be found")
         files = check_external_data(model, input_path)
+        check_output_path(path, input_path, inputs=weights_files(files, path))
         out_dir = Path(path).resolve().parent
         if out_dir != Path(input_path).resolve().parent:
             created = place_external_data(files, out_dir, external_data)

@@ -1,9 +1,9 @@
 """deform_conv2d in numpy: the Python kernel ONNX Runtime runs through onnxruntime-extensions.
 
 Vectorized: the four bilinear corners of every sampling point are computed once per offset
-group and read as whole channel rows from a channels-last copy of the input (one fancy-index
-gather per corner), the mask is folded into the corner weights, and the columns meet the
-weight in one batched matmul (BLAS).
+group, each corner is one ``np.take`` of whole channel planes per image and offset group
+(the mask folded into its weights), and the columns meet the weight in one batched matmul
+(BLAS), with no transposes: the sampled layout already is the columns' layout.
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ def python_kernel(input, weight, offset, bias=None, mask=None, *, stride=(1, 1),
     off = offset.reshape(n, og, kk, 2, ho, wo)
     tap_y = np.repeat(np.arange(kh, dtype=dtype) * dh, kw).reshape(1, 1, kk, 1, 1)
     tap_x = np.tile(np.arange(kw, dtype=dtype) * dw, kh).reshape(1, 1, kk, 1, 1)
-    y = off[:, :, :, 0] + tap_y + (np.arange(ho, dtype=dtype) * sh - ph).reshape(1, 1, 1, ho, 1)
-    x = off[:, :, :, 1] + tap_x + (np.arange(wo, dtype=dtype) * sw - pw).reshape(1, 1, 1, 1, wo)
+    y = (tap_y + (np.arange(ho, dtype=dtype) * sh - ph).reshape(1, 1, 1, ho, 1)) + off[:, :, :, 0]
+    x = (tap_x + (np.arange(wo, dtype=dtype) * sw - pw).reshape(1, 1, 1, 1, wo)) + off[:, :, :, 1]
     inside = (y > -1) & (y < h) & (x > -1) & (x < w)
+    y, x = np.where(inside, y, 0), np.where(inside, x, 0)  # outside (or NaN): weight 0, safe index
     y0, x0 = np.floor(y), np.floor(x)
     ly, lx = y - y0, x - x0
     y0i, x0i = y0.astype(np.int64), x0.astype(np.int64)
@@ -52,23 +53,21 @@ def python_kernel(input, weight, offset, bias=None, mask=None, *, stride=(1, 1),
     if mask is not None:
         scale = scale * mask.reshape(n, og, kk, ho, wo)
 
-    # (n, og, h*w, cg): channel rows of each pixel contiguous, so each gather moves rows.
-    pixels = np.ascontiguousarray(input.reshape(n, og, cg, h * w).transpose(0, 1, 3, 2))
-    batch = np.arange(n).reshape(n, 1, 1, 1, 1)
-    group = np.arange(og).reshape(1, og, 1, 1, 1)
-    sampled = np.zeros((n, og, kk, ho, wo, cg), dtype)
+    images = input.reshape(n, og, cg, h * w)
+    length = kk * p
+    sampled = np.zeros((n, og, cg, length), dtype)  # (n, og, cg, (tap, position))
     for dy, wy in ((0, 1 - ly), (1, ly)):
         for dx, wx in ((0, 1 - lx), (1, lx)):
             yc, xc = y0i + dy, x0i + dx
             valid = (yc >= 0) & (yc < h) & (xc >= 0) & (xc < w)
-            weight_c = np.where(valid, wy * wx * scale, dtype.type(0))
-            index = np.clip(yc, 0, h - 1) * w + np.clip(xc, 0, w - 1)
-            sampled += pixels[batch, group, index] * weight_c[..., None]
-    # sampled[n, og, (i, j), (oh, ow), cg] -> columns[n, group, (oh, ow), (c, i, j)]
-    columns = sampled.reshape(n, og, kk, p, cg).transpose(0, 3, 1, 4, 2).reshape(n, p, groups, cin_g * kk)
-    columns = columns.transpose(0, 2, 1, 3)  # (n, groups, p, K)
-    wmat = weight.reshape(groups, m // groups, cin_g * kk)
-    result = np.matmul(wmat, columns.transpose(0, 1, 3, 2))  # (n, groups, m/g, p)
+            weight_c = np.where(valid, wy * wx * scale, dtype.type(0)).reshape(n, og, length)
+            index = (np.clip(yc, 0, h - 1) * w + np.clip(xc, 0, w - 1)).reshape(n, og, length)
+            for b in range(n):
+                for g in range(og):  # one gather of whole channel planes per image and group
+                    sampled[b, g] += np.take(images[b, g], index[b, g], axis=1) * weight_c[b, g]
+    # sampled[n, og, cg, (i, j, oh, ow)] is columns[n, group, (c, i, j), (oh, ow)]
+    columns = sampled.reshape(n, groups, cin_g * kk, p)
+    result = np.matmul(weight.reshape(groups, m // groups, cin_g * kk), columns)  # (n, groups, m/g, p)
     out[...] = result.reshape(n, m, ho, wo)
     if bias is not None:
         out += bias.reshape(1, m, 1, 1)

@@ -40,9 +40,12 @@ def reference(input, weight, offset, bias=None, mask=None, stride=(1, 1), paddin
     tap_x = (torch.arange(kw, device=device, dtype=dtype) * dw).repeat(kh)
     row = torch.arange(ho, device=device, dtype=dtype) * sh - ph
     col = torch.arange(wo, device=device, dtype=dtype) * sw - pw
-    y = off[:, :, :, 0] + tap_y.view(1, 1, kk, 1, 1) + row.view(1, 1, 1, ho, 1)  # (n, og, kk, ho, wo)
-    x = off[:, :, :, 1] + tap_x.view(1, 1, kk, 1, 1) + col.view(1, 1, 1, 1, wo)
+    # integral base point first (exact), then the offset: torchvision's order of additions
+    y = (tap_y.view(1, 1, kk, 1, 1) + row.view(1, 1, 1, ho, 1)) + off[:, :, :, 0]  # (n, og, kk, ho, wo)
+    x = (tap_x.view(1, 1, kk, 1, 1) + col.view(1, 1, 1, 1, wo)) + off[:, :, :, 1]
     inside = (y > -1) & (y < h) & (x > -1) & (x < w)
+    zero = torch.zeros((), dtype=dtype, device=device)
+    y, x = torch.where(inside, y, zero), torch.where(inside, x, zero)  # outside (or NaN): safe indices
 
     y0, x0 = torch.floor(y), torch.floor(x)
     ly, lx = y - y0, x - x0
@@ -53,7 +56,7 @@ def reference(input, weight, offset, bias=None, mask=None, stride=(1, 1), paddin
         for dx, wx in ((0, 1 - lx), (1, lx)):
             yc, xc = y0 + dy, x0 + dx
             valid = inside & (yc >= 0) & (yc <= h - 1) & (xc >= 0) & (xc <= w - 1)
-            weight_c = torch.where(valid, wy * wx, torch.zeros((), dtype=dtype, device=device))
+            weight_c = torch.where(valid, wy * wx, zero)
             if mask is not None:
                 weight_c = weight_c * mask.reshape(n, og, kk, ho, wo)
             index = (yc.clamp(0, h - 1) * w + xc.clamp(0, w - 1)).to(torch.int64)

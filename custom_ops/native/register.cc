@@ -15,7 +15,8 @@
 // ---- the registration table: one line per op ------------------------------------------
 // X(name) needs `const gk::OpSet& gk::ops_<name>()` defined in custom_ops/<name>/<name>.cc.
 #define GRAPHKIT_NATIVE_OPS(X) \
-  X(my_add)
+  X(my_add) \
+  X(deform_conv2d)
 
 namespace gk {
 #define GK_DECLARE(name) const OpSet& ops_##name();

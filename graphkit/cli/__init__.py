@@ -17,11 +17,15 @@ SUBCOMMANDS = {
     "rewrite": ("graphkit.cli.rewrite", "decompose custom:: nodes or bind them to kernels"),
     "run": ("graphkit.cli.run", "run a model in ONNX Runtime with graphkit's kernels registered"),
     "inspect": ("graphkit.cli.inspect", "show opsets, custom ops with their lowerings, external data"),
+    "export": ("graphkit.cli.export", "export a torch model (module:factory) to ONNX with graphkit's ops and gap fillers"),
+    "verify": ("graphkit.cli.verify", "run a torch model and its ONNX export on the same inputs and compare"),
+    "compare": ("graphkit.cli.compare", "run two ONNX models on the same inputs and compare; --bisect finds the first diverging node"),
 }
 
 EPILOG = """exit codes: 0 ok, 2 usage, 3 cannot load model, 4 cannot write output,
 5 bad op definition, 6 op without rule or kernel, 7 rewrite failed, 8 model invalid,
-9 kernel or session failure, 10 native build failed, 11 export failed, 70 internal error"""
+9 kernel or session failure, 10 native build failed, 11 export failed,
+12 outputs differ beyond tolerance, 70 internal error"""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,6 +48,43 @@ def _version() -> str:
     return __version__
 
 
+def _one_line(text: str) -> str:
+    """Errors are one stderr line: messages quoted from ONNX or ONNX Runtime may hold newlines."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def _malformed_model(args: argparse.Namespace) -> GraphkitError | None:
+    """After an unexpected exception: a ModelLoadError if the command's model holds a name
+    that is not UTF-8 text (protobuf hands such strings over as bytes), else None.
+
+    Runs only on the failure path, so well-formed models pay nothing for it.
+    """
+    path = getattr(args, "input", None) or getattr(args, "model", None)
+    if not path:
+        return None
+    try:
+        from graphkit.errors import ModelLoadError
+        from graphkit.modelio import load_model
+
+        model = load_model(path)
+        stack = [(model, "ModelProto")]
+        while stack:
+            msg, where = stack.pop()
+            for fd, value in msg.ListFields():
+                repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
+                values = value if repeated else [value]
+                if fd.message_type is not None:
+                    stack.extend((v, f"{where}.{fd.name}") for v in values)
+                elif fd.type == fd.TYPE_STRING:
+                    bad = next((v for v in values if isinstance(v, bytes)), None)
+                    if bad is not None:
+                        return ModelLoadError(f"{where}.{fd.name} {bad[:60]!r} is not valid UTF-8 text",
+                                              path=str(path), hint="re-export the model; ONNX names are UTF-8")
+    except Exception:  # noqa: BLE001 - a diagnosis must never hide the original error
+        return None
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -55,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GraphkitError as exc:
         if args.debug:
             traceback.print_exc()
-        print(f"graphkit: error: {exc}", file=sys.stderr)
+        print(f"graphkit: error: {_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("graphkit: interrupted", file=sys.stderr)
@@ -68,7 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug in graphkit, not a user mistake
         if args.debug:
             traceback.print_exc()
-        print(f"graphkit: internal error: {type(exc).__name__}: {exc} "
+        malformed = _malformed_model(args)
+        if malformed is not None:  # graphkit tripped over a model protobuf accepted: say what is wrong
+            print(f"graphkit: error: {_one_line(str(malformed))}", file=sys.stderr)
+            return malformed.exit_code
+        print(f"graphkit: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
               "(rerun with --debug and report it)", file=sys.stderr)
         return EXIT_INTERNAL
 

@@ -16,7 +16,7 @@ def run(args: argparse.Namespace) -> int:
     from graphkit.modelio import load_model
 
     summary = inspect_model(load_model(args.model), path=args.model)
-    print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
+    print(json.dumps(summary, indent=2, default=str) if args.json else format_summary(summary))
     return 0
 
 
@@ -27,7 +27,8 @@ def format_summary(s: dict) -> str:
     if s["custom_ops"]:
         lines.append("custom ops:")
         for op in s["custom_ops"]:
-            where = ", ".join(op["nodes"][:5]) + (f", ... ({len(op['nodes']) - 5} more)" if len(op["nodes"]) > 5 else "")
+            where = ", ".join(map(str, op["nodes"][:5])) + (f", ... ({len(op['nodes']) - 5} more)"
+                                                            if len(op["nodes"]) > 5 else "")
             lines.append(f"  {op['op']} x{op['count']} ({where})")
             lines.append(f"    lowerings: {', '.join(op['lowerings']) or 'none'}")
     else:

@@ -67,8 +67,9 @@ def _preference(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import sys
 
+    from graphkit.errors import OutputError
     from graphkit.external_data import check_external_data, external_tensors
-    from graphkit.modelio import check_output_path, load_model, save_model
+    from graphkit.modelio import check_output_path, load_model, save_model, weights_files
     from graphkit.rewrite import RuleSet, rewrite_model
     from graphkit.rewrite.loader import load_rules
 
@@ -76,24 +77,54 @@ def run(args: argparse.Namespace) -> int:
     if not args.dry_run:
         check_output_path(args.output, args.input)
     rules = RuleSet([r for source in args.rules for r in load_rules(source)])
-    model = load_model(args.input)
-    if external_tensors(model):
-        check_external_data(model, args.input)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
+    if not len(rules) and args.target_opset is None and not args.as_functions:
+        # Lowering only: rewrite the serialized model (graphkit.rewrite.engine.rewrite_bytes).
+        from graphkit.modelio import _PROTOBUF_LIMIT, atomic_write, parse_model_bytes, read_model_bytes
+        from graphkit.rewrite._fastpath import has_external_data
+        from graphkit.rewrite.engine import rewrite_bytes
+
+        data = read_model_bytes(args.input)
+        model = parse_model_bytes(data, args.input)
+        if not has_external_data(data, model):
+            out_bytes, report = rewrite_bytes(data, model=model, lowering=lowering, check=not args.no_check,
+                                              full_check=args.full_check, path=args.input,
+                                              progress=_progress_bar if show else None)
+            del data, model
+            if not args.dry_run:
+                check_output_path(args.output, args.input)
+                if len(out_bytes) > _PROTOBUF_LIMIT:
+                    raise OutputError("model is over protobuf's 2 GiB limit and has inline weights",
+                                      path=args.output, hint="move its weights to external data first")
+                with atomic_write(args.output) as tmp:
+                    tmp.write_bytes(out_bytes)
+            _print_report(args, report)
+            return 0
+        del data
+    else:
+        model = load_model(args.input)
+    if external_tensors(model):
+        files = check_external_data(model, args.input)
+        if not args.dry_run:  # the weights are input too: refuse before any work
+            check_output_path(args.output, args.input, inputs=weights_files(files, args.output))
     out, report = rewrite_model(model, lowering=lowering, rules=rules, target_opset=args.target_opset,
                                 as_functions=args.as_functions, check=not args.no_check,
                                 full_check=args.full_check, path=args.input,
                                 progress=_progress_bar if show else None)
     if not args.dry_run:
         save_model(out, args.output, input_path=args.input, external_data=args.external_data)
+    _print_report(args, report)
+    return 0
+
+
+def _print_report(args: argparse.Namespace, report) -> None:
     if args.json:
         print(json.dumps({"input": args.input, "output": None if args.dry_run else args.output,
-                          **report.to_dict()}, indent=2))
+                          **report.to_dict()}, indent=2, default=str))
     else:
         print(format_report(report, args.input, "(dry run: not written)" if args.dry_run else args.output))
         if args.explain:
             print(report.rules.explain() or "no rules given")
-    return 0
 
 
 def _progress_bar(phase: str, done: int, total: int) -> None:
@@ -109,7 +140,7 @@ def _progress_bar(phase: str, done: int, total: int) -> None:
 def format_report(report, src: str, dst: str) -> str:
     def fmt(key):
         domain, op = key
-        return f"{domain}::{op}" if domain else op
+        return f"{domain}::{op}" if domain else str(op)
 
     keys = sorted(set(report.ops_before) | set(report.ops_after), key=fmt)
     width = max([len(fmt(k)) for k in keys] + [2])

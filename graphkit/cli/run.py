@@ -46,25 +46,72 @@ def load_npz(path: str) -> dict:
                          hint="save inputs with numpy.savez(path, name=array)") from exc
 
 
-def run(args: argparse.Namespace) -> int:
+def save_npz(path: str, arrays: dict) -> None:
+    """Write ``arrays`` as a numpy .npz, atomically and without pickle (any array names)."""
+    import zipfile
+
     import numpy as np
 
-    from graphkit.modelio import atomic_write, check_output_path
+    from graphkit.errors import UsageError
+    from graphkit.modelio import atomic_write
+
+    for name, value in arrays.items():
+        if not isinstance(value, np.ndarray):
+            raise UsageError(f"output '{name}' is a {type(value).__name__}, not a tensor; --output "
+                             "stores tensors only", hint="omit --output for this model")
+    with atomic_write(path) as tmp:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for name, value in arrays.items():
+                if value.dtype.kind == "O":  # string tensors: store as unicode, never pickled
+                    value = value.astype(str)
+                with zf.open(f"{name}.npy", "w", force_zip64=True) as fh:
+                    np.lib.format.write_array(fh, value, allow_pickle=False)
+
+
+def _describe(name: str, value) -> str:
+    import numpy as np
+
+    if not isinstance(value, np.ndarray):
+        size = f" of {len(value)}" if hasattr(value, "__len__") else ""
+        return f"{name}: {type(value).__name__}{size}"
+    stats = ""
+    if value.size and value.dtype.kind in "fiu":
+        with np.errstate(all="ignore"):  # NaN/Inf flow through: they are results, not errors
+            stats = (f" min {value.min():.6g} max {value.max():.6g} "
+                     f"mean {value.mean(dtype=np.float64):.6g}")
+    return f"{name}: {value.dtype} {list(value.shape)}{stats}"
+
+
+def run(args: argparse.Namespace) -> int:
+    import onnxruntime as ort
+
+    from graphkit.modelio import check_output_path
     from graphkit.runtime import open_session
 
     if args.output:
-        check_output_path(args.output, args.model)
-    session = open_session(args.model, threads=args.threads)
+        check_output_path(args.output, args.model,
+                          inputs=((args.inputs, "--inputs file"),) if args.inputs else ())
+        _refuse_weights_as_output(args.output, args.model)
+    options = ort.SessionOptions()
+    # graphkit reports every ONNX Runtime failure itself, in one line: keep ORT's log quiet.
+    options.log_severity_level = 4
+    session = open_session(args.model, threads=args.threads, options=options)
     feeds = (load_npz(args.inputs) if args.inputs
              else session.random_feeds(seed=args.seed, dims=_parse_dims(args.dim)))
     outputs = session.run(feeds)
     for name, value in outputs.items():
-        arr = np.asarray(value)
-        stats = (f" min {arr.min():.6g} max {arr.max():.6g} mean {arr.mean(dtype=np.float64):.6g}"
-                 if arr.size and arr.dtype.kind in "fiu" else "")
-        print(f"{name}: {arr.dtype} {list(arr.shape)}{stats}")
+        print(_describe(name, value))
     if args.output:
-        with atomic_write(args.output) as tmp:
-            with open(tmp, "wb") as fh:
-                np.savez(fh, **outputs)
+        save_npz(args.output, outputs)
     return 0
+
+
+def _refuse_weights_as_output(output: str, model_path: str) -> None:
+    from graphkit.external_data import check_external_data, external_tensors
+    from graphkit.modelio import check_output_path, load_model
+
+    model = load_model(model_path)
+    if external_tensors(model):
+        files = check_external_data(model, model_path)
+        check_output_path(output, model_path, inputs=tuple(
+            (f, f"external data file '{loc}' of the model") for loc, f in files.items()))

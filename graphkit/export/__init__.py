@@ -2,15 +2,38 @@
 
 Importing this subpackage imports torch (``import graphkit`` alone does not).
 
-- :func:`export` - one call for both torch exporters (``dynamo=True``/``False``).
+- :func:`export` - one call for both torch exporters (``dynamo=True``/``False``), with the
+  gap fillers, placeholders and rewrites below active for the call only.
 - :class:`TorchOps` - graphkit's ops as ``torch.ops.graphkit.<name>`` (C++ forward, fake
   kernel from the reference), usable in models exported either way.
 - :func:`autograd_function` - the tutorial's ``torch.autograd.Function`` + ``symbolic``.
+- :data:`GAP_FILLERS` - symbolics for ATen ops torch's TorchScript exporter lacks
+  (:mod:`graphkit.export.aten`; ``python -m graphkit.export.gaps`` finds the gaps).
+- :class:`RewriteRegistry` - export-time rewrites of torch functions and module forwards,
+  selected by :class:`Backend`, :class:`Opset` and :class:`Exporter` conditions.
 - :func:`load_extension` - build/cache/load a torch C++ extension shipped with an op.
 """
 
 from graphkit.export._export import MAX_IR_VERSION, CustomNode, ExportReport, export
+from graphkit.export.aten import (
+    Example,
+    GapFiller,
+    GapFillerTable,
+    scoped_gap_fillers,
+    scoped_placeholders,
+)
 from graphkit.export.extension import load_extension
+from graphkit.export.gap_fillers import GAP_FILLERS
+from graphkit.export.rewrites import (
+    Backend,
+    ExportTarget,
+    Exporter,
+    Opset,
+    Rewrite,
+    RewriteContext,
+    RewriteRegistry,
+    activate_rewrites,
+)
 from graphkit.export.torch_ops import (
     TorchOps,
     autograd_function,
@@ -22,17 +45,30 @@ from graphkit.export.torch_ops import (
 )
 
 __all__ = [
+    "GAP_FILLERS",
     "MAX_IR_VERSION",
+    "Backend",
     "CustomNode",
+    "Example",
     "ExportReport",
+    "ExportTarget",
+    "Exporter",
+    "GapFiller",
+    "GapFillerTable",
+    "Opset",
+    "Rewrite",
+    "RewriteContext",
+    "RewriteRegistry",
     "TorchOps",
+    "activate_rewrites",
     "autograd_function",
     "custom_translation_table",
     "export",
     "library_schema",
     "load_extension",
     "onnxscript_translation",
+    "scoped_gap_fillers",
+    "scoped_placeholders",
     "scoped_symbolics",
     "torchscript_symbolic",
 ]
-

@@ -13,6 +13,20 @@ Dynamic dimensions are spelled once, ``{"a": {0: "batch"}}`` (keys are ONNX inpu
 ``input_names`` or, by default, the forward's parameter names), and become
 ``dynamic_axes`` or ``dynamic_shapes`` with ``torch.export.Dim`` as the exporter needs.
 The file is written atomically and only when the whole export succeeded.
+
+Around the torch exporter, for the call only (everything is put back on exit, even on
+error):
+
+- ``gap_fillers`` (default :data:`~graphkit.export.GAP_FILLERS`): symbolics for ATen ops
+  the TorchScript exporter lacks (``aten::asinh`` -> ``Asinh``), see
+  :mod:`graphkit.export.aten`; the dynamo exporter has its own and needs none.
+- ``placeholders``: ATen ops written as graphkit's ``custom::<op>`` instead (an op of the
+  registry with the same name and inputs, e.g. ``["asinh"]``), both exporters.
+- ``rewrites``: :class:`~graphkit.export.RewriteRegistry` objects whose rewrites replace
+  torch functions or module forwards while exporting (:mod:`graphkit.export.rewrites`).
+
+The report names the placeholder nodes written and how each can be lowered at the
+model's opset (``report.lowerings``), the gap fillers used and how often each rewrite ran.
 """
 
 from __future__ import annotations
@@ -33,8 +47,11 @@ import onnx
 import torch
 
 from graphkit.errors import ExportError, GraphkitError
-from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
 from graphkit.export import torch_ops
+from graphkit.export.aten import GapFillerTable, placeholder_translations, scoped_gap_fillers, scoped_placeholders
+from graphkit.export.gap_fillers import GAP_FILLERS
+from graphkit.export.rewrites import ExportTarget, RewriteRegistry, activate_rewrites
+from graphkit.ops import PLACEHOLDER_DOMAIN, OpDef, OpRegistry
 
 __all__ = ["export", "ExportReport", "CustomNode", "MAX_IR_VERSION"]
 
@@ -66,6 +83,10 @@ class ExportReport:
     outputs: tuple[str, ...]
     custom_nodes: tuple[CustomNode, ...] = ()
     opset_imports: Mapping[str, int] = field(default_factory=dict)
+    # "custom::asinh" -> ("decompose:asinh", "python"): lowerings at the model's opset
+    lowerings: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    gap_fillers: tuple[str, ...] = ()  # ATen ops written by graphkit's gap fillers
+    rewrites: Mapping[str, int] = field(default_factory=dict)  # "registry/rewrite" -> calls
 
     def count(self, op: str) -> int:
         """How many custom nodes run ``op`` (``"my_add"`` or ``"custom::my_add"``)."""
@@ -85,6 +106,21 @@ class ExportReport:
         return (f"{self.path}: {self.exporter} exporter, opset {self.opset}, ir_version "
                 f"{self.ir_version}; {listed}")
 
+    def details(self) -> str:
+        """:meth:`summary` plus how each custom op can be lowered, the gap fillers used and
+        the rewrites that ran."""
+        lines = [self.summary()]
+        for op in sorted({n.op for n in self.custom_nodes}):
+            ways = self.lowerings.get(op, ())
+            lines.append(f"  {op}: " + (f"lowerings {', '.join(ways)}" if ways else
+                                        "no lowering: unknown to the registry" if op in self.unknown_ops
+                                        else f"no lowering at opset {self.opset}"))
+        if self.gap_fillers:
+            lines.append(f"  gap fillers used: {', '.join(self.gap_fillers)}")
+        for name, calls in self.rewrites.items():
+            lines.append(f"  rewrite {name}: {calls} call(s)")
+        return "\n".join(lines)
+
 
 def export(
     model: torch.nn.Module,
@@ -98,12 +134,19 @@ def export(
     output_names: Sequence[str] | None = None,
     dynamic_dims: Mapping[str, Mapping[int, str]] | None = None,
     kwargs: Mapping[str, Any] | None = None,
+    gap_fillers: GapFillerTable | None = GAP_FILLERS,
+    placeholders: Sequence[str] = (),
+    rewrites: RewriteRegistry | Sequence[RewriteRegistry] | None = None,
+    backend: str = "onnxruntime",
 ) -> ExportReport:
     """Export ``model(*args, **kwargs)`` to ``path`` with graphkit's ops as ``custom::`` nodes.
 
     ``registry`` (default :func:`~graphkit.ops.default_registry`) names the ops graphkit
-    hooks into the exporters. Raises ExportError naming the model class and the cause
-    (nothing is written then), OutputError for an unwritable ``path``.
+    hooks into the exporters. ``gap_fillers`` (None: none) are registered for the
+    TorchScript exporter; ``placeholders`` names ATen ops to write as ``custom::<op>``;
+    ``rewrites`` are activated for the :class:`~graphkit.export.ExportTarget` (exporter,
+    ``opset``, ``backend``) of this call. Raises ExportError naming the model class and the
+    cause (nothing is written then), OutputError for an unwritable ``path``.
     """
     from graphkit.modelio import check_output_path, save_model
     from graphkit.ops import default_registry
@@ -119,15 +162,22 @@ def export(
     check_output_path(path, None)
     names = _input_names(model, args, kwargs, input_names)
     _check_dynamic_dims(dynamic_dims, names, model_name)
+    placeholder_ops = _placeholder_ops(placeholders, registry, model_name)
+    registries = _registries(rewrites)
+    target = ExportTarget("dynamo" if dynamo else "torchscript", opset, backend)
+    used = _Used()
 
     try:
-        with _eval_mode(model):
+        with _eval_mode(model), activate_rewrites(registries, target) as active:
             if dynamo:
                 proto = _export_dynamo(model, args, kwargs, registry, opset, names, output_names,
-                                       dynamic_dims, given_names=input_names is not None)
+                                       dynamic_dims, given_names=input_names is not None,
+                                       placeholder_ops=placeholder_ops)
             else:
                 proto = _export_torchscript(model, args, kwargs, registry, opset, names,
-                                            output_names, dynamic_dims)
+                                            output_names, dynamic_dims, gap_fillers=gap_fillers,
+                                            placeholder_ops=placeholder_ops, used=used)
+            used.rewrites = {name: active.calls[name] for name in active.names}
     except Exception as exc:  # noqa: BLE001 - every exporter failure becomes an ExportError
         root = _graphkit_root(exc)  # ours, possibly wrapped by the exporter
         if root is not None:
@@ -144,16 +194,48 @@ def export(
 
     proto = _finalize(proto, registry)
     save_model(proto, path)
-    return _report(proto, Path(path), "dynamo" if dynamo else "torchscript", registry)
+    return _report(proto, Path(path), "dynamo" if dynamo else "torchscript", registry, used)
+
+
+@dataclass
+class _Used:
+    """What the hooks around the exporter did during one call."""
+
+    gap_fillers: tuple[str, ...] = ()
+    rewrites: dict[str, int] = field(default_factory=dict)
+
+
+def _placeholder_ops(names: Sequence[str], registry: OpRegistry, model_name: str) -> list[OpDef]:
+    if isinstance(names, str):
+        names = [names]
+    ops = []
+    for name in names:
+        short = name.split("::", 1)[1] if name.startswith("aten::") else name
+        op = registry.get(short)
+        if op is None:
+            raise ExportError(f"cannot export {model_name}: no graphkit op '{short}' to stand for "
+                              f"aten::{short}", hint=f"placeholders must name ops of the registry: "
+                              f"{', '.join(sorted(o.name for o in registry))}")
+        ops.append(op)
+    return ops
+
+
+def _registries(rewrites) -> list[RewriteRegistry]:
+    if rewrites is None:
+        return []
+    if isinstance(rewrites, RewriteRegistry):
+        return [rewrites]
+    return list(rewrites)
 
 
 # --------------------------------------------------------------------------- exporters
 
 
 def _export_dynamo(model, args, kwargs, registry, opset, names, output_names, dynamic_dims,
-                   *, given_names: bool) -> onnx.ModelProto:
+                   *, given_names: bool, placeholder_ops: Sequence[OpDef] = ()) -> onnx.ModelProto:
     with _registry_ops(registry):
         table = torch_ops.custom_translation_table()
+        table.update(placeholder_translations(placeholder_ops))
         dynamic_shapes = _dynamic_shapes(model, args, kwargs, names, dynamic_dims)
         with _quiet_dynamo():
             program = torch.onnx.export(
@@ -168,16 +250,24 @@ def _export_dynamo(model, args, kwargs, registry, opset, names, output_names, dy
 
 
 def _export_torchscript(model, args, kwargs, registry, opset, names, output_names,
-                        dynamic_dims) -> onnx.ModelProto:
+                        dynamic_dims, *, gap_fillers: GapFillerTable | None = None,
+                        placeholder_ops: Sequence[OpDef] = (), used: _Used | None = None,
+                        ) -> onnx.ModelProto:
     buf = io.BytesIO()
     dynamic_axes = {name: dict(axes) for name, axes in (dynamic_dims or {}).items()}
     model, args = _positional_call(model, args, kwargs)  # torch.jit.trace takes no kwargs
-    with _registry_ops(registry), torch_ops.scoped_symbolics(), warnings.catch_warnings():
+    placeholders = {f"aten::{op.name}" for op in placeholder_ops}
+    with _registry_ops(registry), torch_ops.scoped_symbolics(), \
+            scoped_placeholders(placeholder_ops, opset), \
+            scoped_gap_fillers(gap_fillers or (), opset, skip=placeholders) as fillers, \
+            warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(
             model, args, buf, dynamo=False, opset_version=opset,
             input_names=list(names), output_names=list(output_names) if output_names else None,
             dynamic_axes=dynamic_axes or None)
+    if used is not None:
+        used.gap_fillers = tuple(sorted(fillers.used))
     return onnx.load_from_string(buf.getvalue())
 
 
@@ -360,15 +450,26 @@ def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
                     yield from _all_nodes(g)
 
 
-def _report(model: onnx.ModelProto, path: Path, exporter: str, registry: OpRegistry) -> ExportReport:
+def _report(model: onnx.ModelProto, path: Path, exporter: str, registry: OpRegistry,
+            used: _Used | None = None) -> ExportReport:
+    from graphkit.inspection import lowerings_of
+
+    used = used or _Used()
     imports = {imp.domain: imp.version for imp in model.opset_import}
+    opset = imports.get("", imports.get("ai.onnx", 0))
     nodes = tuple(CustomNode(n.name, f"{n.domain}::{n.op_type}", n.op_type in registry)
                   for n in _all_nodes(model.graph) if n.domain == PLACEHOLDER_DOMAIN)
+    lowerings = {}
+    for node in nodes:
+        op = registry.get(node.op.split("::", 1)[1])
+        if op is not None and node.op not in lowerings:
+            lowerings[node.op] = tuple(lowerings_of(op, opset))
     return ExportReport(
-        path=path, exporter=exporter, opset=imports.get("", imports.get("ai.onnx", 0)),
+        path=path, exporter=exporter, opset=opset,
         ir_version=model.ir_version, inputs=tuple(i.name for i in model.graph.input),
         outputs=tuple(o.name for o in model.graph.output), custom_nodes=nodes,
-        opset_imports=imports)
+        opset_imports=imports, lowerings=lowerings, gap_fillers=used.gap_fillers,
+        rewrites=dict(used.rewrites))
 
 
 # --------------------------------------------------------------------------- errors

@@ -633,15 +633,20 @@ def scoped_symbolics(ops: Iterable[OpDef] | None = None) -> Iterator[list[str]]:
     :class:`TorchOps`) for the block only; unregistered on exit, even on error. A symbolic
     someone else registered already is left alone. Yields the names registered here."""
     reg = _symbolic_registry()
-    added: list[str] = []
+    added: list[tuple[str, bool]] = []
     try:
         for op in (defined_ops().values() if ops is None else ops):
             qualname = f"{LIBRARY_NAMESPACE}::{op.name}"
             if reg is not None and reg.is_registered_op(qualname, _SYMBOLIC_OPSET):
                 continue
+            existed = reg is not None and reg.get_function_group(qualname) is not None
             torch.onnx.register_custom_op_symbolic(qualname, torchscript_symbolic(op), _SYMBOLIC_OPSET)
-            added.append(qualname)
-        yield list(added)
+            added.append((qualname, existed))
+        yield [name for name, _ in added]
     finally:
-        for qualname in reversed(added):
+        from graphkit.export.aten import forget_empty_group
+
+        for qualname, existed in reversed(added):
             torch.onnx.unregister_custom_op_symbolic(qualname, _SYMBOLIC_OPSET)
+            if reg is not None:
+                forget_empty_group(qualname, existed)

@@ -20,6 +20,7 @@ match with a reason; ``rewrite(op, **bindings)`` builds the replacement with the
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 from collections.abc import Callable, Iterable, Sequence
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from graphkit.errors import RewriteError
+from graphkit.errors import GraphkitError, RewriteError
 from graphkit.rewrite._graphview import GraphView
 
 __all__ = ["MatchResult", "Rule", "RuleSet", "RuleReport", "MatchContext"]
@@ -324,15 +325,17 @@ def _apply_rule(nodes: Any, rule: Rule, make_builder, protected, initializers, r
             continue
         bindings = m.bindings
         if rule.check is not None:
-            verdict = rule.check(MatchContext(view, [nodes[i] for i in m.nodes]), **bindings)
+            with _user_code(rule, "check"):
+                verdict = rule.check(MatchContext(view, [nodes[i] for i in m.nodes]), **bindings)
             if not verdict:
                 reason = getattr(verdict, "reason", "") or "check returned False"
                 reasons.append(f"node '{node.name or node.op_type}': {reason}")
                 continue
         builder = make_builder(node, rule.name)
-        results = rule.rewrite(builder, **bindings)
-        results = [results] if isinstance(results, str) else list(results)
-        new_nodes = builder.finish(results, list(node.output))
+        with _user_code(rule, "rewrite"):
+            results = rule.rewrite(builder, **bindings)
+            results = [results] if isinstance(results, str) else list(results)
+            new_nodes = builder.finish(results, list(node.output))
         used.update(m.nodes)
         replacements[index] = new_nodes
         removed.update(i for i in m.nodes if i != index)
@@ -370,3 +373,15 @@ def _drop_dead(nodes: list[onnx.NodeProto], candidates: set[str], protected: set
         dead.add(index)
         work.extend(n for n in node.input if n in view.producer)
     return [n for i, n in enumerate(nodes) if i not in dead] if dead else nodes
+
+
+@contextlib.contextmanager
+def _user_code(rule: Rule, part: str):
+    """Turn an exception from a rule's own code into a RewriteError naming the rule."""
+    try:
+        yield
+    except GraphkitError:
+        raise
+    except Exception as exc:
+        raise RewriteError(f"rule '{rule.name}': {part}() raised {type(exc).__name__}: {exc}",
+                           hint="fix the rule (rerun with --debug for the traceback)") from exc

@@ -151,7 +151,7 @@ class TypeTable:
         try:
             with schemas:
                 inferred = onnx.shape_inference.infer_shapes(self._model, check_type=False, strict_mode=False)
-        except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError):
+        except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError, ValueError):
             return  # keep what the declarations and the forward pass found
         stack = [inferred.graph]
         while stack:

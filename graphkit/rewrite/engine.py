@@ -81,6 +81,43 @@ def ai_onnx_opset(model: onnx.ModelProto) -> int | None:
     return None
 
 
+def _type_string(elem: int) -> str | None:
+    """TensorProto.FLOAT16 -> 'tensor(float16)'; None for an unknown element type."""
+    try:
+        return f"tensor({onnx.TensorProto.DataType.Name(elem).lower()})"
+    except ValueError:
+        return None
+
+
+def node_attrs(op: OpDef, node: onnx.NodeProto, path: str | None) -> dict[str, Any]:
+    """The node's attributes checked against ``op`` with defaults filled in; RewriteError if bad."""
+    where = dict(path=path, node=node.name or "<unnamed>", op=f"{node.domain}::{node.op_type}")
+    given = {}
+    for a in node.attribute:
+        if a.ref_attr_name:
+            raise RewriteError(f"attribute '{a.name}' refers to '{a.ref_attr_name}' outside a function",
+                               hint="give the attribute a value", **where)
+        try:
+            given[a.name] = helper.get_attribute_value(a)
+        except (ValueError, TypeError) as exc:
+            raise RewriteError(f"attribute '{a.name}' is malformed: {exc}", hint="re-export the model",
+                               **where) from exc
+    try:
+        return op.resolve_attrs(given, where=node.name)
+    except OpDefinitionError as exc:
+        raise RewriteError(exc.message, hint=exc.hint or "fix the node", **where) from exc
+
+
+def _make_attribute(op: OpDef, name: str, value: Any, how: Lowering) -> onnx.AttributeProto:
+    """An attribute of the declared type (an empty list has no type of its own)."""
+    from graphkit.ops._encoding import kernel_attr_type
+
+    attr_type = op.attr(name).type
+    if how is Lowering.PYTHON:
+        attr_type = kernel_attr_type(attr_type)
+    return helper.make_attribute(name, value, attr_type=getattr(onnx.AttributeProto, attr_type.onnx_name))
+
+
 class _Lowerer:
     def __init__(self, model: onnx.ModelProto, registry: OpRegistry, prefer: tuple[Lowering, ...],
                  opset: int, path: str | None, names: set[str]) -> None:
@@ -132,17 +169,14 @@ class _Lowerer:
                             hint=f"define '{node.op_type}' in custom_ops/ as the README's 'Adding an op' "
                                  "shows, or remove the node before rewriting")
         self._check_arity(op, node)
-        try:
-            attrs = op.resolve_attrs({a.name: helper.get_attribute_value(a) for a in node.attribute},
-                                     where=node.name)
-        except OpDefinitionError as exc:
-            raise self.fail(RewriteError, exc.message, node, exc.hint or "fix the node") from exc
+        attrs = node_attrs(op, node, self.path)
+        in_types = self._check_input_types(op, node)
         reasons = []
         for how in self.prefer:
             if how is Lowering.DECOMPOSE:
                 dec = op.decomposition_for(self.opset)
                 if dec is not None:
-                    return self._decompose(op, node, attrs, dec)
+                    return self._decompose(op, node, attrs, dec, in_types)
                 ranges = ", ".join(f"{d.name}: opset {d.min_opset}..{d.max_opset or ''}"
                                    for d in op.decompositions)
                 reasons.append(f"no decomposition valid at opset {self.opset}"
@@ -170,12 +204,26 @@ class _Lowerer:
             raise self.fail(RewriteError, f"has {len(node.output)} outputs; {op.name} gives "
                             f"{len(op.outputs)}", node, hint="re-export the model")
 
+    def _check_input_types(self, op: OpDef, node: onnx.NodeProto) -> tuple[int | None, ...]:
+        """Element types of the node's inputs, each checked against the op's type constraints."""
+        types = tuple(self.types.elem_type(i) if i else None for i in node.input)
+        for param, name, elem in zip(op.inputs, node.input, types):
+            if elem is None:
+                continue
+            allowed = op.type_constraints[param.type]
+            if _type_string(elem) not in allowed:
+                raise self.fail(RewriteError, f"input '{name}' ({param.name}) has element type "
+                                f"{_type_string(elem) or elem}, {op.name} takes {', '.join(allowed)}", node,
+                                hint="cast the input or fix the exporter")
+        return types
+
     def _decompose(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any],
-                   dec: Any) -> list[onnx.NodeProto]:
+                   dec: Any, in_types: tuple[int | None, ...]) -> list[onnx.NodeProto]:
         inputs = list(node.input) + [""] * (len(op.inputs) - len(node.input))
         prefix = node.name or op.name
-        key = (op.name, dec.name, tuple(self.types.elem_type(i) if i else None for i in inputs),
-               repr(sorted(attrs.items())), len(node.output))
+        # Which inputs are the same tensor matters: my_add(x, x) is no template for my_add(y, x).
+        aliasing = tuple(inputs.index(i) for i in inputs)
+        key = (op.name, dec.name, in_types, aliasing, repr(sorted(attrs.items())), len(node.output))
         template = self._templates.get(key)
         if template is not None:
             nodes = self._instantiate(template, inputs, list(node.output), prefix)
@@ -230,7 +278,7 @@ class _Lowerer:
         bound.domain = domain
         del bound.attribute[:]
         # Every attribute is written out: kernels read them without knowing defaults.
-        bound.attribute.extend(helper.make_attribute(k, v) for k, v in values.items())
+        bound.attribute.extend(_make_attribute(op, k, v, how) for k, v in values.items())
         self.actions[(op.qualified_name, f"bind:{how.value}")] += 1
         return bound
 
@@ -241,7 +289,7 @@ def _fix_imports(imports: Any, used: set[str], opset: int) -> None:
     present = {imp.domain for imp in keep}
     if not present & set(_STANDARD_DOMAINS) and used & set(_STANDARD_DOMAINS):
         keep.append(helper.make_opsetid("", opset))
-    keep.extend(helper.make_opsetid(d, 1) for d in sorted(used - present - set(_STANDARD_DOMAINS)))
+    keep.extend(helper.make_opsetid(d, 1) for d in sorted(used - present - set(_STANDARD_DOMAINS), key=str))
     if [(i.domain, i.version) for i in keep] != [(i.domain, i.version) for i in imports]:
         del imports[:]
         imports.extend(keep)
@@ -308,7 +356,8 @@ def check_model(model: onnx.ModelProto, registry: OpRegistry, *, path: str | Non
                     tt.ClearField("shape")
             if full:
                 onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
-        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError,
+                RuntimeError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValidationError(f"invalid model{context}: {first}", path=path,
                                   hint="fix the input model, or skip the check with --no-check") from exc
@@ -331,7 +380,8 @@ def _check_replacement(original: onnx.NodeProto, nodes: list[onnx.NodeProto], ty
     with registry.onnx_schemas():
         try:
             onnx.shape_inference.infer_shapes(mini, check_type=True, strict_mode=True)
-        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError,
+                RuntimeError) as exc:
             first = str(exc).strip().splitlines()[0]
             raise ValidationError(f"replacement made by {rule} is invalid: {first}", path=path,
                                   node=original.name, op=f"{original.domain}::{original.op_type}",
@@ -370,8 +420,7 @@ def _attach_functions(model: onnx.ModelProto, registry: OpRegistry, opset: int, 
                 raise UnsupportedOpError("no op definition for this custom op", path=path, node=node.name,
                                          op=f"custom::{node.op_type}",
                                          hint=f"define '{node.op_type}' in custom_ops/")
-            given = op.resolve_attrs({a.name: helper.get_attribute_value(a) for a in node.attribute},
-                                     where=node.name)
+            given = node_attrs(op, node, path)
             if attrs_seen.setdefault(op.name, given) != given:
                 raise UnsupportedOpError(
                     "--as-functions needs every node of an op to have the same attributes", path=path,
@@ -446,7 +495,8 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
             return Builder(opset=opset, prefix=node.name or rule_name, names=lowerer.names,
                            types=lowerer.types, node_name=node.name, op_name=rule_name)
 
-        for nodes, protected, inits in list(scopes(out)):
+        # Inner scopes first: rebuilding a node list copies its nodes, subgraphs included.
+        for nodes, protected, inits in reversed(list(scopes(out))):
             apply_rules(nodes, rule_set, make_builder=make_builder, protected=protected,
                         initializers=inits, report=report.rules)
         gs_rules = [r for r in rule_set if isinstance(r, GraphSurgeonRule)]
@@ -457,7 +507,7 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
         lowerer.total = sum(index.op_counts.values())
         if lowerer.total > PROGRESS_MIN_NODES:
             lowerer.progress = progress
-        for nodes, _, _ in list(scopes(out)):
+        for nodes, _, _ in reversed(list(scopes(out))):  # inner scopes first, as above
             lowerer.lower_graph(nodes)
         if lowerer.progress is not None:
             lowerer.progress("lowering", lowerer.total, lowerer.total)
@@ -484,3 +534,35 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
         check_model(out, registry, path=path, context=f" after rewrite ({applied})",
                     full=full_check or sum(report.ops_after.values()) <= FULL_CHECK_NODES)
     return out, report
+
+
+def rewrite_bytes(data: bytes, *, registry: OpRegistry | None = None,
+                  lowering: Lowering | Sequence[Lowering] = DEFAULT_PREFERENCE, check: bool = True,
+                  path: str | None = None, model: onnx.ModelProto | None = None, fast: bool = True,
+                  **options: Any) -> tuple[bytes, RewriteReport]:
+    """``rewrite_model`` on a serialized model: returns the rewritten model's bytes and the report.
+
+    Lowering alone (no rules, target opset or functions) splices the replacements into
+    ``data`` at the protobuf wire level (graphkit.rewrite._fastpath), with the same result
+    as ``rewrite_model``; anything that path does not handle goes through ``rewrite_model``.
+    ``model`` is ``data`` already parsed, if the caller has it; ``options`` are
+    ``rewrite_model``'s other keywords.
+    """
+    registry = registry or default_registry()
+    prefer = (lowering,) if isinstance(lowering, Lowering) else tuple(lowering)
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    if model is None:
+        model = onnx.load_model_from_string(data)
+    if fast and not options.get("rules") and options.get("target_opset") is None \
+            and not options.get("as_functions"):
+        from graphkit.rewrite import _fastpath
+
+        try:
+            return _fastpath.lower_bytes(data, model, registry=registry, prefer=prefer, check=check,
+                                         full_check=options.get("full_check", False), path=path,
+                                         progress=options.get("progress"))
+        except _fastpath.Unsupported:
+            pass
+    out, report = rewrite_model(model, registry=registry, lowering=prefer, check=check, path=path, **options)
+    return out.SerializeToString(), report

@@ -36,6 +36,9 @@ def load_rules(source: str) -> RuleSet:
                              hint="pass a .py file path or an importable module name") from exc
         raise RewriteError(f"loading rules failed: {type(exc).__name__}: {exc}", path=source,
                            hint="fix the rules file") from exc
+    except SystemExit as exc:
+        raise RewriteError(f"loading rules failed: the file called sys.exit({exc.code})", path=source,
+                           hint="a rules file must not exit; define `rules` instead") from exc
     except Exception as exc:  # the user's code raised: report it, it is not our bug
         raise RewriteError(f"loading rules failed: {type(exc).__name__}: {exc}", path=source,
                            hint="fix the rules file (rerun with --debug for the traceback)") from exc

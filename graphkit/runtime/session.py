@@ -11,6 +11,7 @@ Every node without a kernel is named before ONNX Runtime is touched.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -101,6 +102,22 @@ def _load(model: str | os.PathLike[str] | onnx.ModelProto) -> tuple[onnx.ModelPr
     from graphkit.modelio import load_model
 
     return load_model(model), os.fspath(model)
+
+
+def _check_external_data(proto: onnx.ModelProto, path: str | None) -> None:
+    """Validate external data the way `graphkit rewrite` does, before ONNX Runtime reads any.
+
+    ONNX Runtime resolves an in-memory model's external data against the working directory.
+    """
+    from graphkit.external_data import check_external_data, external_tensors
+
+    if external_tensors(proto):
+        check_external_data(proto, path if path is not None else Path.cwd() / "<in-memory model>")
+
+
+# Random inputs bigger than this are refused: a model's declared dims (or --dim) are not
+# a reason to exhaust the machine's memory.
+MAX_RANDOM_BYTES = 1 << 32
 
 
 @dataclass
@@ -289,12 +306,18 @@ class Session:
                              f"{sorted(used) or 'none'}", path=self.path)
         rng = np.random.default_rng(seed)
         feeds = {}
+        total = 0
         for info in self.inputs:
             if info.dtype is None:
                 raise UsageError(f"cannot make a random value for input '{info.name}' of type "
                                  f"{info.type}", path=self.path, hint="pass the inputs explicitly")
             shape = tuple(d if isinstance(d, int) and d >= 0 else
                           (dims.get(d, 1) if isinstance(d, str) else 1) for d in (info.shape or ()))
+            total += math.prod(shape) * max(info.dtype.itemsize, 1)  # Python ints: no overflow
+            if total > MAX_RANDOM_BYTES:
+                raise UsageError(f"random input '{info.name}' of shape {list(shape)} would take the random "
+                                 f"inputs over {MAX_RANDOM_BYTES >> 30} GiB", path=self.path,
+                                 hint="pass smaller --dim values, or the inputs with --inputs")
             kind = info.dtype.kind
             if kind == "f":
                 value = rng.standard_normal(shape).astype(info.dtype)
@@ -371,10 +394,12 @@ def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
 
     ``threads`` sets the intra-op thread count; ``options`` (a fresh SessionOptions, used
     once) lets callers set anything else; ``providers`` defaults to the CPU provider.
-    Raises ModelLoadError (unreadable file), UnsupportedOpError (nodes without a kernel,
+    Raises ModelLoadError (unreadable file; external data outside the model's directory,
+    missing or too short, refused before anything reads it), UnsupportedOpError (nodes without a kernel,
     named before ONNX Runtime is touched) and KernelError (ONNX Runtime refused the session).
     """
     proto, path = _load(model)
+    _check_external_data(proto, path)
     if registry is None:
         from graphkit.ops import default_registry
 

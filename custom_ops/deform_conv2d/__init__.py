@@ -1,0 +1,87 @@
+"""deform_conv2d: torchvision's deformable convolution (DCNv1, and DCNv2 with a mask).
+
+Placeholder node ``custom::deform_conv2d``, inputs in this order (the order of ONNX's
+standard ``DeformConv``; torchvision's Python call order differs, see
+``custom_ops.deform_conv2d.nn.deform_conv2d``):
+
+====== ======================================= ==========================================
+input  shape                                   meaning
+====== ======================================= ==========================================
+input  (N, C, H, W)                            the image
+weight (M, C / groups, kh, kw)                 the kernel
+offset (N, 2 * offset_groups * kh * kw, Ho, Wo) (dy, dx) per offset group and kernel tap
+bias   (M,)                    optional
+mask   (N, offset_groups * kh * kw, Ho, Wo)    optional: modulation (DCNv2)
+====== ======================================= ==========================================
+
+Attributes: ``stride``, ``padding``, ``dilation`` (INTS, height then width; defaults
+[1, 1], [0, 0], [1, 1]), ``groups`` and ``offset_groups`` (INT, default 1). Output
+(N, M, Ho, Wo) with Ho = (H + 2 * pad_h - dilation_h * (kh - 1) - 1) // stride_h + 1.
+
+Beside this file: the torch reference (_reference.py), the numpy kernel
+(_numpy_kernel.py), the decompositions (_decompose.py), the C++ core shared by the native
+ONNX Runtime kernel (deform_conv2d.cc) and the torch forward (deform_conv2d_torch.cpp)
+in deform_conv2d_core.h, and the torch-facing API (nn.py: ``deform_conv2d``,
+``DeformConv2d``, the tutorial's ``torchvision::deform_conv2d`` symbolic).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from graphkit.ops import Attr, AttrType, Decomposition, OpDef, Param
+
+from custom_ops.deform_conv2d import _decompose, _shapes
+from custom_ops.deform_conv2d._numpy_kernel import python_kernel
+from custom_ops.deform_conv2d._reference import reference
+
+FLOATS = ("tensor(float)", "tensor(double)")
+SOURCES = ["deform_conv2d_torch.cpp", "deform_conv2d_core.h"]
+
+
+def infer_shapes(shapes: list[Any], attrs: Mapping[str, Any]) -> list[Any]:
+    """(N, M, Ho, Wo) from the input and weight (or offset) shapes; ValueError on a mismatch."""
+    return [_shapes.check(shapes, attrs).output_shape]
+
+
+def _torch_forward():
+    from graphkit.export.extension import load_extension
+
+    return load_extension("deform_conv2d", "custom_ops.deform_conv2d", SOURCES).deform_conv2d
+
+
+DEFORM_CONV2D = OpDef(
+    name="deform_conv2d",
+    doc=("torchvision.ops.deform_conv2d: deformable 2-D convolution, bilinear sampling at the "
+         "offset kernel taps (zero outside the image), optionally modulated by a mask. "
+         "Inputs: input, weight, offset, bias (optional), mask (optional)."),
+    inputs=(
+        Param("input", "T", "(N, C, H, W)"),
+        Param("weight", "T", "(M, C / groups, kh, kw)"),
+        Param("offset", "T", "(N, 2 * offset_groups * kh * kw, Ho, Wo): (dy, dx) per tap"),
+        Param("bias", "T", "(M,)", optional=True),
+        Param("mask", "T", "(N, offset_groups * kh * kw, Ho, Wo)", optional=True),
+    ),
+    outputs=(Param("output", "T", "(N, M, Ho, Wo)"),),
+    type_constraints={"T": FLOATS},
+    attributes=(
+        Attr("stride", AttrType.INTS, [1, 1], "(stride_h, stride_w)"),
+        Attr("padding", AttrType.INTS, [0, 0], "(pad_h, pad_w), applied on both sides"),
+        Attr("dilation", AttrType.INTS, [1, 1], "(dilation_h, dilation_w)"),
+        Attr("groups", AttrType.INT, 1, "weight groups: C / weight.shape[1]"),
+        Attr("offset_groups", AttrType.INT, 1, "offset groups: offset.shape[1] / (2 * kh * kw)"),
+    ),
+    reference=reference,
+    infer_shapes=infer_shapes,
+    torch_forward=_torch_forward,
+    python_kernel=python_kernel,
+    native=True,
+    decompositions=(
+        Decomposition("onnx_deform_conv", _decompose.onnx_deform_conv, min_opset=19),
+        Decomposition("grid_sample", _decompose.grid_sample, min_opset=16),
+        Decomposition("gather", _decompose.gather, min_opset=11),
+    ),
+)
+
+__all__ = ["DEFORM_CONV2D", "infer_shapes", "python_kernel", "reference"]

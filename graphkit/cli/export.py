@@ -1,0 +1,122 @@
+"""graphkit export MODULE:FACTORY OUT.onnx --input NAME=SHAPE: export a torch model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("factory", metavar="MODULE:FACTORY",
+                   help="function (or class) called without arguments that returns the torch model: a "
+                        "module path or a .py file, for example mypkg.models:build or model.py:build")
+    p.add_argument("output", metavar="OUT.onnx", help="where to write the model (written atomically)")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=SHAPE[:DTYPE]", required=True,
+                   help="one per forward argument, in order: ONNX input name, shape, dtype (default "
+                        "float32); random values with --seed. For example --input x=1x3x224x224 "
+                        "--input ids=2x16:int64")
+    p.add_argument("--dynamo", action=argparse.BooleanOptionalAction, default=True,
+                   help="torch.export-based exporter (default) or, with --no-dynamo, TorchScript")
+    p.add_argument("--opset", type=int, default=18, metavar="N", help="ai.onnx opset (default 18)")
+    p.add_argument("--dynamic", action="append", default=[], metavar="NAME:AXIS=DIM",
+                   help="a symbolic dimension; repeat for more, share DIM names between inputs. "
+                        "For example --dynamic x:0=batch")
+    p.add_argument("--output-name", action="append", default=[], metavar="NAME",
+                   help="ONNX output names, in order (default: the exporter's)")
+    p.add_argument("--placeholder", action="append", default=[], metavar="OP",
+                   help="export the ATen op OP as graphkit's custom::OP placeholder instead of "
+                        "standard ops; for example --placeholder asinh")
+    p.add_argument("--no-gap-fillers", action="store_true",
+                   help="do not register graphkit's symbolics for ATen ops the TorchScript "
+                        "exporter lacks (python -m graphkit.export.gaps lists them)")
+    p.add_argument("--rewrites", action="append", default=[], metavar="MODULE:NAME",
+                   help="a RewriteRegistry whose rewrites apply during the export; repeatable. "
+                        "For example --rewrites mypkg.deploy:REWRITES")
+    p.add_argument("--backend", default="onnxruntime",
+                   help="target backend the rewrites' Backend conditions see (default onnxruntime)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the random example inputs (default 0)")
+    p.add_argument("--verify", action="store_true",
+                   help="run torch and the written model in ONNX Runtime on the example inputs and "
+                        "compare (exit code 12 on a mismatch; the model stays written)")
+    p.add_argument("--atol", type=float, default=1e-5, help="with --verify: absolute tolerance (default 1e-5)")
+    p.add_argument("--rtol", type=float, default=1e-5, help="with --verify: relative tolerance (default 1e-5)")
+    p.add_argument("--bind", choices=("native", "python"),
+                   help="with --verify: run custom:: placeholders on graphkit's native or Python "
+                        "kernels (bound in memory; the written file keeps the placeholders)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _report_dict(report) -> dict:
+    return {"path": str(report.path), "exporter": report.exporter, "opset": report.opset,
+            "ir_version": report.ir_version, "inputs": list(report.inputs),
+            "outputs": list(report.outputs),
+            "custom_nodes": [{"name": n.name, "op": n.op, "known": n.known} for n in report.custom_nodes],
+            "lowerings": {k: list(v) for k, v in report.lowerings.items()},
+            "gap_fillers": list(report.gap_fillers), "rewrites": dict(report.rewrites)}
+
+
+def run(args: argparse.Namespace) -> int:
+    from graphkit.errors import UsageError
+    from graphkit.export import RewriteRegistry, export
+    from graphkit.export._loading import (
+        load_model_factory,
+        load_object,
+        parse_dynamic,
+        parse_input,
+        random_inputs,
+        silenced_output,
+    )
+    from graphkit.modelio import check_output_path
+
+    specs = [parse_input(text) for text in args.input]
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise UsageError(f"--input names repeat: {names}", hint="give every input its own name")
+    dynamic: dict[str, dict[int, str]] = {}
+    for text in args.dynamic:
+        name, axis, dim = parse_dynamic(text)
+        spec = next((s for s in specs if s.name == name), None)
+        if spec is None:
+            raise UsageError(f"--dynamic {text!r} names no --input", hint=f"the inputs are {names}")
+        if axis >= len(spec.shape):
+            raise UsageError(f"--dynamic {text!r}: input {name} has rank {len(spec.shape)}")
+        dynamic.setdefault(name, {})[axis] = dim
+    for n in ("atol", "rtol"):
+        if not getattr(args, n) >= 0:
+            raise UsageError(f"--{n} must be a non-negative number")
+    registries = []
+    for spec in args.rewrites:
+        reg = load_object(spec, what="rewrites", example="mypkg.deploy:REWRITES")
+        if not isinstance(reg, RewriteRegistry):
+            raise UsageError(f"--rewrites {spec} is a {type(reg).__name__}, not a RewriteRegistry",
+                             hint="name a graphkit.export.RewriteRegistry object")
+        registries.append(reg)
+    check_output_path(args.output, None)
+    model = load_model_factory(args.factory)
+    inputs = random_inputs(specs, args.seed)
+    kwargs = {}
+    if args.no_gap_fillers:
+        kwargs["gap_fillers"] = None
+    with silenced_output(not args.debug):  # torch prints the whole graph when an export fails
+        report = export(model, tuple(inputs), args.output, dynamo=args.dynamo, opset=args.opset,
+                        input_names=names, output_names=args.output_name or None,
+                        dynamic_dims=dynamic or None, placeholders=args.placeholder,
+                        rewrites=registries, backend=args.backend, **kwargs)
+    verification = None
+    if args.verify:
+        from graphkit.verify import verify_export
+
+        verification = verify_export(model, args.output, inputs={n: t.numpy() for n, t in zip(names, inputs)},
+                                     atol=args.atol, rtol=args.rtol, bind=args.bind)
+    if args.json:
+        out = _report_dict(report)
+        if verification is not None:
+            out["verify"] = verification.to_dict()
+        print(json.dumps(out, indent=2))
+    else:
+        print(report.details())
+        if verification is not None:
+            print(verification.format())
+    if verification is not None:
+        verification.raise_for_mismatch()
+    return 0

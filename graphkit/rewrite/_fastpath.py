@@ -1,0 +1,910 @@
+"""Lowering at the protobuf wire level: replacements spliced into the serialized model.
+
+The object path (``rewrite_model``) copies the model, indexes every name, runs a dtype
+pass over every node and rebuilds the node list: Python work on every node. Here the
+serialized bytes are kept: the ModelProto's top-level fields and the GraphProto's node
+entries are located by decoding tags and lengths, every node that is not a custom::
+placeholder stays the byte range it was, and each placeholder's entry is replaced by
+the serialized replacement nodes. The parsed model (protobuf's C parser) is read in
+bulk, a field of every node at a time, for what needs field values: op counts, the
+element types of the placeholders' inputs, the placeholders themselves.
+
+The result is the object path's, field for field (tests/test_fastpath.py compares both):
+
+* The lowering chosen, decompositions, templates, constants and first-instance names
+  come from the engine's own ``_Lowerer.lower_node``. A later node of the same kind
+  (op, attributes, arity, input aliasing and types) reuses the engine's template as
+  ``_Lowerer._instantiate`` would (same renaming, same names), compiled to code that
+  writes the serialized nodes; a bound node reuses the first one's attributes.
+* Generated names: the engine makes them unique against every name of the model, and
+  all of them start with ``<prefix>/`` (``prefix``: a placeholder's name, else its op).
+  When no ``<prefix>/`` occurs in the input bytes, no input name can be taken, so the
+  generator starts empty; otherwise it gets the model's full name index, as the engine.
+  When, besides, every placeholder has its own prefix, names made for different
+  placeholders cannot meet, so ``fresh(name)`` is ``name`` and template instances are
+  written in batches.
+* Element types: ``TypeTable``'s forward pass (same declarations, rules and order), run
+  over pre-read fields and stopped at the last placeholder.
+
+Anything else is left to the object path (``Unsupported``): custom nodes in subgraphs,
+model-local functions, training info, a type the forward pass leaves unknown (the engine
+would run ONNX shape inference), any error (reported by the object path in its words).
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import itertools
+import operator
+import re
+from collections.abc import Callable
+from operator import attrgetter, itemgetter
+from typing import Any
+
+import onnx
+
+from graphkit.errors import ValidationError
+from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
+from graphkit.rewrite import engine as _engine
+from graphkit.rewrite.builder import _FIXED, _SAME_AS_INPUT0, _SECOND_OUTPUT, TypeTable
+from graphkit.rewrite.engine import Lowering, RewriteReport
+
+__all__ = ["Unsupported", "lower_bytes", "has_external_data"]
+
+# ModelProto fields
+_M_OPSET_IMPORT = 8
+_M_GRAPH = 7
+_M_TRAINING_INFO = 20
+_M_FUNCTIONS = 25
+_GRAPH = onnx.AttributeProto.GRAPH
+_GRAPHS = onnx.AttributeProto.GRAPHS
+_TENSOR = onnx.AttributeProto.TENSOR
+_STANDARD = ("", "ai.onnx")
+# AttributeProto.type (field 20, varint) = GRAPH (5) / GRAPHS (10); TensorProto.data_location
+# (field 14, varint) = EXTERNAL (1). Byte probes, trusted only for canonically encoded input.
+_PROBE_GRAPH = (b"\xa0\x01\x05", b"\xa0\x01\x0a")
+_PROBE_EXTERNAL = b"\x70\x01"
+# Above this many (slash, prefix length) pairs, seed the name generator instead of probing.
+_PROBE_BUDGET = 2_000_000
+
+
+class Unsupported(Exception):
+    """The fast path does not handle this model or option; use the object path."""
+
+
+# -- the wire format ----------------------------------------------------------------------
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise Unsupported("malformed varint")
+
+
+def _encode_varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+class _Lengths(dict):
+    """Encoded varints by value, made on first use."""
+
+    def __missing__(self, n: int) -> bytes:
+        self[n] = value = _encode_varint(n)
+        return value
+
+
+_LENGTHS = _Lengths((i, bytes([i])) for i in range(128))
+
+
+class _StrLengths(dict):
+    """Encoded varints by value, as latin-1 str."""
+
+    def __missing__(self, n: int) -> str:
+        self[n] = value = _encode_varint(n).decode("latin-1")
+        return value
+
+
+_STR_LENGTHS = _StrLengths((i, chr(i)) for i in range(128))
+
+
+def _entries(data: bytes, pos: int, end: int) -> list[tuple[int, int, int, int]]:
+    """(field, entry start, value start, entry end) of every top-level field of a message."""
+    out = []
+    while pos < end:
+        start = pos
+        key, pos = _varint(data, pos)
+        field, wire = key >> 3, key & 7
+        value = pos
+        if wire == 0:
+            _, pos = _varint(data, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 2:
+            length, value = _varint(data, pos)
+            pos = value + length
+        elif wire == 5:
+            pos += 4
+        else:
+            raise Unsupported(f"wire type {wire}")
+        if pos > end:
+            raise Unsupported("truncated field")
+        out.append((field, start, value, pos))
+    return out
+
+
+def _node_entries(data: bytes, pos: int, end: int) -> tuple[list[int], list[int], list[tuple[int, int, int]]]:
+    """Start and end offsets of a GraphProto's node entries (field 1), in order, and the
+    (field, start, end) of its other entries."""
+    starts: list[int] = []
+    ends: list[int] = []
+    others: list[tuple[int, int, int]] = []
+    add_start, add_end = starts.append, ends.append
+    while pos < end:
+        if data[pos] == 0x0A:  # field 1, length-delimited
+            add_start(pos)
+            length = data[pos + 1]
+            if length < 0x80:
+                pos += 2 + length
+            else:
+                length, value = _varint(data, pos + 1)
+                pos = value + length
+            add_end(pos)
+            continue
+        start = pos
+        key, p = _varint(data, pos)
+        wire = key & 7
+        if wire == 0:
+            _, pos = _varint(data, p)
+        elif wire == 1:
+            pos = p + 8
+        elif wire == 2:
+            length, value = _varint(data, p)
+            pos = value + length
+        elif wire == 5:
+            pos = p + 4
+        else:
+            raise Unsupported(f"wire type {wire}")
+        others.append((key >> 3, start, pos))
+    if pos != end:
+        raise Unsupported("truncated graph")
+    return starts, ends, others
+
+
+def _field_bytes(tag: bytes, value: str) -> bytes:
+    raw = value.encode()
+    return tag + _LENGTHS[len(raw)] + raw
+
+
+def _entry(body: bytes) -> bytes:
+    return b"\x0a" + _LENGTHS[len(body)] + body
+
+
+class _Canonical:
+    """Whether ``data`` is ``model`` serialized canonically (as protobuf writes it).
+
+    Byte probes that look for a field's encoding are only trusted then: a writer could
+    encode the same field with a longer varint. (One ByteSize per model, remembered.)
+    """
+
+    last: tuple[Any, int, bool] | None = None
+
+    @classmethod
+    def check(cls, data: bytes, model: onnx.ModelProto) -> bool:
+        if cls.last is not None and cls.last[0] is model and cls.last[1] == len(data):
+            return cls.last[2]
+        result = len(data) == model.ByteSize()
+        cls.last = (model, len(data), result)
+        return result
+
+    @classmethod
+    def forget(cls) -> None:
+        cls.last = None
+
+
+def has_external_data(data: bytes, model: onnx.ModelProto) -> bool:
+    """Whether any tensor of ``model`` (parsed from ``data``) is stored externally."""
+    if _PROBE_EXTERNAL not in data and _Canonical.check(data, model):
+        return False
+    from graphkit.external_data import external_tensors
+
+    return bool(external_tensors(model))
+
+
+# -- lowerings repeated -------------------------------------------------------------------
+
+class _Template:
+    """An engine template (a ``_Lowerer._templates`` value) that writes serialized nodes.
+
+    ``emit(values, prefix, fresh)`` is ``_Lowerer._instantiate(template, inputs, outputs,
+    prefix)`` with ``values = inputs + outputs`` (inputs padded as the engine pads them):
+    the same renaming (a dict of the template's inputs then outputs, later entries
+    winning) and the same calls to the name generator in the same order, resolved once
+    into straight-line code; it returns the node entries' bytes. ``emit_all(values,
+    prefixes)`` does the same for many nodes whose ``fresh(name)`` is ``name``.
+    """
+
+    def __init__(self, template: tuple) -> None:
+        tpl_nodes, tpl_inputs, tpl_outputs, tpl_prefix = template
+        self.n_inputs = len(tpl_inputs)
+        cut = len(tpl_prefix)
+        known: dict[str, str] = {}
+        for k, name in enumerate([*tpl_inputs, *tpl_outputs]):
+            known[name] = f"v[{k}]"
+        consts: list[Any] = []
+
+        def const(value: Any) -> str:
+            consts.append(value)
+            return f"c[{len(consts) - 1}]"
+
+        body = []  # lines computing one node's entries; {fresh} stands for the name generator
+        entries = []
+        self.emitted: collections.Counter = collections.Counter()
+        for j, tpl in enumerate(tpl_nodes):
+            if not tpl.name.startswith(tpl_prefix) or not all(o.startswith(tpl_prefix) for o in tpl.output
+                                                              if o not in known):
+                raise Unsupported("a template name outside its prefix")
+            body.append(f"n{j} = {{fresh}}(prefix + {const(tpl.name[cut:])}).encode()")
+            outs = []
+            for o in tpl.output:
+                if o not in known:
+                    var = f"g{len(known)}"
+                    body.append(f"{var} = {{fresh}}(prefix + {const(o[cut:])})")
+                    known[o] = var
+                outs.append(known[o])
+            fields = [(b"\x0a", known.get(i), i) for i in tpl.input] + [(b"\x12", ref, None) for ref in outs]
+            parts: list[str] = []
+            static = b""
+            for k, (tag, ref, name) in enumerate(fields):
+                if ref is None:  # a name the renaming leaves alone (a shared constant, say)
+                    static += _field_bytes(tag, name)
+                    continue
+                if static:
+                    parts.append(const(static))
+                    static = b""
+                body.append(f"x{j}_{k} = {ref}.encode()")
+                parts += [const(tag), f"L[len(x{j}_{k})]", f"x{j}_{k}"]
+            if static:
+                parts.append(const(static))
+            rest = onnx.NodeProto()
+            rest.CopyFrom(tpl)
+            for f in ("input", "output", "name"):
+                rest.ClearField(f)
+            parts += [const(b"\x1a"), f"L[len(n{j})]", f"n{j}", const(rest.SerializeToString())]
+            body.append(f"b{j} = b''.join(({', '.join(parts)},))")
+            entries += [const(b"\x0a"), f"L[len(b{j})]", f"b{j}"]
+            self.emitted[(tpl.domain, tpl.op_type)] += 1
+        result = f"b''.join(({', '.join(entries)},))"
+        one = "\n".join(["def emit(v, prefix, fresh):", *("    " + line.format(fresh="fresh") for line in body),
+                         f"    return {result}"])
+        many = "\n".join(["def emit_all(values, prefixes):", "    out = []", "    add = out.append",
+                          "    for v, prefix in zip(values, prefixes):",
+                          *("        " + line.format(fresh="") for line in body),
+                          f"        add({result})", "    return out"])
+        # The same for ASCII names as str (a byte per character; bytes as latin-1
+        # characters), encoded once per node: fewer objects than bytes field by field.
+        self.ascii = all(isinstance(c, bytes) or c.isascii() for c in consts)
+        str_consts = [c.decode("latin-1") if isinstance(c, bytes) else c for c in consts]
+        text = "\n".join(["def emit_ascii(values, prefixes):", "    out = []", "    add = out.append",
+                          "    for v, prefix in zip(values, prefixes):",
+                          *("        " + line for line in self._ascii_body(tpl_nodes, tpl_inputs, tpl_outputs, cut,
+                                                                           str_consts, consts)),
+                          "    return out"])
+        scope = {"c": consts, "L": _LENGTHS, "S": str_consts, "LS": _STR_LENGTHS}
+        exec(compile(one + "\n\n" + many + "\n\n" + text, "<graphkit template>", "exec"), scope)  # noqa: S102
+        self.emit = scope["emit"]
+        self.emit_all = scope["emit_all"]
+        self.emit_ascii = scope["emit_ascii"]
+
+    @staticmethod
+    def _ascii_body(tpl_nodes: Any, tpl_inputs: list[str], tpl_outputs: list[str], cut: int,
+                    str_consts: list[str], consts: list[Any]) -> list[str]:
+        """emit_all's loop body with str pieces: one f-string per node entry."""
+        def const(value: str) -> str:
+            str_consts.append(value)
+            consts.append(None)  # keeps the two lists aligned
+            return f"S[{len(str_consts) - 1}]"
+
+        known = {name: f"v[{k}]" for k, name in enumerate([*tpl_inputs, *tpl_outputs])}
+        lines, entries = [], []
+        for j, tpl in enumerate(tpl_nodes):
+            lines.append(f"n{j} = prefix + {const(tpl.name[cut:])}")
+            outs = []
+            for o in tpl.output:
+                if o not in known:
+                    known[o] = f"g{len(known)}"
+                    lines.append(f"{known[o]} = prefix + {const(o[cut:])}")
+                outs.append(known[o])
+            pieces = []
+            static = ""
+            for tag, ref, name in [("\n", known.get(i), i) for i in tpl.input] + [("\x12", r, None) for r in outs]:
+                if ref is None:
+                    static += _field_bytes(tag.encode(), name).decode("latin-1")
+                    continue
+                if static:
+                    pieces.append("{" + const(static) + "}")
+                    static = ""
+                pieces.append(f"{tag!r}"[1:-1] + "{LS[len(" + ref + ")]}{" + ref + "}")
+            if static:
+                pieces.append("{" + const(static) + "}")
+            rest = onnx.NodeProto()
+            rest.CopyFrom(tpl)
+            for f in ("input", "output", "name"):
+                rest.ClearField(f)
+            pieces.append("\\x1a{LS[len(n" + str(j) + ")]}{n" + str(j) + "}{" +
+                          const(rest.SerializeToString().decode("latin-1")) + "}")
+            lines.append(f"b{j} = f\"{''.join(pieces)}\"")
+            entries.append("\\n{LS[len(b" + str(j) + ")]}{b" + str(j) + "}")
+        lines.append(f"add(f\"{''.join(entries)}\".encode('latin-1'))")
+        return lines
+
+
+class _Bound:
+    """A bind lowering: the node with the first bound node's domain and attributes."""
+
+    def __init__(self, bound: onnx.NodeProto) -> None:
+        self.domain = bound.domain
+        self.attributes = list(bound.attribute)
+        self.emitted = collections.Counter({(bound.domain, bound.op_type): 1})
+
+    def emit(self, node: onnx.NodeProto) -> bytes:
+        out = onnx.NodeProto()
+        out.CopyFrom(node)
+        out.domain = self.domain
+        del out.attribute[:]
+        out.attribute.extend(self.attributes)
+        return _entry(out.SerializeToString())
+
+
+# -- element types ------------------------------------------------------------------------
+
+class _OpRule:
+    """TypeTable's rule for a registry op: outputs take the type bound to their type variable."""
+
+    def __init__(self, opdef: Any) -> None:
+        self.in_vars = [p.type for p in opdef.inputs]
+        self.out_vars = [p.type for p in opdef.outputs]
+        # One type variable for every input and the single output: the output takes the
+        # type of the first typed input.
+        self.first_input = len(self.out_vars) == 1 and set(self.in_vars) == set(self.out_vars)
+
+    def outputs(self, in_types: tuple) -> list:
+        bound: dict[str, int] = {}
+        for var, t in zip(self.in_vars, in_types):
+            if t is not None:
+                bound.setdefault(var, t)
+        return [bound.get(var) for var in self.out_vars]
+
+
+_SAME, _FIRST_INPUT, _NONE, _OP, _GENERAL, _HOLDER = range(6)  # the first two: typed as input 0
+
+
+class _ForwardTypes(TypeTable):
+    """TypeTable whose forward pass runs on pre-read node fields and stops at the last placeholder.
+
+    Same declarations, rules and order as ``TypeTable._forward_graph`` (subgraphs go
+    through it), so a name typed here has the type the engine gives it; the nodes after
+    the last placeholder only type names no placeholder reads typed. Names declared or
+    made in subgraphs are left to the object path (the pass may redeclare them). A name
+    left unknown is, while lowering, left to the object path too (a later producer types
+    it, or the engine would run ONNX shape inference); while checking, the engine's
+    inference runs over the rewritten model as the engine's would.
+    """
+
+    def __init__(self, model: onnx.ModelProto, registry: OpRegistry, nodes: list[onnx.NodeProto],
+                 domains: list[str], op_types: list[str], ins: list[Any], outs: list[Any],
+                 holders: set[int], avoid: set[str]) -> None:
+        super().__init__(model, registry)
+        self._avoid = avoid
+        self.lowering = True
+        # While checking: the model the engine's inference would run on (the rewritten one),
+        # or one with the same inferred types for every name the check asks about.
+        self.inference_model: Callable[[], onnx.ModelProto] | None = None
+        self._declare(model.graph)
+        if "" in self._elem:
+            raise Unsupported("a declared tensor without a name")
+        self._run(nodes, domains, op_types, ins, outs, holders)
+        for name in avoid & self._elem.keys():
+            del self._elem[name]
+        self._state = "forward"
+
+    def elem_type(self, name: str) -> int | None:
+        if self._avoid and name in self._avoid:
+            raise Unsupported(f"'{name}' is declared or produced in a subgraph")
+        elem = self._elem.get(name)
+        return elem if elem is not None else super().elem_type(name)
+
+    def shape(self, name: str) -> list[Any] | None:
+        if self._avoid and name in self._avoid:
+            raise Unsupported(f"'{name}' is declared or produced in a subgraph")
+        return super().shape(name)
+
+    def _infer(self) -> None:
+        if self.lowering:
+            raise Unsupported("an element type needs ONNX shape inference")
+        self._model = self.inference_model()
+        super()._infer()
+
+    def _code(self, domain: str, op: str) -> tuple[int, Any]:
+        std = domain in _STANDARD
+        if std and op in _SAME_AS_INPUT0:
+            return _SAME, None
+        if std and (op in _FIXED or op in ("Cast", "Constant", "ConstantOfShape", "CastLike", "Where")):
+            return _GENERAL, None
+        if self._registry is not None:
+            opdef = self._registry.lookup(domain, op)
+            if opdef:
+                rule = _OpRule(opdef)
+                return (_FIRST_INPUT if rule.first_input else _OP), rule
+        return _NONE, None
+
+    def _run(self, nodes: list[onnx.NodeProto], domains: list[str], op_types: list[str], ins: list[Any],
+             outs: list[Any], holders: set[int]) -> None:
+        """TypeTable._forward_graph's node loop; the common cases on each node's first input and output."""
+        elem = self._elem
+        get, setdefault = elem.get, elem.setdefault
+        table = {pair: self._code(*pair) for pair in set(zip(domains, op_types))}
+        codes = list(map(dict(zip(table, map(itemgetter(0), table.values()))).__getitem__, zip(domains, op_types)))
+        in_lens = list(map(len, ins))
+        out_lens = list(map(len, outs))
+        first_in = list(map(itemgetter(0), ins)) if 0 not in in_lens else [i[0] if i else None for i in ins]
+        first_out = list(map(itemgetter(0), outs)) if 0 not in out_lens else [o[0] if o else None for o in outs]
+        if out_lens.count(1) != len(out_lens):
+            for p, n in enumerate(out_lens):
+                if n != 1 and codes[p] <= _FIRST_INPUT:
+                    codes[p] = _GENERAL if codes[p] == _SAME else _OP
+        for p in holders:
+            if p < len(codes):
+                codes[p] = _HOLDER
+        for p, code, x, o in zip(itertools.count(), codes, first_in, first_out):
+            if code <= _FIRST_INPUT:  # one output, typed as input 0 (an op's: when that is typed)
+                t = get(x)
+                if t is not None:
+                    setdefault(o, t)
+                    continue
+                if code == _SAME:
+                    continue
+            elif code == _NONE:
+                continue
+            if code <= _OP:  # a registry op's outputs: the types bound to their variables
+                rule = table[(domains[p], op_types[p])][1]
+                for out, t in zip(outs[p], rule.outputs(tuple(map(get, ins[p])))):
+                    if t is not None:
+                        setdefault(out, t)
+            else:  # _GENERAL, _HOLDER: TypeTable's rules on the node, then its subgraphs
+                self._forward_node(nodes[p], domains[p], op_types[p])
+                if code == _HOLDER:
+                    for attr in nodes[p].attribute:
+                        if attr.type == _GRAPH:
+                            self._forward_graph(attr.g)
+                        elif attr.type == _GRAPHS:
+                            for g in attr.graphs:
+                                self._forward_graph(g)
+
+    def _forward_node(self, node: onnx.NodeProto, domain: str, op: str) -> None:
+        """builder.TypeTable._forward_graph's rules for one node (subgraphs aside)."""
+        elem = self._elem
+        std = domain in _STANDARD
+        if std and op in _SAME_AS_INPUT0 and node.input and node.input[0] in elem:
+            t = elem[node.input[0]]
+            for i, out in enumerate(node.output):
+                elem.setdefault(out, _SECOND_OUTPUT.get(op, t) if i else t)
+        elif std and op in _FIXED:
+            for out in node.output:
+                elem.setdefault(out, _FIXED[op])
+        elif std and op in ("Cast", "Constant", "ConstantOfShape"):
+            for a in node.attribute:
+                if a.name == "to":
+                    elem.setdefault(node.output[0], a.i)
+                elif a.name == "value" and a.type == _TENSOR:
+                    elem.setdefault(node.output[0], a.t.data_type)
+            if op == "ConstantOfShape":
+                elem.setdefault(node.output[0], onnx.TensorProto.FLOAT)
+        elif std and op in ("CastLike", "Where") and len(node.input) > 1 and node.input[1] in elem:
+            elem.setdefault(node.output[0], elem[node.input[1]])
+        elif self._registry is not None and (opdef := self._registry.lookup(domain, op)):
+            bound = {}
+            for p, name in zip(opdef.inputs, node.input):
+                if name in elem:
+                    bound.setdefault(p.type, elem[name])
+            for p, out in zip(opdef.outputs, node.output):
+                if p.type in bound:
+                    elem.setdefault(out, bound[p.type])
+
+
+# -- the model around the nodes -----------------------------------------------------------
+
+def _subgraph_info(nodes: list[onnx.NodeProto], data: bytes, g0: int, g1: int,
+                   canonical: bool) -> tuple[collections.Counter, set[str], set[int]]:
+    """Op counts and names of the main graph's nodes' subgraphs, and those nodes' indices.
+
+    Fails on custom nodes in (or holding) a subgraph.
+    """
+    counts: collections.Counter = collections.Counter()
+    names: set[str] = set()
+    holders: set[int] = set()
+    if canonical and not any(data.find(p, g0, g1) >= 0 for p in _PROBE_GRAPH):
+        return counts, names, holders
+    from graphkit.rewrite._walk import graphs
+
+    for index, node in enumerate(nodes):
+        if not node.attribute:
+            continue
+        for attr in node.attribute:
+            if attr.type == _GRAPH:
+                subs = [attr.g]
+            elif attr.type == _GRAPHS:
+                subs = list(attr.graphs)
+            else:
+                continue
+            holders.add(index)
+            if node.domain == PLACEHOLDER_DOMAIN:
+                raise Unsupported("a custom node with a subgraph")
+            for sub in subs:
+                for g in graphs(sub):
+                    for vi in (*g.input, *g.output, *g.value_info):
+                        names.add(vi.name)
+                    names.update(t.name for t in g.initializer)
+                    for n in g.node:
+                        if n.domain == PLACEHOLDER_DOMAIN:
+                            raise Unsupported("custom nodes inside a subgraph")
+                        counts[(n.domain, n.op_type)] += 1
+                        names.update(n.output)
+    return counts, names, holders
+
+
+def _name_seed(data: bytes, regions: list[tuple[int, int]], tensor_names: list[str], prefixes: set[str],
+               model: onnx.ModelProto) -> set[str] | None:
+    """The names the generator starts with: None when no name of the model starts with a
+    '<prefix>/', else every name (the engine's ModelIndex).
+
+    ``regions`` of ``data`` hold every name but those of ``tensor_names`` (the top-level
+    initializers, whose weights are not searched).
+    """
+    for name in tensor_names:
+        j = name.find("/")
+        while j >= 0:
+            if name[:j] in prefixes:
+                return _all_names(model)
+            j = name.find("/", j + 1)
+    slash = re.compile(b"/")
+    positions = [m.start() for start, end in regions for m in slash.finditer(data, start, end)]
+    if positions:
+        by_len: dict[int, set[bytes]] = collections.defaultdict(set)
+        for p in prefixes:
+            raw = p.encode()
+            by_len[len(raw)].add(raw)
+        if len(positions) * len(by_len) > _PROBE_BUDGET or any(
+                not raws.isdisjoint({data[p - length:p] for p in positions if p >= length})
+                for length, raws in by_len.items()):
+            return _all_names(model)
+    return None
+
+
+def _all_names(model: onnx.ModelProto) -> set[str]:
+    from graphkit.rewrite._walk import ModelIndex
+
+    return ModelIndex(model).names
+
+
+def _fixed_imports(model: onnx.ModelProto, opset: int, used: set[str]) -> bytes:
+    """The model's opset_import entries (field 8) after engine._fix_opset_imports."""
+    tiny = onnx.ModelProto()
+    tiny.opset_import.extend(model.opset_import)
+    _engine._fix_opset_imports(tiny, opset, used)
+    return tiny.SerializeToString()
+
+
+def _check_bytes(out: bytes, registry: OpRegistry, path: str | None, context: str) -> None:
+    """engine.check_model without full inference, on the serialized model."""
+    with registry.onnx_schemas():
+        try:
+            onnx.checker.check_model(out)
+        except onnx.checker.ValidationError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValidationError(f"invalid model{context}: {first}", path=path,
+                                  hint="fix the input model, or skip the check with --no-check") from exc
+
+
+def _inference_prefix(model: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
+    """``model``, cut (in place) after the last node making one of ``names`` (whole if a name is made twice).
+
+    ONNX shape inference goes through the nodes in order, each typed from what its inputs
+    have at that point, the declarations and its attributes: the nodes after that one
+    change nothing ``names`` get.
+    """
+    graph = model.graph
+    pending = set(names) - {t.name for t in graph.initializer} - {i.name for i in graph.input}
+    made: set[str] = set()
+    end = 0
+    for end, outputs in enumerate(map(attrgetter("output"), graph.node), 1):
+        if not made.isdisjoint(outputs):
+            return model
+        made.update(outputs)
+        pending.difference_update(outputs)
+        if not pending:
+            break
+    del graph.node[end:]
+    return model
+
+
+def _padding(n_given: int, n_inputs: int) -> Callable[[tuple], tuple]:
+    """values (inputs + outputs) -> the same with the inputs padded to n_inputs, as the engine pads."""
+    if n_given >= n_inputs:
+        return _same
+    pad = ("",) * (n_inputs - n_given)
+    return lambda values: values[:n_given] + pad + values[n_given:]
+
+
+def _same(values: tuple) -> tuple:
+    return values
+
+
+# -- the rewrite --------------------------------------------------------------------------
+
+def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
+                prefer: tuple[Lowering, ...], check: bool = True, full_check: bool = False,
+                path: str | None = None,
+                progress: Callable[[str, int, int], None] | None = None) -> tuple[bytes, RewriteReport]:
+    """Lower the custom:: nodes of the serialized ``data`` (``model`` is it, parsed).
+
+    Returns the rewritten model's bytes and the report ``rewrite_model`` gives for the
+    same input and options; raises Unsupported where the object path must do it.
+    """
+    # Hundreds of thousands of small objects (and no cycles) are made here: the cyclic
+    # collector would walk them again and again for nothing.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _lower(data, model, registry, prefer, check, full_check, path, progress)
+    finally:
+        _Canonical.forget()
+        if collecting:
+            gc.enable()
+
+
+def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tuple[Lowering, ...], check: bool,
+           full_check: bool, path: str | None,
+           progress: Callable[[str, int, int], None] | None) -> tuple[bytes, RewriteReport]:
+    top = _entries(data, 0, len(data))
+    fields = [e[0] for e in top]
+    if fields.count(_M_GRAPH) != 1:
+        raise Unsupported("graph field not present exactly once")
+    if _M_FUNCTIONS in fields or _M_TRAINING_INFO in fields:
+        raise Unsupported("model-local functions or training info")
+    _, _, g0, g1 = top[fields.index(_M_GRAPH)]
+    starts, ends, others = _node_entries(data, g0, g1)
+    nodes = model.graph.node[:]
+    if len(starts) != len(nodes):
+        raise Unsupported("node entries do not match the parsed graph")
+    canonical = _Canonical.check(data, model)
+
+    domains = list(map(attrgetter("domain"), nodes))
+    op_types = list(map(attrgetter("op_type"), nodes))
+    sub_counts, sub_names, holders = _subgraph_info(nodes, data, g0, g1, canonical)
+    report = RewriteReport(ops_before=collections.Counter(zip(domains, op_types)) + sub_counts)
+    custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
+    if not custom or prefer == (Lowering.KEEP,):
+        report.ops_after = report.ops_before.copy()
+        return data, report
+
+    # Fields of every node up to the last placeholder, read once for all that follows.
+    listed = nodes[:custom[-1] + 1]
+    ins = list(map(attrgetter("input"), listed))
+    outs = list(map(attrgetter("output"), listed))
+    custom_nodes = list(map(listed.__getitem__, custom))
+    inputs_of = list(map(tuple, map(ins.__getitem__, custom)))
+    outputs_of = list(map(tuple, map(outs.__getitem__, custom)))
+    names = list(map(attrgetter("name"), custom_nodes))
+    custom_ops = list(map(op_types.__getitem__, custom))
+    prefixes = [name or op for name, op in zip(names, custom_ops)]
+    types = _ForwardTypes(model, registry, listed, domains[:len(listed)], op_types[:len(listed)], ins, outs,
+                          holders, sub_names)
+    del ins, outs
+    if sub_names and any(not sub_names.isdisjoint(i) for i in inputs_of):
+        raise Unsupported("a custom node reads a name a subgraph declares")
+
+    opset = _engine.ai_onnx_opset(model) or _engine._DEFAULT_OPSET
+    # Where names can be: the top level but the graph, the graph but its initializers.
+    regions = [(start, end) for field, start, _, end in top if field != _M_GRAPH]
+    regions += [(start, end) for field, start, end in others if field not in (5, 15)]
+    if starts:
+        contiguous = not any(starts[0] <= start < ends[-1] for _, start, _ in others)
+        regions.append((starts[0], ends[-1]) if contiguous else (g0, g1))
+    initializers = model.graph.initializer
+    tensor_names = list(map(attrgetter("name"), initializers)) if any(f == 5 for f, _, _ in others) else []
+    if any(f == 15 for f, _, _ in others):
+        regions.append((g0, g1))  # sparse initializers: search everything
+    seed = _name_seed(data, regions, tensor_names, set(prefixes), model)
+    # Names made for different prefixes never meet (each is '<prefix>/' and a part without
+    # '/'), and no input name starts with a '<prefix>/': then fresh(name) is name.
+    batched = seed is None and len(set(prefixes)) == len(prefixes)
+    lowerer = _engine._Lowerer(model, registry, prefer, opset, path, seed or ())
+    lowerer.types = types
+    lowerer._scope_constants = {}
+    lowerer._templates = {}
+    captured: list[tuple] = []
+    instantiate = lowerer._instantiate
+
+    def capture(template: tuple, *args: Any) -> Any:
+        captured.append(template)
+        return instantiate(template, *args)
+
+    lowerer._instantiate = capture
+    fresh = lowerer.names.fresh
+    elem, elem_type = types._elem, types.elem_type
+
+    # A node's kind: op, attributes, arity, aliasing among its inputs and outputs, input
+    # types (the forward pass's, as the engine asks for them). Kinds are finer than the
+    # engine's template keys, so every node of a kind is lowered the same way: the first
+    # by the engine, the others by repeating that (_Template, _Bound).
+    attr_keys = [b""] * len(custom)
+    for k, n in enumerate(map(len, map(attrgetter("attribute"), custom_nodes))):
+        if n:
+            attr_keys[k] = b"".join(a.SerializeToString() for a in custom_nodes[k].attribute)
+    values_of = list(map(operator.add, inputs_of, outputs_of))
+    aliasing = list(map(operator.eq, map(len, map(set, values_of)), map(len, values_of)))
+    if not all(aliasing):
+        aliasing = [flag or tuple(map(v.index, v)) for flag, v in zip(aliasing, values_of)]
+    in_types_of = map(tuple, map(map, itertools.repeat(elem.get), inputs_of))
+    kind_keys = list(zip(custom_ops, attr_keys, map(len, inputs_of), map(len, outputs_of), aliasing, in_types_of))
+    del attr_keys, aliasing
+
+    kinds: dict[tuple, Any] = {}  # kind key -> _Template, _Bound, or None: the engine lowers each node
+    slots: list[Any] = [None] * len(custom)  # each placeholder's replacement entries
+    used: collections.Counter = collections.Counter()
+    lowered: collections.Counter = collections.Counter()
+    emitted: collections.Counter = collections.Counter()
+    total = len(nodes)
+    if progress is not None and total <= getattr(_engine, "PROGRESS_MIN_NODES", 10_000):
+        progress = None
+    step = max(1, getattr(_engine, "PROGRESS_STEP", 2_000))
+    next_report = 0
+
+    for k, key in enumerate(kind_keys):
+        if progress is not None and custom[k] >= next_report:
+            progress("lowering", custom[k], total)
+            next_report = custom[k] - custom[k] % step + step
+        kind = kinds.get(key)
+        if kind is not None:
+            if batched:
+                kind.members.append(k)
+            elif kind.__class__ is _Bound:
+                slots[k] = kind.emit(custom_nodes[k])
+                used[kind] += 1
+            else:
+                slots[k] = kind.emit(kind.pad(values_of[k]), prefixes[k], fresh)
+                used[kind] += 1
+            continue
+        # The first node of its kind (or of a kind the engine lowers each time).
+        n_templates = len(lowerer._templates)
+        actions = lowerer.actions.copy()
+        del captured[:]
+        try:
+            replacement = lowerer.lower_node(custom_nodes[k])
+        except Unsupported:
+            raise
+        except Exception as exc:  # the object path reports errors in its own words
+            raise Unsupported(f"lowering failed: {exc}") from exc
+        lowered[(PLACEHOLDER_DOMAIN, custom_ops[k])] += 1
+        for r in replacement:
+            emitted[(r.domain, r.op_type)] += 1
+        slots[k] = b"".join(_entry(r.SerializeToString()) for r in replacement)
+        if key in kinds:
+            continue
+        kinds[key] = None
+        action = lowerer.actions - actions
+        if len(action) != 1:
+            continue
+        (how_key, _), = action.items()
+        how = how_key[1]
+        if how.startswith("decompose:"):
+            if captured:
+                template = captured[0]
+            elif len(lowerer._templates) > n_templates:
+                template = list(lowerer._templates.values())[-1]
+            else:
+                continue  # shape-dependent: the engine lowers every such node
+            made: Any = _Template(template)
+            made.pad = _padding(len(inputs_of[k]), made.n_inputs)
+        elif how.startswith("bind:") and len(replacement) == 1:
+            made = _Bound(replacement[0])
+        else:
+            continue
+        made.action, made.op_type, made.members = how_key, custom_ops[k], []
+        kinds[key] = made
+    for kind in kinds.values():
+        if kind is None or not kind.members:
+            continue
+        members = kind.members
+        used[kind] += len(members)
+        if kind.__class__ is _Bound:
+            results = list(map(kind.emit, map(custom_nodes.__getitem__, members)))
+        else:
+            values = list(map(kind.pad, map(values_of.__getitem__, members)))
+            names_ = list(map(prefixes.__getitem__, members))
+            if kind.ascii and "".join(names_).isascii() and "".join(itertools.chain.from_iterable(values)).isascii():
+                results = kind.emit_ascii(values, names_)
+            else:
+                results = kind.emit_all(values, names_)
+        for k, entries in zip(members, results):
+            slots[k] = entries
+    if progress is not None:
+        progress("lowering", total, total)
+
+    for kind, n in used.items():
+        lowerer.actions[kind.action] += n
+        lowered[(PLACEHOLDER_DOMAIN, kind.op_type)] += n
+        for key, count in kind.emitted.items():
+            emitted[key] += count * n
+    report.actions = lowerer.actions
+    after = report.ops_before.copy()
+    after.subtract(lowered)
+    after.update(emitted)
+    report.ops_after = +after
+
+    # The graph: the bytes between placeholders as they were, each placeholder replaced.
+    custom_starts = list(map(starts.__getitem__, custom))
+    custom_ends = list(map(ends.__getitem__, custom))
+    view = memoryview(data)  # big slices without a copy (small ones are cheaper as bytes)
+    gaps = [view[g0:custom_starts[0]], *map(data.__getitem__, map(slice, custom_ends[:-1], custom_starts[1:])),
+            view[custom_ends[-1]:g1]]
+    graph = b"".join([*itertools.chain.from_iterable(zip(gaps, slots)), gaps[-1]])
+    imports = import_entries = _fixed_imports(model, opset, {d for d, _ in report.ops_after})
+    parts = []
+    for field, start, _, end in top:
+        if field == _M_OPSET_IMPORT:
+            if imports:
+                parts.append(imports)
+                imports = b""
+        elif field == _M_GRAPH:
+            parts += [b"\x3a", _LENGTHS[len(graph)], graph]  # field 7, length-delimited
+        else:
+            parts.append(view[start:end])
+    out = b"".join([*parts, imports])
+    del view, gaps, parts
+
+    if check:
+        out_model: list[onnx.ModelProto] = []
+
+        def output_model() -> onnx.ModelProto:
+            if not out_model:
+                out_model.append(onnx.load_model_from_string(out))
+            return out_model[0]
+
+        def inference_model() -> onnx.ModelProto:
+            """The rewritten model, cut where the names the check asks about are all made."""
+            if holders:
+                return output_model()
+            asked: set[str] = set()
+            for _, repl, _ in lowerer.replacements:
+                produced = {o for n in repl for o in n.output}
+                asked.update(i for n in repl for i in n.input if i and i not in produced)
+            return _inference_prefix(onnx.load_model_from_string(out), asked)
+
+        types.lowering = False
+        types.inference_model = inference_model
+        opset_imports = onnx.ModelProto.FromString(import_entries).opset_import
+        for original, repl, rule in lowerer.replacements:
+            _engine._check_replacement(original, repl, types, opset_imports, registry, rule, path)
+        applied = ", ".join(sorted({how for _, how in lowerer.actions}))
+        context = f" after rewrite ({applied})"
+        full = full_check or sum(report.ops_after.values()) <= _engine.FULL_CHECK_NODES
+        shapeless = any(vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")
+                        for vi in (*model.graph.input, *model.graph.output))
+        if full or holders or shapeless or has_external_data(data, model):
+            _engine.check_model(output_model(), registry, path=path, context=context, full=full)
+        else:
+            _check_bytes(out, registry, path, context)
+    return out, report

@@ -1,0 +1,534 @@
+"""The wire-level fast path gives rewrite_model's result, field for field, or steps aside."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import NP_TYPES, REPO, my_add_model, run_cli
+from graphkit.errors import ValidationError
+from graphkit.ops import Decomposition, OpDef, OpRegistry, Param, default_registry
+from graphkit.rewrite import Lowering, rewrite_model
+from graphkit.rewrite import _fastpath
+from graphkit.rewrite._fastpath import Unsupported, lower_bytes
+from graphkit.rewrite.engine import DEFAULT_PREFERENCE, rewrite_bytes
+
+F = TensorProto.FLOAT
+
+
+def _bench_model(pairs: int) -> onnx.ModelProto:
+    spec = importlib.util.spec_from_file_location("rewrite_100k", REPO / "bench" / "rewrite_100k.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "chain.onnx"
+        bench.make_model(path, pairs)
+        return onnx.load(path)
+
+
+def _prefer(lowering) -> tuple:
+    return (lowering,) if isinstance(lowering, Lowering) else tuple(lowering)
+
+
+def same(model: onnx.ModelProto, *, registry: OpRegistry | None = None, lowering=DEFAULT_PREFERENCE,
+         check: bool = True, data: bytes | None = None) -> bytes:
+    """Rewrite ``model`` both ways; the results must be equal field for field, reports too."""
+    registry = registry or default_registry()
+    data = model.SerializeToString() if data is None else data
+    fast, fast_report = lower_bytes(data, model, registry=registry, prefer=_prefer(lowering), check=check)
+    slow, slow_report = rewrite_model(model, registry=registry, lowering=lowering, check=check)
+    assert onnx.ModelProto.FromString(fast).SerializeToString() == slow.SerializeToString()
+    assert fast_report.to_dict() == slow_report.to_dict()
+    assert fast_report.actions == slow_report.actions
+    assert +fast_report.ops_before == +slow_report.ops_before
+    via_api, _ = rewrite_bytes(data, registry=registry, lowering=lowering, check=check)
+    assert via_api == fast
+    return fast
+
+
+def steps_aside(model: onnx.ModelProto, match: str, registry: OpRegistry | None = None, check: bool = True) -> None:
+    data = model.SerializeToString()
+    registry = registry or default_registry()
+    with pytest.raises(Unsupported, match=match):
+        lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, check=check)
+    # rewrite_bytes still gives the object path's result
+    out, report = rewrite_bytes(data, registry=registry, check=check)
+    slow, slow_report = rewrite_model(model, registry=registry, check=check)
+    assert out == slow.SerializeToString() and report.to_dict() == slow_report.to_dict()
+
+
+# -- equal results --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pairs", [1, 2, 50, 600])
+def test_bench_model(pairs):
+    same(_bench_model(pairs))
+
+
+def test_bench_model_bytes_identical():
+    model = _bench_model(300)
+    fast = same(model)
+    assert fast == rewrite_model(model)[0].SerializeToString()  # canonical input: even the bytes
+
+
+@pytest.mark.parametrize("dtype", list(NP_TYPES))
+@pytest.mark.parametrize("opset", [13, 17, 21])
+def test_my_add(dtype, opset):
+    same(my_add_model(dtype, opset))
+
+
+@pytest.mark.parametrize("lowering", [Lowering.NATIVE, Lowering.PYTHON, Lowering.DECOMPOSE,
+                                      (Lowering.NATIVE, Lowering.DECOMPOSE)])
+def test_lowerings(lowering):
+    same(_bench_model(40), lowering=lowering)
+    same(my_add_model(TensorProto.DOUBLE), lowering=lowering)
+
+
+def test_keep_and_no_custom_nodes_give_the_input_bytes():
+    model = _bench_model(5)
+    data = model.SerializeToString()
+    out, report = lower_bytes(data, model, registry=default_registry(), prefer=(Lowering.KEEP,))
+    assert out is data and not report.changed
+    plain = onnx.ModelProto()
+    plain.CopyFrom(my_add_model())
+    plain.graph.node[0].domain = ""
+    plain.graph.node[0].op_type = "Add"
+    del plain.opset_import[1:]
+    data = plain.SerializeToString()
+    out, report = rewrite_bytes(data)
+    assert out == data and report.ops_after == report.ops_before == {("", "Add"): 1, ("", "Relu"): 1}
+
+
+def _rich_model(opset: int = 17) -> onnx.ModelProto:
+    """Initializers, value_info, doc strings, metadata, a standard If with subgraphs, typed chains."""
+    then_g = helper.make_graph([helper.make_node("Relu", ["r0"], ["t_out"], name="then_relu")], "then", [],
+                               [helper.make_tensor_value_info("t_out", F, None)])
+    else_g = helper.make_graph([helper.make_node("Neg", ["r0"], ["e_out"], name="else_neg")], "else", [],
+                               [helper.make_tensor_value_info("e_out", F, None)])
+    w = numpy_helper.from_array(np.full((2, 3), 0.5, np.float32), "w")
+    nodes = [
+        helper.make_node("my_add", ["x", "w"], ["a0"], domain="custom", name="add0", doc_string="first"),
+        helper.make_node("Relu", ["a0"], ["r0"], name="relu0"),
+        helper.make_node("ReduceSum", ["r0"], ["s"], name="sum", keepdims=0),
+        helper.make_node("Greater", ["s", "zero"], ["cond"], name="gt"),
+        helper.make_node("If", ["cond"], ["branch"], name="if0", then_branch=then_g, else_branch=else_g),
+        helper.make_node("my_add", ["branch", "x"], ["a1"], domain="custom", name="add1"),
+        helper.make_node("Shape", ["a1"], ["shp"], name="shape"),
+        helper.make_node("Cast", ["shp"], ["shp_f"], name="cast", to=F),
+        helper.make_node("TopK", ["a1", "k"], ["top", "top_i"], name="topk", axis=1),
+        helper.make_node("my_add", ["top", "top"], ["a2"], domain="custom", name="add2"),
+        helper.make_node("CastLike", ["shp_f", "a2"], ["like"], name="castlike") if opset >= 15 else
+        helper.make_node("Where", ["cond", "a2", "shp_f"], ["like"], name="where"),
+        helper.make_node("my_add", ["like", "like"], ["a3"], domain="custom", name="add3"),
+        helper.make_node("Identity", ["a3"], ["y"], name="ident"),
+    ]
+    graph = helper.make_graph(
+        nodes, "rich", [helper.make_tensor_value_info("x", F, [2, 3])],
+        [helper.make_tensor_value_info("y", F, None), helper.make_tensor_value_info("top_i", TensorProto.INT64, None)],
+        initializer=[w, numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+                     numpy_helper.from_array(np.array([2], np.int64), "k")],
+        value_info=[helper.make_tensor_value_info("r0", F, [2, 3]),
+                    helper.make_tensor_value_info("branch", F, [2, 3])],  # If outputs need a declaration
+        doc_string="graph doc")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("custom", 1)],
+                              ir_version=10, producer_name="test", doc_string="model doc")
+    helper.set_model_props(model, {"author": "me", "license": "MIT"})
+    return model
+
+
+@pytest.mark.parametrize("opset", [13, 17, 21])
+def test_rich_model_with_if_subgraph(opset):
+    fast = same(_rich_model(opset))
+    out = onnx.ModelProto.FromString(fast)
+    assert out.doc_string == "model doc" and out.graph.doc_string == "graph doc"
+    assert [p.key for p in out.metadata_props] == ["author", "license"]
+    assert out.graph.initializer[0].name == "w" and out.graph.value_info[0].name == "r0"
+
+
+def test_rich_model_bound():
+    same(_rich_model(), lowering=Lowering.NATIVE)
+
+
+def test_opset_imports_of_kernel_domains_and_none_left_custom():
+    model = _bench_model(3)
+    model.opset_import.append(helper.make_opsetid("com.example", 2))
+    out = onnx.ModelProto.FromString(same(model, lowering=Lowering.PYTHON))
+    assert [(i.domain, i.version) for i in out.opset_import] == [("", 17), ("com.example", 2),
+                                                                  ("graphkit.python", 1)]
+
+
+def test_names_taken_in_the_input_are_avoided():
+    """An input name starting with a placeholder's '<name>/' makes the generator see every name."""
+    model = _bench_model(4)
+    relu = model.graph.node[3]
+    relu.output[0] = "add2/Mul_out"  # would be generated for add2
+    model.graph.node[4].input[0] = "add2/Mul_out"
+    model.graph.node[0].name = "add2/Mul"  # a placeholder named like a generated node
+    fast = onnx.ModelProto.FromString(same(model))
+    names = [n.name for n in fast.graph.node]
+    assert "add2/Mul_1" in names and len(set(names)) == len(names)
+
+
+def test_duplicate_and_missing_node_names():
+    model = _bench_model(6)
+    for i, node in enumerate(model.graph.node):
+        if node.domain == "custom":
+            node.name = "" if i % 4 == 0 else "same"
+    fast = onnx.ModelProto.FromString(same(model))
+    names = [n.name for n in fast.graph.node]
+    assert len(set(names)) == len(names) and "my_add/Mul" in names and "same/Mul_1" in names
+
+
+def test_non_canonical_encoding_and_field_order():
+    """Fields out of the usual order (graph first, opset imports last): the same model."""
+    model = _bench_model(4)
+    data = model.SerializeToString()
+    entries = _fastpath._entries(data, 0, len(data))
+    shuffled = b"".join(data[start:end] for field, start, _, end in sorted(entries, key=lambda e: -e[0]))
+    assert onnx.ModelProto.FromString(shuffled).SerializeToString() == data
+    same(model, data=shuffled)
+
+
+def _opdef_with_attributes() -> OpRegistry:
+    from graphkit.ops import Attr, AttrType
+
+    def scale(b, inputs, attrs):
+        x, bias = inputs
+        y = b.Mul(x, b.constant(attrs["alpha"], like=x))
+        return [b.Add(y, bias) if bias else y, b.Identity(x)]
+
+    op = OpDef(name="scale", doc="alpha * x (+ bias); x", inputs=(Param("x", "T"), Param("bias", "T", optional=True)),
+               outputs=(Param("y", "T"), Param("x_copy", "T")), type_constraints={"T": ("tensor(float)",)},
+               attributes=(Attr("alpha", AttrType.FLOAT, 2.0),), reference=None,
+               infer_shapes=lambda shapes, attrs: [shapes[0], shapes[0]],
+               decompositions=(Decomposition("mul", scale, min_opset=7),), native=True)
+    return default_registry().with_ops(op)
+
+
+def test_attributes_optional_inputs_and_two_outputs():
+    registry = _opdef_with_attributes()
+    nodes, prev = [], "x"
+    for i in range(8):
+        attrs = {} if i % 3 == 0 else {"alpha": 1.0 + (i % 2)}
+        inputs = [prev] if i % 2 else [prev, "x"]
+        nodes.append(helper.make_node("scale", inputs, [f"s{i}", f"c{i}"], domain="custom", name=f"scale{i}", **attrs))
+        nodes.append(helper.make_node("Relu", [f"s{i}"], [f"r{i}"], name=f"relu{i}"))
+        prev = f"r{i}"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 4])],
+                              [helper.make_tensor_value_info(prev, F, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                              ir_version=10)
+    same(model, registry=registry)
+    same(model, registry=registry, lowering=Lowering.NATIVE)
+
+
+def test_shape_dependent_decomposition_deform_conv():
+    """deform_conv2d reads shapes: no template, the engine lowers every node."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, 2, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("deform_conv2d", ["x", "w", f"off{i}"], [f"y{i}"], domain="custom", name=f"dc{i}",
+                              padding=[1, 1]) for i in range(3)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", F, [1, 2, 5, 5])]
+        + [helper.make_tensor_value_info(f"off{i}", F, [1, 18, 5, 5]) for i in range(3)],
+        [helper.make_tensor_value_info(f"y{i}", F, [1, 4, 5, 5]) for i in range(3)], initializer=[w])
+    for opset in (11, 16, 19):
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                        helper.make_opsetid("custom", 1)], ir_version=9)
+        same(model)
+
+
+def test_asinh_shared_constants_across_kinds():
+    nodes = [helper.make_node("asinh", ["x"], ["a"], domain="custom", name="as0"),
+             helper.make_node("Cast", ["a"], ["d"], to=TensorProto.DOUBLE, name="cast"),
+             helper.make_node("asinh", ["d"], ["b"], domain="custom", name="as1"),
+             helper.make_node("asinh", ["x"], ["c"], domain="custom", name="as2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [3])],
+                              [helper.make_tensor_value_info("b", TensorProto.DOUBLE, [3]),
+                               helper.make_tensor_value_info("c", F, [3])])
+    for opset in (7, 8, 17):
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                        helper.make_opsetid("custom", 1)], ir_version=8)
+        same(model)
+
+
+def test_no_check():
+    same(_bench_model(20), check=False)
+
+
+def test_invalid_replacement_reported_alike():
+    def bad(b, inputs, attrs):
+        return [b.op("MatMul", inputs[0], b.constant([1.0, 2.0], like=inputs[0]))]
+
+    op = OpDef(name="bad", doc="", inputs=(Param("x", "T"),), outputs=(Param("y", "T"),), reference=None,
+               infer_shapes=lambda shapes, attrs: [shapes[0]], type_constraints={"T": ("tensor(float)",)},
+               decompositions=(Decomposition("bad", bad, min_opset=7),))
+    registry = OpRegistry([op])
+    graph = helper.make_graph([helper.make_node("bad", ["x"], ["y"], domain="custom", name="b0")], "g",
+                              [helper.make_tensor_value_info("x", F, [3, 3])],
+                              [helper.make_tensor_value_info("y", F, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                              ir_version=10)
+    with pytest.raises(ValidationError) as slow:
+        rewrite_model(model, registry=registry)
+    with pytest.raises(ValidationError) as fast:
+        lower_bytes(model.SerializeToString(), model, registry=registry, prefer=DEFAULT_PREFERENCE)
+    assert str(fast.value) == str(slow.value)
+
+
+def test_progress_reported(monkeypatch):
+    from graphkit.rewrite import engine
+
+    monkeypatch.setattr(engine, "PROGRESS_MIN_NODES", 10)
+    monkeypatch.setattr(engine, "PROGRESS_STEP", 8)
+    model = _bench_model(30)
+    calls = []
+    lower_bytes(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE,
+                progress=lambda *a: calls.append(a))
+    assert calls[0] == ("lowering", 0, 60) and calls[-1] == ("lowering", 60, 60) and len(calls) > 4
+
+
+# -- the object path's business -------------------------------------------------------------
+
+def _subgraph_holding_custom() -> onnx.ModelProto:
+    then_g = helper.make_graph([helper.make_node("my_add", ["x", "x"], ["t"], domain="custom", name="inner")],
+                               "then", [], [helper.make_tensor_value_info("t", F, None)])
+    else_g = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [],
+                               [helper.make_tensor_value_info("e", F, None)])
+    nodes = [helper.make_node("my_add", ["x", "x"], ["a"], domain="custom", name="outer"),
+             helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2]),
+                                           helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", F, None),
+                               helper.make_tensor_value_info("a", F, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                             ir_version=10)
+
+
+def test_custom_nodes_in_subgraphs_go_the_object_way():
+    steps_aside(_subgraph_holding_custom(), "subgraph", check=False)
+
+
+def test_engine_lowers_custom_nodes_inside_subgraphs():
+    out, _ = rewrite_model(_subgraph_holding_custom())
+    assert all(n.domain != "custom" for a in out.graph.node[-1].attribute for n in a.g.node)
+
+
+def test_functions_go_the_object_way():
+    model = _bench_model(2)
+    fn = helper.make_function("local", "f", ["i"], ["o"], [helper.make_node("Relu", ["i"], ["o"])],
+                              [helper.make_opsetid("", 17)])
+    model.functions.append(fn)
+    steps_aside(model, "functions")
+
+
+def test_unknown_type_goes_the_object_way():
+    """A placeholder input the forward pass cannot type: the engine would run shape inference."""
+    nodes = [helper.make_node("Unique", ["x"], ["u"], name="unique"),
+             helper.make_node("my_add", ["u", "u"], ["y"], domain="custom", name="add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [4])],
+                              [helper.make_tensor_value_info("y", F, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                              ir_version=10)
+    steps_aside(model, "inference")
+
+
+def test_later_producer_goes_the_object_way():
+    """Nodes out of order: the engine's forward pass types the input from a later node."""
+    model = _bench_model(3)
+    nodes = list(model.graph.node)
+    nodes[2], nodes[3] = nodes[3], nodes[2]  # relu0... add1 before relu... (not sorted)
+    del model.graph.node[:]
+    model.graph.node.extend([nodes[0], nodes[2], nodes[1], *nodes[3:]])
+    steps_aside(model, "inference", check=False)  # the checker refuses unsorted graphs anyway
+
+
+def test_errors_are_the_object_paths():
+    model = _bench_model(2)
+    model.graph.node[0].op_type = "nope"
+    with pytest.raises(Unsupported, match="lowering failed"):
+        lower_bytes(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE)
+
+
+# -- the CLI --------------------------------------------------------------------------------
+
+def test_cli_writes_what_rewrite_model_gives(tmp_path):
+    model = _rich_model()
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(model, src)
+    proc = run_cli("rewrite", src, dst, "--json", check_rc=0)
+    assert onnx.load(dst).SerializeToString() == rewrite_model(model)[0].SerializeToString()
+    assert '"custom::my_add": 4' in proc.stdout
+    run_cli("rewrite", src, src, check_rc=4)  # never over the input
+    run_cli("rewrite", src, tmp_path / "dry.onnx", "--dry-run", check_rc=0)
+    assert not (tmp_path / "dry.onnx").exists()
+    (tmp_path / "bad.onnx").write_bytes(b"\x08\x07garbage")
+    proc = run_cli("rewrite", tmp_path / "bad.onnx", tmp_path / "o.onnx", check_rc=3)
+    assert "not an ONNX model" in proc.stderr
+
+
+def test_cli_keep_custom_copies_the_bytes(tmp_path):
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(_bench_model(3), src)
+    run_cli("rewrite", src, dst, "--keep-custom", check_rc=0)
+    assert dst.read_bytes() == src.read_bytes()
+
+
+# -- what the engine does wrong, the fast path repeats --------------------------------------
+
+def test_bench_chain_keeps_its_meaning():
+    model = _bench_model(3)
+    out, _ = rewrite_model(model)
+    mul = next(n for n in out.graph.node if n.name == "add1/Mul")
+    assert mul.input[0] == "r0"
+
+
+def test_long_names_and_big_nodes():
+    """Lengths over one varint byte: long names, a node over 16 KiB, a big graph."""
+    model = _bench_model(6)
+    for node in model.graph.node:
+        if node.domain == "custom":
+            node.name = node.name + "/" + "n" * 300
+        else:
+            node.doc_string = "d" * 20_000
+    out = onnx.ModelProto.FromString(same(model))
+    assert max(len(n.name) for n in out.graph.node) > 300
+
+
+def test_initializer_names_and_weights_in_the_name_probe():
+    """An initializer named like a generated name counts; weights that happen to hold
+    '<prefix>/' bytes do not."""
+    model = _bench_model(3)
+    weights = np.frombuffer(b"add1/add2/xx" * 4, np.float32).copy()
+    model.graph.initializer.append(numpy_helper.from_array(weights, "w"))
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros(2, np.float32), "add1/Mul_out"))
+    fast = onnx.ModelProto.FromString(same(model))
+    assert "add1/Mul_out_1" in [o for n in fast.graph.node for o in n.output]
+    del model.graph.initializer[1]
+    data = model.SerializeToString()
+    _, _, g0, g1 = next(e for e in _fastpath._entries(data, 0, len(data)) if e[0] == 7)
+    starts, ends, others = _fastpath._node_entries(data, g0, g1)
+    regions = [(starts[0], ends[-1])] + [(s, e) for f, s, e in others if f != 5]
+    assert _fastpath._name_seed(data, regions, ["w"], {"add0", "add1", "add2"}, model) is None
+    assert b"add1/" in data
+    same(model)
+
+
+def test_non_ascii_names():
+    model = _bench_model(5)
+    for node in model.graph.node:
+        node.name = node.name.replace("add", "sümme")
+        for seq in (node.input, node.output):
+            for j, name in enumerate(seq):
+                if name != "x":
+                    seq[j] = name + "·ü"
+    model.graph.output[0].name += "·ü"
+    onnx.checker.check_model(model)
+    fast = onnx.ModelProto.FromString(same(model))
+    assert "sümme3/Mul" in [n.name for n in fast.graph.node]
+    same(model, lowering=Lowering.PYTHON)
+
+
+def test_big_model_check_on_bytes(monkeypatch):
+    """Over FULL_CHECK_NODES the checker runs on the output bytes; its verdicts are the engine's."""
+    from graphkit.rewrite import engine
+
+    monkeypatch.setattr(engine, "FULL_CHECK_NODES", 0)
+    model = _bench_model(30)
+    same(model)
+    model.graph.node[1].attribute.append(helper.make_attribute("bogus", 1))  # a Relu the checker refuses
+    with pytest.raises(ValidationError) as slow:
+        rewrite_model(model)
+    with pytest.raises(ValidationError) as fast:
+        lower_bytes(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE)
+    assert str(fast.value) == str(slow.value)
+
+
+def test_external_data(tmp_path, monkeypatch):
+    from graphkit.rewrite import engine
+
+    model = _rich_model()
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.full((2, 3), 0.5, np.float32), "w"))
+    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+              location="m.data", size_threshold=0)
+    monkeypatch.chdir(tmp_path)
+    loaded = onnx.load(tmp_path / "m.onnx", load_external_data=False)
+    data = (tmp_path / "m.onnx").read_bytes()
+    assert _fastpath.has_external_data(data, loaded)
+    same(loaded, data=data)
+    monkeypatch.setattr(engine, "FULL_CHECK_NODES", 0)
+    same(loaded, data=data)
+    assert not _fastpath.has_external_data(_bench_model(2).SerializeToString(), _bench_model(2))
+
+
+def test_bound_nodes_sharing_a_name():
+    model = _bench_model(6)
+    for node in model.graph.node:
+        if node.domain == "custom":
+            node.name = "same"
+    same(model, lowering=Lowering.NATIVE)
+    same(model, lowering=Lowering.PYTHON)
+
+
+def test_templates_with_constants_first_and_typed_constants():
+    def swapped(b, inputs, attrs):
+        a, c = inputs
+        return [b.Add(c, b.Mul(b.constant(3, like=a), a))]
+
+    op = OpDef(name="swapped", doc="3a + c", inputs=(Param("a", "T"), Param("c", "T")), outputs=(Param("y", "T"),),
+               reference=None, infer_shapes=lambda shapes, attrs: [shapes[0]],
+               type_constraints={"T": ("tensor(float)", "tensor(double)")},
+               decompositions=(Decomposition("mul_add", swapped, min_opset=7),))
+    registry = default_registry().with_ops(op)
+    nodes = [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.ones(3, np.float64))),
+             helper.make_node("ConstantOfShape", ["shape"], ["z"]),
+             helper.make_node("Cast", ["z"], ["zd"], to=TensorProto.DOUBLE)]
+    prev = "k"
+    for i in range(5):
+        nodes.append(helper.make_node("swapped", [prev, "zd" if i % 2 else "k"], [f"s{i}"], domain="custom",
+                                      name=f"sw{i}"))
+        nodes.append(helper.make_node("Neg", [f"s{i}"], [f"n{i}"]))
+        prev = f"n{i}"
+    nodes.append(helper.make_node("swapped", ["z", "z"], ["f"], domain="custom", name="float"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("shape", TensorProto.INT64, [1])],
+                              [helper.make_tensor_value_info(prev, TensorProto.DOUBLE, None),
+                               helper.make_tensor_value_info("f", F, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                              ir_version=10)
+    same(model, registry=registry)
+
+
+def test_sparse_initializer_names_are_searched():
+    model = _bench_model(3)
+    values = numpy_helper.from_array(np.ones(1, np.float32), "add1/Mul_out")
+    indices = numpy_helper.from_array(np.zeros(1, np.int64), "idx")
+    model.graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [4]))
+    same(model, check=False)  # (the engine's ModelIndex does not see sparse initializer names either)
+
+
+def test_check_infers_up_to_where_the_checked_names_are_made(monkeypatch):
+    """The per-replacement check asks for shapes of undeclared inputs (the engine runs ONNX
+    inference over the whole rewritten model then): inference over the nodes up to where
+    those names are made gives them the same types."""
+    real = _fastpath._inference_prefix
+    cuts = []
+
+    def spy(whole, names):
+        cut = real(onnx.ModelProto.FromString(whole.SerializeToString()), names)
+        typed = [{vi.name: vi.type for vi in (*m.graph.input, *m.graph.output, *m.graph.value_info)}
+                 for m in (onnx.shape_inference.infer_shapes(x, check_type=False, strict_mode=False)
+                           for x in (whole, cut))]
+        assert all(typed[0].get(n) == typed[1].get(n) for n in names)
+        cuts.append((len(cut.graph.node), len(whole.graph.node)))
+        return cut
+
+    monkeypatch.setattr(_fastpath, "_inference_prefix", spy)
+    same(_bench_model(40))
+    same(_bench_model(40), lowering=Lowering.NATIVE)
+    assert cuts and all(n < 12 < total for n, total in cuts)
