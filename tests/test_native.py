@@ -83,8 +83,9 @@ def rand(rng, shape, np_t):
 
 
 def test_served_ops_match_op_definitions(lib):
-    assert native.served_ops(lib) == {"my_add"}
     from custom_ops import ALL_OPS
+
+    assert "my_add" in native.served_ops(lib)
 
     assert native.served_ops(lib) == {op.name for op in ALL_OPS if getattr(op, "native", False)}
 
@@ -345,7 +346,9 @@ def test_build_cache_is_shared_reused_and_self_healing(tmp_path, monkeypatch):
     rebuilt = native.library_path()
     assert rebuilt == lib and rebuilt.read_bytes() != data[: len(data) // 2]
     assert not list(lib.parent.glob(".*.tmp"))
-    assert native.served_ops(rebuilt) == {"my_add"}
+    from custom_ops import ALL_OPS
+
+    assert native.served_ops(rebuilt) == {op.name for op in ALL_OPS if op.native}
 
 
 def test_compiler_failure_raises_native_build_error(tmp_path, monkeypatch):
