@@ -298,3 +298,23 @@ def test_invalid_replacement_names_the_node_and_the_rule():
     assert "node 's0'" in msg and "decomposition 'broken' of custom::scale" in msg
     out, _ = rewrite_model(_scale_model(), registry=OpRegistry([op]), lowering=Lowering.DECOMPOSE, check=False)
     assert [n.op_type for n in out.graph.node] == ["Constant", "Add"]
+
+
+def test_bind_python_fills_omitted_optional_inputs_with_empty_tensors(rng):
+    """deform_conv2d without bias and mask: the Python kernel gets empty arrays, reads them as absent."""
+    from graphkit.runtime import open_session
+
+    graph = helper.make_graph(
+        [helper.make_node("deform_conv2d", ["x", "w", "off"], ["y"], domain="custom", name="dc")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [3, 2, 3, 3]),
+         helper.make_tensor_value_info("off", TensorProto.FLOAT, [1, 18, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 3, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                              ir_version=10)
+    feeds = {"x": rng.standard_normal((1, 2, 5, 5), np.float32), "w": rng.standard_normal((3, 2, 3, 3), np.float32),
+             "off": rng.standard_normal((1, 18, 3, 3), np.float32)}
+    py, _ = rewrite_model(model, lowering=Lowering.PYTHON)
+    assert [n.op_type for n in py.graph.node] == ["Constant", "deform_conv2d"]
+    std, _ = rewrite_model(model, lowering=Lowering.DECOMPOSE)
+    np.testing.assert_allclose(open_session(py).run(feeds)["y"], open_session(std).run(feeds)["y"], atol=1e-4)

@@ -63,6 +63,8 @@ def _make_inference(op: "OpDef", kernel_encoded: bool):
                 given[a.name] = value
         attrs = {a.name: given.get(a.name, None if a.required else a.default) for a in op.attributes}
         shapes = [None if tp is None else _shape_of(tp) for tp in types]
+        if kernel_encoded:  # an empty tensor stands for an omitted optional input (see the engine)
+            shapes = [None if p.optional and s == [0] else s for p, s in zip(op.inputs, shapes)]
         try:
             out_shapes = op.infer_shapes(shapes, attrs)
         except ValueError as exc:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -183,11 +184,11 @@ class _Lowerer:
                                + (f" (has {ranges})" if ranges else ""))
             elif how is Lowering.NATIVE:
                 if op.native:
-                    return [self._bind(op, node, attrs, how)]
+                    return self._bind(op, node, attrs, how)
                 reasons.append("has no native kernel")
             elif how is Lowering.PYTHON:
                 if op.python_kernel is not None:
-                    return [self._bind(op, node, attrs, how)]
+                    return self._bind(op, node, attrs, how)
                 reasons.append("has no Python kernel")
         others = [h.value for h in (Lowering.DECOMPOSE, Lowering.NATIVE, Lowering.PYTHON) if h not in self.prefer]
         hint = (f"allow another lowering ({', '.join(others)}) with --prefer, or pick the opset with "
@@ -280,7 +281,27 @@ class _Lowerer:
         # Every attribute is written out: kernels read them without knowing defaults.
         bound.attribute.extend(_make_attribute(op, k, v, how) for k, v in values.items())
         self.actions[(op.qualified_name, f"bind:{how.value}")] += 1
-        return bound
+        extra = self._empty_optional_inputs(op, bound) if how is Lowering.PYTHON else []
+        return [*extra, bound]
+
+    def _empty_optional_inputs(self, op: OpDef, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+        """onnxruntime-extensions needs every input: an omitted optional one becomes an empty
+        tensor, which Python kernels read as absent."""
+        missing = [k for k, p in enumerate(op.inputs) if p.optional and (k >= len(node.input) or not node.input[k])]
+        if not missing:
+            return []
+        bound_types = {p.type: self.types.elem_type(name) for p, name in zip(op.inputs, node.input) if name}
+        builder = Builder(opset=self.opset, prefix=node.name or op.name, names=self.names, types=self.types,
+                          node_name=node.name, op_name=op.qualified_name, constants=self._scope_constants)
+        while len(node.input) < len(op.inputs):
+            node.input.append("")
+        for k in missing:
+            elem = bound_types.get(op.inputs[k].type)
+            if elem is None:
+                raise self.fail(RewriteError, f"cannot tell the element type of omitted input "
+                                f"'{op.inputs[k].name}'", node, hint="give the model's inputs a type")
+            node.input[k] = builder.constant(np.zeros((0,), helper.tensor_dtype_to_np_dtype(elem)), dtype=elem)
+        return builder.nodes
 
 
 def _fix_imports(imports: Any, used: set[str], opset: int) -> None:
@@ -438,7 +459,12 @@ def _attach_functions(model: onnx.ModelProto, registry: OpRegistry, opset: int, 
         inputs = [p.name for p in op.inputs]
         builder = Builder(opset=opset, prefix=name, names=NameGenerator(inputs), types=TypeTable(),
                           op_name=op.qualified_name)
-        body = builder.finish(list(dec.build(builder, inputs, attrs)), [p.name for p in op.outputs])
+        try:
+            body = builder.finish(list(dec.build(builder, inputs, attrs)), [p.name for p in op.outputs])
+        except RewriteError as exc:
+            raise RewriteError(f"--as-functions: decomposition '{dec.name}' needs what a function body "
+                               f"cannot know: {exc.message}", path=path, op=op.qualified_name,
+                               hint="decompose or bind these nodes instead") from exc
         model.functions.append(helper.make_function(
             PLACEHOLDER_DOMAIN, name, inputs, [p.name for p in op.outputs], body,
             [helper.make_opsetid("", opset)], attributes=[a.name for a in op.attributes], doc_string=op.doc))
