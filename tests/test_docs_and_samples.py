@@ -10,7 +10,6 @@ import sys
 
 import numpy as np
 import onnx
-import pytest
 
 from conftest import REPO, my_add_model, run_cli
 
