@@ -532,3 +532,35 @@ def test_check_infers_up_to_where_the_checked_names_are_made(monkeypatch):
     same(_bench_model(40))
     same(_bench_model(40), lowering=Lowering.NATIVE)
     assert cuts and all(n < 12 < total for n, total in cuts)
+
+
+def _scoped_model(pairs: int, taken: str | None = None) -> onnx.ModelProto:
+    """Names as torch.onnx.export writes them: '/scope/op' nodes, '/scope/op_output_0' tensors."""
+    nodes, prev = [], "x"
+    for i in range(pairs):
+        nodes.append(helper.make_node("my_add", [prev, "x"], [f"/layers.{i}/my_add_output_0"], domain="custom",
+                                      name=f"/layers.{i}/my_add"))
+        out = taken if taken and i == 1 else f"/layers.{i}/Relu_output_0"
+        nodes.append(helper.make_node("Relu", [nodes[-1].output[0]], [out], name=f"/layers.{i}/Relu"))
+        prev = out
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 4])],
+                              [helper.make_tensor_value_info(prev, F, [1, 4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                             ir_version=10)
+
+
+def test_scoped_names():
+    same(_scoped_model(30))
+    fast = onnx.ModelProto.FromString(same(_scoped_model(30, taken="/layers.3/my_add/Mul_out")))
+    assert "/layers.3/my_add/Mul_out_1" in [o for n in fast.graph.node for o in n.output]
+
+
+def test_cli_report_that_cannot_be_made_writes_nothing(tmp_path):
+    """A node domain that is not UTF-8 (protobuf hands it over as bytes) breaks the JSON
+    report: that happens before the output is written."""
+    data = my_add_model().SerializeToString()
+    assert data.count(b":\x06custom") == 1  # the node's domain field
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    src.write_bytes(data.replace(b":\x06custom", b":\x06\xe3ustom"))
+    proc = run_cli("rewrite", src, dst, "--json", check_rc=3)
+    assert "not valid UTF-8" in proc.stderr and not dst.exists()

@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
                                               full_check=args.full_check, path=args.input,
                                               progress=_progress_bar if show else None)
             del data, model
+            text = _report_text(args, report)  # before writing: a report that cannot be made fails first
             if not args.dry_run:
                 check_output_path(args.output, args.input)
                 if len(out_bytes) > _PROTOBUF_LIMIT:
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                                       path=args.output, hint="move its weights to external data first")
                 with atomic_write(args.output) as tmp:
                     tmp.write_bytes(out_bytes)
-            _print_report(args, report)
+            print(text)
             return 0
         del data
     else:
@@ -111,20 +112,21 @@ def run(args: argparse.Namespace) -> int:
                                 as_functions=args.as_functions, check=not args.no_check,
                                 full_check=args.full_check, path=args.input,
                                 progress=_progress_bar if show else None)
+    text = _report_text(args, report)  # before writing: a report that cannot be made fails first
     if not args.dry_run:
         save_model(out, args.output, input_path=args.input, external_data=args.external_data)
-    _print_report(args, report)
+    print(text)
     return 0
 
 
-def _print_report(args: argparse.Namespace, report) -> None:
+def _report_text(args: argparse.Namespace, report) -> str:
     if args.json:
-        print(json.dumps({"input": args.input, "output": None if args.dry_run else args.output,
-                          **report.to_dict()}, indent=2, default=str))
-    else:
-        print(format_report(report, args.input, "(dry run: not written)" if args.dry_run else args.output))
-        if args.explain:
-            print(report.rules.explain() or "no rules given")
+        return json.dumps({"input": args.input, "output": None if args.dry_run else args.output,
+                           **report.to_dict()}, indent=2, default=str)
+    text = format_report(report, args.input, "(dry run: not written)" if args.dry_run else args.output)
+    if args.explain:
+        text += "\n" + (report.rules.explain() or "no rules given")
+    return text
 
 
 def _progress_bar(phase: str, done: int, total: int) -> None:

@@ -6,29 +6,37 @@ serialized bytes are kept: the ModelProto's top-level fields and the GraphProto'
 entries are located by decoding tags and lengths, every node that is not a custom::
 placeholder stays the byte range it was, and each placeholder's entry is replaced by
 the serialized replacement nodes. The parsed model (protobuf's C parser) is read in
-bulk, a field of every node at a time, for what needs field values: op counts, the
+bulk, one field of every node at a time, for what needs field values: op counts, the
 element types of the placeholders' inputs, the placeholders themselves.
 
 The result is the object path's, field for field (tests/test_fastpath.py compares both):
 
 * The lowering chosen, decompositions, templates, constants and first-instance names
   come from the engine's own ``_Lowerer.lower_node``. A later node of the same kind
-  (op, attributes, arity, input aliasing and types) reuses the engine's template as
-  ``_Lowerer._instantiate`` would (same renaming, same names), compiled to code that
-  writes the serialized nodes; a bound node reuses the first one's attributes.
+  (op, attributes, arity, input/output aliasing, input types: finer than the engine's
+  template key) reuses the engine's template as ``_Lowerer._instantiate`` would (same
+  renaming, same names), compiled to code that writes the serialized nodes; a bound
+  node reuses the first one's attributes.
 * Generated names: the engine makes them unique against every name of the model, and
   all of them start with ``<prefix>/`` (``prefix``: a placeholder's name, else its op).
-  When no ``<prefix>/`` occurs in the input bytes, no input name can be taken, so the
-  generator starts empty; otherwise it gets the model's full name index, as the engine.
-  When, besides, every placeholder has its own prefix, names made for different
-  placeholders cannot meet, so ``fresh(name)`` is ``name`` and template instances are
-  written in batches.
+  When no ``<prefix>/`` occurs where the input keeps names, no input name can be taken,
+  so the generator starts empty; otherwise it gets the model's full name index, as the
+  engine's. When, besides, every placeholder has its own prefix, names made for
+  different placeholders cannot meet, so ``fresh(name)`` is ``name`` and template
+  instances are written in batches.
 * Element types: ``TypeTable``'s forward pass (same declarations, rules and order), run
   over pre-read fields and stopped at the last placeholder.
+* Check: ``_check_replacement`` per replacement built, then the ONNX checker on the
+  output bytes (``check_model`` on the parsed output where the engine's needs more:
+  small models, subgraphs, shapeless graph inputs or outputs, external data). Where
+  ``_check_replacement`` asks for a shape nothing declares, the engine infers shapes
+  over the whole rewritten model; here over its nodes up to where those names are made,
+  which gives them the same types (inference goes through the nodes in order).
 
 Anything else is left to the object path (``Unsupported``): custom nodes in subgraphs,
 model-local functions, training info, a type the forward pass leaves unknown (the engine
-would run ONNX shape inference), any error (reported by the object path in its words).
+would run ONNX shape inference), any error while lowering (reported by the object path
+in its own words).
 """
 
 from __future__ import annotations
@@ -67,6 +75,7 @@ _PROBE_GRAPH = (b"\xa0\x01\x05", b"\xa0\x01\x0a")
 _PROBE_EXTERNAL = b"\x70\x01"
 # Above this many (slash, prefix length) pairs, seed the name generator instead of probing.
 _PROBE_BUDGET = 2_000_000
+_PROBE_TAILS = 64  # at most this many distinct prefix endings are searched for one by one
 
 
 class Unsupported(Exception):
@@ -578,17 +587,30 @@ def _name_seed(data: bytes, regions: list[tuple[int, int]], tensor_names: list[s
             if name[:j] in prefixes:
                 return _all_names(model)
             j = name.find("/", j + 1)
-    slash = re.compile(b"/")
-    positions = [m.start() for start, end in regions for m in slash.finditer(data, start, end)]
-    if positions:
-        by_len: dict[int, set[bytes]] = collections.defaultdict(set)
-        for p in prefixes:
-            raw = p.encode()
-            by_len[len(raw)].add(raw)
-        if len(positions) * len(by_len) > _PROBE_BUDGET or any(
-                not raws.isdisjoint({data[p - length:p] for p in positions if p >= length})
-                for length, raws in by_len.items()):
-            return _all_names(model)
+    if not any(data.find(b"/", start, end) >= 0 for start, end in regions):
+        return None
+    by_len: dict[int, set[bytes]] = collections.defaultdict(set)
+    for p in prefixes:
+        raw = p.encode()
+        by_len[len(raw)].add(raw)
+    # Where a '/' follows the last bytes of some prefix (a few searches when prefixes
+    # share their endings, as '<scope>/my_add' do), else every '/'.
+    tails = {raw[-4:] + b"/" for raws in by_len.values() for raw in raws}
+    if len(tails) <= _PROBE_TAILS:
+        positions = []
+        for tail in tails:
+            for start, end in regions:
+                at = data.find(tail, start, end)
+                while at >= 0:
+                    positions.append(at + len(tail) - 1)
+                    at = data.find(tail, at + 1, end)
+    else:
+        slash = re.compile(b"/")
+        positions = [m.start() for start, end in regions for m in slash.finditer(data, start, end)]
+    if len(positions) * len(by_len) > _PROBE_BUDGET or any(
+            not raws.isdisjoint({data[p - length:p] for p in positions if p >= length})
+            for length, raws in by_len.items()):
+        return _all_names(model)
     return None
 
 
@@ -665,18 +687,28 @@ def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
     # Hundreds of thousands of small objects (and no cycles) are made here: the cyclic
     # collector would walk them again and again for nothing.
     collecting = gc.isenabled()
-    gc.disable()
     try:
-        return _lower(data, model, registry, prefer, check, full_check, path, progress)
+        gc.disable()
+        try:
+            out, report, run_check = _lower(data, model, registry, prefer, check, full_check, path, progress)
+        except (Unsupported, MemoryError):
+            raise
+        except Exception as exc:  # a case this path gets wrong: the object path gives the result
+            raise Unsupported(f"fast path failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if collecting:
+                gc.enable()
+        if run_check is not None:
+            run_check()
+        return out, report
     finally:
         _Canonical.forget()
-        if collecting:
-            gc.enable()
 
 
 def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tuple[Lowering, ...], check: bool,
-           full_check: bool, path: str | None,
-           progress: Callable[[str, int, int], None] | None) -> tuple[bytes, RewriteReport]:
+           full_check: bool, path: str | None, progress: Callable[[str, int, int], None] | None,
+           ) -> tuple[bytes, RewriteReport, Callable[[], None] | None]:
+    """The rewritten bytes, the report, and the check to run on them (None: no check)."""
     top = _entries(data, 0, len(data))
     fields = [e[0] for e in top]
     if fields.count(_M_GRAPH) != 1:
@@ -697,7 +729,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
     if not custom or prefer == (Lowering.KEEP,):
         report.ops_after = report.ops_before.copy()
-        return data, report
+        return data, report, None
 
     # Fields of every node up to the last placeholder, read once for all that follows.
     listed = nodes[:custom[-1] + 1]
@@ -875,7 +907,10 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     out = b"".join([*parts, imports])
     del view, gaps, parts
 
-    if check:
+    if not check:
+        return out, report, None
+
+    def run_check() -> None:
         out_model: list[onnx.ModelProto] = []
 
         def output_model() -> onnx.ModelProto:
@@ -907,4 +942,5 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             _engine.check_model(output_model(), registry, path=path, context=context, full=full)
         else:
             _check_bytes(out, registry, path, context)
-    return out, report
+
+    return out, report, run_check
