@@ -562,5 +562,5 @@ def test_cli_report_that_cannot_be_made_writes_nothing(tmp_path):
     assert data.count(b":\x06custom") == 1  # the node's domain field
     src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
     src.write_bytes(data.replace(b":\x06custom", b":\x06\xe3ustom"))
-    proc = run_cli("rewrite", src, dst, "--json", check_rc=3)
-    assert "not valid UTF-8" in proc.stderr and not dst.exists()
+    proc = run_cli("rewrite", src, dst, "--json", "--debug", check_rc=3)
+    assert "not valid UTF-8" in proc.stderr and not dst.exists(), proc.stderr

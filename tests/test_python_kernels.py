@@ -354,3 +354,15 @@ def test_foreign_onnx_op_keeps_working(rng):
     with pytest.raises(KernelError, match="foreign kernel refuses negatives") as exc:
         session.run({"x": -x})  # inside graphkit's run a foreign exception is caught as well
     assert exc.value.op == "ai.onnx.contrib::GkTestForeignTimes10"
+
+
+def test_importing_ort_extensions_leaves_the_protobuf_backend_of_child_processes_alone():
+    """onnxruntime_extensions sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python on import."""
+    import subprocess
+    import sys
+
+    code = ("import os; from graphkit.runtime.python_kernels import python_kernel_table; "
+            "python_kernel_table(); print(os.environ.get('PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION'))")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "None"

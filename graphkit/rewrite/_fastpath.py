@@ -239,124 +239,108 @@ class _Template:
     ``emit(values, prefix, fresh)`` is ``_Lowerer._instantiate(template, inputs, outputs,
     prefix)`` with ``values = inputs + outputs`` (inputs padded as the engine pads them):
     the same renaming (a dict of the template's inputs then outputs, later entries
-    winning) and the same calls to the name generator in the same order, resolved once
-    into straight-line code; it returns the node entries' bytes. ``emit_all(values,
-    prefixes)`` does the same for many nodes whose ``fresh(name)`` is ``name``.
+    winning) and the same calls to the name generator in the same order; it returns the
+    node entries' bytes. ``emit_all(values, prefixes)`` does the same for many nodes whose
+    ``fresh(name)`` is ``name``; ``emit_ascii`` is emit_all for ASCII names, working on
+    latin-1 text (one character per byte) and encoding once per node.
+
+    The template is turned into a plan once: per node, its name suffix, the suffixes of
+    the names it generates, and its fields as fixed bytes or references to name slots
+    (the values first, then the generated names).
     """
 
     def __init__(self, template: tuple) -> None:
         tpl_nodes, tpl_inputs, tpl_outputs, tpl_prefix = template
         self.n_inputs = len(tpl_inputs)
         cut = len(tpl_prefix)
-        known: dict[str, str] = {}
+        slot: dict[str, int] = {}
         for k, name in enumerate([*tpl_inputs, *tpl_outputs]):
-            known[name] = f"v[{k}]"
-        consts: list[Any] = []
-
-        def const(value: Any) -> str:
-            consts.append(value)
-            return f"c[{len(consts) - 1}]"
-
-        body = []  # lines computing one node's entries; {fresh} stands for the name generator
-        entries = []
+            slot[name] = k  # later entries win, as in the engine's rename dict
+        n_values = len(tpl_inputs) + len(tpl_outputs)
+        plan = []
         self.emitted: collections.Counter = collections.Counter()
-        for j, tpl in enumerate(tpl_nodes):
+        for tpl in tpl_nodes:
             if not tpl.name.startswith(tpl_prefix) or not all(o.startswith(tpl_prefix) for o in tpl.output
-                                                              if o not in known):
+                                                              if o not in slot):
                 raise Unsupported("a template name outside its prefix")
-            body.append(f"n{j} = {{fresh}}(prefix + {const(tpl.name[cut:])}).encode()")
-            outs = []
+            generated = []
+            out_slots = []
             for o in tpl.output:
-                if o not in known:
-                    var = f"g{len(known)}"
-                    body.append(f"{var} = {{fresh}}(prefix + {const(o[cut:])})")
-                    known[o] = var
-                outs.append(known[o])
-            fields = [(b"\x0a", known.get(i), i) for i in tpl.input] + [(b"\x12", ref, None) for ref in outs]
-            parts: list[str] = []
+                if o not in slot:
+                    slot[o] = n_values + sum(len(g) for _, g, _, _ in plan) + len(generated)
+                    generated.append(o[cut:])
+                out_slots.append(slot[o])
+            fields: list[Any] = []  # bytes (fixed) or (tag, slot)
             static = b""
-            for k, (tag, ref, name) in enumerate(fields):
+            for tag, ref, name in [(b"\x0a", slot.get(i), i) for i in tpl.input] + [(b"\x12", r, None)
+                                                                                      for r in out_slots]:
                 if ref is None:  # a name the renaming leaves alone (a shared constant, say)
                     static += _field_bytes(tag, name)
                     continue
-                if static:
-                    parts.append(const(static))
-                    static = b""
-                body.append(f"x{j}_{k} = {ref}.encode()")
-                parts += [const(tag), f"L[len(x{j}_{k})]", f"x{j}_{k}"]
-            if static:
-                parts.append(const(static))
+                fields.append(static + tag)
+                fields.append(ref)
+                static = b""
             rest = onnx.NodeProto()
             rest.CopyFrom(tpl)
             for f in ("input", "output", "name"):
                 rest.ClearField(f)
-            parts += [const(b"\x1a"), f"L[len(n{j})]", f"n{j}", const(rest.SerializeToString())]
-            body.append(f"b{j} = b''.join(({', '.join(parts)},))")
-            entries += [const(b"\x0a"), f"L[len(b{j})]", f"b{j}"]
+            plan.append((tpl.name[cut:], generated, fields + [static + b"\x1a"], rest.SerializeToString()))
             self.emitted[(tpl.domain, tpl.op_type)] += 1
-        result = f"b''.join(({', '.join(entries)},))"
-        one = "\n".join(["def emit(v, prefix, fresh):", *("    " + line.format(fresh="fresh") for line in body),
-                         f"    return {result}"])
-        many = "\n".join(["def emit_all(values, prefixes):", "    out = []", "    add = out.append",
-                          "    for v, prefix in zip(values, prefixes):",
-                          *("        " + line.format(fresh="") for line in body),
-                          f"        add({result})", "    return out"])
-        # The same for ASCII names as str (a byte per character; bytes as latin-1
-        # characters), encoded once per node: fewer objects than bytes field by field.
-        self.ascii = all(isinstance(c, bytes) or c.isascii() for c in consts)
-        str_consts = [c.decode("latin-1") if isinstance(c, bytes) else c for c in consts]
-        text = "\n".join(["def emit_ascii(values, prefixes):", "    out = []", "    add = out.append",
-                          "    for v, prefix in zip(values, prefixes):",
-                          *("        " + line for line in self._ascii_body(tpl_nodes, tpl_inputs, tpl_outputs, cut,
-                                                                           str_consts, consts)),
-                          "    return out"])
-        scope = {"c": consts, "L": _LENGTHS, "S": str_consts, "LS": _STR_LENGTHS}
-        exec(compile(one + "\n\n" + many + "\n\n" + text, "<graphkit template>", "exec"), scope)  # noqa: S102
-        self.emit = scope["emit"]
-        self.emit_all = scope["emit_all"]
-        self.emit_ascii = scope["emit_ascii"]
+        self._plan = plan
+        self._text_plan = [(name, gen, [f.decode("latin-1") if isinstance(f, bytes) else f for f in fields],
+                            rest.decode("latin-1")) for name, gen, fields, rest in plan]
+        # emit_ascii needs ASCII name pieces; fixed bytes of any value survive latin-1.
+        self.ascii = all(name.isascii() and all(g.isascii() for g in gen) for name, gen, _, _ in plan)
 
-    @staticmethod
-    def _ascii_body(tpl_nodes: Any, tpl_inputs: list[str], tpl_outputs: list[str], cut: int,
-                    str_consts: list[str], consts: list[Any]) -> list[str]:
-        """emit_all's loop body with str pieces: one f-string per node entry."""
-        def const(value: str) -> str:
-            str_consts.append(value)
-            consts.append(None)  # keeps the two lists aligned
-            return f"S[{len(str_consts) - 1}]"
+    def emit(self, v: Any, prefix: str, fresh: Callable[[str], str]) -> bytes:
+        return self._emit(v, prefix, fresh)
 
-        known = {name: f"v[{k}]" for k, name in enumerate([*tpl_inputs, *tpl_outputs])}
-        lines, entries = [], []
-        for j, tpl in enumerate(tpl_nodes):
-            lines.append(f"n{j} = prefix + {const(tpl.name[cut:])}")
-            outs = []
-            for o in tpl.output:
-                if o not in known:
-                    known[o] = f"g{len(known)}"
-                    lines.append(f"{known[o]} = prefix + {const(o[cut:])}")
-                outs.append(known[o])
-            pieces = []
-            static = ""
-            for tag, ref, name in [("\n", known.get(i), i) for i in tpl.input] + [("\x12", r, None) for r in outs]:
-                if ref is None:
-                    static += _field_bytes(tag.encode(), name).decode("latin-1")
-                    continue
-                if static:
-                    pieces.append("{" + const(static) + "}")
-                    static = ""
-                pieces.append(f"{tag!r}"[1:-1] + "{LS[len(" + ref + ")]}{" + ref + "}")
-            if static:
-                pieces.append("{" + const(static) + "}")
-            rest = onnx.NodeProto()
-            rest.CopyFrom(tpl)
-            for f in ("input", "output", "name"):
-                rest.ClearField(f)
-            pieces.append("\\x1a{LS[len(n" + str(j) + ")]}{n" + str(j) + "}{" +
-                          const(rest.SerializeToString().decode("latin-1")) + "}")
-            lines.append(f"b{j} = f\"{''.join(pieces)}\"")
-            entries.append("\\n{LS[len(b" + str(j) + ")]}{b" + str(j) + "}")
-        lines.append(f"add(f\"{''.join(entries)}\".encode('latin-1'))")
-        return lines
+    def emit_all(self, values: list, prefixes: list) -> list[bytes]:
+        return [self._emit(v, prefix, None) for v, prefix in zip(values, prefixes)]
+
+    def _emit(self, v: Any, prefix: str, fresh: Callable[[str], str] | None) -> bytes:
+        names = [x.encode() for x in v]
+        L = _LENGTHS
+        entries = []
+        for suffix, generated, fields, rest in self._plan:
+            node_name = (prefix + suffix if fresh is None else fresh(prefix + suffix)).encode()
+            for g in generated:
+                names.append((prefix + g if fresh is None else fresh(prefix + g)).encode())
+            parts = []
+            for f in fields:
+                if f.__class__ is int:
+                    x = names[f]
+                    parts += (L[len(x)], x)
+                else:
+                    parts.append(f)
+            parts += (L[len(node_name)], node_name, rest)
+            body = b"".join(parts)
+            entries += (b"\x0a", L[len(body)], body)
+        return b"".join(entries)
+
+    def emit_ascii(self, values: list, prefixes: list) -> list[bytes]:
+        LS = _STR_LENGTHS
+        plan = self._text_plan
+        out = []
+        for v, prefix in zip(values, prefixes):
+            names = list(v)
+            entries = []
+            for suffix, generated, fields, rest in plan:
+                node_name = prefix + suffix
+                for g in generated:
+                    names.append(prefix + g)
+                parts = []
+                for f in fields:
+                    if f.__class__ is int:
+                        x = names[f]
+                        parts += (LS[len(x)], x)
+                    else:
+                        parts.append(f)
+                parts += (LS[len(node_name)], node_name, rest)
+                body = "".join(parts)
+                entries += ("\n", LS[len(body)], body)
+            out.append("".join(entries).encode("latin-1"))
+        return out
 
 
 class _Bound:

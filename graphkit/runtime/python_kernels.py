@@ -42,13 +42,14 @@ and its single invocation handler are: one :class:`PythonKernelTable`, created o
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
 import threading
 import traceback
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -337,6 +338,19 @@ def _tune_malloc() -> bool:
     return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 128 << 20))
 
 
+@contextlib.contextmanager
+def _environment_kept(name: str) -> Iterator[None]:
+    """Undo whatever the block does to environment variable ``name``."""
+    before = os.environ.get(name)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
 class PythonKernelTable:
     """The process-wide declarations of graphkit's Python kernels and the invocation hooker.
 
@@ -346,7 +360,10 @@ class PythonKernelTable:
     """
 
     def __init__(self) -> None:
-        import onnxruntime_extensions  # noqa: F401 - loads the library, installs its own hooker
+        with _environment_kept("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"):
+            # onnxruntime_extensions sets that variable to "python" on import, which would make
+            # every child process parse protobuf in pure Python (slowly, and more strictly).
+            import onnxruntime_extensions  # noqa: F401 - loads the library, installs its own hooker
         from onnxruntime_extensions import _ocos
 
         self._ocos = _ocos
