@@ -418,10 +418,10 @@ class _ForwardTypes(TypeTable):
         elem = self._elem.get(name)
         return elem if elem is not None else super().elem_type(name)
 
-    def shape(self, name: str) -> list[Any] | None:
+    def shape(self, name: str, *, infer: bool = True) -> list[Any] | None:
         if self._avoid and name in self._avoid:
             raise Unsupported(f"'{name}' is declared or produced in a subgraph")
-        return super().shape(name)
+        return super().shape(name, infer=infer)
 
     def _infer(self) -> None:
         if self.lowering:

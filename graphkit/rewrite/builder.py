@@ -83,10 +83,11 @@ class TypeTable:
             elem = self._elem.get(name)
         return elem
 
-    def shape(self, name: str) -> list[Any] | None:
+    def shape(self, name: str, *, infer: bool = True) -> list[Any] | None:
+        """The shape of ``name``; unless ``infer`` is False, ask shape inference when undeclared."""
         if self._state == "new":
             self._forward()
-        if name not in self._types and self._state == "forward":
+        if infer and name not in self._types and self._state == "forward":
             self._infer()
         tp = self._types.get(name)
         if tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):

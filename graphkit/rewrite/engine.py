@@ -394,7 +394,9 @@ def _check_replacement(original: onnx.NodeProto, nodes: list[onnx.NodeProto], ty
         elem = types.elem_type(name)
         if elem is None:
             return  # nothing to check against
-        value_infos.append(helper.make_tensor_value_info(name, elem, types.shape(name)))
+        # Declared shapes only: inferring the whole model for one replacement costs more than
+        # the check is worth (strict inference of the replacement works with unknown shapes).
+        value_infos.append(helper.make_tensor_value_info(name, elem, types.shape(name, infer=False)))
     outputs = [helper.make_value_info(o, onnx.TypeProto()) for o in original.output if o]
     graph = helper.make_graph(nodes, "replacement", value_infos, outputs)
     mini = helper.make_model(graph, opset_imports=list(opset_imports), ir_version=10)
