@@ -55,7 +55,7 @@ import onnx
 from graphkit.errors import ValidationError
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
 from graphkit.rewrite import engine as _engine
-from graphkit.rewrite.builder import _FIXED, _SAME_AS_INPUT0, _SECOND_OUTPUT, TypeTable
+from graphkit.rewrite.builder import _FIXED, _SAME_AS_INPUT0, TypeTable
 from graphkit.rewrite.engine import Lowering, RewriteReport
 
 __all__ = ["Unsupported", "lower_bytes", "has_external_data"]
@@ -485,37 +485,6 @@ class _ForwardTypes(TypeTable):
                             for g in attr.graphs:
                                 self._forward_graph(g)
 
-    def _forward_node(self, node: onnx.NodeProto, domain: str, op: str) -> None:
-        """builder.TypeTable._forward_graph's rules for one node (subgraphs aside)."""
-        elem = self._elem
-        std = domain in _STANDARD
-        if std and op in _SAME_AS_INPUT0 and node.input and node.input[0] in elem:
-            t = elem[node.input[0]]
-            for i, out in enumerate(node.output):
-                elem.setdefault(out, _SECOND_OUTPUT.get(op, t) if i else t)
-        elif std and op in _FIXED:
-            for out in node.output:
-                elem.setdefault(out, _FIXED[op])
-        elif std and op in ("Cast", "Constant", "ConstantOfShape"):
-            for a in node.attribute:
-                if a.name == "to":
-                    elem.setdefault(node.output[0], a.i)
-                elif a.name == "value" and a.type == _TENSOR:
-                    elem.setdefault(node.output[0], a.t.data_type)
-            if op == "ConstantOfShape":
-                elem.setdefault(node.output[0], onnx.TensorProto.FLOAT)
-        elif std and op in ("CastLike", "Where") and len(node.input) > 1 and node.input[1] in elem:
-            elem.setdefault(node.output[0], elem[node.input[1]])
-        elif self._registry is not None and (opdef := self._registry.lookup(domain, op)):
-            bound = {}
-            for p, name in zip(opdef.inputs, node.input):
-                if name in elem:
-                    bound.setdefault(p.type, elem[name])
-            for p, out in zip(opdef.outputs, node.output):
-                if p.type in bound:
-                    elem.setdefault(out, bound[p.type])
-
-
 # -- the model around the nodes -----------------------------------------------------------
 
 def _subgraph_info(nodes: list[onnx.NodeProto], data: bytes, g0: int, g1: int,
@@ -759,7 +728,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
 
     lowerer._instantiate = capture
     fresh = lowerer.names.fresh
-    elem, elem_type = types._elem, types.elem_type
+    elem = types._elem
 
     # A node's kind: op, attributes, arity, aliasing among its inputs and outputs, input
     # types (the forward pass's, as the engine asks for them). Kinds are finer than the

@@ -105,37 +105,40 @@ class TypeTable:
         self._state = "forward"
         self._forward_graph(self._model.graph)
 
+    def _forward_node(self, node: onnx.NodeProto, domain: str, op: str) -> None:
+        """The element types of one node's outputs from its inputs' (subgraphs aside)."""
+        elem = self._elem
+        std = domain in ("", "ai.onnx")
+        if std and op in _SAME_AS_INPUT0 and node.input and node.input[0] in elem:
+            t = elem[node.input[0]]
+            for i, out in enumerate(node.output):
+                elem.setdefault(out, _SECOND_OUTPUT.get(op, t) if i else t)
+        elif std and op in _FIXED:
+            for out in node.output:
+                elem.setdefault(out, _FIXED[op])
+        elif std and op in ("Cast", "Constant", "ConstantOfShape"):
+            for a in node.attribute:
+                if a.name == "to":
+                    elem.setdefault(node.output[0], a.i)
+                elif a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    elem.setdefault(node.output[0], a.t.data_type)
+            if op == "ConstantOfShape":
+                elem.setdefault(node.output[0], _T.FLOAT)
+        elif std and op in ("CastLike", "Where") and len(node.input) > 1 and node.input[1] in elem:
+            elem.setdefault(node.output[0], elem[node.input[1]])
+        elif self._registry is not None and (opdef := self._registry.lookup(domain, op)):
+            bound = {}
+            for p, name in zip(opdef.inputs, node.input):
+                if name in elem:
+                    bound.setdefault(p.type, elem[name])
+            for p, out in zip(opdef.outputs, node.output):
+                if p.type in bound:
+                    elem.setdefault(out, bound[p.type])
+
     def _forward_graph(self, graph: onnx.GraphProto) -> None:
         self._declare(graph)
-        elem = self._elem
         for node in graph.node:
-            op = node.op_type
-            std = node.domain in ("", "ai.onnx")
-            if std and op in _SAME_AS_INPUT0 and node.input and node.input[0] in elem:
-                t = elem[node.input[0]]
-                for i, out in enumerate(node.output):
-                    elem.setdefault(out, _SECOND_OUTPUT.get(op, t) if i else t)
-            elif std and op in _FIXED:
-                for out in node.output:
-                    elem.setdefault(out, _FIXED[op])
-            elif std and op in ("Cast", "Constant", "ConstantOfShape"):
-                for a in node.attribute:
-                    if a.name == "to":
-                        elem.setdefault(node.output[0], a.i)
-                    elif a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                        elem.setdefault(node.output[0], a.t.data_type)
-                if op == "ConstantOfShape":
-                    elem.setdefault(node.output[0], _T.FLOAT)
-            elif std and op in ("CastLike", "Where") and len(node.input) > 1 and node.input[1] in elem:
-                elem.setdefault(node.output[0], elem[node.input[1]])
-            elif self._registry is not None and (opdef := self._registry.lookup(node.domain, op)):
-                bound = {}
-                for p, name in zip(opdef.inputs, node.input):
-                    if name in elem:
-                        bound.setdefault(p.type, elem[name])
-                for p, out in zip(opdef.outputs, node.output):
-                    if p.type in bound:
-                        elem.setdefault(out, bound[p.type])
+            self._forward_node(node, node.domain, node.op_type)
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
                     self._forward_graph(attr.g)
