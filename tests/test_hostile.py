@@ -403,7 +403,8 @@ FORBIDDEN = {
 DYNAMIC_CODE = {
     "graphkit/__init__.py": "importlib.import_module(module) over the fixed _LAZY table",
     "graphkit/cli/__init__.py": "importlib.import_module over the fixed SUBCOMMANDS table",
-    "graphkit/rewrite/loader.py": "--rules FILE.py|MODULE, given on the command line only",
+    "graphkit/usercode.py": "--rules FILE.py|MODULE and `graphkit export MODULE:FACTORY`, typed on the "
+                            "command line only",
     "graphkit/export/": "torch side: names come from Python code (torch namespaces, export rewrites, the "
                         "extension graphkit compiles from custom_ops/); it never reads an ONNX file",
 }

@@ -4,18 +4,16 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
 import os
 import re
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from graphkit.errors import ExportError, UsageError
+from graphkit.usercode import import_user_code
 
 __all__ = ["load_object", "load_model_factory", "InputSpec", "parse_input", "parse_dynamic",
            "random_inputs", "silenced_output"]
@@ -28,33 +26,7 @@ def load_object(spec: str, *, what: str, example: str) -> Any:
     module_part, sep, attr = spec.rpartition(":")
     if not sep or not module_part or not attr.isidentifier():
         raise UsageError(f"{what} {spec!r} is not MODULE:NAME or FILE.py:NAME", hint=f"for example {example}")
-    try:
-        if module_part.endswith(".py") or os.sep in module_part:
-            path = Path(module_part)
-            if not path.is_file():
-                raise UsageError(f"{what}: no such file", path=module_part, hint=f"for example {example}")
-            name = f"graphkit_user_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}"
-            loader_spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules[name] = module  # dataclasses and pickling look modules up by name
-            try:
-                loader_spec.loader.exec_module(module)
-            except BaseException:
-                sys.modules.pop(name, None)
-                raise
-        else:
-            module = importlib.import_module(module_part)
-    except UsageError:
-        raise
-    except ModuleNotFoundError as exc:
-        if exc.name and module_part.startswith(exc.name):
-            raise UsageError(f"{what}: no module named {module_part!r}", path=None,
-                             hint="pass an importable module (check PYTHONPATH) or a .py file path") from exc
-        raise ExportError(f"{what}: importing {module_part} failed: {type(exc).__name__}: {exc}",
-                          hint="fix the module (rerun with --debug for the traceback)") from exc
-    except Exception as exc:  # the user's module raised while importing
-        raise ExportError(f"{what}: importing {module_part} failed: {type(exc).__name__}: {exc}",
-                          hint="fix the module (rerun with --debug for the traceback)") from exc
+    module = import_user_code(module_part, what=what, failure=ExportError, example=example)
     try:
         return getattr(module, attr)
     except AttributeError:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from pathlib import Path
-
-from graphkit.errors import RewriteError, UsageError
+from graphkit.errors import RewriteError
 from graphkit.rewrite._gsrules import GraphSurgeonRule
 from graphkit.rewrite._rules import Rule, RuleSet
+from graphkit.usercode import import_user_code
 
 __all__ = ["load_rules"]
 
@@ -18,30 +15,7 @@ def load_rules(source: str) -> RuleSet:
 
     The file or module must define ``rules``: a RuleSet or a list of Rule.
     """
-    path = Path(source)
-    try:
-        if source.endswith(".py") or path.exists():
-            if not path.is_file():
-                raise UsageError("no such rules file", path=source, hint="check the --rules path")
-            spec = importlib.util.spec_from_file_location(f"graphkit_user_rules_{path.stem}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(source)
-    except UsageError:
-        raise
-    except ModuleNotFoundError as exc:
-        if exc.name and source.startswith(exc.name):
-            raise UsageError("no such rules file or module", path=source,
-                             hint="pass a .py file path or an importable module name") from exc
-        raise RewriteError(f"loading rules failed: {type(exc).__name__}: {exc}", path=source,
-                           hint="fix the rules file") from exc
-    except SystemExit as exc:
-        raise RewriteError(f"loading rules failed: the file called sys.exit({exc.code})", path=source,
-                           hint="a rules file must not exit; define `rules` instead") from exc
-    except Exception as exc:  # the user's code raised: report it, it is not our bug
-        raise RewriteError(f"loading rules failed: {type(exc).__name__}: {exc}", path=source,
-                           hint="fix the rules file (rerun with --debug for the traceback)") from exc
+    module = import_user_code(source, what="rules file", failure=RewriteError, example="--rules my_rules.py")
     rules = getattr(module, "rules", None)
     if rules is None:
         raise RewriteError("defines no 'rules'", path=source,
