@@ -317,3 +317,14 @@ def test_bind_python_fills_omitted_optional_inputs_with_empty_tensors(rng):
     assert [n.op_type for n in py.graph.node] == ["Constant", "deform_conv2d"]
     std, _ = rewrite_model(model, lowering=Lowering.DECOMPOSE)
     np.testing.assert_allclose(open_session(py).run(feeds)["y"], open_session(std).run(feeds)["y"], atol=1e-4)
+
+
+def test_generated_names_avoid_sparse_initializers():
+    from onnx import numpy_helper
+
+    model = my_add_model()
+    values = numpy_helper.from_array(np.float32([1.0]), "add0/Mul_out")
+    indices = numpy_helper.from_array(np.int64([0]), "idx")
+    model.graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [3]))
+    out, _ = rewrite_model(model, check=False)
+    assert "add0/Mul_out" not in {o for n in out.graph.node for o in n.output}

@@ -61,6 +61,7 @@ class ModelIndex:
             self.names.update(i.name for i in g.input)
             self.names.update(o.name for o in g.output)
             self.names.update(t.name for t in g.initializer)
+            self.names.update(t.values.name for t in g.sparse_initializer)
             self.names.update(v.name for v in g.value_info)
         for fn in model.functions:
             self.names.update(fn.input)
