@@ -22,14 +22,14 @@ def _load(sample: Path):
 
 def main(out_root: Path) -> int:
     failures = 0
-    print(f"{'sample':<12} {'exporter':<12} {'lowering':<10} {'max abs err':>12}  result")
+    print(f"{'sample':<15} {'exporter':<12} {'lowering':<15} {'max abs err':>12}  result")
     for sample in sorted(p for p in HERE.iterdir() if (p / "run.py").is_file()):
         out_dir = out_root / sample.name
         out_dir.mkdir(parents=True, exist_ok=True)
         for exporter, lowering, err in _load(sample).main(out_dir):
             ok = err <= TOLERANCE
             failures += not ok
-            print(f"{sample.name:<12} {exporter:<12} {lowering:<10} {err:>12.3g}  {'ok' if ok else 'MISMATCH'}")
+            print(f"{sample.name:<15} {exporter:<12} {lowering:<15} {err:>12.3g}  {'ok' if ok else 'MISMATCH'}")
     print("all outputs match torch" if not failures else f"{failures} mismatch(es)")
     return 1 if failures else 0
 
