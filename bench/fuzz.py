@@ -42,21 +42,9 @@ import time
 import traceback
 from pathlib import Path
 
+from graphkit.errors import documented_exit_codes
 
-
-def _documented() -> set[int]:
-    """0, argparse's 2 and every GraphkitError's exit code (the README's table), never 70."""
-    from graphkit.errors import EXIT_INTERNAL, GraphkitError
-
-    codes, todo = {0, 2}, [GraphkitError]
-    while todo:
-        cls = todo.pop()
-        todo += cls.__subclasses__()
-        codes.add(cls.exit_code)
-    return codes - {1, EXIT_INTERNAL}
-
-
-DOCUMENTED = _documented()
+DOCUMENTED = documented_exit_codes()
 MEMORY_LIMIT = 3 << 30
 CASE_SECONDS = 30
 

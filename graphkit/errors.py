@@ -21,6 +21,7 @@ __all__ = [
     "ExportError",
     "VerificationError",
     "EXIT_INTERNAL",
+    "documented_exit_codes",
 ]
 
 EXIT_INTERNAL = 70  # an unexpected exception: a graphkit bug
@@ -125,3 +126,13 @@ class VerificationError(GraphkitError):
     """Two computations of the same model differ beyond tolerance (torch vs ORT, a vs b)."""
 
     exit_code = 12
+
+
+def documented_exit_codes() -> set[int]:
+    """Every exit code the CLI may give on purpose: 0, argparse's 2 and each error class's."""
+    codes, todo = {0, 2}, [GraphkitError]
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        codes.add(cls.exit_code)
+    return codes - {GraphkitError.exit_code}

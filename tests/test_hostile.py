@@ -22,24 +22,12 @@ import pytest
 from onnx import TensorProto, helper
 
 from conftest import REPO, my_add_model
+from graphkit.errors import documented_exit_codes
 from test_bad_inputs import external_model, save, snapshot
 
 MEMORY_LIMIT = 1 << 30  # the runner's address space: graphkit + onnx + onnxruntime need ~0.4 GiB
 
-
-def _documented() -> set[int]:
-    """0, argparse's 2 and every GraphkitError's exit code (the README's table), never 70."""
-    from graphkit.errors import EXIT_INTERNAL, GraphkitError
-
-    codes, todo = {0, 2}, [GraphkitError]
-    while todo:
-        cls = todo.pop()
-        todo += cls.__subclasses__()
-        codes.add(cls.exit_code)
-    return codes - {1, EXIT_INTERNAL}
-
-
-DOCUMENTED = _documented()
+DOCUMENTED = documented_exit_codes()
 
 RUNNER = textwrap.dedent(r"""
     import json, os, resource, signal, sys, tempfile, traceback

@@ -57,6 +57,8 @@ import numpy as np
 
 from graphkit.errors import GraphkitError, KernelError, UnsupportedOpError
 from graphkit.ops import PYTHON_DOMAIN, AttrType, OpDef
+from graphkit.rewrite._walk import ModelIndex, graphs
+from graphkit.rewrite.builder import NameGenerator
 from graphkit.ops._encoding import (  # noqa: F401 (re-exported: the kernel attribute encoding)
     decode_kernel_attr,
     decode_list_attr,
@@ -658,22 +660,12 @@ def _elem_types(model: "onnx.ModelProto", registry: "OpRegistry") -> dict[str, i
     except Exception:  # noqa: BLE001 - inference is an optimisation, never a requirement
         inferred = model
     types: dict[str, int] = {}
-
-    def visit(g: "onnx.GraphProto") -> None:
+    for g in graphs(inferred.graph):
         for init in g.initializer:
             types.setdefault(init.name, init.data_type)
         for vi in (*g.input, *g.value_info, *g.output):
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
                 types.setdefault(vi.name, vi.type.tensor_type.elem_type)
-        for n in g.node:
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    visit(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    for sub in a.graphs:
-                        visit(sub)
-
-    visit(inferred.graph)
     return types
 
 
@@ -687,44 +679,11 @@ def _f16_vars(op: OpDef, node: "onnx.NodeProto", types: Mapping[str, int]) -> li
     return sorted(v for v, t in bound.items() if t == TensorProto.FLOAT16)
 
 
-def _all_names(model: "onnx.ModelProto") -> set[str]:
-    import onnx
-
-    names: set[str] = set()
-
-    def visit_nodes(nodes: Iterable["onnx.NodeProto"]) -> None:
-        for n in nodes:
-            names.update(n.input)
-            names.update(n.output)
-            names.add(n.name)
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    visit_graph(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    for sub in a.graphs:
-                        visit_graph(sub)
-
-    def visit_graph(g: "onnx.GraphProto") -> None:
-        names.update(vi.name for vi in (*g.input, *g.output, *g.value_info))
-        names.update(t.name for t in g.initializer)
-        visit_nodes(g.node)
-
-    visit_graph(model.graph)
-    for f in model.functions:
-        visit_nodes(f.node)
-    return names
-
-
-def _wrap_f16(node: "onnx.NodeProto", op: OpDef, f16: list[str], names: set[str]) -> tuple[list, list]:
+def _wrap_f16(node: "onnx.NodeProto", op: OpDef, f16: list[str], names: NameGenerator) -> tuple[list, list]:
     """Point a float16 node at its float32 declaration; return the Casts to put around it."""
     from onnx import TensorProto, helper
 
-    def fresh(base: str) -> str:
-        name, i = base, 1
-        while name in names:
-            name, i = f"{base}_{i}", i + 1
-        names.add(name)
-        return name
+    fresh = names.fresh
 
     tag = node.name or node.output[0]
     before, after = [], []
@@ -776,13 +735,13 @@ def bind_python_nodes(model: "onnx.ModelProto", registry: "OpRegistry",
             changed = True
     # Wrap float16 nodes; rebuild the deepest graphs first (rebuilding copies the nodes).
     wraps: dict[int, tuple["onnx.GraphProto", int, dict[int, tuple[list, list]]]] = {}
-    names: set[str] | None = None
+    names: NameGenerator | None = None
     for ref, op, _, _ in resolved:
         if ref.graph is None:
             continue
         f16 = _f16_vars(op, ref.node, types)
         if f16:
-            names = _all_names(model) if names is None else names
+            names = NameGenerator(ModelIndex(model).names) if names is None else names
             entry = wraps.setdefault(id(ref.graph), (ref.graph, ref.depth, {}))
             entry[2][ref.index] = _wrap_f16(ref.node, op, f16, names)
     for graph, _, around in sorted(wraps.values(), key=lambda w: -w[1]):
