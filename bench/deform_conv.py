@@ -79,7 +79,7 @@ def ort_runner(model: onnx.ModelProto, feeds: dict, threads: int, lowering: Lowe
 def torch_runner(feeds: dict, threads: int) -> Callable[[], np.ndarray]:
     import torch
 
-    from custom_ops.deform_conv2d import reference
+    from graphkit_ops.deform_conv2d import reference
 
     args = [torch.from_numpy(feeds[k]) if k in feeds else None for k in ("input", "weight", "offset", "bias", "mask")]
 

@@ -1,13 +1,28 @@
-"""graphkit's custom ops: one package per op, each holding its definition and kernels.
+"""graphkit's own op package, imported as ``graphkit_ops`` (this folder is its source).
 
-``ALL_OPS`` is the explicit list graphkit's default registry is built from; adding an
-op means adding its package and one entry here.
+graphkit finds it the way it finds any user's op package (``graphkit.ops.discover``
+loads ``graphkit_ops:PACKAGE``); nothing under graphkit/ imports it. One sub-package
+per op, each holding its definition and kernels.
 """
 
-from custom_ops.asinh import ASINH
-from custom_ops.deform_conv2d import DEFORM_CONV2D
-from custom_ops.my_add import MY_ADD
+from pathlib import Path
+
+from graphkit import __version__
+from graphkit.ops import NativeKernels, OpPackage
+
+from .asinh import ASINH
+from .deform_conv2d import DEFORM_CONV2D
+from .my_add import MY_ADD
 
 ALL_OPS = (MY_ADD, DEFORM_CONV2D, ASINH)
 
-__all__ = ["ALL_OPS", "ASINH", "DEFORM_CONV2D", "MY_ADD"]
+PACKAGE = OpPackage(
+    name="graphkit_ops",
+    ops=ALL_OPS,
+    native=NativeKernels(root=Path(__file__).parent,
+                         sources=("my_add/my_add.cc", "deform_conv2d/deform_conv2d.cc")),
+    version=__version__,
+    doc="graphkit's built-in ops: my_add, deform_conv2d, asinh",
+)
+
+__all__ = ["ALL_OPS", "ASINH", "DEFORM_CONV2D", "MY_ADD", "PACKAGE"]

@@ -13,6 +13,7 @@ __all__ = [
     "ModelLoadError",
     "OutputError",
     "OpDefinitionError",
+    "OpPackageError",
     "UnsupportedOpError",
     "RewriteError",
     "ValidationError",
@@ -84,6 +85,12 @@ class OpDefinitionError(GraphkitError):
     """An op definition is inconsistent (a bug in the definition, not the model)."""
 
     exit_code = 5
+
+
+class OpPackageError(GraphkitError):
+    """An op package cannot be found or imported, or two packages define the same op."""
+
+    exit_code = 13
 
 
 class UnsupportedOpError(GraphkitError):

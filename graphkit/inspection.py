@@ -10,7 +10,7 @@ import onnx
 
 from graphkit.errors import ModelLoadError
 from graphkit.external_data import check_external_data, external_tensors
-from graphkit.ops import KERNEL_DOMAINS, PLACEHOLDER_DOMAIN, OpRegistry, default_registry
+from graphkit.ops import OpRegistry, default_registry, split_kernel_domain
 from graphkit.rewrite._walk import scopes
 from graphkit.rewrite.engine import ai_onnx_opset
 
@@ -40,15 +40,15 @@ def inspect_model(model: onnx.ModelProto, *, path: str | os.PathLike[str] | None
             if isinstance(n.op_type, bytes) or isinstance(n.domain, bytes):
                 raise ModelLoadError(f"node '{n.name!s}' has an op type or domain that is not valid UTF-8",
                                      path=None if path is None else str(path), hint="re-export the model")
-            if n.domain == PLACEHOLDER_DOMAIN or n.domain in KERNEL_DOMAINS:
+            if registry.is_placeholder(n.domain, n.op_type) or split_kernel_domain(n.domain):
                 where[(n.domain, n.op_type)].append(n.name or "<unnamed>")
     custom = []
     for (domain, op_type), names in sorted(where.items(), key=str):
         op = registry.lookup(domain, op_type)
         custom.append({"op": f"{domain}::{op_type}", "count": len(names), "nodes": names,
                        "known": op is not None,
-                       "lowerings": lowerings_of(op, opset) if op is not None and domain == PLACEHOLDER_DOMAIN
-                       else ([KERNEL_DOMAINS[domain]] if op is not None else [])})
+                       "lowerings": lowerings_of(op, opset) if op is not None and domain == op.domain
+                       else ([split_kernel_domain(domain)[0]] if op is not None else [])})
     tensors = external_tensors(model)
     files: dict[str, int] = {}
     if tensors and path is not None:

@@ -32,7 +32,10 @@ def import_user_code(source: str, *, what: str, failure: type[GraphkitError], ex
             if not path.is_file():
                 raise UsageError(f"{what}: no such file", path=source, hint=f"for example {example}")
             name = f"graphkit_user_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}"
-            spec = importlib.util.spec_from_file_location(name, path)
+            loaded = sys.modules.get(name)
+            if loaded is not None and getattr(loaded, "__file__", None) == str(path.resolve()):
+                return loaded  # one file, one module: its classes and objects stay the same
+            spec = importlib.util.spec_from_file_location(name, path.resolve())
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module  # dataclasses and pickling look modules up by name
             try:

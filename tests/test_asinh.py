@@ -13,9 +13,9 @@ from onnx import TensorProto, helper
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxscript")
 
-import custom_ops  # noqa: E402
+import graphkit_ops  # noqa: E402
 import graphkit  # noqa: E402
-from custom_ops.asinh import ASINH  # noqa: E402
+from graphkit_ops.asinh import ASINH  # noqa: E402
 from graphkit.errors import ExportError  # noqa: E402
 from graphkit.export import TorchOps, export  # noqa: E402
 from graphkit.export.aten import forget_empty_group, torch_symbolic_exists  # noqa: E402
@@ -61,7 +61,7 @@ def _run(model, feeds) -> np.ndarray:
 
 
 def test_opdef_is_the_one_definition():
-    assert ASINH in custom_ops.ALL_OPS and graphkit.default_registry().get("asinh") is ASINH
+    assert ASINH in graphkit_ops.ALL_OPS and graphkit.default_registry().get("asinh") is ASINH
     assert [(d.name, d.min_opset) for d in ASINH.decompositions] == [("asinh", 9), ("log_sqrt", 7)]
     x = np.array([-3.0, 0.0, 0.5], np.float32)
     np.testing.assert_array_equal(ASINH.python_kernel(x), np.arcsinh(x))
@@ -117,7 +117,7 @@ def test_placeholder_instead_of_asinh_and_its_lowerings(tmp_path, x, dynamo):
     model = graphkit.load_model(path)
     std, _ = graphkit.rewrite_model(model)
     assert ("", "Asinh") in [(n.domain, n.op_type) for n in std.graph.node]
-    no_asinh, rep = graphkit.rewrite_model(model, rules=load_rules("custom_ops.asinh.no_asinh"))
+    no_asinh, rep = graphkit.rewrite_model(model, rules=load_rules("graphkit_ops.asinh.no_asinh"))
     ops = {n.op_type for n in no_asinh.graph.node}
     assert "Asinh" not in ops and {"Log", "Sqrt", "Sign"} <= ops and rep.rules.applied
     py, _ = graphkit.rewrite_model(model, lowering=Lowering.PYTHON)
@@ -174,7 +174,7 @@ def test_double_inputs_decompose_to_what_onnxruntime_runs():
 
 def test_no_asinh_rules_rewrite_standard_asinh_nodes_too():
     lowered, report = graphkit.rewrite_model(_asinh_node_model(17, domain="", op="Asinh"),
-                                             rules=load_rules("custom_ops.asinh.no_asinh"))
+                                             rules=load_rules("graphkit_ops.asinh.no_asinh"))
     assert report.rules.applied == {"asinh_to_log_sqrt": 1}
     assert "Asinh" not in [n.op_type for n in lowered.graph.node]
     np.testing.assert_allclose(_run(lowered, {"x": WIDE}), np.arcsinh(WIDE), rtol=2e-6, atol=1e-6)

@@ -17,16 +17,16 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import custom_ops.deform_conv2d
+import graphkit_ops.deform_conv2d
 import graphkit
-from custom_ops.deform_conv2d import DEFORM_CONV2D, infer_shapes, python_kernel
+from graphkit_ops.deform_conv2d import DEFORM_CONV2D, infer_shapes, python_kernel
 from graphkit.errors import KernelError, RewriteError, UnsupportedOpError, ValidationError
 from graphkit.rewrite import Lowering
 
 torch = pytest.importorskip("torch")
 
 ATOL = 1e-4  # fp32, every lowering vs the torch reference
-NATIVE_SOURCE = Path(custom_ops.deform_conv2d.__file__).with_name("deform_conv2d.cc")
+NATIVE_SOURCE = Path(graphkit_ops.deform_conv2d.__file__).with_name("deform_conv2d.cc")
 
 
 # --------------------------------------------------------------------------- cases
@@ -273,7 +273,7 @@ def test_cpp_forward_checks_its_inputs(forward):
 
 
 def test_functional_and_module_follow_torchvision(forward):
-    from custom_ops.deform_conv2d.nn import DeformConv2d, deform_conv2d
+    from graphkit_ops.deform_conv2d.nn import DeformConv2d, deform_conv2d
 
     case = CASES["stride2_dil2_og4_outside"]
     a = _torch(case.arrays(seed=5))
@@ -300,7 +300,7 @@ class DCNBlock(torch.nn.Module):
 
     def __init__(self, use_mask: bool = True, bias: bool = True) -> None:
         super().__init__()
-        from custom_ops.deform_conv2d.nn import DeformConv2d
+        from graphkit_ops.deform_conv2d.nn import DeformConv2d
 
         self.use_mask = use_mask
         self.predict = torch.nn.Conv2d(4, 3 * 2 * 9, 3, stride=2, padding=1)
@@ -392,7 +392,7 @@ class TutorialModel(torch.nn.Module):
 
 @pytest.mark.parametrize("use_mask", [False, True], ids=["dcnv1", "dcnv2"])
 def test_tutorial_torchvision_symbolic(tmp_path, torchvision_op, use_mask):
-    from custom_ops.deform_conv2d.nn import TORCHVISION_OP, torchvision_symbolics
+    from graphkit_ops.deform_conv2d.nn import TORCHVISION_OP, torchvision_symbolics
     from graphkit.export import export
     from torch.onnx._internal.torchscript_exporter import registration
 

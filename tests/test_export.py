@@ -12,13 +12,13 @@ pytest.importorskip("onnxscript")
 
 import onnx  # noqa: E402
 
-import custom_ops  # noqa: E402
+import graphkit_ops  # noqa: E402
 from graphkit.errors import ExportError  # noqa: E402
 from graphkit.export import ExportReport, TorchOps, autograd_function, export  # noqa: E402
 from graphkit.export import torch_ops  # noqa: E402
 from graphkit.ops import Attr, AttrType, OpDef, OpRegistry, Param, default_registry  # noqa: E402
 
-MY_ADD = custom_ops.MY_ADD
+MY_ADD = graphkit_ops.MY_ADD
 BOTH = pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
 
 

@@ -83,7 +83,7 @@ def rand(rng, shape, np_t):
 
 
 def test_served_ops_match_op_definitions(lib):
-    from custom_ops import ALL_OPS
+    from graphkit_ops import ALL_OPS
 
     assert "my_add" in native.served_ops(lib)
 
@@ -346,7 +346,7 @@ def test_build_cache_is_shared_reused_and_self_healing(tmp_path, monkeypatch):
     rebuilt = native.library_path()
     assert rebuilt == lib and rebuilt.read_bytes() != data[: len(data) // 2]
     assert not list(lib.parent.glob(".*.tmp"))
-    from custom_ops import ALL_OPS
+    from graphkit_ops import ALL_OPS
 
     assert native.served_ops(rebuilt) == {op.name for op in ALL_OPS if op.native}
 

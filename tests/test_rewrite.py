@@ -225,10 +225,10 @@ def test_bind_python_writes_every_attribute_and_encodes_lists():
 
 
 def test_default_registry_is_explicit_and_fresh():
-    import custom_ops
+    import graphkit_ops
 
     a, b = default_registry(), default_registry()
-    assert a is not b and [op.name for op in a] == [op.name for op in custom_ops.ALL_OPS]
+    assert a is not b and [op.name for op in a] == [op.name for op in graphkit_ops.ALL_OPS]
     assert "my_add" in a
 
 

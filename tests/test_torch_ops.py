@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxscript")
 
-import custom_ops  # noqa: E402
+import graphkit_ops  # noqa: E402
 from graphkit.errors import ExportError, NativeBuildError  # noqa: E402
 from graphkit.export import extension, torch_ops  # noqa: E402
 from graphkit.export.torch_ops import (  # noqa: E402
@@ -27,7 +27,7 @@ from graphkit.export.torch_ops import (  # noqa: E402
 )
 from graphkit.ops import Attr, AttrType, OpDef, OpRegistry, Param  # noqa: E402
 
-MY_ADD = custom_ops.MY_ADD
+MY_ADD = graphkit_ops.MY_ADD
 
 
 def _attr_ref(x, k, alpha, mode, axes, scales):
@@ -48,7 +48,7 @@ ATTR_OP = OpDef(
 @pytest.fixture(scope="module")
 def ext():
     """The my_add extension (built once per machine; later runs load the cache)."""
-    return extension.load_extension("my_add", "custom_ops.my_add", ["my_add_torch.cpp"])
+    return extension.load_extension("my_add", "graphkit_ops.my_add", ["my_add_torch.cpp"])
 
 
 @pytest.fixture
@@ -87,8 +87,8 @@ def test_cpp_forward_checks_inputs(ext, a, b, message):
 
 
 def test_extension_is_cached_on_disk_and_in_process(ext):
-    assert extension.load_extension("my_add", "custom_ops.my_add", ["my_add_torch.cpp"]) is ext
-    build_dir = extension.extension_build_dir("my_add", "custom_ops.my_add", ["my_add_torch.cpp"])
+    assert extension.load_extension("my_add", "graphkit_ops.my_add", ["my_add_torch.cpp"]) is ext
+    build_dir = extension.extension_build_dir("my_add", "graphkit_ops.my_add", ["my_add_torch.cpp"])
     info = json.loads((build_dir / "graphkit-build.json").read_text())
     assert (build_dir / info["library"]).is_file() and "-O3" in info["flags"]
     # a fresh load of the finished build imports the library without building

@@ -9,8 +9,8 @@ Two ways out of a torch model (see README, "Export"):
   (``TorchOps().asinh(x)``) or when the export is asked for it without touching the model
   (``export(..., placeholders=["asinh"])``, ``graphkit export ... --placeholder asinh``).
   The placeholder is then lowered per target: ``Asinh`` at opset >= 9, the ``log_sqrt``
-  composition at opsets 7-8, and anywhere with the rules in :mod:`custom_ops.asinh.no_asinh`
-  (``graphkit rewrite ... --rules custom_ops.asinh.no_asinh``) for runtimes without Asinh;
+  composition at opsets 7-8, and anywhere with the rules in :mod:`graphkit_ops.asinh.no_asinh`
+  (``graphkit rewrite ... --rules graphkit_ops.asinh.no_asinh``) for runtimes without Asinh;
   or bound to the numpy kernel (``--bind python``).
 
 ``log_sqrt`` computes ``sign(x) * log(|x| + sqrt(x*x + 1))``, the cancellation-free form of

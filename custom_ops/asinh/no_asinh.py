@@ -1,7 +1,7 @@
 """Rules for runtimes without ``Asinh``: every ``Asinh`` and ``custom::asinh`` node becomes
 the ``log_sqrt`` composition (Abs, Mul, Add, Sqrt, Log, Less, Cast, Sub).
 
-    graphkit rewrite model.onnx model.noasinh.onnx --rules custom_ops.asinh.no_asinh
+    graphkit rewrite model.onnx model.noasinh.onnx --rules graphkit_ops.asinh.no_asinh
 
 The composition is the op definition's own ``log_sqrt`` decomposition (one definition).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from graphkit.rewrite import Rule, RuleSet
 
-from custom_ops.asinh import log_sqrt
+from . import log_sqrt
 
 
 def _rewrite(op, x0):

@@ -2,7 +2,7 @@
 
 Placeholder node ``custom::deform_conv2d``, inputs in this order (the order of ONNX's
 standard ``DeformConv``; torchvision's Python call order differs, see
-``custom_ops.deform_conv2d.nn.deform_conv2d``):
+``graphkit_ops.deform_conv2d.nn.deform_conv2d``):
 
 ====== ======================================= ==========================================
 input  shape                                   meaning
@@ -32,9 +32,9 @@ from typing import Any
 
 from graphkit.ops import Attr, AttrType, Decomposition, OpDef, Param
 
-from custom_ops.deform_conv2d import _decompose, _shapes
-from custom_ops.deform_conv2d._numpy_kernel import python_kernel
-from custom_ops.deform_conv2d._reference import reference
+from . import _decompose, _shapes
+from ._numpy_kernel import python_kernel
+from ._reference import reference
 
 FLOATS = ("tensor(float)", "tensor(double)")
 SOURCES = ["deform_conv2d_torch.cpp", "deform_conv2d_core.h"]
@@ -48,7 +48,7 @@ def infer_shapes(shapes: list[Any], attrs: Mapping[str, Any]) -> list[Any]:
 def _torch_forward():
     from graphkit.export.extension import load_extension
 
-    return load_extension("deform_conv2d", "custom_ops.deform_conv2d", SOURCES).deform_conv2d
+    return load_extension("deform_conv2d", __name__, SOURCES).deform_conv2d
 
 
 DEFORM_CONV2D = OpDef(

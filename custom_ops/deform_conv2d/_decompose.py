@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto
 
-from custom_ops.deform_conv2d import _shapes
+from . import _shapes
 
 __all__ = ["onnx_deform_conv", "grid_sample", "gather"]
 

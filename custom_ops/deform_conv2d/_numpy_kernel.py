@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from custom_ops.deform_conv2d import _shapes
+from . import _shapes
 
 
 def _absent(t) -> bool:

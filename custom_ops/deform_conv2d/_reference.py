@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from custom_ops.deform_conv2d import _shapes
+from . import _shapes
 
 
 def _shape(t: Any) -> list[Any]:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from custom_ops.deform_conv2d import DEFORM_CONV2D
+from . import DEFORM_CONV2D
 
 __all__ = ["DeformConv2d", "deform_conv2d", "torchvision_symbolic", "torchvision_symbolics"]
 

@@ -22,7 +22,7 @@ def reference(a, b):
 def _torch_forward():
     from graphkit.export.extension import load_extension
 
-    return load_extension("my_add", "custom_ops.my_add", ["my_add_torch.cpp"]).my_add
+    return load_extension("my_add", __name__, ["my_add_torch.cpp"]).my_add
 
 
 def python_kernel(a, b):

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from graphkit.errors import ExportError
-from graphkit.ops import PLACEHOLDER_DOMAIN, AttrType, OpDef, OpRegistry
+from graphkit.ops import PLACEHOLDER_DOMAIN, AttrType, OpDef, OpRegistry, onnx_schema
 
 __all__ = [
     "LIBRARY_NAMESPACE",
@@ -518,7 +518,7 @@ def onnxscript_translation(op: OpDef, domain: str = PLACEHOLDER_DOMAIN) -> Calla
     import onnx_ir as ir
     import onnxscript
 
-    schema = op.onnx_schema(domain)
+    schema = onnx_schema(op, domain)
     onnx_op = onnxscript.values.Op(onnxscript.values.Opset(domain, op.since_version), op.name, schema)
     type_vars = {name: typing.TypeVar(name) for name in op.type_constraints}
     ir_types = {AttrType.INT: ir.AttributeType.INT, AttrType.FLOAT: ir.AttributeType.FLOAT,

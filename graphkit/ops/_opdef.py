@@ -7,6 +7,7 @@ decompositions, kernel bindings) is derived from an :class:`OpDef`.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -14,8 +15,6 @@ from typing import TYPE_CHECKING, Any
 from graphkit.errors import OpDefinitionError
 
 if TYPE_CHECKING:
-    import onnx.defs
-
     from graphkit.rewrite.builder import Builder
 
 __all__ = [
@@ -29,11 +28,34 @@ __all__ = [
     "PLACEHOLDER_DOMAIN",
     "NATIVE_DOMAIN",
     "PYTHON_DOMAIN",
+    "TORCH_NAMESPACE",
+    "kernel_domain",
+    "split_kernel_domain",
 ]
 
 PLACEHOLDER_DOMAIN = "custom"
 NATIVE_DOMAIN = "graphkit.native"
 PYTHON_DOMAIN = "graphkit.python"
+TORCH_NAMESPACE = "graphkit"
+
+
+
+def kernel_domain(kind: str, domain: str) -> str:
+    """The domain of a node bound to a ``kind`` ("native" or "python") kernel of an op in
+    ``domain``: ``graphkit.native`` for ``custom`` ops, ``graphkit.native.<domain>`` else."""
+    base = {"native": NATIVE_DOMAIN, "python": PYTHON_DOMAIN}[kind]
+    return base if domain == PLACEHOLDER_DOMAIN else f"{base}.{domain}"
+
+
+def split_kernel_domain(domain: str) -> tuple[str, str] | None:
+    """Inverse of :func:`kernel_domain`: (kind, op domain), or None for other domains."""
+    for kind, base in (("native", NATIVE_DOMAIN), ("python", PYTHON_DOMAIN)):
+        if domain == base:
+            return kind, PLACEHOLDER_DOMAIN
+        if domain.startswith(base + ".") and len(domain) > len(base) + 1:
+            return kind, domain[len(base) + 1:]
+    return None
+
 
 # A shape is a list of dims (int, a symbolic name, or None when unknown), or None
 # when even the rank is unknown.
@@ -140,7 +162,11 @@ class OpDef:
     - ``infer_shapes(shapes, attrs)`` maps input shapes to output shapes (see :data:`Shape`);
       output element types follow from the type constraints.
     - ``python_kernel(*arrays, **attrs)`` is the numpy kernel run by ONNX Runtime through
-      onnxruntime-extensions; ``native`` says the C++ library in custom_ops/ serves the op.
+      onnxruntime-extensions; ``native`` says the C++ kernels of the op's package
+      (:class:`~graphkit.ops.NativeKernels`) serve the op.
+    - ``domain`` is the ONNX domain of the op's placeholder node (``custom::<name>``), and
+      ``torch_namespace`` the ``torch.library`` namespace of its torch op
+      (``torch.ops.<torch_namespace>.<name>``).
     """
 
     name: str
@@ -157,11 +183,20 @@ class OpDef:
     decompositions: tuple[Decomposition, ...] = ()
     domain: str = PLACEHOLDER_DOMAIN
     since_version: int = 1
+    torch_namespace: str = TORCH_NAMESPACE
     # Filled by __post_init__: attribute lookup by name.
     _attr_index: Mapping[str, Attr] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         problems = []
+        if not (isinstance(self.name, str) and self.name.isidentifier()):
+            problems.append(f"name {self.name!r} is not an identifier")
+        if not (isinstance(self.domain, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", self.domain)):
+            problems.append(f"domain {self.domain!r} is not a dotted name like 'custom' or 'acme.vision'")
+        elif self.domain in ("ai.onnx", "ai.onnx.ml", "com.microsoft") or self.domain.startswith("graphkit."):
+            problems.append(f"domain {self.domain!r} is reserved (ONNX, ONNX Runtime or graphkit's kernel domains)")
+        if not (isinstance(self.torch_namespace, str) and self.torch_namespace.isidentifier()):
+            problems.append(f"torch_namespace {self.torch_namespace!r} is not an identifier")
         names = [p.name for p in self.inputs + self.outputs] + [a.name for a in self.attributes]
         if len(set(names)) != len(names):
             problems.append(f"duplicate input/output/attribute names in {names}")
@@ -181,7 +216,7 @@ class OpDef:
             seen_opt = seen_opt or p.optional
         if problems:
             raise OpDefinitionError("; ".join(problems), op=self.qualified_name,
-                                    hint="fix the op definition in custom_ops/")
+                                    hint="fix the op definition")
         object.__setattr__(self, "_attr_index", {a.name: a for a in self.attributes})
 
     @property
@@ -218,9 +253,3 @@ class OpDef:
     def decomposition_for(self, opset: int) -> Decomposition | None:
         """The first decomposition valid at ``opset`` (declaration order is preference order)."""
         return next((d for d in self.decompositions if d.supports(opset)), None)
-
-    def onnx_schema(self, domain: str | None = None) -> "onnx.defs.OpSchema":
-        """This op's ONNX schema (in ``domain``, default the placeholder domain)."""
-        from graphkit.ops._schema import build_schema
-
-        return build_schema(self, domain or self.domain)

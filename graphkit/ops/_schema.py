@@ -97,9 +97,10 @@ def build_schema(op: "OpDef", domain: str) -> onnx.defs.OpSchema:
     outputs = [fp(p.name, p.type, p.doc, param_option=opt.Optional if p.optional else opt.Single)
                for p in op.outputs]
     from graphkit.ops._encoding import encode_kernel_attr, kernel_attr_type
-    from graphkit.ops._opdef import PYTHON_DOMAIN
+    from graphkit.ops._opdef import split_kernel_domain
 
-    kernel_encoded = domain == PYTHON_DOMAIN  # see graphkit/ops/_encoding.py
+    kind = split_kernel_domain(domain)
+    kernel_encoded = kind is not None and kind[0] == "python"  # see graphkit/ops/_encoding.py
     attributes = []
     for a in op.attributes:
         attr_type = kernel_attr_type(a.type) if kernel_encoded else a.type

@@ -6,7 +6,7 @@
    symbolic for ``aten::asinh`` for the call only (a row of GAP_FILLERS).
 2. The same model exported with ``placeholders=["asinh"]`` (or a model calling graphkit's
    op, dynamo row) holds ``custom::asinh``; ``graphkit rewrite`` then lowers it per target:
-   ``Asinh``, ``log_sqrt`` for runtimes without Asinh (rules custom_ops.asinh.no_asinh),
+   ``Asinh``, ``log_sqrt`` for runtimes without Asinh (rules graphkit_ops.asinh.no_asinh),
    or the numpy kernel.
 """
 
@@ -59,7 +59,7 @@ def main(out_dir: Path) -> list[tuple[str, str, float]]:
     x = (torch.rand(2, 3, 10, 10, generator=gen) - 0.5) * 100  # [-50, 50]: log_sqrt must not cancel
     feeds = {"x": x.numpy()}
     expected = torch.asinh(x).numpy()
-    no_asinh = load_rules("custom_ops.asinh.no_asinh")
+    no_asinh = load_rules("graphkit_ops.asinh.no_asinh")
     rows = []
 
     direct = out_dir / "asinh.torchscript.onnx"

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 import graphkit
-from custom_ops.deform_conv2d.nn import DeformConv2d
+from graphkit_ops.deform_conv2d.nn import DeformConv2d
 from graphkit.export import export
 from graphkit.rewrite import Lowering
 

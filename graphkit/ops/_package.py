@@ -1,0 +1,137 @@
+"""OpPackage: a set of op definitions shipped together, with the C++ kernels that serve them.
+
+graphkit's own ops are one such package (``graphkit_ops``); a user's ops are another.
+Packages are found by :func:`graphkit.ops.discover` and combined into an
+:class:`~graphkit.ops.OpRegistry`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from graphkit.errors import OpDefinitionError
+from graphkit.ops._opdef import OpDef
+
+__all__ = ["NativeKernels", "OpPackage"]
+
+_HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".hxx", ".inc")
+_SOURCE_SUFFIXES = (".cc", ".cpp", ".cxx", ".c")
+
+
+@dataclass(frozen=True)
+class NativeKernels:
+    """The C++ ONNX Runtime kernels of an op package.
+
+    Either ``sources`` (paths relative to ``root``) that graphkit compiles on first use
+    against its kernel header (``graphkit.runtime.native.include_dir()``), each native op
+    defining its kernels with ``GRAPHKIT_OPS(<op name>, ...)``; or ``library``, a prebuilt
+    ONNX Runtime custom-op library (it exports ``RegisterCustomOps``) that registers the
+    package's native ops in their own domain, which then no other package may use.
+
+    ``headers`` lists the files the sources include (a change rebuilds); by default every
+    header under ``root``. ``cxx_flags`` are appended to graphkit's compiler flags.
+    """
+
+    root: str | os.PathLike[str] | None = None
+    sources: tuple[str, ...] = ()
+    headers: tuple[str, ...] | None = None
+    cxx_flags: tuple[str, ...] = ()
+    library: str | os.PathLike[str] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("sources", "cxx_flags"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, (value,))
+            else:
+                object.__setattr__(self, name, tuple(value))
+        if isinstance(self.headers, str):
+            object.__setattr__(self, "headers", (self.headers,))
+        elif self.headers is not None:
+            object.__setattr__(self, "headers", tuple(self.headers))
+        if (self.library is None) == (not self.sources):
+            raise OpDefinitionError("NativeKernels takes either sources or a prebuilt library",
+                                    hint="pass sources=(...) with root=..., or library=PATH")
+        if self.sources and self.root is None:
+            raise OpDefinitionError("NativeKernels sources need a root directory",
+                                    hint="pass root=Path(__file__).parent")
+        for src in self.sources:
+            if Path(src).is_absolute() or ".." in Path(src).parts:
+                raise OpDefinitionError(f"kernel source {src!r} must be a relative path inside root",
+                                        hint="list files below the package directory")
+            if not src.endswith(_SOURCE_SUFFIXES + _HEADER_SUFFIXES):
+                raise OpDefinitionError(f"kernel source {src!r} is not a C++ file",
+                                        hint=f"use one of {', '.join(_SOURCE_SUFFIXES)}")
+
+    @property
+    def root_path(self) -> Path:
+        return Path(self.root) if self.root is not None else Path(self.library).parent
+
+    def compiled(self) -> list[Path]:
+        """The files compiled (absolute paths), in declaration order."""
+        return [self.root_path / s for s in self.sources if s.endswith(_SOURCE_SUFFIXES)]
+
+    def hashed(self) -> list[Path]:
+        """Every file whose content the build depends on: sources and headers, sorted."""
+        root = self.root_path
+        if self.headers is not None:
+            headers = {root / h for h in self.headers}
+        else:
+            headers = {p for p in root.rglob("*") if p.suffix in _HEADER_SUFFIXES and p.is_file()}
+        return sorted({root / s for s in self.sources} | headers)
+
+
+@dataclass(frozen=True)
+class OpPackage:
+    """Op definitions shipped together, with their native kernels (if any).
+
+    ``name`` identifies the package in messages, in ``graphkit ops`` and in the build
+    cache (an identifier such as ``acme_ops``). Every op with ``native=True`` is served by
+    ``native``. ``origin`` says where discovery found the package (filled in by it).
+    """
+
+    name: str
+    ops: tuple[OpDef, ...]
+    native: NativeKernels | None = None
+    version: str = ""
+    doc: str = ""
+    origin: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ops, OpDef):
+            object.__setattr__(self, "ops", (self.ops,))
+        elif not isinstance(self.ops, tuple):
+            object.__setattr__(self, "ops", tuple(self.ops))
+        problems = []
+        if not (isinstance(self.name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", self.name)):
+            problems.append(f"package name {self.name!r} must be a name like 'acme_ops'")
+        seen: dict[str, OpDef] = {}
+        for op in self.ops:
+            if not isinstance(op, OpDef):
+                problems.append(f"ops holds a {type(op).__name__}, not an OpDef")
+                continue
+            if op.qualified_name in seen:
+                problems.append(f"{op.qualified_name} is defined twice")
+            seen[op.qualified_name] = op
+        if self.native is not None and not isinstance(self.native, NativeKernels):
+            problems.append(f"native is a {type(self.native).__name__}, not NativeKernels")
+        native_ops = [op.qualified_name for op in self.ops if isinstance(op, OpDef) and op.native]
+        if native_ops and self.native is None:
+            problems.append(f"{', '.join(native_ops)} declare native=True but the package has no "
+                            "NativeKernels")
+        if problems:
+            raise OpDefinitionError("; ".join(problems), op=f"package {self.name}",
+                                    hint="fix the OpPackage definition")
+
+    def __repr__(self) -> str:
+        return f"OpPackage({self.name!r}, ops=[{', '.join(op.qualified_name for op in self.ops)}])"
+
+    def native_ops(self) -> list[OpDef]:
+        return [op for op in self.ops if op.native]
+
+    def describe(self) -> str:
+        """``name`` plus where it came from, for messages."""
+        return f"{self.name} ({self.origin})" if self.origin else self.name
