@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from conftest import NP_TYPES, REPO, my_add_model, run_cli
 from graphkit.errors import ValidationError
-from graphkit.ops import Decomposition, OpDef, OpRegistry, Param, default_registry
+from graphkit.ops import Decomposition, NativeKernels, OpDef, OpPackage, OpRegistry, Param, default_registry
 from graphkit.rewrite import Lowering, rewrite_model
 from graphkit.rewrite import _fastpath
 from graphkit.rewrite._fastpath import Unsupported, lower_bytes
@@ -208,7 +208,9 @@ def _opdef_with_attributes() -> OpRegistry:
                attributes=(Attr("alpha", AttrType.FLOAT, 2.0),), reference=None,
                infer_shapes=lambda shapes, attrs: [shapes[0], shapes[0]],
                decompositions=(Decomposition("mul", scale, min_opset=7),), native=True)
-    return default_registry().with_ops(op)
+    # --bind native needs a package that brings the kernel (never built here: rewriting only)
+    package = OpPackage("test_scale", (op,), native=NativeKernels(root=".", sources=("scale.cc",)))
+    return default_registry().with_ops(package)
 
 
 def test_attributes_optional_inputs_and_two_outputs():

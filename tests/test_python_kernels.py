@@ -301,7 +301,7 @@ def test_four_threads_share_a_session(rng):
 def test_sessions_survive_later_declarations(rng):
     first = open_session(my_add_model(TensorProto.FLOAT, domain=PY))
     table = python_kernel_table()
-    before = table._size
+    before = table._size[PY]
 
     def adds(k):
         return lambda x: x + x.dtype.type(k)
@@ -310,7 +310,7 @@ def test_sessions_survive_later_declarations(rng):
     for k in range(3):
         out = open_session(_unary_model(f"gk_test_late_{k}"), registry=reg).run({"x": np.zeros((1, 3), np.float32)})
         assert out["y0"].tolist() == [[k, k, k]]
-    assert table._size == before + 9 <= table._capacity  # no reallocation: `first` stays valid
+    assert table._size[PY] == before + 9 <= table._capacity[PY]  # no reallocation: `first` stays valid
     a = rng.standard_normal((2, 3)).astype(np.float32)
     np.testing.assert_array_equal(first.run({"a": a, "b": a})["z"], np.maximum(3 * a, 0))
 
@@ -318,7 +318,7 @@ def test_sessions_survive_later_declarations(rng):
 def test_full_table_refuses_instead_of_invalidating_sessions(monkeypatch):
     alive = open_session(my_add_model(TensorProto.FLOAT, domain=PY))
     table = python_kernel_table()
-    monkeypatch.setattr(table, "_capacity", table._size)  # pretend the vector is full
+    monkeypatch.setattr(table, "_capacity", dict(table._size))  # pretend the vector is full
     reg = OpRegistry([_op("gk_test_overflow", lambda x: x)])
     with pytest.raises(KernelError, match="table for graphkit.python is full"):
         open_session(_unary_model("gk_test_overflow"), registry=reg)

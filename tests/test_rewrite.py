@@ -110,7 +110,7 @@ def test_unknown_custom_op_names_node_and_fix():
     with pytest.raises(UnsupportedOpError) as err:
         rewrite_model(model, path="m.onnx")
     msg = str(err.value)
-    assert "m.onnx" in msg and "node 'add0'" in msg and "custom::mystery" in msg and "custom_ops/" in msg
+    assert "m.onnx" in msg and "node 'add0'" in msg and "custom::mystery" in msg and "--ops PACKAGE" in msg
 
 
 def test_wrong_arity_is_reported():
@@ -224,12 +224,15 @@ def test_bind_python_writes_every_attribute_and_encodes_lists():
     assert isinstance(attrs["axes"], bytes) and isinstance(attrs["scale"], bytes)  # exact, as strings
 
 
-def test_default_registry_is_explicit_and_fresh():
+def test_default_registry_is_discovered_not_global(monkeypatch):
     import graphkit_ops
 
-    a, b = default_registry(), default_registry()
-    assert a is not b and [op.name for op in a] == [op.name for op in graphkit_ops.ALL_OPS]
-    assert "my_add" in a
+    a = default_registry()
+    assert [op.name for op in a] == [op.name for op in graphkit_ops.ALL_OPS]
+    assert "my_add" in a and a.package_of(a.get("my_add")) is graphkit_ops.PACKAGE
+    # registries are immutable: discovery may share one, and a changed environment is seen
+    monkeypatch.setenv("GRAPHKIT_OPS", "graphkit_ops")
+    assert default_registry() is not a and len(default_registry()) == len(a)
 
 
 def test_decompose_inside_local_function_fixes_its_imports(rng):

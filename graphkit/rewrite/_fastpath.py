@@ -573,11 +573,11 @@ def _all_names(model: onnx.ModelProto) -> set[str]:
     return ModelIndex(model).names
 
 
-def _fixed_imports(model: onnx.ModelProto, opset: int, used: set[str]) -> bytes:
+def _fixed_imports(model: onnx.ModelProto, opset: int, used: set[str], placeholders: frozenset[str]) -> bytes:
     """The model's opset_import entries (field 8) after engine._fix_opset_imports."""
     tiny = onnx.ModelProto()
     tiny.opset_import.extend(model.opset_import)
-    _engine._fix_opset_imports(tiny, opset, used)
+    _engine._fix_opset_imports(tiny, opset, used, placeholders)
     return tiny.SerializeToString()
 
 
@@ -679,6 +679,10 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     op_types = list(map(attrgetter("op_type"), nodes))
     sub_counts, sub_names, holders = _subgraph_info(nodes, data, g0, g1, canonical)
     report = RewriteReport(ops_before=collections.Counter(zip(domains, op_types)) + sub_counts)
+    placeholders = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
+    if len(placeholders) > 1 and (placeholders - {PLACEHOLDER_DOMAIN}) & (
+            set(domains) | {d for d, _ in sub_counts}):
+        raise Unsupported("placeholders in op domains other than 'custom'")
     custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
     if not custom or prefer == (Lowering.KEEP,):
         report.ops_after = report.ops_before.copy()
@@ -846,7 +850,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     gaps = [view[g0:custom_starts[0]], *map(data.__getitem__, map(slice, custom_ends[:-1], custom_starts[1:])),
             view[custom_ends[-1]:g1]]
     graph = b"".join([*itertools.chain.from_iterable(zip(gaps, slots)), gaps[-1]])
-    imports = import_entries = _fixed_imports(model, opset, {d for d, _ in report.ops_after})
+    imports = import_entries = _fixed_imports(model, opset, {d for d, _ in report.ops_after}, placeholders)
     parts = []
     for field, start, _, end in top:
         if field == _M_OPSET_IMPORT:

@@ -18,9 +18,7 @@ from onnx import helper
 
 from graphkit.errors import OpDefinitionError, RewriteError, UnsupportedOpError, ValidationError
 from graphkit.ops import (
-    NATIVE_DOMAIN,
     PLACEHOLDER_DOMAIN,
-    PYTHON_DOMAIN,
     OpDef,
     OpRegistry,
     default_registry,
@@ -36,6 +34,9 @@ __all__ = ["DEFAULT_PREFERENCE", "Lowering", "RewriteReport", "rewrite_model", "
 # Opset written into models that hold no ai.onnx import before a decomposition adds one.
 _DEFAULT_OPSET = 17
 _STANDARD_DOMAINS = ("", "ai.onnx")
+UNKNOWN_OP_HINT = ("make the op known: pass --ops PACKAGE (a module or .py file defining an "
+                   "OpPackage), list it in $GRAPHKIT_OPS, or install the package that defines it; "
+                   "`graphkit ops` lists the known ops")
 FULL_CHECK_NODES = 20_000
 PROGRESS_MIN_NODES = 10_000  # smaller models finish before a progress bar would help
 PROGRESS_STEP = 2_000
@@ -132,6 +133,9 @@ class _Lowerer:
         self.done = self.total = 0
         self.lowered: collections.Counter = collections.Counter()
         self.types = TypeTable(model, registry)
+        # Domains whose nodes are placeholders to lower: every op domain of the registry,
+        # and "custom" even when no op of the registry is there (unknown ops are errors).
+        self.domains = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
         self.actions: collections.Counter = collections.Counter()
         # (original node, replacement nodes, rule) of every freshly built replacement
         self.replacements: list[tuple[onnx.NodeProto, list[onnx.NodeProto], str]] = []
@@ -142,7 +146,8 @@ class _Lowerer:
 
     def lower_graph(self, nodes: Any) -> None:
         """Lower the custom:: nodes of one node list in place (subgraphs are their own scopes)."""
-        if not any(n.domain == PLACEHOLDER_DOMAIN for n in nodes):
+        domains = self.domains
+        if not any(n.domain in domains for n in nodes):
             return
         new_nodes: list[onnx.NodeProto] = []
         self._scope_constants: dict = {}
@@ -151,7 +156,7 @@ class _Lowerer:
         for i, n in enumerate(nodes):
             if progress is not None and i % step == 0:
                 progress("lowering", self.done + i, self.total)
-            if n.domain == PLACEHOLDER_DOMAIN:
+            if n.domain in domains:
                 replacement = self.lower_node(n)
                 self.lowered[(n.domain, n.op_type)] += 1
                 for r in replacement:
@@ -164,11 +169,10 @@ class _Lowerer:
         nodes.extend(new_nodes)
 
     def lower_node(self, node: onnx.NodeProto) -> list[onnx.NodeProto]:
-        op = self.registry.get(node.op_type)
+        op = self.registry.lookup(node.domain, node.op_type)
         if op is None:
-            raise self.fail(UnsupportedOpError, "no op definition for this custom op", node,
-                            hint=f"define '{node.op_type}' in custom_ops/ as the README's 'Adding an op' "
-                                 "shows, or remove the node before rewriting")
+            raise self.fail(UnsupportedOpError, "no op package defines this op", node,
+                            hint=UNKNOWN_OP_HINT)
         self._check_arity(op, node)
         attrs = node_attrs(op, node, self.path)
         in_types = self._check_input_types(op, node)
@@ -183,9 +187,11 @@ class _Lowerer:
                 reasons.append(f"no decomposition valid at opset {self.opset}"
                                + (f" (has {ranges})" if ranges else ""))
             elif how is Lowering.NATIVE:
-                if op.native:
+                if op.native and self._has_native(op):
                     return self._bind(op, node, attrs, how)
-                reasons.append("has no native kernel")
+                reasons.append("has no native kernel" if not op.native else
+                               "declares a native kernel but is not registered through an OpPackage "
+                               "with NativeKernels")
             elif how is Lowering.PYTHON:
                 if op.python_kernel is not None:
                     return self._bind(op, node, attrs, how)
@@ -195,6 +201,10 @@ class _Lowerer:
                 "--target-opset" if others else "pick another opset with --target-opset or add a lowering "
                 f"to the definition of {op.name}")
         raise self.fail(UnsupportedOpError, "; ".join(reasons), node, hint=hint)
+
+    def _has_native(self, op: OpDef) -> bool:
+        package = self.registry.package_of(op)
+        return package is not None and package.native is not None
 
     def _check_arity(self, op: OpDef, node: onnx.NodeProto) -> None:
         n_req = sum(not p.optional for p in op.inputs)
@@ -224,7 +234,7 @@ class _Lowerer:
         prefix = node.name or op.name
         # Which inputs are the same tensor matters: my_add(x, x) is no template for my_add(y, x).
         aliasing = tuple(inputs.index(i) for i in inputs)
-        key = (op.name, dec.name, in_types, aliasing, repr(sorted(attrs.items())), len(node.output))
+        key = (op.qualified_name, dec.name, in_types, aliasing, repr(sorted(attrs.items())), len(node.output))
         template = self._templates.get(key)
         if template is not None:
             nodes = self._instantiate(template, inputs, list(node.output), prefix)
@@ -270,10 +280,8 @@ class _Lowerer:
         return out
 
     def _bind(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], how: Lowering) -> onnx.NodeProto:
-        if how is Lowering.NATIVE:
-            domain, values = NATIVE_DOMAIN, attrs
-        else:
-            domain, values = PYTHON_DOMAIN, encode_kernel_attrs(op, attrs)
+        domain = self.registry.kernel_domain(op, how.value)
+        values = attrs if how is Lowering.NATIVE else encode_kernel_attrs(op, attrs)
         bound = onnx.NodeProto()
         bound.CopyFrom(node)
         bound.domain = domain
@@ -304,9 +312,9 @@ class _Lowerer:
         return builder.nodes
 
 
-def _fix_imports(imports: Any, used: set[str], opset: int) -> None:
-    """Drop an unused `custom` import; import every used domain (ai.onnx at ``opset``)."""
-    keep = [imp for imp in imports if not (imp.domain == PLACEHOLDER_DOMAIN and PLACEHOLDER_DOMAIN not in used)]
+def _fix_imports(imports: Any, used: set[str], opset: int, placeholders: frozenset[str]) -> None:
+    """Drop unused placeholder-domain imports; import every used domain (ai.onnx at ``opset``)."""
+    keep = [imp for imp in imports if not (imp.domain in placeholders and imp.domain not in used)]
     present = {imp.domain for imp in keep}
     if not present & set(_STANDARD_DOMAINS) and used & set(_STANDARD_DOMAINS):
         keep.append(helper.make_opsetid("", opset))
@@ -316,14 +324,15 @@ def _fix_imports(imports: Any, used: set[str], opset: int) -> None:
         imports.extend(keep)
 
 
-def _fix_opset_imports(model: onnx.ModelProto, opset: int, used: set[str]) -> None:
+def _fix_opset_imports(model: onnx.ModelProto, opset: int, used: set[str],
+                       placeholders: frozenset[str] = frozenset({PLACEHOLDER_DOMAIN})) -> None:
     """Consistent opset imports in the model and in every local function."""
     for fn in model.functions:
         fn_used = {n.domain for n in fn.node}
-        _fix_imports(fn.opset_import, fn_used, opset)
+        _fix_imports(fn.opset_import, fn_used, opset, placeholders)
         used = used | fn_used
     used |= {f.domain for f in model.functions}
-    _fix_imports(model.opset_import, used, opset)
+    _fix_imports(model.opset_import, used, opset, placeholders)
 
 
 def _shapeless_io(model: onnx.ModelProto) -> list[onnx.TypeProto.Tensor]:
@@ -433,26 +442,26 @@ def _convert_opset(model: onnx.ModelProto, target: int, path: str | None) -> onn
 def _attach_functions(model: onnx.ModelProto, registry: OpRegistry, opset: int, names: NameGenerator,
                       path: str | None) -> collections.Counter:
     """Give every custom op used in ``model`` a local function holding its decomposition."""
-    attrs_seen: dict[str, dict[str, Any]] = {}
+    attrs_seen: dict[str, tuple[OpDef, dict[str, Any]]] = {}
+    domains = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
     for nodes, _, _ in scopes(model):
         for node in nodes:
-            if node.domain != PLACEHOLDER_DOMAIN:
+            if node.domain not in domains:
                 continue
-            op = registry.get(node.op_type)
+            op = registry.lookup(node.domain, node.op_type)
             if op is None:
-                raise UnsupportedOpError("no op definition for this custom op", path=path, node=node.name,
-                                         op=f"custom::{node.op_type}",
-                                         hint=f"define '{node.op_type}' in custom_ops/")
+                raise UnsupportedOpError("no op package defines this op", path=path, node=node.name,
+                                         op=f"{node.domain}::{node.op_type}", hint=UNKNOWN_OP_HINT)
             given = node_attrs(op, node, path)
-            if attrs_seen.setdefault(op.name, given) != given:
+            if attrs_seen.setdefault(op.qualified_name, (op, given))[1] != given:
                 raise UnsupportedOpError(
                     "--as-functions needs every node of an op to have the same attributes", path=path,
                     node=node.name, op=op.qualified_name, hint="decompose or bind these nodes instead")
     existing = {(f.domain, f.name) for f in model.functions}
     actions: collections.Counter = collections.Counter()
-    for name, attrs in attrs_seen.items():
-        op = registry.get(name)
-        if (PLACEHOLDER_DOMAIN, name) in existing:
+    for op, attrs in attrs_seen.values():
+        name = op.name
+        if (op.domain, name) in existing:
             continue
         dec = op.decomposition_for(opset)
         if dec is None:
@@ -468,7 +477,7 @@ def _attach_functions(model: onnx.ModelProto, registry: OpRegistry, opset: int, 
                                f"cannot know: {exc.message}", path=path, op=op.qualified_name,
                                hint="decompose or bind these nodes instead") from exc
         model.functions.append(helper.make_function(
-            PLACEHOLDER_DOMAIN, name, inputs, [p.name for p in op.outputs], body,
+            op.domain, name, inputs, [p.name for p in op.outputs], body,
             [helper.make_opsetid("", opset)], attributes=[a.name for a in op.attributes], doc_string=op.doc))
         actions[(op.qualified_name, f"function:{dec.name}")] += 1
     return actions
@@ -507,7 +516,8 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     out.CopyFrom(model)
     index = ModelIndex(out)
     report = RewriteReport(ops_before=index.op_counts)
-    has_custom = PLACEHOLDER_DOMAIN in index.domains
+    placeholders = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
+    has_custom = bool(placeholders & set(index.domains))
     converting = target_opset is not None and target_opset != ai_onnx_opset(out)
     if not len(rule_set) and not converting and (not has_custom or prefer == (Lowering.KEEP,)) and not (
             as_functions and has_custom):
@@ -554,7 +564,7 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
         after.subtract(lowerer.lowered)
         after.update(lowerer.emitted)
         report.ops_after = +after
-    _fix_opset_imports(out, opset, {d for d, _ in report.ops_after})
+    _fix_opset_imports(out, opset, {d for d, _ in report.ops_after}, placeholders)
     if check:
         for original, nodes, rule in lowerer.replacements:
             _check_replacement(original, nodes, lowerer.types, out.opset_import, registry, rule, path)

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from graphkit.errors import GraphkitError, KernelError, UnsupportedOpError
-from graphkit.ops import PYTHON_DOMAIN, AttrType, OpDef
+from graphkit.ops import AttrType, OpDef, kernel_domain
 from graphkit.rewrite._walk import ModelIndex, graphs
 from graphkit.rewrite.builder import NameGenerator
 from graphkit.ops._encoding import (  # noqa: F401 (re-exported: the kernel attribute encoding)
@@ -281,7 +281,7 @@ class RunContext:
 
     def __init__(self, run_options: "ort.RunOptions", ops: Mapping[str, OpDef]) -> None:
         self.run_options = run_options
-        self.ops = ops
+        self.ops = {op.qualified_name: op for op in ops.values()}
         self.failure: KernelFailure | None = None
 
 
@@ -371,11 +371,12 @@ class PythonKernelTable:
         self._ocos = _ocos
         self._lock = threading.RLock()
         self._decls: dict[int, _Declaration] = {}
+        # Declarations by qualified op name (domain::name).
         self._by_name: dict[str, tuple[tuple, list[_Declaration]]] = {}
-        # Entries in ort-extensions' vector for the graphkit.python domain; this assumes only
-        # graphkit declares ops there (nobody else has a reason to).
-        self._size = 0
-        self._capacity = 0
+        # Entries in ort-extensions' vector of each graphkit.python[.<domain>] domain; this
+        # assumes only graphkit declares ops there (nobody else has a reason to).
+        self._size: dict[str, int] = {}
+        self._capacity: dict[str, int] = {}
         self._live = 0        # sessions (alive or being created) that reference those entries
         self._hooked = False
         self._padding: list[Any] = []
@@ -388,34 +389,35 @@ class PythonKernelTable:
         return self._ocos.get_library_path()
 
     def declared(self, name: str) -> bool:
-        return name in self._by_name
+        """Whether ``name`` (``domain::op``, or a bare name for the ``custom`` domain) is declared."""
+        return (name if "::" in name else f"custom::{name}") in self._by_name
 
     def conflict(self, op: OpDef) -> str | None:
         """Why ``op`` cannot be declared next to what this process already declared, or None."""
-        entry = self._by_name.get(op.name)
+        entry = self._by_name.get(op.qualified_name)
         if entry is not None and entry[0] != _signature(op):
             return ("another definition of this op, with a different signature, was already "
                     "declared to onnxruntime-extensions in this process (its registry is "
                     "process-wide); rename the op or use one definition per process")
         return None
 
-    def _grow(self, n: int) -> None:
-        for _ in range(n):
-            if self._size == self._capacity:
-                self._capacity = (max(1, self._capacity * 2) if sys.platform != "win32"
-                                  else max(self._capacity + 1, self._capacity + self._capacity // 2))
-            self._size += 1
+    def _grow(self, domain: str) -> None:
+        size, capacity = self._size.get(domain, 0), self._capacity.get(domain, 0)
+        if size == capacity:
+            self._capacity[domain] = (max(1, capacity * 2) if sys.platform != "win32"
+                                      else max(capacity + 1, capacity + capacity // 2))
+        self._size[domain] = size + 1
 
-    def _push(self, op_type: str, inputs: list[int], outputs: list[int], attrs: dict[str, int],
-              obj_id: int) -> Any:
+    def _push(self, domain: str, op_type: str, inputs: list[int], outputs: list[int],
+              attrs: dict[str, int], obj_id: int) -> Any:
         d = self._ocos.PyCustomOpDef()
-        d.op_type = f"{PYTHON_DOMAIN}::{op_type}"
+        d.op_type = f"{domain}::{op_type}"
         d.obj_id = obj_id
         d.input_types = inputs
         d.output_types = outputs
         d.attrs = attrs
         self._ocos.add_custom_op(d)
-        self._grow(1)
+        self._grow(domain)
         return d
 
     def _plan(self, op: OpDef) -> list[_Declaration]:
@@ -437,39 +439,43 @@ class PythonKernelTable:
     def declare(self, ops: Iterable[OpDef]) -> None:
         """Declare every op of ``ops`` not declared yet (all its type combinations)."""
         with self._lock:
-            todo = {op.name: op for op in ops if op.name not in self._by_name}
+            todo = {op.qualified_name: op for op in ops if op.qualified_name not in self._by_name}
             for op in todo.values():
                 problem = kernel_problem(op)
                 if problem:
-                    raise UnsupportedOpError(problem, op=f"{PYTHON_DOMAIN}::{op.name}",
+                    raise UnsupportedOpError(problem, op=f"{kernel_domain('python', op.domain)}::{op.name}",
                                              hint="decompose it or bind it to the native kernel")
             plans = {name: self._plan(op) for name, op in todo.items()}
-            count = sum(len(p) for p in plans.values())
-            if not count:
-                return
-            first = self._size == 0
-            if not first and self._size + count > self._capacity and self._live:
-                raise KernelError(
-                    f"cannot declare {count} more Python kernel(s) while Python-kernel sessions "
-                    f"are alive: onnxruntime-extensions' table for {PYTHON_DOMAIN} is full "
-                    f"({self._size} of {self._capacity}) and growing it would invalidate them",
-                    op=", ".join(f"{PYTHON_DOMAIN}::{n}" for n in plans),
-                    hint="open sessions for every op earlier, or close the other sessions first")
+            by_domain: dict[str, int] = {}
+            for name, decls in plans.items():
+                domain = kernel_domain("python", todo[name].domain)
+                by_domain[domain] = by_domain.get(domain, 0) + len(decls)
+            for domain, count in by_domain.items():
+                size, capacity = self._size.get(domain, 0), self._capacity.get(domain, 0)
+                if size and size + count > capacity and self._live:
+                    raise KernelError(
+                        f"cannot declare {count} more Python kernel(s) while Python-kernel sessions "
+                        f"are alive: onnxruntime-extensions' table for {domain} is full "
+                        f"({size} of {capacity}) and growing it would invalidate them",
+                        op=", ".join(n for n in plans if kernel_domain("python", todo[n].domain) == domain),
+                        hint="open sessions for every op earlier, or close the other sessions first")
             d = self._ocos.PyCustomOpDef
             for name, decls in plans.items():
                 op = todo[name]
+                domain = kernel_domain("python", op.domain)
+                first = not self._size.get(domain)
                 for decl in decls:
                     ins = [getattr(d, _TENSOR_TYPES[decl.combo[p.type]][1]) for p in op.inputs]
                     outs = [getattr(d, _TENSOR_TYPES[decl.combo[p.type]][1]) for p in op.outputs]
                     attrs = {a.name: getattr(d, _declared_attr_type(a.type)) for a in op.attributes}
-                    decl.native_def = self._push(decl.op_type, ins, outs, attrs, decl.k_id)
+                    decl.native_def = self._push(domain, decl.op_type, ins, outs, attrs, decl.k_id)
                     self._decls[decl.k_id] = decl
                 self._by_name[name] = (_signature(op), decls)
-            if first:
-                f = d.dt_float
-                while self._size < _RESERVE_SIZE:
-                    pad = self._push(f"_graphkit_reserved_{self._size}", [f], [f], {}, 0)
-                    self._padding.append(pad)
+                if first:  # room for later declarations in this domain (see the module docstring)
+                    f = d.dt_float
+                    while self._size[domain] < _RESERVE_SIZE:
+                        pad = self._push(domain, f"_graphkit_reserved_{self._size[domain]}", [f], [f], {}, 0)
+                        self._padding.append(pad)
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -506,7 +512,7 @@ class PythonKernelTable:
         op = decl.op
         try:
             if ctx is not None:
-                op = ctx.ops.get(op.name, op)
+                op = ctx.ops.get(op.qualified_name, op)
             kwargs = decl.decode_attrs(attrs) if decl.attr_types else {}
             args = feed
             if True in decl.in_f16:
@@ -515,7 +521,7 @@ class PythonKernelTable:
         except BaseException as exc:  # noqa: BLE001 - anything escaping aborts the process
             try:
                 failure = KernelFailure(
-                    op=f"{PYTHON_DOMAIN}::{op.name}", op_name=op.name, types=decl.describe,
+                    op=f"{kernel_domain('python', op.domain)}::{op.name}", op_name=op.name, types=decl.describe,
                     inputs=_describe_feed(feed), exc=exc, contract=isinstance(exc, _Contract))
                 self._fail(ctx, failure)
             except BaseException:  # noqa: BLE001
@@ -631,10 +637,10 @@ def _resolve_node_attrs(op: OpDef, ref: PythonNode) -> dict[str, Any]:
     try:
         return op.resolve_attrs(_given_attrs(op, ref.node), where=ref.display)
     except GraphkitError as exc:
-        raise KernelError(exc.message, node=ref.display, op=f"{PYTHON_DOMAIN}::{op.name}",
+        raise KernelError(exc.message, node=ref.display, op=f"{ref.node.domain}::{op.name}",
                           hint=exc.hint) from exc
     except (TypeError, ValueError, UnicodeDecodeError) as exc:
-        raise KernelError(f"bad attribute: {exc}", node=ref.display, op=f"{PYTHON_DOMAIN}::{op.name}",
+        raise KernelError(f"bad attribute: {exc}", node=ref.display, op=f"{ref.node.domain}::{op.name}",
                           hint="re-run `graphkit rewrite --bind python` on the original model") from exc
 
 
@@ -716,7 +722,7 @@ def bind_python_nodes(model: "onnx.ModelProto", registry: "OpRegistry",
     resolved = []
     wants_types = False
     for ref in nodes:
-        op = registry.get(ref.node.op_type)
+        op = registry.lookup(ref.node.domain, ref.node.op_type)
         assert op is not None
         values = _resolve_node_attrs(op, ref)
         original = [a.SerializeToString() for a in ref.node.attribute]
