@@ -16,7 +16,8 @@ from graphkit.ops import Decomposition, NativeKernels, OpDef, OpPackage, OpRegis
 from graphkit.rewrite import Lowering, rewrite_model
 from graphkit.rewrite import _fastpath
 from graphkit.rewrite._fastpath import Unsupported, lower_bytes
-from graphkit.rewrite.engine import DEFAULT_PREFERENCE, rewrite_bytes
+from graphkit.rewrite.engine import DEFAULT_PREFERENCE
+from graphkit.rewrite.serialized import rewrite_bytes
 
 F = TensorProto.FLOAT
 

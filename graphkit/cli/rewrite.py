@@ -14,8 +14,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("output", help="where to write the rewritten model (written atomically)")
     how = p.add_mutually_exclusive_group()
     how.add_argument("--bind", choices=("native", "python"),
-                     help="bind every custom:: node to graphkit's C++ (native) or Python kernels "
-                          "instead of decomposing them into standard ops")
+                     help="bind every custom op node to its package's C++ (native) or Python kernel "
+                          "instead of decomposing it into standard ops")
     how.add_argument("--prefer", metavar="LIST",
                      help="per node, the first lowering that fits, in this order; comma-separated "
                           "from decompose, native, python. Default: decompose,native,python (the "
@@ -73,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
     from graphkit.rewrite import RuleSet, rewrite_model
     from graphkit.rewrite.loader import load_rules
 
+    from graphkit.cli import op_registry
+
     lowering = _preference(args)
+    registry = op_registry(args)  # a broken --ops package fails before any model work
     if not args.dry_run:
         check_output_path(args.output, args.input)
     rules = RuleSet([r for source in args.rules for r in load_rules(source)])
@@ -82,12 +85,13 @@ def run(args: argparse.Namespace) -> int:
         # Lowering only: rewrite the serialized model (graphkit.rewrite.engine.rewrite_bytes).
         from graphkit.modelio import _PROTOBUF_LIMIT, atomic_write, parse_model_bytes, read_model_bytes
         from graphkit.rewrite._fastpath import has_external_data
-        from graphkit.rewrite.engine import rewrite_bytes
+        from graphkit.rewrite.serialized import rewrite_bytes
 
         data = read_model_bytes(args.input)
         model = parse_model_bytes(data, args.input)
         if not has_external_data(data, model):
-            out_bytes, report = rewrite_bytes(data, model=model, lowering=lowering, check=not args.no_check,
+            out_bytes, report = rewrite_bytes(data, model=model, registry=registry, lowering=lowering,
+                                              check=not args.no_check,
                                               full_check=args.full_check, path=args.input,
                                               progress=_progress_bar if show else None)
             del data, model
@@ -108,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         files = check_external_data(model, args.input)
         if not args.dry_run:  # the weights are input too: refuse before any work
             check_output_path(args.output, args.input, inputs=weights_files(files, args.output))
-    out, report = rewrite_model(model, lowering=lowering, rules=rules, target_opset=args.target_opset,
+    out, report = rewrite_model(model, registry=registry, lowering=lowering, rules=rules, target_opset=args.target_opset,
                                 as_functions=args.as_functions, check=not args.no_check,
                                 full_check=args.full_check, path=args.input,
                                 progress=_progress_bar if show else None)

@@ -572,35 +572,3 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
         check_model(out, registry, path=path, context=f" after rewrite ({applied})",
                     full=full_check or sum(report.ops_after.values()) <= FULL_CHECK_NODES)
     return out, report
-
-
-def rewrite_bytes(data: bytes, *, registry: OpRegistry | None = None,
-                  lowering: Lowering | Sequence[Lowering] = DEFAULT_PREFERENCE, check: bool = True,
-                  path: str | None = None, model: onnx.ModelProto | None = None, fast: bool = True,
-                  **options: Any) -> tuple[bytes, RewriteReport]:
-    """``rewrite_model`` on a serialized model: returns the rewritten model's bytes and the report.
-
-    Lowering alone (no rules, target opset or functions) splices the replacements into
-    ``data`` at the protobuf wire level (graphkit.rewrite._fastpath), with the same result
-    as ``rewrite_model``; anything that path does not handle goes through ``rewrite_model``.
-    ``model`` is ``data`` already parsed, if the caller has it; ``options`` are
-    ``rewrite_model``'s other keywords.
-    """
-    registry = registry or default_registry()
-    prefer = (lowering,) if isinstance(lowering, Lowering) else tuple(lowering)
-    if not isinstance(data, bytes):
-        data = bytes(data)
-    if model is None:
-        model = onnx.load_model_from_string(data)
-    if fast and not options.get("rules") and options.get("target_opset") is None \
-            and not options.get("as_functions"):
-        from graphkit.rewrite import _fastpath
-
-        try:
-            return _fastpath.lower_bytes(data, model, registry=registry, prefer=prefer, check=check,
-                                         full_check=options.get("full_check", False), path=path,
-                                         progress=options.get("progress"))
-        except _fastpath.Unsupported:
-            pass
-    out, report = rewrite_model(model, registry=registry, lowering=prefer, check=check, path=path, **options)
-    return out.SerializeToString(), report
