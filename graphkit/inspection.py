@@ -14,24 +14,51 @@ from graphkit.ops import OpRegistry, default_registry, split_kernel_domain
 from graphkit.rewrite._walk import scopes
 from graphkit.rewrite.engine import ai_onnx_opset
 
-__all__ = ["inspect_model", "lowerings_of"]
+__all__ = ["STANDARD_DOMAINS", "UNKNOWN_HINT", "inspect_model", "lowerings_of", "package_info"]
+
+# Domains whose ops ONNX or ONNX Runtime implement: nodes anywhere else are custom ops.
+STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
+UNKNOWN_HINT = ("pass --ops PACKAGE, set $GRAPHKIT_OPS, or install the package that defines it; "
+                "`graphkit ops` lists the known ops")
 
 
-def lowerings_of(op, opset: int) -> list[str]:
-    """The lowerings available for ``op`` at ai.onnx ``opset``, most portable first."""
+def lowerings_of(op, opset: int, registry: OpRegistry | None = None) -> list[str]:
+    """The lowerings available for ``op`` at ai.onnx ``opset``, most portable first.
+
+    With ``registry``, "native" is listed only when the op's package ships NativeKernels."""
     out = [f"decompose:{d.name}" for d in op.decompositions if d.supports(opset)]
-    if op.native:
+    if op.native and (registry is None or _has_native(registry, op)):
         out.append("native")
     if op.python_kernel is not None:
         out.append("python")
     return out
 
 
+def _has_native(registry: OpRegistry, op) -> bool:
+    package = registry.package_of(op)
+    return package is not None and package.native is not None
+
+
+def package_info(registry: OpRegistry, op) -> dict[str, str] | None:
+    """``{"name", "version", "origin"}`` of the package that brought ``op`` (None: a loose OpDef)."""
+    package = registry.package_of(op)
+    if package is None:
+        return None
+    return {"name": package.name, "version": package.version, "origin": package.origin}
+
+
 def inspect_model(model: onnx.ModelProto, *, path: str | os.PathLike[str] | None = None,
                   registry: OpRegistry | None = None) -> dict[str, Any]:
-    """A JSON-ready summary of ``model``; external data is checked if ``path`` is given."""
+    """A JSON-ready summary of ``model``; external data is checked if ``path`` is given.
+
+    Every node outside the standard domains (:data:`STANDARD_DOMAINS`) that does not call
+    a model-local function is a custom op; each is listed with the package that defines it
+    in ``registry`` (default: :func:`graphkit.ops.default_registry`), or ``"known": false``
+    and a ``"hint"`` when no package does.
+    """
     registry = registry or default_registry()
     opset = ai_onnx_opset(model) or 0
+    functions = {(f.domain, f.name) for f in model.functions}
     where: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
     nodes = 0
     for node_list, _, _ in scopes(model):
@@ -40,15 +67,28 @@ def inspect_model(model: onnx.ModelProto, *, path: str | os.PathLike[str] | None
             if isinstance(n.op_type, bytes) or isinstance(n.domain, bytes):
                 raise ModelLoadError(f"node '{n.name!s}' has an op type or domain that is not valid UTF-8",
                                      path=None if path is None else str(path), hint="re-export the model")
-            if registry.is_placeholder(n.domain, n.op_type) or split_kernel_domain(n.domain):
-                where[(n.domain, n.op_type)].append(n.name or "<unnamed>")
+            if n.domain in STANDARD_DOMAINS:
+                continue
+            if (n.domain, n.op_type) in functions and registry.lookup(n.domain, n.op_type) is None:
+                continue  # a call of a model-local function the model itself defines
+            where[(n.domain, n.op_type)].append(n.name or "<unnamed>")
     custom = []
     for (domain, op_type), names in sorted(where.items(), key=str):
         op = registry.lookup(domain, op_type)
-        custom.append({"op": f"{domain}::{op_type}", "count": len(names), "nodes": names,
-                       "known": op is not None,
-                       "lowerings": lowerings_of(op, opset) if op is not None and domain == op.domain
-                       else ([split_kernel_domain(domain)[0]] if op is not None else [])})
+        entry: dict[str, Any] = {"op": f"{domain}::{op_type}", "domain": domain, "op_type": op_type,
+                                 "count": len(names), "nodes": names, "known": op is not None}
+        if op is None:
+            entry["package"] = None
+            entry["lowerings"] = []
+            entry["hint"] = UNKNOWN_HINT
+        else:
+            kernel = split_kernel_domain(domain)
+            entry["definition"] = op.qualified_name
+            entry["package"] = package_info(registry, op)
+            entry["bound"] = kernel[0] if kernel is not None else None
+            entry["lowerings"] = [kernel[0]] if kernel is not None else lowerings_of(op, opset, registry)
+            entry["function"] = (domain, op_type) in functions
+        custom.append(entry)
     tensors = external_tensors(model)
     files: dict[str, int] = {}
     if tensors and path is not None:

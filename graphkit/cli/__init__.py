@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from graphkit.errors import EXIT_INTERNAL, GraphkitError
 
-__all__ = ["main"]
+__all__ = ["OPS_HELP", "add_ops_arguments", "main", "op_registry"]
 
 # name -> (module, one-line help); the module provides add_arguments(parser) and run(args).
 SUBCOMMANDS = {
@@ -20,12 +20,49 @@ SUBCOMMANDS = {
     "export": ("graphkit.cli.export", "export a torch model (module:factory) to ONNX with graphkit's ops and gap fillers"),
     "verify": ("graphkit.cli.verify", "run a torch model and its ONNX export on the same inputs and compare"),
     "compare": ("graphkit.cli.compare", "run two ONNX models on the same inputs and compare; --bisect finds the first diverging node"),
+    "ops": ("graphkit.cli.ops", "list every known op: its package, signature, attributes and lowerings"),
 }
+
+# Subcommands that read or write models, and so need to know the ops in them: each takes
+# --ops (added here, once) and reads args.ops.
+OPS_COMMANDS = frozenset({"rewrite", "run", "inspect", "export", "verify", "compare", "ops"})
+
+# Spelled out here rather than imported from graphkit.ops (which imports onnx): `--help`
+# stays fast. tests/test_cli_ops.py checks they agree with graphkit.ops.
+OPS_HELP = ("an op package to load besides graphkit's own ops, installed packages (entry points "
+            "of group 'graphkit.ops') and those listed in $GRAPHKIT_OPS (comma-separated): "
+            "MODULE, MODULE:ATTR, FILE.py or FILE.py:ATTR, where ATTR (default PACKAGE) is an "
+            "OpPackage or a function returning one; repeatable. For example --ops acme_ops "
+            "or --ops ./my_ops.py:PACKAGE")
 
 EPILOG = """exit codes: 0 ok, 2 usage, 3 cannot load model, 4 cannot write output,
 5 bad op definition, 6 op without rule or kernel, 7 rewrite failed, 8 model invalid,
 9 kernel or session failure, 10 native build failed, 11 export failed,
-12 outputs differ beyond tolerance, 70 internal error"""
+12 outputs differ beyond tolerance, 13 op package cannot be loaded or conflicts,
+70 internal error"""
+
+
+def add_ops_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The shared "op packages" group (--ops), for every command that reads or writes models."""
+    group = parser.add_argument_group(
+        "op packages", "Where the definitions of a model's custom ops come from; "
+        "`graphkit ops` lists the known ops.")
+    group.add_argument("--ops", action="append", default=[], metavar="PACKAGE", help=OPS_HELP)
+    return group
+
+
+def op_registry(args: argparse.Namespace):
+    """The OpRegistry a command works with: built once per command from ``args.ops``.
+
+    An op package that cannot be imported, holds no OpPackage or defines an op another
+    package defines too is an OpPackageError (exit 13)."""
+    registry = getattr(args, "_registry", None)
+    if registry is None:
+        from graphkit.ops import discover
+
+        registry = discover(tuple(getattr(args, "ops", None) or ()))
+        args._registry = registry
+    return registry
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
         p.set_defaults(_module=module)
         importlib.import_module(module).add_arguments(p)
+        if name in OPS_COMMANDS:
+            add_ops_arguments(p)
     return parser
 
 

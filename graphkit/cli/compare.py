@@ -18,17 +18,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk", type=int, default=64, metavar="N",
                    help="with --bisect: intermediate tensors exposed per run (default 64); memory "
                         "holds at most N of them per model at a time")
-    p.epilog = ("Custom ops run on the kernels graphkit registers (native or Python). Exit code 12 "
+    p.epilog = ("Custom ops run on the kernels of their op packages (native or Python). Exit code 12 "
                 "when an output (or, with --bisect, a shared tensor) differs beyond tolerance.\n\n"
                 + (p.epilog or ""))
 
 
 def run(args: argparse.Namespace) -> int:
+    from graphkit.cli import op_registry
     from graphkit.cli.verify import comparison_options
     from graphkit.errors import UsageError
     from graphkit.verify import bisect_models, compare_models
 
     options = comparison_options(args)
+    options["registry"] = op_registry(args)
     if args.chunk < 1:
         raise UsageError(f"--chunk {args.chunk} must be a positive number", hint="for example --chunk 64")
     report = compare_models(args.reference, args.candidate, **options)

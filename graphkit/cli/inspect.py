@@ -9,15 +9,29 @@ import json
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="ONNX model to inspect (weights are not loaded)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.epilog = ("Every node outside the ONNX and ONNX Runtime domains that calls no model-local "
+                "function is a custom op; one that no op package defines is marked UNKNOWN (the "
+                "exit code stays 0).\n\n" + (p.epilog or ""))
 
 
 def run(args: argparse.Namespace) -> int:
+    from graphkit.cli import op_registry
     from graphkit.inspection import inspect_model
     from graphkit.modelio import load_model
 
-    summary = inspect_model(load_model(args.model), path=args.model)
+    registry = op_registry(args)
+    summary = inspect_model(load_model(args.model), path=args.model, registry=registry)
     print(json.dumps(summary, indent=2, default=str) if args.json else format_summary(summary))
     return 0
+
+
+def _package(op: dict) -> str:
+    package = op.get("package")
+    if not package:
+        return "a loose OpDef (no package)"
+    version = f" {package['version']}" if package.get("version") else ""
+    origin = f" ({package['origin']})" if package.get("origin") else ""
+    return f"{package['name']}{version}{origin}"
 
 
 def format_summary(s: dict) -> str:
@@ -29,8 +43,25 @@ def format_summary(s: dict) -> str:
         for op in s["custom_ops"]:
             where = ", ".join(map(str, op["nodes"][:5])) + (f", ... ({len(op['nodes']) - 5} more)"
                                                             if len(op["nodes"]) > 5 else "")
-            lines.append(f"  {op['op']} x{op['count']} ({where})")
-            lines.append(f"    lowerings: {', '.join(op['lowerings']) or 'none'}")
+            if not op["known"]:
+                lines.append(f"  {op['op']}  x{op['count']}  UNKNOWN: no op package defines it "
+                             "(pass --ops PACKAGE, set $GRAPHKIT_OPS, or install the package that "
+                             "defines it)")
+                lines.append(f"    nodes: {where}")
+                continue
+            lines.append(f"  {op['op']}  x{op['count']}  ({where})")
+            defined = op.get("definition", op["op"])
+            lines.append(f"    package: {_package(op)}"
+                         + (f", defines {defined}" if defined != op["op"] else ""))
+            if op.get("bound"):
+                lines.append(f"    bound to its {op['bound']} kernel")
+            else:
+                lines.append(f"    lowerings: {', '.join(op['lowerings']) or 'none at this opset'}")
+            if op.get("function"):
+                lines.append("    the model also holds a local function for it")
+        unknown = sum(not op["known"] for op in s["custom_ops"])
+        if unknown:
+            lines.append(f"{unknown} unknown op(s): `graphkit ops` lists the known ones")
     else:
         lines.append("custom ops: none")
     ext = s["external_data"]

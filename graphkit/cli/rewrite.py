@@ -67,13 +67,12 @@ def _preference(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import sys
 
+    from graphkit.cli import op_registry
     from graphkit.errors import OutputError
     from graphkit.external_data import check_external_data, external_tensors
     from graphkit.modelio import check_output_path, load_model, save_model, weights_files
     from graphkit.rewrite import RuleSet, rewrite_model
     from graphkit.rewrite.loader import load_rules
-
-    from graphkit.cli import op_registry
 
     lowering = _preference(args)
     registry = op_registry(args)  # a broken --ops package fails before any model work
@@ -82,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     rules = RuleSet([r for source in args.rules for r in load_rules(source)])
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     if not len(rules) and args.target_opset is None and not args.as_functions:
-        # Lowering only: rewrite the serialized model (graphkit.rewrite.engine.rewrite_bytes).
+        # Lowering only: rewrite the serialized model (graphkit.rewrite.serialized.rewrite_bytes).
         from graphkit.modelio import _PROTOBUF_LIMIT, atomic_write, parse_model_bytes, read_model_bytes
         from graphkit.rewrite._fastpath import has_external_data
         from graphkit.rewrite.serialized import rewrite_bytes

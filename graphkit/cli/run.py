@@ -85,9 +85,11 @@ def _describe(name: str, value) -> str:
 def run(args: argparse.Namespace) -> int:
     import onnxruntime as ort
 
+    from graphkit.cli import op_registry
     from graphkit.modelio import check_output_path
     from graphkit.runtime import open_session
 
+    registry = op_registry(args)
     if args.output:
         check_output_path(args.output, args.model,
                           inputs=((args.inputs, "--inputs file"),) if args.inputs else ())
@@ -95,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     options = ort.SessionOptions()
     # graphkit reports every ONNX Runtime failure itself, in one line: keep ORT's log quiet.
     options.log_severity_level = 4
-    session = open_session(args.model, threads=args.threads, options=options)
+    session = open_session(args.model, registry=registry, threads=args.threads, options=options)
     feeds = (load_npz(args.inputs) if args.inputs
              else session.random_feeds(seed=args.seed, dims=_parse_dims(args.dim)))
     outputs = session.run(feeds)
