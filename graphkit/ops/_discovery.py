@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from graphkit.errors import GraphkitError, OpPackageError
 from graphkit.ops._package import OpPackage
@@ -89,10 +90,11 @@ def load_package(spec: str, *, origin: str = "--ops") -> OpPackage:
     return _with_origin(_as_package(getattr(module, attr), where), origin)
 
 
-def _entry_points() -> list[tuple[str, object]]:
+def _entry_points() -> list[tuple[str, Any]]:
     from importlib.metadata import entry_points
 
-    return [(f"{ep.name} = {ep.value}", ep) for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    found = entry_points(group=ENTRY_POINT_GROUP)
+    return sorted(((f"{ep.name} = {ep.value}", ep) for ep in found), key=lambda e: e[0])
 
 
 def _load_entry_point(label: str, ep) -> OpPackage:
@@ -130,17 +132,19 @@ def discover(ops: Sequence[str] | str = (), *, builtins: bool = True, entry_poin
     """
     if isinstance(ops, str):
         ops = (ops,)
-    return _discover(tuple(ops), builtins, entry_points, env_specs() if environment else ())
+    # Entry points are listed on every call (about a millisecond), so a package installed
+    # or put on sys.path later is seen; loading is cached by what was found.
+    points = tuple(_entry_points()) if entry_points else ()
+    return _discover(tuple(ops), builtins, points, env_specs() if environment else ())
 
 
 @functools.lru_cache(maxsize=32)
-def _discover(ops: tuple[str, ...], builtins: bool, entry_points: bool,
+def _discover(ops: tuple[str, ...], builtins: bool, points: tuple[tuple[str, Any], ...],
               env: tuple[str, ...]) -> OpRegistry:
     packages: list[OpPackage] = []
     if builtins:
         packages.append(load_package(BUILTIN_PACKAGE, origin="built-in"))
-    if entry_points:
-        packages += [_load_entry_point(label, ep) for label, ep in _entry_points()]
+    packages += [_load_entry_point(label, ep) for label, ep in points]
     packages += [load_package(spec, origin=f"${ENV_VAR}") for spec in env]
     packages += [load_package(spec, origin="--ops") for spec in ops]
     return OpRegistry(_unique(packages))
