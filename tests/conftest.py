@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,10 +47,11 @@ def run_ort(model: onnx.ModelProto, feeds: dict) -> list:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-def run_cli(*args: str, cwd: Path | None = None, check_rc: int | None = None):
-    """Run `python -m graphkit ARGS` in a subprocess, as a user would."""
+def run_cli(*args: str, cwd: Path | None = None, check_rc: int | None = None, env: dict | None = None):
+    """Run `python -m graphkit ARGS` in a subprocess, as a user would (``env`` adds variables)."""
+    full_env = None if env is None else {**os.environ, **env}
     proc = subprocess.run([sys.executable, "-m", "graphkit", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=full_env)
     if check_rc is not None:
         assert proc.returncode == check_rc, (proc.returncode, proc.stdout, proc.stderr)
     return proc
