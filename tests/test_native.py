@@ -85,9 +85,9 @@ def rand(rng, shape, np_t):
 def test_served_ops_match_op_definitions(lib):
     from graphkit_ops import ALL_OPS
 
-    assert "my_add" in native.served_ops(lib)
-
-    assert native.served_ops(lib) == {op.name for op in ALL_OPS if getattr(op, "native", False)}
+    assert "custom::my_add" in native.served_ops(lib)
+    assert native.served_ops(lib) == {f"{domain}::{op.name}" for op in ALL_OPS if op.native
+                                      for domain in DOMAINS}
 
 
 def test_exports_only_the_c_entry_points(lib, counters):
@@ -105,14 +105,15 @@ def test_exports_only_the_c_entry_points(lib, counters):
 def test_abi_header_static_asserts_compile(tmp_path):
     """ort_abi.h alone: its offsetof/sizeof static_asserts hold for this compiler."""
     src = tmp_path / "abi.cc"
-    src.write_text('#include "ort_abi.h"\n'
+    src.write_text('#include <graphkit/ort_abi.h>\n'
                    'static_assert(offsetof(OrtCustomOp, CreateKernelV2) == 136, "");\n'
                    'static_assert(offsetof(OrtCustomOp, GetStartVersion) == 160, "");\n'
                    'static_assert(sizeof(OrtCustomOp) == 208, "");\n'
                    'static_assert(ort::slot::KernelContext_ParallelFor == 274, "");\n'
                    'static_assert(ort::slot::ShapeInferContext_GetInputTypeShape == 268, "");\n'
                    'static_assert(ort::slot::ShapeInferContext_SetOutputTypeShape == 270, "");\n')
-    include = Path(native.sources()[0]).parents[1] / "native"
+    include = native.include_dir()
+    assert (include / "graphkit" / "kernel.h").is_file()
     cxx = os.environ.get("CXX") or "c++"
     proc = subprocess.run([*cxx.split(), "-std=c++17", "-fsyntax-only", "-I", str(include), str(src)],
                           capture_output=True, text=True)
@@ -271,13 +272,15 @@ def run_half_exhaustive(lib: Path, a: np.ndarray, b: np.ndarray) -> None:
             np.testing.assert_array_equal(y[~nan].view(np.uint16), np.broadcast_to(exp, y.shape)[~nan].view(np.uint16))
 
 
-def test_portable_half_conversion_without_f16c(tmp_path):
+def test_portable_half_conversion_without_f16c(tmp_path, monkeypatch):
     """The bit-twiddling float16 path (used when the compiler lacks F16C) is exact too."""
-    cxx = (os.environ.get("CXX") or "c++").split()
-    out = tmp_path / "libnof16c.so"
-    proc = subprocess.run([*cxx, *native.CXX_FLAGS, "-mno-f16c", *map(str, native.sources()), "-o", str(out)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    from graphkit.ops import NativeKernels, OpPackage
+    from graphkit_ops import MY_ADD, PACKAGE
+
+    monkeypatch.setenv("GRAPHKIT_CACHE_DIR", str(tmp_path))
+    only_add = OpPackage("my_add_only", ops=(MY_ADD,),
+                         native=NativeKernels(root=PACKAGE.native.root, sources=("my_add/my_add.cc",)))
+    out = native.library_for([only_add], extra_flags=("-mno-f16c",))
     a = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
     b = np.random.default_rng(2).permutation(a)
     run_half_exhaustive(out, a, b)
@@ -333,7 +336,7 @@ def test_build_cache_is_shared_reused_and_self_healing(tmp_path, monkeypatch):
     assert len(paths) == 1
     lib = native.library_path()
     assert str(lib) in paths
-    assert lib.parent.parent == cache / "native" and len(lib.parent.name) == 16
+    assert lib.parent.parent == cache / "native" / "lib" and len(lib.parent.name) == 16
     assert not list(lib.parent.glob(".*.tmp"))
     mtime = lib.stat().st_mtime_ns
     assert native.library_path() == lib and lib.stat().st_mtime_ns == mtime  # no recompile
@@ -348,7 +351,7 @@ def test_build_cache_is_shared_reused_and_self_healing(tmp_path, monkeypatch):
     assert not list(lib.parent.glob(".*.tmp"))
     from graphkit_ops import ALL_OPS
 
-    assert native.served_ops(rebuilt) == {op.name for op in ALL_OPS if op.native}
+    assert native.served_ops(rebuilt) == {f"{d}::{op.name}" for op in ALL_OPS if op.native for d in DOMAINS}
 
 
 def test_compiler_failure_raises_native_build_error(tmp_path, monkeypatch):
@@ -356,7 +359,7 @@ def test_compiler_failure_raises_native_build_error(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", "/bin/false")
     with pytest.raises(NativeBuildError) as info:
         native.library_path()
-    assert "libgraphkit_ops.so" in str(info.value) and info.value.hint and "CXX" in info.value.hint
+    assert "compiling" in str(info.value) and info.value.hint and "CXX" in info.value.hint
     assert not list(tmp_path.rglob("libgraphkit_ops.so"))
 
 

@@ -24,7 +24,7 @@
 #include <immintrin.h>
 #endif
 
-#include "../native/kernel.h"
+#include <graphkit/kernel.h>
 #include "deform_conv2d_core.h"
 
 namespace gk {
@@ -320,16 +320,9 @@ OrtCustomOp make_deform_op() {
   return op;
 }
 
-const OrtCustomOp kOps[] = {
-    make_deform_op<DeformConv2d<float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>>(),
-    make_deform_op<DeformConv2d<double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>>(),
-};
-
 }  // namespace
-
-const OpSet& ops_deform_conv2d() {
-  static const OpSet set{"deform_conv2d", kOps, std::size(kOps)};
-  return set;
-}
-
 }  // namespace gk
+
+GRAPHKIT_OPS(deform_conv2d,
+             gk::make_deform_op<gk::DeformConv2d<float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>>(),
+             gk::make_deform_op<gk::DeformConv2d<double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>>())

@@ -14,7 +14,7 @@
 #include <immintrin.h>
 #endif
 
-#include "../native/kernel.h"
+#include <graphkit/kernel.h>
 
 namespace gk {
 namespace {
@@ -372,17 +372,10 @@ struct MyAdd {
   }
 };
 
-const OrtCustomOp kOps[] = {
-    make_op<MyAdd<Half, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16>>(),
-    make_op<MyAdd<float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>>(),
-    make_op<MyAdd<double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>>(),
-};
-
 }  // namespace
-
-const OpSet& ops_my_add() {
-  static const OpSet set{"my_add", kOps, std::size(kOps)};
-  return set;
-}
-
 }  // namespace gk
+
+GRAPHKIT_OPS(my_add,
+             gk::make_op<gk::MyAdd<gk::Half, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16>>(),
+             gk::make_op<gk::MyAdd<float, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT>>(),
+             gk::make_op<gk::MyAdd<double, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE>>())

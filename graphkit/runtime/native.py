@@ -1,80 +1,97 @@
-"""Build (on first use) and locate graphkit's native ONNX Runtime kernel library.
+"""Build (on first use) and locate the native ONNX Runtime kernel libraries of op packages.
 
-All ``custom_ops/native/*.cc`` and ``custom_ops/<op>/*.cc`` files (except torch
-extension sources, ``*_torch.cc``/``*_torch.cpp``) are compiled with the system C++
-compiler (``$CXX`` overrides ``c++``) into one ``libgraphkit_ops.so``, which ONNX
-Runtime loads with ``SessionOptions.register_custom_ops_library``.
+Every :class:`~graphkit.ops.OpPackage` with ``NativeKernels(sources=...)`` is compiled with
+the system C++ compiler (``$CXX`` overrides ``c++``) against graphkit's kernel header
+(:func:`include_dir`, ``#include <graphkit/kernel.h>``); each source becomes an object
+file cached by content (the source, the package's headers, graphkit's headers, the
+compiler's ``--version``, the flags and the CPU: the build uses ``-march=native``).
 
-The result is cached under ``$GRAPHKIT_CACHE_DIR`` (default ``~/.cache/graphkit``) in
-``native/<key>/``, where ``key`` hashes the sources, the compiler's ``--version``, the
-flags and the CPU (the build uses ``-march=native``). Builds hold a file lock and
-publish atomically (temporary file, then ``os.replace``), and a library is only used
-if it matches the checksum written beside it, so a killed or concurrent build never
-leaves a broken library in use.
+A session links ONE library for the set of packages it needs: their objects, graphkit's
+``kernel.cc``/``register.cc`` and a generated registration table that registers every
+native op in its placeholder domain (``op.domain``) and its native kernel domain, each
+domain once, so ops of several packages may share a domain. The link uses
+``-Wl,--no-undefined``: a package declaring a native op its sources do not define
+(``GRAPHKIT_OPS(name, ...)``) is a clear :class:`~graphkit.errors.NativeBuildError`.
+
+Everything lives in graphkit's build cache (:mod:`graphkit.build_cache`): locked,
+published atomically, checksummed before use, so killed or concurrent builds never
+leave a broken library in use.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
-import fcntl
 import functools
-import hashlib
 import importlib.resources
+import json
 import os
 import platform
+import re
 import shlex
 import subprocess
-import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from graphkit import build_cache
 from graphkit.errors import NativeBuildError
 
-__all__ = ["CXX_FLAGS", "LIBRARY_NAME", "cache_dir", "library_path", "served_ops", "sources"]
+if TYPE_CHECKING:
+    from graphkit.ops import OpPackage, OpRegistry
 
+__all__ = ["CXX_FLAGS", "LINK_FLAGS", "LIBRARY_NAME", "cache_dir", "include_dir", "library_for",
+           "library_path", "package_id", "served_ops"]
+
+# Compile flags of every object (graphkit's and packages'); packages add their cxx_flags.
 CXX_FLAGS: tuple[str, ...] = (
     "-O3",
     "-march=native",
     "-std=c++17",
     "-fPIC",
-    "-shared",
     "-fvisibility=hidden",
     "-pthread",
 )
+LINK_FLAGS: tuple[str, ...] = ("-shared", "-pthread", "-Wl,--no-undefined")
 LIBRARY_NAME = "libgraphkit_ops.so"
 
-_CHECKSUM_SUFFIX = ".sha256"
-_STDERR_TAIL = 4000  # characters of compiler output kept in error messages
-_BUILD_TIMEOUT = 600  # seconds
+_KEY_VERSION = "2"  # bump when the build recipe or the cache layout changes
+_BUILD_TIMEOUT = 600  # seconds per compiler run
+_STDERR_TAIL = 2000  # characters of compiler output kept in messages that cannot be parsed
 _HINT = "install a C++17 compiler (e.g. `apt-get install g++`) or point $CXX at one"
+_DIAGNOSTIC = re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?:fatal )?error:\s*(?P<msg>.*)$")
 
 
 def cache_dir() -> Path:
     """The cache root: ``$GRAPHKIT_CACHE_DIR`` or ``~/.cache/graphkit``."""
-    env = os.environ.get("GRAPHKIT_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "graphkit"
+    return build_cache.cache_root()
 
 
-def _package_root() -> Path:
-    root = Path(str(importlib.resources.files("custom_ops")))
+def _cpp_dir() -> Path:
+    root = Path(str(importlib.resources.files("graphkit.runtime"))) / "cpp"
     if not root.is_dir():
-        raise NativeBuildError(
-            f"the custom_ops sources are not a directory on disk ({root})",
-            hint="install graphkit from a source checkout or an unzipped wheel",
-        )
+        raise NativeBuildError(f"graphkit's C++ kernel sources are not a directory on disk ({root})",
+                               hint="install graphkit from a source checkout or an unzipped wheel")
     return root
 
 
-def sources() -> list[Path]:
-    """The C++ files compiled into the library, sorted."""
-    root = _package_root()
-    found = set(root.glob("native/*.cc")) | set(root.glob("*/*.cc"))
-    return sorted(p for p in found if not p.name.endswith(("_torch.cc", "_torch.cpp")))
+def include_dir() -> Path:
+    """The directory to pass with ``-I`` so that ``#include <graphkit/kernel.h>`` works."""
+    return _cpp_dir() / "include"
 
 
-def _hashed_files(root: Path) -> list[Path]:
-    """Sources plus the headers they may include (a header change must rebuild)."""
-    headers = set(root.glob("*/*.h")) | set(root.glob("*/*.hpp"))
-    return sorted(set(sources()) | headers)
+def _graphkit_headers() -> list[Path]:
+    return sorted((include_dir() / "graphkit").glob("*.h"))
+
+
+def package_id(package: OpPackage) -> str:
+    """The package's name as a C identifier (``GRAPHKIT_PACKAGE_ID``)."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", package.name)
+
+
+def _opset_symbol(package: OpPackage, op_name: str) -> str:
+    return f"graphkit_opset__{package_id(package)}__{op_name}"
 
 
 def _compiler() -> list[str]:
@@ -104,96 +121,240 @@ def _cpu_id() -> str:
     return f"{platform.machine()}\n{flags}"
 
 
-def _cache_key(root: Path, compiler: list[str]) -> str:
-    h = hashlib.sha256()
-    for path in _hashed_files(root):
-        h.update(path.relative_to(root).as_posix().encode() + b"\0")
-        h.update(path.read_bytes() + b"\0")
-    h.update(_compiler_version(tuple(compiler)).encode() + b"\0")
-    h.update(shlex.join(CXX_FLAGS).encode() + b"\0")
-    h.update(_cpu_id().encode())
-    return h.hexdigest()[:16]
+# ---- objects --------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+@dataclass
+class _Unit:
+    """One source to compile into a cached object."""
+
+    label: str                 # the package name ("graphkit" for graphkit's own files)
+    source: Path
+    flags: tuple[str, ...]
+    depends: tuple[Path, ...]  # files whose content the object depends on (source included)
+    key: str = ""
+
+    @property
+    def entry(self) -> build_cache.Entry:
+        return build_cache.Entry("native/obj", self.key)
+
+    @property
+    def name(self) -> str:
+        return self.source.stem + ".o"
 
 
-def _is_valid(lib: Path) -> bool:
-    """True if ``lib`` exists and matches the checksum its build wrote beside it."""
+def _base_key(compiler: list[str], extra_flags: Sequence[str]) -> str:
+    return build_cache.hash_key(_KEY_VERSION, shlex.join(compiler), _compiler_version(tuple(compiler)),
+                                shlex.join(CXX_FLAGS), shlex.join(extra_flags), _cpu_id(),
+                                *_graphkit_headers())
+
+
+def _units(packages: Sequence[OpPackage], base: str, extra_flags: Sequence[str]) -> list[_Unit]:
+    inc = ("-I", str(include_dir()))
+    cpp = _cpp_dir()
+    units = [_Unit("graphkit", cpp / name, (*CXX_FLAGS, *inc, *extra_flags), (cpp / name,))
+             for name in ("kernel.cc", "register.cc")]
+    for package in packages:
+        native = package.native
+        flags = (*CXX_FLAGS, *inc, f"-DGRAPHKIT_PACKAGE_ID={package_id(package)}", *native.cxx_flags,
+                 *extra_flags)
+        try:
+            depends = tuple(native.hashed())
+            for src in native.compiled():
+                units.append(_Unit(package.name, src, flags, (src, *depends)))
+        except OSError as exc:
+            raise NativeBuildError(f"package {package.name}: cannot read its kernel sources: {exc}",
+                                   hint="check NativeKernels(root=..., sources=...)") from exc
+    for unit in units:
+        try:
+            unit.key = build_cache.hash_key(base, unit.label, unit.source.name, shlex.join(unit.flags),
+                                            *(p.read_bytes() for p in unit.depends), *map(str, unit.depends))
+        except OSError as exc:
+            raise NativeBuildError(f"package {unit.label}: cannot read {exc.filename}: {exc.strerror}",
+                                   hint="check NativeKernels(root=..., sources=..., headers=...)") from exc
+    return units
+
+
+def _run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
     try:
-        expected = lib.with_name(lib.name + _CHECKSUM_SUFFIX).read_text().strip()
-        return _sha256(lib) == expected
-    except OSError:
-        return False
-
-
-def _compile(srcs: list[Path], out: Path, compiler: list[str]) -> None:
-    cmd = [*compiler, *CXX_FLAGS, *map(str, srcs), "-o", str(out)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_BUILD_TIMEOUT)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=_BUILD_TIMEOUT)
     except (OSError, subprocess.SubprocessError) as exc:
-        raise NativeBuildError(f"cannot run the C++ compiler {shlex.join(compiler)!r}: {exc}", hint=_HINT) from exc
-    if proc.returncode != 0 or not out.is_file():
-        tail = (proc.stderr or proc.stdout or "").strip()[-_STDERR_TAIL:]
-        raise NativeBuildError(
-            f"building {LIBRARY_NAME} failed (exit status {proc.returncode}): {shlex.join(cmd)}\n{tail}".rstrip(),
-            hint=_HINT,
-        )
+        raise NativeBuildError(f"cannot run the C++ compiler {cmd[0]!r} ({what}): {exc}", hint=_HINT) from exc
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def _write_log(entry: build_cache.Entry, name: str, cmd: list[str], proc: subprocess.CompletedProcess) -> Path:
+    log = entry.path(name)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        log.write_text(f"$ {shlex.join(cmd)}\n# exit status {proc.returncode}\n{proc.stdout}{proc.stderr}")
+    except OSError:
+        pass
+    return log
+
+
+def _compile(unit: _Unit, compiler: list[str], rebuild: bool) -> Path:
+    entry = unit.entry
+    if not rebuild and (found := entry.valid(unit.name)) is not None:
+        return found
+    with entry.lock():
+        if not rebuild and (found := entry.valid(unit.name)) is not None:  # built meanwhile
+            return found
+        tmp = entry.temp(unit.name)
+        try:
+            cmd = [*compiler, *unit.flags, "-c", str(unit.source), "-o", str(tmp)]
+            proc = _run(cmd, f"compiling {unit.source.name}")
+            if proc.returncode != 0 or tmp.stat().st_size == 0:
+                log = _write_log(entry, unit.source.stem + ".log", cmd, proc)
+                raise _compile_error(unit, proc, log)
+            return entry.publish(tmp, unit.name, source=str(unit.source), package=unit.label)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def _compile_error(unit: _Unit, proc: subprocess.CompletedProcess, log: Path) -> NativeBuildError:
+    output = f"{proc.stderr}\n{proc.stdout}"
+    for line in output.splitlines():
+        m = _DIAGNOSTIC.match(line.strip())
+        if m:
+            where = f"{m['file']}:{m['line']}" + (f":{m['col']}" if m["col"] else "")
+            return NativeBuildError(f"package {unit.label}: {where}: error: {m['msg'].strip()}",
+                                    hint=f"fix the C++ source; the full compiler output is in {log}")
+    tail = output.strip()[-_STDERR_TAIL:]
+    return NativeBuildError(
+        f"package {unit.label}: compiling {unit.source} failed (exit status {proc.returncode})"
+        + (f": {tail}" if tail else ""),
+        hint=f"{_HINT}; the full compiler output is in {log}")
+
+
+# ---- the registration table and the link ----------------------------------------------------
+
+
+def _table(packages: Sequence[OpPackage], registry: OpRegistry | None) -> tuple[str, list[str]]:
+    """The generated C++ registration table and the ``domain::name`` pairs it serves."""
+    from graphkit.ops import kernel_domain
+
+    domains: dict[str, list[str]] = {}
+    served: list[str] = []
+    symbols: list[str] = []
+    for package in packages:
+        for op in package.native_ops():
+            symbol = _opset_symbol(package, op.name)
+            symbols.append(symbol)
+            kd = registry.kernel_domain(op, "native") if registry is not None else kernel_domain("native", op.domain)
+            for domain in dict.fromkeys((op.domain, kd)):
+                if symbol not in domains.setdefault(domain, []):
+                    domains[domain].append(symbol)
+                    served.append(f"{domain}::{op.name}")
+    lines = ["// Generated by graphkit.runtime.native: the registration table of one library.",
+             '#include "graphkit/kernel.h"', ""]
+    lines += [f'extern "C" const gk::OpSet* {s}(void);' for s in dict.fromkeys(symbols)]
+    lines += ["", "namespace gk {", "namespace {"]
+    for i, (_, syms) in enumerate(domains.items()):
+        lines.append(f"const OpSetFn kDomain{i}[] = {{{', '.join('&' + s for s in syms)}}};")
+    lines += ["}  // namespace", "extern const DomainEntry kRegistration[] = {"]
+    for i, (domain, syms) in enumerate(domains.items()):
+        lines.append(f"    {{{json.dumps(domain)}, kDomain{i}, {len(syms)}}},")
+    if not domains:
+        lines.append("    {nullptr, nullptr, 0},")
+    lines += ["};", f"extern const size_t kRegistrationCount = {len(domains)};",
+              f"extern const char* const kServedOps = {json.dumps(','.join(served))};", "}  // namespace gk", ""]
+    return "\n".join(lines), served
+
+
+def _link_error(packages: Sequence[OpPackage], proc: subprocess.CompletedProcess, log: Path) -> NativeBuildError:
+    output = f"{proc.stderr}\n{proc.stdout}"
+    missing, doubled = [], []
+    for package in packages:
+        for op in package.native_ops():
+            symbol = _opset_symbol(package, op.name)
+            if re.search(rf"undefined (reference|symbol)[^\n]*\b{re.escape(symbol)}\b", output):
+                missing.append(f"package {package.name} declares native kernels for {op.qualified_name} "
+                               f"but its sources define no GRAPHKIT_OPS({op.name}, ...)")
+            elif re.search(rf"multiple definition[^\n]*\b{re.escape(symbol)}\b", output):
+                doubled.append(f"package {package.name} defines GRAPHKIT_OPS({op.name}, ...) more than once")
+    if missing or doubled:
+        return NativeBuildError("; ".join(missing + doubled),
+                                hint="add GRAPHKIT_OPS(<op name>, gk::make_op<Kernel>(), ...) to the package's "
+                                     f"sources, or set native=False on the op (linker output: {log})")
+    undefined = re.findall(r"undefined (?:reference|symbol)[^`'\"]*[`'\"]([^`'\"]+)[`'\"]", output)
+    names = ", ".join(p.name for p in packages)
+    if undefined:
+        return NativeBuildError(f"linking the kernels of {names} failed: undefined symbol "
+                                f"{', '.join(dict.fromkeys(undefined))}",
+                                hint=f"define it in the package's sources or link what defines it via "
+                                     f"NativeKernels(cxx_flags=...); the full linker output is in {log}")
+    tail = output.strip()[-_STDERR_TAIL:]
+    return NativeBuildError(f"linking the kernels of {names} failed (exit status {proc.returncode})"
+                            + (f": {tail}" if tail else ""), hint=f"{_HINT}; the full linker output is in {log}")
+
+
+def library_for(packages: Iterable[OpPackage], registry: OpRegistry | None = None, *,
+                extra_flags: Sequence[str] = (), rebuild: bool = False) -> Path:
+    """The library serving every native op of ``packages`` (compiled ones), building it if needed.
+
+    ``registry`` decides the kernel domains (default: graphkit's naming). ``extra_flags``
+    are added to every compile (part of the cache key). Raises NativeBuildError.
+    """
+    pkgs = sorted({id(p): p for p in packages}.values(), key=lambda p: p.name)
+    for p in pkgs:
+        if p.native is None or p.native.library is not None:
+            raise NativeBuildError(f"package {p.name} has no kernel sources to build",
+                                   hint="prebuilt libraries are registered as they are")
+    compiler = _compiler()
+    base = _base_key(compiler, extra_flags)
+    units = _units(pkgs, base, extra_flags)
+    table, _ = _table(pkgs, registry)
+    key = build_cache.hash_key(base, table, shlex.join(LINK_FLAGS), *(u.key for u in units))
+    entry = build_cache.Entry("native/lib", key)
+    if not rebuild and (found := entry.valid(LIBRARY_NAME)) is not None:
+        return found
+    with entry.lock():
+        if not rebuild and (found := entry.valid(LIBRARY_NAME)) is not None:
+            return found
+        with build_cache.announce(", ".join(p.name for p in pkgs) or "no packages"):
+            workers = max(1, min(len(units), os.cpu_count() or 1))
+            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                futures = [pool.submit(_compile, u, compiler, rebuild) for u in units]
+                objects = [f.result() for f in futures]  # the first failure, in source order
+            table_src = entry.path("registration.cc")
+            table_src.write_text(table)
+            table_obj = entry.temp("registration.o")
+            tmp = entry.temp(LIBRARY_NAME)
+            try:
+                cmd = [*compiler, *CXX_FLAGS, "-I", str(include_dir()), *extra_flags, "-c", str(table_src),
+                       "-o", str(table_obj)]
+                proc = _run(cmd, "compiling the registration table")
+                if proc.returncode != 0:
+                    raise _compile_error(_Unit("graphkit", table_src, (), ()), proc,
+                                         _write_log(entry, "registration.log", cmd, proc))
+                cmd = [*compiler, *LINK_FLAGS, *map(str, objects), str(table_obj), "-o", str(tmp)]
+                proc = _run(cmd, "linking")
+                if proc.returncode != 0 or tmp.stat().st_size == 0:
+                    raise _link_error(pkgs, proc, _write_log(entry, "link.log", cmd, proc))
+                os.chmod(tmp, 0o755)
+                return entry.publish(tmp, LIBRARY_NAME, packages=[p.name for p in pkgs])
+            finally:
+                tmp.unlink(missing_ok=True)
+                table_obj.unlink(missing_ok=True)
+
+
+def _builtin_package() -> OpPackage:
+    from graphkit.ops import BUILTIN_PACKAGE, load_package
+
+    return load_package(BUILTIN_PACKAGE, origin="built-in")
 
 
 def library_path(*, rebuild: bool = False) -> Path:
-    """Return the path of ``libgraphkit_ops.so``, compiling it first if needed.
+    """The library of graphkit's own ops (``graphkit_ops``), compiling it first if needed.
 
-    ``rebuild=True`` compiles even if a valid cached library exists. Raises
-    :class:`~graphkit.errors.NativeBuildError` if the compiler fails.
+    It is the library a session links when graphkit's ops are the only native ones it
+    needs. ``rebuild=True`` compiles even if valid cached files exist.
     """
-    root = _package_root()
-    compiler = _compiler()
-    build_dir = cache_dir() / "native" / _cache_key(root, compiler)
-    lib = build_dir / LIBRARY_NAME
-    if not rebuild and _is_valid(lib):
-        return lib
-    try:
-        build_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise NativeBuildError(f"cannot create the build cache {build_dir}: {exc}",
-                               hint="set $GRAPHKIT_CACHE_DIR to a writable directory") from exc
-    with open(build_dir / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if not rebuild and _is_valid(lib):  # built by another process meanwhile
-            return lib
-        # Whoever held the lock before us is done: leftovers are from killed builds.
-        for stale in build_dir.glob(".*.tmp"):
-            stale.unlink(missing_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=build_dir, prefix=f".{LIBRARY_NAME}.", suffix=".tmp")
-        os.close(fd)
-        tmp = Path(tmp_name)
-        try:
-            _compile(sources(), tmp, compiler)
-            digest = _sha256(tmp)
-            os.chmod(tmp, 0o755)
-            os.replace(tmp, lib)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _write_atomic(lib.with_name(lib.name + _CHECKSUM_SUFFIX), (digest + "\n").encode())
-    return lib
+    return library_for([_builtin_package()], rebuild=rebuild)
 
 
 def served_ops(path: Path | None = None) -> frozenset[str]:
-    """Op names the library serves (its ``graphkit_native_ops()``), building it if needed."""
+    """``domain::name`` of every op the library at ``path`` registers (default:
+    :func:`library_path`), read from its ``graphkit_native_ops()``."""
     lib = ctypes.CDLL(str(path if path is not None else library_path()))
     fn = lib.graphkit_native_ops
     fn.restype = ctypes.c_char_p

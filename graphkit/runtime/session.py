@@ -1,9 +1,16 @@
 """Open ONNX Runtime sessions with the kernels a model's custom ops need.
 
-- ``custom`` (placeholder) and ``graphkit.native`` nodes run on the native kernel library
-  (``graphkit.runtime.native``), registered only when the model has such nodes.
-- ``graphkit.python`` nodes run their op's ``python_kernel`` through onnxruntime-extensions
+- Every node's op is found with ``registry.lookup(domain, op_type)``. Placeholder nodes of
+  native ops (``custom::my_add``, ``acme::rms_norm``) and nodes in native kernel domains
+  (``graphkit.native``, ``graphkit.native.acme``) run on ONE native library linked for the
+  set of op packages they need (``graphkit.runtime.native.library_for``); packages with a
+  prebuilt library have it registered as it is. Nothing is built or registered for models
+  without such nodes.
+- Nodes in Python kernel domains (``graphkit.python``, ``graphkit.python.<domain>``) run
+  their op's ``python_kernel`` through onnxruntime-extensions
   (:mod:`graphkit.runtime.python_kernels`), as do ort-extensions' own domains.
+- With the caller's own ``options``, nodes in domains no op package knows are left to
+  ONNX Runtime (the caller may have registered a library for them).
 - Nodes inside If/Loop/Scan bodies and model-local functions count too.
 
 Every node without a kernel is named before ONNX Runtime is touched.
@@ -24,14 +31,13 @@ import onnx
 import onnxruntime as ort
 
 from graphkit.errors import KernelError, UnsupportedOpError, UsageError
-from graphkit.ops import NATIVE_DOMAIN, PLACEHOLDER_DOMAIN, PYTHON_DOMAIN, OpRegistry
+from graphkit.ops import OpRegistry, split_kernel_domain
 from graphkit.runtime import python_kernels as pk
 
 __all__ = ["open_session", "Session", "TensorInfo", "STANDARD_DOMAINS"]
 
 # Domains ONNX Runtime serves itself.
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
-_NATIVE_DOMAINS = (PLACEHOLDER_DOMAIN, NATIVE_DOMAIN)
 # Marks SessionOptions graphkit already registered kernel libraries on.
 _USED_KEY = "graphkit.kernels_registered"
 
@@ -120,27 +126,73 @@ def _check_external_data(proto: onnx.ModelProto, path: str | None) -> None:
 MAX_RANDOM_BYTES = 1 << 32
 
 
+_DEFINE_HINT = "pass --ops PACKAGE or install the package that defines it"
+
+
 @dataclass
 class _Plan:
     native: list[_NodeRef]
     python: list[_NodeRef]
     extensions: bool
+    libraries: list[tuple[Path, str]]          # (library, what it serves, for messages)
 
 
-def _plan(model: onnx.ModelProto, registry: OpRegistry, path: str | None) -> _Plan:
-    """Sort nodes by the kernels they need; raise UnsupportedOpError naming all without one."""
+def _native_libraries(registry: OpRegistry, packages: Sequence[Any], path: str | None
+                      ) -> list[tuple[Path, str]]:
+    """Libraries to register for ``packages``: one linked for every package with sources,
+    each prebuilt one as it is.
+
+    A domain registered by two of them is a KernelError naming both packages (ONNX Runtime
+    refuses a domain registered twice)."""
+    compiled = [p for p in packages if p.native.library is None]
+    prebuilt = [p for p in packages if p.native.library is not None]
+    libraries: list[tuple[Path, str]] = []
+    owner: dict[str, str] = {}  # domain -> package(s) serving it
+    if compiled:
+        lib = _native().library_for(compiled, registry)
+        names = ", ".join(p.name for p in compiled)
+        libraries.append((lib, names))
+        for op in (op for p in compiled for op in p.native_ops()):
+            for domain in (op.domain, registry.kernel_domain(op, "native")):
+                owner.setdefault(domain, registry.package_of(op).name)
+    for p in prebuilt:
+        lib = Path(p.native.library)
+        if not lib.is_file():
+            raise KernelError(f"package {p.name}: its prebuilt native library {lib} does not exist",
+                              path=path, hint="build the package's library, or reinstall the package")
+        for domain in dict.fromkeys(op.domain for op in p.native_ops()):
+            if domain in owner:
+                raise KernelError(
+                    f"domain '{domain}' is served by two native libraries in this session: package "
+                    f"{owner[domain]} and package {p.name} (prebuilt {lib})",
+                    path=path, hint="ONNX Runtime registers a domain once: give the prebuilt "
+                                    "package's ops their own domain, or run the models separately")
+            owner[domain] = p.name
+        libraries.append((lib, p.name))
+    return libraries
+
+
+def _plan(model: onnx.ModelProto, registry: OpRegistry, path: str | None, *,
+          foreign_ok: bool = False, build: bool = True) -> _Plan:
+    """Sort nodes by the kernels they need; raise UnsupportedOpError naming all without one.
+
+    ``foreign_ok``: nodes in domains no op package knows are left to ONNX Runtime (the
+    caller's SessionOptions may register a library for them). ``build``: link the native
+    libraries the native nodes need (False: only sort)."""
     refs = list(_walk(model))
     functions = {(f.domain, f.name) for f in model.functions}
     function_domains = {f.domain for f in model.functions}
     native, python, problems = [], [], []
+    native_packages: dict[int, Any] = {}
     extensions = False
     table = None
     src = path or "MODEL.onnx"
+    known_domains = registry.placeholder_domains()
 
     def fix(op, *, have: str) -> str:
         """How to get a kernel for ``op`` other than the lowering ``have`` the node has."""
         if op is None:
-            return "define the op in custom_ops/ (a decomposition or a kernel) and rewrite the model"
+            return _DEFINE_HINT
         ways = []
         if op.decompositions:
             ways.append(f"run `graphkit rewrite {src} OUT.onnx` to decompose it")
@@ -148,7 +200,7 @@ def _plan(model: onnx.ModelProto, registry: OpRegistry, path: str | None) -> _Pl
             ways.append("rewrite with --bind native")
         if op.python_kernel is not None and have != "python":
             ways.append("rewrite with --bind python")
-        return ", or ".join(ways) or "give the op a decomposition or a kernel in custom_ops/"
+        return ", or ".join(ways) or "give the op a decomposition or a kernel in its op package"
 
     for ref in refs:
         n = ref.node
@@ -156,13 +208,11 @@ def _plan(model: onnx.ModelProto, registry: OpRegistry, path: str | None) -> _Pl
         qualified = f"{domain or 'ai.onnx'}::{n.op_type}"
         if (domain, n.op_type) in functions or domain in STANDARD_DOMAINS | function_domains:
             continue
-        if domain in _NATIVE_DOMAINS:
-            native.append(ref)
-        elif domain == PYTHON_DOMAIN:
-            op = registry.get(n.op_type)
+        kind = split_kernel_domain(domain)
+        op = registry.lookup(domain, n.op_type)
+        if kind is not None and kind[0] == "python":
             if op is None:
-                problems.append((ref, qualified, "op not defined in the registry",
-                                 "define the op in custom_ops/ or pass the registry that has it"))
+                problems.append((ref, qualified, "op not defined in the registry", _DEFINE_HINT))
                 continue
             reason = pk.kernel_problem(op)
             if reason is None and (any(not name for name in n.input) or len(n.input) < len(op.inputs)):
@@ -175,20 +225,39 @@ def _plan(model: onnx.ModelProto, registry: OpRegistry, path: str | None) -> _Pl
                 problems.append((ref, qualified, reason, fix(op, have="python")))
                 continue
             python.append(ref)
+        elif op is not None and (registry.is_placeholder(domain, n.op_type) or kind is not None
+                                 or domain == registry.kernel_domain(op, "native")):
+            package = registry.package_of(op)
+            if not op.native or package is None or package.native is None:
+                problems.append((ref, qualified, "no native kernel", fix(op, have="native")))
+                continue
+            native.append(ref)
+            native_packages[id(package)] = package
         elif domain in pk.EXTENSIONS_DOMAINS:
             extensions = True
-        else:
+        elif domain in known_domains or kind is not None:
+            problems.append((ref, qualified, f"no native kernel: no op package defines {qualified}",
+                             _DEFINE_HINT))
+        elif not foreign_ok:
             problems.append((ref, qualified, f"domain '{domain}' is unknown to ONNX Runtime",
-                             "define the op in custom_ops/ and rewrite the model, or re-export "
-                             "it without the op"))
-    if native:
-        served = _native().served_ops()
-        for ref in native:
+                             f"{_DEFINE_HINT}, or re-export the model without the op"))
+    libraries: list[tuple[Path, str]] = []
+    if native and not problems and build:
+        packages = [p for p in registry.packages if id(p) in native_packages]
+        libraries = _native_libraries(registry, packages, path)
+        served = set()
+        checked = True
+        for lib, _what in libraries:
+            try:
+                served |= _native().served_ops(lib)
+            except (OSError, AttributeError):
+                checked = False  # a prebuilt library: it does not list its ops
+        for ref in native if checked else ():
             n = ref.node
-            if n.op_type in served:
+            if f"{n.domain}::{n.op_type}" in served:
                 continue
             problems.append((ref, f"{n.domain}::{n.op_type}", "no native kernel",
-                             fix(registry.get(n.op_type), have="native")))
+                             fix(registry.lookup(n.domain, n.op_type), have="native")))
     if problems:
         order = {id(r): i for i, r in enumerate(refs)}
         problems.sort(key=lambda p: order[id(p[0])])
@@ -200,7 +269,7 @@ def _plan(model: onnx.ModelProto, registry: OpRegistry, path: str | None) -> _Pl
         hints = list(dict.fromkeys(h for *_, h in problems))
         raise UnsupportedOpError(f"{len(problems)} nodes have no kernel: {lines}", path=path,
                                  hint="; ".join(hints))
-    return _Plan(native, python, extensions)
+    return _Plan(native, python, extensions, libraries)
 
 
 def _dtype_of(type_str: str) -> np.dtype | None:
@@ -407,9 +476,9 @@ def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
         raise UsageError(f"threads must be a non-negative int, not {threads!r}",
                          hint="0 lets ONNX Runtime choose")
-    plan = _plan(proto, registry, path)
+    plan = _plan(proto, registry, path, foreign_ok=options is not None)
 
-    python_ops = {r.node.op_type: registry.get(r.node.op_type) for r in plan.python}
+    python_ops = {r.node.op_type: registry.lookup(r.node.domain, r.node.op_type) for r in plan.python}
     python_nodes: dict[str, list[str]] = {}
     for r in plan.python:
         python_nodes.setdefault(r.node.op_type, []).append(r.display)
@@ -419,7 +488,9 @@ def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
         if path is None:  # never modify the caller's model
             work = onnx.ModelProto()
             work.CopyFrom(proto)
-            plan = _plan(work, registry, path)
+            libraries = plan.libraries
+            plan = _plan(work, registry, path, foreign_ok=options is not None, build=False)
+            plan.libraries = libraries
         refs = [pk.PythonNode(r.node, r.graph, r.index, r.depth, r.display) for r in plan.python]
         if pk.bind_python_nodes(work, registry, refs) or path is None:
             source = work.SerializeToString()
@@ -444,13 +515,13 @@ def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
 
     lease = None
     try:
-        if plan.native:
-            lib = _native().library_path()
+        for lib, what in plan.libraries:
             try:
                 so.register_custom_ops_library(str(lib))
             except Exception as exc:  # noqa: BLE001
-                raise KernelError(f"cannot register the native kernel library {lib}: {exc}",
-                                  path=path, hint="rebuild it (delete its cache)") from exc
+                raise KernelError(f"cannot register the native kernel library of {what} ({lib}): {exc}",
+                                  path=path, hint="a domain may be registered twice (by your own "
+                                                  "SessionOptions?); or rebuild it (delete its cache)") from exc
         if plan.python or plan.extensions:
             # Python kernels run on the caller's thread only in sequential mode: that is what
             # lets a kernel's exception reach the right run() call.

@@ -1,5 +1,5 @@
 // Out-of-line parts of the kernel helpers (see kernel.h).
-#include "kernel.h"
+#include "graphkit/kernel.h"
 
 #include <new>
 
@@ -157,6 +157,15 @@ TensorView Context::input(size_t index) const {
   api_.check(ort::GetTensorMutableData(a)(const_cast<OrtValue*>(value), &data), "GetTensorMutableData");
   t.data = data;
   return t;
+}
+
+bool Context::optional_input(size_t index, TensorView& out) const {
+  if (index >= input_count()) return false;
+  const OrtValue* value = nullptr;
+  api_.check(ort::KernelContext_GetInput(api_.raw())(ctx_, index, &value), "KernelContext_GetInput");
+  if (value == nullptr) return false;
+  out = input(index);
+  return true;
 }
 
 void* Context::output(size_t index, const Shape& shape) const {

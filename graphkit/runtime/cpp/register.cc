@@ -1,5 +1,9 @@
-// Entry points of libgraphkit_ops.so, the native kernel library ONNX Runtime loads with
+// Entry points of every native kernel library graphkit links; ONNX Runtime loads it with
 // SessionOptions.register_custom_ops_library(path).
+//
+// What the library registers comes from the table graphkit generates when it links the
+// library (gk::kRegistration: each domain once, with the GRAPHKIT_OPS sets it serves), so
+// the ops of several packages, sharing a domain or not, are served by one library.
 //
 // The library does not link libonnxruntime: everything goes through the OrtApiBase
 // handed to RegisterCustomOps. Only the extern "C" functions below are exported
@@ -8,32 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "kernel.h"
+#include "graphkit/kernel.h"
 
 #define GK_EXPORT extern "C" __attribute__((visibility("default")))
 
-// ---- the registration table: one line per op ------------------------------------------
-// X(name) needs `const gk::OpSet& gk::ops_<name>()` defined in custom_ops/<name>/<name>.cc.
-#define GRAPHKIT_NATIVE_OPS(X) \
-  X(my_add) \
-  X(deform_conv2d)
-
 namespace gk {
-#define GK_DECLARE(name) const OpSet& ops_##name();
-GRAPHKIT_NATIVE_OPS(GK_DECLARE)
-#undef GK_DECLARE
-
 namespace {
-
-using OpSetFn = const OpSet& (*)();
-#define GK_ENTRY(name) &ops_##name,
-constexpr OpSetFn kTable[] = {GRAPHKIT_NATIVE_OPS(GK_ENTRY)};
-#undef GK_ENTRY
-
-// The same kernels serve both domains: "custom" is the placeholder domain exporters
-// emit (such models run as they are), "graphkit.native" is what
-// `graphkit rewrite --bind native` retargets nodes to.
-constexpr const char* kDomains[] = {"custom", "graphkit.native"};
 
 // Domains must outlive every session built from the options they were added to;
 // they are kept here and released when the library is unloaded.
@@ -52,17 +36,8 @@ DomainStore& store() {
 }  // namespace
 }  // namespace gk
 
-GK_EXPORT const char* graphkit_native_ops(void) {
-  static const std::string names = [] {
-    std::string s;
-    for (auto fn : gk::kTable) {
-      if (!s.empty()) s += ",";
-      s += fn().name;
-    }
-    return s;
-  }();
-  return names.c_str();
-}
+// "domain::name,..." for every op the library registers, in every domain.
+GK_EXPORT const char* graphkit_native_ops(void) { return gk::kServedOps; }
 
 // The OrtApi version this library requests and declares in its OrtCustomOps.
 GK_EXPORT uint32_t graphkit_native_api_version(void) { return gk::kOrtApiVersion; }
@@ -89,15 +64,18 @@ GK_EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiB
   try {
     auto& s = gk::store();
     std::lock_guard<std::mutex> lock(s.mutex);
-    for (const char* name : gk::kDomains) {
+    for (size_t d = 0; d < gk::kRegistrationCount; ++d) {
+      const gk::DomainEntry& entry = gk::kRegistration[d];
       OrtCustomOpDomain* domain = nullptr;
-      gapi.check(ort::CreateCustomOpDomain(api)(name, &domain), "CreateCustomOpDomain");
+      gapi.check(ort::CreateCustomOpDomain(api)(entry.domain, &domain), "CreateCustomOpDomain");
       s.domains.emplace_back(api, domain);
-      for (auto fn : gk::kTable) {
-        const gk::OpSet& set = fn();
-        for (size_t i = 0; i < set.count; ++i) gapi.check(ort::CustomOpDomain_Add(api)(domain, &set.ops[i]), "CustomOpDomain_Add");
+      for (size_t k = 0; k < entry.count; ++k) {
+        const gk::OpSet* set = entry.ops[k]();
+        for (size_t i = 0; i < set->count; ++i) {
+          gapi.check(ort::CustomOpDomain_Add(api)(domain, &set->ops[i]), "CustomOpDomain_Add");
+        }
       }
-      gapi.check(ort::AddCustomOpDomain(api)(options, domain), "AddCustomOpDomain");
+      gapi.check(ort::AddCustomOpDomain(api)(options, domain), (std::string("AddCustomOpDomain '") + entry.domain + "'").c_str());
     }
     return nullptr;
   } catch (...) {

@@ -1,4 +1,5 @@
-// Small C++ helpers shared by graphkit's native ONNX Runtime kernels.
+// graphkit's public C++ kernel header: `#include <graphkit/kernel.h>`
+// (graphkit compiles op packages' sources with -I graphkit.runtime.native.include_dir()).
 //
 // A kernel is a struct K with
 //   static const char* name();                               the op type
@@ -7,7 +8,13 @@
 //   K(const gk::Api& api, const gk::KernelInfo& info);       may throw gk::Error
 //   void compute(gk::Context& ctx);                          may throw gk::Error
 //   static void infer_shapes(gk::ShapeInferContext& ctx);    optional (output shapes)
-// and `gk::make_op<K>()` turns it into an OrtCustomOp. Every callback ORT can reach
+//   static constexpr size_t required_inputs = N;             optional: inputs from N on
+//                                                            may be omitted by a node
+// and `gk::make_op<K>()` turns it into an OrtCustomOp. Each op of a package is declared,
+// at global scope, once, with all its OrtCustomOps (one per element type):
+//   GRAPHKIT_OPS(my_op, gk::make_op<MyOp<float>>(), gk::make_op<MyOp<double>>())
+// graphkit generates the registration (which domains, which ops) when it links the
+// library; a package never writes RegisterCustomOps. Every callback ORT can reach
 // is filled in, and every C++ exception is caught at the ABI boundary: V2 callbacks
 // hand errors back to ORT as an OrtStatus (a Python exception), never a crash.
 #pragma once
@@ -25,7 +32,7 @@
 #include <utility>
 #include <vector>
 
-#include "ort_abi.h"
+#include "graphkit/ort_abi.h"
 
 namespace gk {
 
@@ -134,6 +141,8 @@ class Context {
   size_t input_count() const;
   size_t output_count() const;
   TensorView input(size_t index) const;
+  // Optional input `index`: false when the node omits it (or has fewer inputs).
+  bool optional_input(size_t index, TensorView& out) const;
   // Allocates output `index` with `shape`; returns its data (nullptr when it is empty).
   void* output(size_t index, const Shape& shape) const;
   template <class T>
@@ -219,6 +228,11 @@ struct has_infer<K, std::void_t<decltype(K::infer_shapes(std::declval<ShapeInfer
 // Converts any exception into an OrtStatus prefixed with the op name.
 OrtStatus* to_status(const Api& api) noexcept;  // call from inside a catch block
 
+template <class K, class = void>
+struct has_required_inputs : std::false_type {};
+template <class K>
+struct has_required_inputs<K, std::void_t<decltype(K::required_inputs)>> : std::true_type {};
+
 template <class K>
 struct Instance {
   Api api;
@@ -240,6 +254,13 @@ struct Callbacks {
   }
   static OrtCustomOpInputOutputCharacteristic GetCharacteristic(const OrtCustomOp*, size_t) {
     return INPUT_OUTPUT_REQUIRED;
+  }
+  static OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(const OrtCustomOp*, size_t i) {
+    if constexpr (has_required_inputs<K>::value) {
+      return i >= size_t(K::required_inputs) ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+    } else {
+      return INPUT_OUTPUT_REQUIRED;
+    }
   }
   static OrtMemType GetInputMemoryType(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
   static int GetVariadicMinArity(const OrtCustomOp*) { return 1; }
@@ -326,7 +347,7 @@ OrtCustomOp make_op() {
   op.GetOutputTypeCount = &C::GetOutputTypeCount;
   op.KernelCompute = &C::KernelCompute;
   op.KernelDestroy = &C::KernelDestroy;
-  op.GetInputCharacteristic = &C::GetCharacteristic;
+  op.GetInputCharacteristic = &C::GetInputCharacteristic;
   op.GetOutputCharacteristic = &C::GetCharacteristic;
   op.GetInputMemoryType = &C::GetInputMemoryType;
   op.GetVariadicInputMinArity = &C::GetVariadicMinArity;
@@ -345,11 +366,43 @@ OrtCustomOp make_op() {
   return op;
 }
 
-// The OrtCustomOps of one op (one per element type), as listed in register.cc.
+// The OrtCustomOps of one op (one per element type), defined by GRAPHKIT_OPS.
 struct OpSet {
   const char* name;
   const OrtCustomOp* ops;
   size_t count;
 };
 
+// The registration table graphkit generates for each library it links (register.cc
+// reads it): every domain once, with the op sets registered in it.
+using OpSetFn = const OpSet* (*)();
+struct DomainEntry {
+  const char* domain;
+  const OpSetFn* ops;
+  size_t count;
+};
+extern const DomainEntry kRegistration[];
+extern const size_t kRegistrationCount;
+// "domain::name,domain::name,...": what the library serves.
+extern const char* const kServedOps;
+
 }  // namespace gk
+
+// ---- GRAPHKIT_OPS ---------------------------------------------------------------------
+// GRAPHKIT_OPS(op_name, op1, op2, ...) defines the OpSet of op `op_name` (op1... are
+// OrtCustomOp values, usually gk::make_op<K>()). Use it once per native op, at global
+// scope. The symbol is unique per package (GRAPHKIT_PACKAGE_ID is set by graphkit's
+// build), so two packages may both have an op called `op_name` in different domains.
+#ifndef GRAPHKIT_PACKAGE_ID
+#define GRAPHKIT_PACKAGE_ID unnamed_package
+#endif
+#define GK_CAT2_(a, b) a##b
+#define GK_CAT_(a, b) GK_CAT2_(a, b)
+#define GRAPHKIT_OPSET_SYMBOL(op_name) GK_CAT_(GK_CAT_(GK_CAT_(graphkit_opset__, GRAPHKIT_PACKAGE_ID), __), op_name)
+#define GRAPHKIT_OPS(op_name, ...)                                                          \
+  extern "C" const ::gk::OpSet* GRAPHKIT_OPSET_SYMBOL(op_name)(void);                      \
+  extern "C" const ::gk::OpSet* GRAPHKIT_OPSET_SYMBOL(op_name)(void) {                     \
+    static const OrtCustomOp gk_ops_[] = {__VA_ARGS__};                                    \
+    static const ::gk::OpSet gk_set_{#op_name, gk_ops_, sizeof(gk_ops_) / sizeof(gk_ops_[0])}; \
+    return &gk_set_;                                                                       \
+  }
