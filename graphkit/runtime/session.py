@@ -478,10 +478,14 @@ def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
                          hint="0 lets ONNX Runtime choose")
     plan = _plan(proto, registry, path, foreign_ok=options is not None)
 
-    python_ops = {r.node.op_type: registry.lookup(r.node.domain, r.node.op_type) for r in plan.python}
+    # Ops by domain::name (two packages may both have an op called rms_norm); the nodes of
+    # each by op name, which is what a Python kernel's failure reports.
+    python_ops = {}
     python_nodes: dict[str, list[str]] = {}
     for r in plan.python:
-        python_nodes.setdefault(r.node.op_type, []).append(r.display)
+        op = registry.lookup(r.node.domain, r.node.op_type)
+        python_ops[op.qualified_name] = op
+        python_nodes.setdefault(op.name, []).append(r.display)
     source: str | bytes | None = path
     if plan.python:
         work = proto
