@@ -209,15 +209,15 @@ def test_library_schema_from_opdef():
 
 
 def test_torch_ops_lazy_definition_and_call(ops, ext):
-    assert "gk_test_attrs" not in torch_ops.defined_ops()
+    assert "graphkit::gk_test_attrs" not in torch_ops.defined_ops()
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(2, 3, generator=gen), torch.randn(2, 3, generator=gen)
     torch.testing.assert_close(ops.my_add(a, b), ext.my_add(a, b))
     x = torch.ones(2)
     torch.testing.assert_close(ops.gk_test_attrs(x), torch.full((2,), 3.5))  # defaults
     torch.testing.assert_close(ops.gk_test_attrs(x, 1, 2.0, "q", [1], [0.0]), torch.full((2,), 3.0))
-    assert torch_ops.defined_ops()["gk_test_attrs"] is ATTR_OP
-    with pytest.raises(AttributeError, match="no graphkit op named 'nope'"):
+    assert torch_ops.defined_ops()["graphkit::gk_test_attrs"] is ATTR_OP
+    with pytest.raises(AttributeError, match="no op named .nope."):
         ops.nope
 
 
@@ -256,7 +256,7 @@ def test_close_destroys_the_library():
     first.gk_test_close  # noqa: B018
     assert hasattr(torch.ops.graphkit, "gk_test_close")
     first.close()
-    assert "gk_test_close" not in torch_ops.defined_ops()
+    assert "graphkit::gk_test_close" not in torch_ops.defined_ops()
     assert not hasattr(torch.ops.graphkit, "gk_test_close")
     with pytest.raises(ExportError, match="closed"):
         first.gk_test_close  # noqa: B018

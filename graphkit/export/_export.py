@@ -2,12 +2,17 @@
 
 Both torch exporters, one call:
 
-- ``dynamo=True`` (``torch.export``): graphkit ops called through :class:`TorchOps` (or an
-  :func:`autograd_function`) are recorded as ``graphkit::<name>`` and translated by the
-  generated onnxscript functions into ``custom::<name>`` nodes.
+- ``dynamo=True`` (``torch.export``): ops called through :class:`TorchOps` (or an
+  :func:`autograd_function`) are recorded as ``<torch_namespace>::<name>`` and translated
+  by the generated onnxscript functions into ``<domain>::<name>`` nodes.
 - ``dynamo=False`` (TorchScript): autograd.Functions emit the node through their
-  ``symbolic``; ``graphkit::<name>`` library ops through symbolics registered for the
-  duration of the call only.
+  ``symbolic``; library ops through symbolics registered for the duration of the call only.
+
+The ops known to the call are the ``registry`` passed (default: every discovered package)
+plus those the model holds (see :mod:`graphkit.export._model_ops`), so a model whose
+factory imports its op package itself exports without further setup. Should the model
+still define an op in torch while being traced (from a TorchOps graphkit could not see),
+the export runs once more with that op's hooks in place.
 
 Dynamic dimensions are spelled once, ``{"a": {0: "batch"}}`` (keys are ONNX input names:
 ``input_names`` or, by default, the forward's parameter names), and become
@@ -48,6 +53,7 @@ import torch
 
 from graphkit.errors import ExportError, GraphkitError
 from graphkit.export import torch_ops
+from graphkit.export._model_ops import merge, registry_for
 from graphkit.export.aten import GapFillerTable, placeholder_translations, scoped_gap_fillers, scoped_placeholders
 from graphkit.export.gap_fillers import GAP_FILLERS
 from graphkit.export.rewrites import ExportTarget, RewriteRegistry, activate_rewrites
@@ -81,17 +87,21 @@ class ExportReport:
     ir_version: int
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    custom_nodes: tuple[CustomNode, ...] = ()
+    custom_nodes: tuple[CustomNode, ...] = ()  # nodes of the registry's ops (and unknown
+    # ops in their domains)
     opset_imports: Mapping[str, int] = field(default_factory=dict)
     # "custom::asinh" -> ("decompose:asinh", "python"): lowerings at the model's opset
     lowerings: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     gap_fillers: tuple[str, ...] = ()  # ATen ops written by graphkit's gap fillers
     rewrites: Mapping[str, int] = field(default_factory=dict)  # "registry/rewrite" -> calls
+    # The op registry of the call: the one passed plus the model's ops (for verify/rewrite).
+    registry: OpRegistry | None = field(default=None, compare=False, repr=False)
 
     def count(self, op: str) -> int:
-        """How many custom nodes run ``op`` (``"my_add"`` or ``"custom::my_add"``)."""
-        full = op if "::" in op else f"{PLACEHOLDER_DOMAIN}::{op}"
-        return sum(1 for n in self.custom_nodes if n.op == full)
+        """How many custom nodes run ``op`` (``"my_add"``, any domain, or ``"custom::my_add"``)."""
+        if "::" in op:
+            return sum(1 for n in self.custom_nodes if n.op == op)
+        return sum(1 for n in self.custom_nodes if n.op.rpartition("::")[2] == op)
 
     @property
     def unknown_ops(self) -> tuple[str, ...]:
@@ -142,7 +152,9 @@ def export(
     """Export ``model(*args, **kwargs)`` to ``path`` with graphkit's ops as ``custom::`` nodes.
 
     ``registry`` (default :func:`~graphkit.ops.default_registry`) names the ops graphkit
-    hooks into the exporters. ``gap_fillers`` (None: none) are registered for the
+    hooks into the exporters; the ops the model holds are added to it
+    (``report.registry`` is the result). Two of them sharing a torch name
+    (``torch_namespace::name``) are an ExportError naming both. ``gap_fillers`` (None: none) are registered for the
     TorchScript exporter; ``placeholders`` names ATen ops to write as ``custom::<op>``;
     ``rewrites`` are activated for the :class:`~graphkit.export.ExportTarget` (exporter,
     ``opset``, ``backend``) of this call. Raises ExportError naming the model class and the
@@ -155,6 +167,11 @@ def export(
     args = args if isinstance(args, tuple) else (args,)
     kwargs = dict(kwargs or {})
     model_name = type(model).__name__
+    registry = registry_for(model, registry)
+    try:
+        torch_ops.check_torch_names(registry, registry)
+    except ExportError as exc:
+        raise _with_model(exc, model_name) from None
     if dynamo and opset < _DYNAMO_MIN_OPSET:
         raise ExportError(f"cannot export {model_name}: the dynamo exporter writes opset >= "
                           f"{_DYNAMO_MIN_OPSET}, {opset} was asked",
@@ -167,34 +184,54 @@ def export(
     target = ExportTarget("dynamo" if dynamo else "torchscript", opset, backend)
     used = _Used()
 
-    try:
-        with _eval_mode(model), activate_rewrites(registries, target) as active:
-            if dynamo:
-                proto = _export_dynamo(model, args, kwargs, registry, opset, names, output_names,
-                                       dynamic_dims, given_names=input_names is not None,
-                                       placeholder_ops=placeholder_ops)
-            else:
-                proto = _export_torchscript(model, args, kwargs, registry, opset, names,
-                                            output_names, dynamic_dims, gap_fillers=gap_fillers,
-                                            placeholder_ops=placeholder_ops, used=used)
-            used.rewrites = {name: active.calls[name] for name in active.names}
-    except Exception as exc:  # noqa: BLE001 - every exporter failure becomes an ExportError
-        root = _graphkit_root(exc)  # ours, possibly wrapped by the exporter
-        if root is not None:
-            named = _with_model(root, model_name)
-            if named is root:
-                raise root  # e.g. NativeBuildError keeps its class and exit code
-            raise named from exc
-        exporter = "dynamo=True" if dynamo else "dynamo=False"
-        raise ExportError(
-            f"cannot export {model_name} ({exporter}): {_cause(exc)}",
-            hint=("torch.export could not trace the model: fix the cause, or try dynamo=False"
-                  if dynamo else "fix the cause, or try dynamo=True"),
-        ) from exc
+    for attempt in (1, 2):
+        before = set(torch_ops.defined_ops())
+        try:
+            with _eval_mode(model), activate_rewrites(registries, target) as active:
+                if dynamo:
+                    proto = _export_dynamo(model, args, kwargs, registry, opset, names,
+                                           output_names, dynamic_dims,
+                                           given_names=input_names is not None,
+                                           placeholder_ops=placeholder_ops)
+                else:
+                    proto = _export_torchscript(model, args, kwargs, registry, opset, names,
+                                                output_names, dynamic_dims, gap_fillers=gap_fillers,
+                                                placeholder_ops=placeholder_ops, used=used)
+                used.rewrites = {name: active.calls[name] for name in active.names}
+            break
+        except Exception as exc:  # noqa: BLE001 - every exporter failure becomes an ExportError
+            late = _defined_since(before, registry)
+            if attempt == 1 and late and _graphkit_root(exc) is None:
+                # The model defined ops in torch while being traced (a TorchOps graphkit
+                # could not see): their hooks were missing. Export again with them.
+                registry = merge(registry, late, strict=False)
+                continue
+            root = _graphkit_root(exc)  # ours, possibly wrapped by the exporter
+            if root is not None:
+                named = _with_model(root, model_name)
+                if named is root:
+                    raise root  # e.g. NativeBuildError keeps its class and exit code
+                raise named from exc
+            exporter = "dynamo=True" if dynamo else "dynamo=False"
+            raise ExportError(
+                f"cannot export {model_name} ({exporter}): {_cause(exc)}",
+                hint=("torch.export could not trace the model: fix the cause, or try dynamo=False"
+                      if dynamo else "fix the cause, or try dynamo=True"),
+            ) from exc
 
     proto = _finalize(proto, registry)
     save_model(proto, path)
     return _report(proto, Path(path), "dynamo" if dynamo else "torchscript", registry, used)
+
+
+def _defined_since(before: set[str], registry: OpRegistry) -> list:
+    """Packages (or ops) defined in torch since ``before`` whose ops ``registry`` lacks."""
+    late = []
+    for op, package in torch_ops.defined_packages():
+        if torch_ops.torch_name(op) in before or registry.get(op.qualified_name) == op:
+            continue
+        late.append(package if package is not None else op)
+    return late
 
 
 @dataclass
@@ -319,15 +356,16 @@ def _eval_mode(model) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _registry_ops(registry: OpRegistry) -> Iterator[None]:
-    """Define the registry's ops as graphkit::<name> for the call (sharing any definition a
-    model's TorchOps already made). An op already defined from a different OpDef of the
-    same name is left as it is: the model uses that one."""
+    """Define the registry's ops in torch for the call, each under its torch name
+    (sharing any definition a model's TorchOps already made). An op whose torch name is
+    already defined from a different OpDef is left as it is: the model uses that one."""
     ops = torch_ops.TorchOps(registry)
     try:
         defined = torch_ops.defined_ops()
         for op in registry:
-            if op.name not in defined or defined[op.name] == op:
-                ops.define(op.name)
+            current = defined.get(torch_ops.torch_name(op))
+            if current is None or current == op:
+                ops.define(op.qualified_name)
         yield
     finally:
         ops.close()
@@ -422,21 +460,37 @@ def _dynamic_shapes(model, args, kwargs, names, dynamic_dims):
 
 
 def _finalize(model: onnx.ModelProto, registry: OpRegistry) -> onnx.ModelProto:
-    """Import the placeholder domain when used and keep ir_version loadable."""
-    domains = {n.domain for n in _all_nodes(model.graph)}
+    """Import every op domain the nodes use (at the highest ``since_version`` of the
+    registry's ops used there, else 1) and keep ir_version loadable."""
+    wanted: dict[str, int] = {}
+    domains = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
+    nodes = list(_all_nodes(model.graph))
     for fn in model.functions:
-        domains |= {n.domain for n in fn.node}
-    if PLACEHOLDER_DOMAIN in domains:
-        used = {n.op_type for n in _all_nodes(model.graph) if n.domain == PLACEHOLDER_DOMAIN}
-        wanted = max((op.since_version for op in registry if op.name in used), default=1)
-        for imp in model.opset_import:
-            if imp.domain == PLACEHOLDER_DOMAIN:
-                imp.version = imp.version or wanted
-                break
+        for node in fn.node:
+            nodes.extend([node, *_subgraph_nodes(node)])
+    for n in nodes:
+        if registry.is_placeholder(n.domain, n.op_type):
+            op = registry.get(f"{n.domain}::{n.op_type}")
+            wanted[n.domain] = max(wanted.get(n.domain, 1), op.since_version)
+        elif n.domain in domains:  # an op the registry lacks, in one of its domains
+            wanted.setdefault(n.domain, 1)
+    imports = {imp.domain: imp for imp in model.opset_import}
+    for domain, version in sorted(wanted.items()):
+        if domain in imports:
+            imports[domain].version = imports[domain].version or version
         else:
-            model.opset_import.append(onnx.helper.make_opsetid(PLACEHOLDER_DOMAIN, wanted))
+            model.opset_import.append(onnx.helper.make_opsetid(domain, version))
     model.ir_version = min(model.ir_version or MAX_IR_VERSION, MAX_IR_VERSION)
     return model
+
+
+def _subgraph_nodes(node: onnx.NodeProto) -> Iterator[onnx.NodeProto]:
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield from _all_nodes(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            for g in attr.graphs:
+                yield from _all_nodes(g)
 
 
 def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
@@ -457,19 +511,22 @@ def _report(model: onnx.ModelProto, path: Path, exporter: str, registry: OpRegis
     used = used or _Used()
     imports = {imp.domain: imp.version for imp in model.opset_import}
     opset = imports.get("", imports.get("ai.onnx", 0))
-    nodes = tuple(CustomNode(n.name, f"{n.domain}::{n.op_type}", n.op_type in registry)
-                  for n in _all_nodes(model.graph) if n.domain == PLACEHOLDER_DOMAIN)
+    domains = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
+    nodes = tuple(CustomNode(n.name, f"{n.domain}::{n.op_type}",
+                             registry.is_placeholder(n.domain, n.op_type))
+                  for n in _all_nodes(model.graph)
+                  if n.domain in domains or registry.is_placeholder(n.domain, n.op_type))
     lowerings = {}
     for node in nodes:
-        op = registry.get(node.op.split("::", 1)[1])
+        op = registry.get(node.op) if node.known else None
         if op is not None and node.op not in lowerings:
-            lowerings[node.op] = tuple(lowerings_of(op, opset))
+            lowerings[node.op] = tuple(lowerings_of(op, opset, registry))
     return ExportReport(
         path=path, exporter=exporter, opset=opset,
         ir_version=model.ir_version, inputs=tuple(i.name for i in model.graph.input),
         outputs=tuple(o.name for o in model.graph.output), custom_nodes=nodes,
         opset_imports=imports, lowerings=lowerings, gap_fillers=used.gap_fillers,
-        rewrites=dict(used.rewrites))
+        rewrites=dict(used.rewrites), registry=registry)
 
 
 # --------------------------------------------------------------------------- errors

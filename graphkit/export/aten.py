@@ -28,6 +28,8 @@ from typing import Any
 import torch
 
 from graphkit.errors import ExportError, OpDefinitionError
+from graphkit.export._placeholder import emit_placeholder, onnxscript_translation
+from graphkit.export._symbolic_registry import forget_empty_group, symbolic_registry
 from graphkit.ops import OpDef
 
 __all__ = [
@@ -127,25 +129,17 @@ _lock = threading.RLock()  # torch's symbolic registry is process-global
 
 
 def _registry():
-    from torch.onnx._internal.torchscript_exporter import registration
-
-    return registration.registry
+    reg = symbolic_registry()
+    if reg is None:  # pragma: no cover - torch 2.13 has it
+        raise ExportError("this torch has no TorchScript symbolic registry",
+                          hint="use torch 2.13 or dynamo=True")
+    return reg
 
 
 def torch_symbolic_exists(aten: str, opset: int) -> bool:
     """Whether the TorchScript exporter has a symbolic (its own or a custom one) for
     ``aten`` at ``opset`` right now."""
     return _registry().is_registered_op(aten, opset)
-
-
-def forget_empty_group(name: str, existed: bool) -> None:
-    """Undo what registering created: torch keeps an empty function group after
-    ``unregister_custom_op_symbolic``, and its "unsupported operator" error then fails with
-    ``min() arg is an empty sequence`` instead of naming the op."""
-    reg = _registry()
-    group = reg.get_function_group(name)
-    if not existed and group is not None and not group._functions:
-        reg._registry.pop(name, None)
 
 
 def _overridden(aten: str, opset: int) -> bool:
@@ -233,12 +227,10 @@ def _placeholder_op(op: OpDef) -> None:
 
 
 def _placeholder_symbolic(op: OpDef) -> Callable[..., Any]:
-    from graphkit.export import torch_ops
-
     n_in = len(op.inputs)
 
     def symbolic(g, *args):
-        return torch_ops._emit_placeholder(g, op, list(args[:n_in]), {})
+        return emit_placeholder(g, op, list(args[:n_in]), {})
 
     symbolic.__name__ = f"aten_{op.name}_as_placeholder"
     return symbolic
@@ -246,7 +238,7 @@ def _placeholder_symbolic(op: OpDef) -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def scoped_placeholders(ops: Iterable[OpDef], opset: int) -> Iterator[ScopedSymbolics]:
-    """For the block, export ``aten::<name>`` as ``custom::<name>`` for each op of ``ops``
+    """For the block, export ``aten::<name>`` as ``<op.domain>::<name>`` for each op of ``ops``
     (TorchScript exporter). Overrides torch's own symbolic at ``opset``; a custom symbolic
     someone else registered there is an ExportError."""
     ops = list(ops)
@@ -259,10 +251,8 @@ def scoped_placeholders(ops: Iterable[OpDef], opset: int) -> Iterator[ScopedSymb
 
 
 def placeholder_translations(ops: Iterable[OpDef]) -> dict[Any, Callable[..., Any]]:
-    """``custom_translation_table`` entries writing ``custom::<name>`` for
+    """``custom_translation_table`` entries writing ``<op.domain>::<name>`` for
     ``torch.ops.aten.<name>.default`` (the dynamo exporter)."""
-    from graphkit.export import torch_ops
-
     table = {}
     for op in ops:
         _placeholder_op(op)
@@ -272,5 +262,5 @@ def placeholder_translations(ops: Iterable[OpDef]) -> dict[Any, Callable[..., An
             raise ExportError(f"there is no ATen op aten::{op.name}.default for the placeholder "
                               f"{op.qualified_name}", op=op.qualified_name,
                               hint="name an ATen op the model calls (see torch.ops.aten)")
-        table[overload] = torch_ops.onnxscript_translation(op)
+        table[overload] = onnxscript_translation(op)
     return table

@@ -1,19 +1,26 @@
 """The torch side of every graphkit op, derived from its :class:`~graphkit.ops.OpDef`.
 
-Nothing here is written per op. From an OpDef graphkit derives:
+Nothing here is written per op, and nothing assumes graphkit's own namespace or domain:
+each op brings its torch namespace (``OpDef.torch_namespace``, ``graphkit`` by default)
+and the ONNX domain of its placeholder node (``OpDef.domain``, ``custom`` by default).
+From an OpDef graphkit derives:
 
 - :func:`autograd_function` - a ``torch.autograd.Function`` whose forward is the op's fast
   forward (``torch_forward``, else ``reference``) and whose ``symbolic`` writes the
-  placeholder node ``custom::<name>`` (the tutorial's path, for the TorchScript exporter;
+  placeholder node ``<domain>::<name>`` (the tutorial's path, for the TorchScript exporter;
   under torch.export it records the library op below when that is defined).
-- a ``torch.library`` op ``graphkit::<name>`` (:class:`TorchOps`): real kernel = fast forward,
-  fake kernel = the reference (pure torch, so it runs on fake tensors), autograd from the
-  reference. Works with both exporters through the hooks below.
+- a ``torch.library`` op ``<torch_namespace>::<name>`` (:class:`TorchOps`): real kernel =
+  fast forward, fake kernel = the reference (pure torch, so it runs on fake tensors),
+  autograd from the reference. Works with both exporters through the hooks below.
 - :func:`onnxscript_translation` - the ``custom_translation_table`` entry for
   ``torch.onnx.export(dynamo=True)``.
 - :func:`torchscript_symbolic` / :func:`scoped_symbolics` - the symbolic for
-  ``graphkit::<name>`` used by ``torch.onnx.export(dynamo=False)``, registered only inside a
-  ``with`` block.
+  ``<torch_namespace>::<name>`` used by ``torch.onnx.export(dynamo=False)``, registered
+  only inside a ``with`` block.
+
+torch's dispatcher is process-global: one torch name (``acme::rms_norm``) stands for one
+OpDef at a time. Two ops of different packages that would share a torch name are an
+ExportError naming both.
 
 Positional order is always: inputs (declared order), then attributes (declared order).
 """
@@ -21,95 +28,72 @@ Positional order is always: inputs (declared order), then attributes (declared o
 from __future__ import annotations
 
 import contextlib
-import inspect
 import threading
-import typing
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from graphkit.errors import ExportError
-from graphkit.ops import PLACEHOLDER_DOMAIN, AttrType, OpDef, OpRegistry, onnx_schema
+from graphkit.export._placeholder import bind as _bind
+from graphkit.export._placeholder import emit_placeholder as _emit_placeholder
+from graphkit.export._placeholder import onnxscript_translation
+from graphkit.export._placeholder import params as _params
+from graphkit.export._symbolic_registry import forget_empty_group, symbolic_registry
+from graphkit.ops import TORCH_NAMESPACE, AttrType, OpDef, OpPackage, OpRegistry
 
 __all__ = [
     "LIBRARY_NAMESPACE",
     "TorchOps",
     "autograd_function",
+    "check_torch_names",
     "defined_ops",
+    "defined_packages",
     "library_schema",
     "onnxscript_translation",
     "custom_translation_table",
+    "torch_name",
     "torchscript_symbolic",
     "scoped_symbolics",
     "symbolic_registered",
 ]
 
-LIBRARY_NAMESPACE = "graphkit"
+# The torch namespace of ops that do not name their own (OpDef.torch_namespace's default).
+LIBRARY_NAMESPACE = TORCH_NAMESPACE
 _SYMBOLIC_OPSET = 1  # register_custom_op_symbolic's "from this opset on"
 
-_PY_TYPES: dict[AttrType, Any] = {
-    AttrType.INT: int,
-    AttrType.FLOAT: float,
-    AttrType.STRING: str,
-    AttrType.INTS: Sequence[int],
-    AttrType.FLOATS: Sequence[float],
-}
+
+def torch_name(op: OpDef) -> str:
+    """The op's torch name, ``<torch_namespace>::<name>`` (``acme::rms_norm``)."""
+    return f"{op.torch_namespace}::{op.name}"
+
+
+def _packet(op: OpDef) -> torch._ops.OpOverloadPacket:
+    return getattr(getattr(torch.ops, op.torch_namespace), op.name)
+
+
+def _describe(op: OpDef, registry: OpRegistry | None = None) -> str:
+    """``custom::rms_norm of package rms_norm_ops (--ops)``, for messages."""
+    package = registry.package_of(op) if registry is not None and op in registry else None
+    return f"{op.qualified_name} of package {package.describe()}" if package is not None \
+        else f"{op.qualified_name} (an OpDef outside any package)"
+
+
+def check_torch_names(ops: Iterable[OpDef], registry: OpRegistry | None = None) -> None:
+    """ExportError when two different ops of ``ops`` would be the same torch op
+    (same ``torch_namespace`` and name), naming both (with their packages from ``registry``)."""
+    seen: dict[str, OpDef] = {}
+    for op in ops:
+        other = seen.setdefault(torch_name(op), op)
+        if other is not op and other != op:
+            raise ExportError(
+                f"torch op {torch_name(op)} would stand for two ops: {_describe(other, registry)} "
+                f"and {_describe(op, registry)}", op=op.qualified_name,
+                hint="give one of them another torch_namespace (OpDef(..., torch_namespace=...)), "
+                     "or load only one of the packages")
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _params(op: OpDef) -> list[tuple[str, Any, bool]]:
-    """(name, default, has_default) for every positional parameter: inputs then attributes.
-
-    A parameter keeps its default only when every later one has one too (Python's and
-    torch's rule), so an optional input before a required attribute must be passed (None).
-    """
-    raw: list[tuple[str, Any, bool]] = [(p.name, None, p.optional) for p in op.inputs]
-    raw += [(a.name, None if a.required else a.type.coerce(a.default), not a.required)
-            for a in op.attributes]
-    out: list[tuple[str, Any, bool]] = []
-    suffix_ok = True
-    for name, default, has in reversed(raw):
-        suffix_ok = suffix_ok and has
-        out.append((name, default, has and suffix_ok))
-    return out[::-1]
-
-
-def _bind(op: OpDef, args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> tuple[list, dict]:
-    """Split a call into (inputs, attributes with defaults filled and types coerced)."""
-    params = _params(op)
-    kwargs = dict(kwargs or {})
-    if len(args) > len(params):
-        raise TypeError(f"{op.name}() takes {len(params)} arguments but {len(args)} were given")
-    values: dict[str, Any] = {}
-    for (name, default, has), value in zip(params, args):
-        values[name] = value
-    for name, default, has in params[len(args):]:
-        if name in kwargs:
-            values[name] = kwargs.pop(name)
-        elif has:
-            values[name] = default
-        elif name in {p.name for p in op.inputs if p.optional}:
-            values[name] = None
-        elif any(a.name == name and not a.required for a in op.attributes):
-            values[name] = op.attr(name).default
-        else:
-            raise TypeError(f"{op.name}() missing required argument '{name}'")
-    if kwargs:
-        raise TypeError(f"{op.name}() got unexpected argument(s) {sorted(kwargs)}")
-    inputs = [values[p.name] for p in op.inputs]
-    for p, v in zip(op.inputs, inputs):
-        if v is None and not p.optional:
-            raise TypeError(f"{op.name}() input '{p.name}' is required")
-    attrs = {}
-    for a in op.attributes:
-        try:
-            attrs[a.name] = a.type.coerce(values[a.name])
-        except TypeError as exc:
-            raise TypeError(f"{op.name}() attribute '{a.name}' must be {a.type.onnx_name}: {exc}") from exc
-    return inputs, attrs
 
 
 _forwards: dict[int, tuple[OpDef, Callable[..., Any]]] = {}
@@ -191,64 +175,15 @@ def _reference_vjp(op: OpDef, inputs: Sequence[Any], attrs: Sequence[Any],
 _functions: dict[int, tuple[OpDef, type]] = {}
 
 
-def _emit_placeholder(g, op: OpDef, inputs: Sequence[Any], attrs: dict[str, Any]):
-    """``g.op("custom::<name>", ...)`` with typed outputs; a missing optional input is an
-    empty name. ``attrs`` maps attribute names to (coerced) values."""
-    from torch.onnx import symbolic_helper
-
-    values = list(inputs)
-    while values and symbolic_helper._is_none(values[-1]):
-        values.pop()
-    values = [symbolic_helper._optional_input_placeholder_tensor(g) if symbolic_helper._is_none(v)
-              else v for v in values]
-    n_out = len(op.outputs)
-    kwargs = {f"{name}_{op.attr(name).type.symbolic_suffix}": v for name, v in attrs.items()}
-    out = g.op(f"{PLACEHOLDER_DOMAIN}::{op.name}", *values, **kwargs,
-               **({"outputs": n_out} if n_out != 1 else {}))
-    _set_output_types(op, inputs, attrs, out if n_out != 1 else (out,))
-    return out
-
-
-def _set_output_types(op: OpDef, inputs: Sequence[Any], attrs: dict[str, Any], outs: Sequence[Any]) -> None:
-    """Give the placeholder's outputs dtype and shape (the exporter cannot infer them for a
-    custom domain): dtype from the first input bound to the same type variable, shape
-    from the OpDef's ``infer_shapes``. Best effort: anything unknown stays unknown."""
-    shapes = []
-    for v in inputs:
-        try:
-            sizes = v.type().varyingSizes() if isinstance(v, torch._C.Value) else None
-        except RuntimeError:
-            sizes = None
-        shapes.append(None if sizes is None else list(sizes))
-    try:
-        out_shapes = op.infer_shapes(shapes, attrs)
-    except Exception:  # noqa: BLE001 - a shape function may not handle unknown dims
-        out_shapes = []
-    for i, (p, out) in enumerate(zip(op.outputs, outs)):
-        src = next((v for q, v in zip(op.inputs, inputs)
-                    if q.type == p.type and isinstance(v, torch._C.Value)
-                    and isinstance(v.type(), torch._C.TensorType) and v.type().scalarType() is not None),
-                   None)
-        if src is None:
-            continue
-        shape = out_shapes[i] if i < len(out_shapes) else None
-        dims = None if shape is None else [d if isinstance(d, int) else None for d in shape]
-        try:
-            out.setType(src.type().with_sizes(dims))
-        except (RuntimeError, TypeError):
-            with contextlib.suppress(RuntimeError, TypeError):
-                out.setType(src.type().with_sizes(None))
-
-
 def autograd_function(op: OpDef) -> type[torch.autograd.Function]:
     """A ``torch.autograd.Function`` for ``op`` (one class per OpDef, built once).
 
     ``F.apply(*inputs, *attributes)`` (trailing attributes may be omitted for their
     defaults): forward runs the fast forward (or the reference), backward differentiates
-    the reference, and ``symbolic`` emits ``custom::<name>`` with ``<attr>_<suffix>=value``
+    the reference, and ``symbolic`` emits ``<domain>::<name>`` with ``<attr>_<suffix>=value``
     attributes - read by the TorchScript exporter (``dynamo=False``). ``torch.export``
-    (``dynamo=True``) ignores ``symbolic`` and traces the forward: while ``graphkit::<name>``
-    is defined for this OpDef (:func:`graphkit.export.export` defines it for the call) the
+    (``dynamo=True``) ignores ``symbolic`` and traces the forward: while
+    ``<torch_namespace>::<name>`` is defined for this OpDef (:func:`graphkit.export.export` defines it for the call) the
     forward records that op, so the placeholder node comes out the same; otherwise the
     forward's own torch ops are traced.
     """
@@ -264,11 +199,11 @@ def autograd_function(op: OpDef) -> type[torch.autograd.Function]:
         ctx.save_for_backward(*[x if isinstance(x, torch.Tensor) else None for x in inputs])
         if _tracing(inputs):
             # torch.export (dynamo=True) ignores `symbolic` and traces this forward; when
-            # graphkit::<name> is defined for this OpDef, record it so the exporter's
-            # translation writes the same placeholder node.
-            defined = _definitions.get(op.name)
+            # <torch_namespace>::<name> is defined for this OpDef, record it so the
+            # exporter's translation writes the same placeholder node.
+            defined = _definitions.get(torch_name(op))
             if defined is not None and defined.op == op:
-                return getattr(getattr(torch.ops, LIBRARY_NAMESPACE), op.name)(*inputs, *attrs)
+                return _packet(op)(*inputs, *attrs)
         with torch.no_grad():
             return _forward(op)(*inputs, *attrs)
 
@@ -313,7 +248,7 @@ def _schema_default(t: AttrType, value: Any) -> str:
 
 
 def library_schema(op: OpDef) -> str:
-    """The torch schema of ``graphkit::<name>``, e.g. ``my_add(Tensor a, Tensor b) -> Tensor``."""
+    """The torch schema of ``<torch_namespace>::<name>`` (without the namespace), e.g. ``my_add(Tensor a, Tensor b) -> Tensor``."""
     params = dict((name, (default, has)) for name, default, has in _params(op))
     args = []
     for p in op.inputs:
@@ -334,13 +269,17 @@ def library_schema(op: OpDef) -> str:
 
 
 class _Definition:
-    """One ``graphkit::<name>`` in torch's (process-global) dispatcher, shared by refcount."""
+    """One ``<torch_namespace>::<name>`` in torch's (process-global) dispatcher, shared by
+    refcount. ``origin`` names the op and its package, for messages; ``package`` is the
+    package the defining registry attributes the op to (None for a loose OpDef)."""
 
-    def __init__(self, op: OpDef) -> None:
+    def __init__(self, op: OpDef, origin: str, package: OpPackage | None = None) -> None:
         self.op = op
+        self.origin = origin
+        self.package = package
         self.refs = 0
-        self.lib = torch.library.Library(LIBRARY_NAMESPACE, "FRAGMENT")
-        qualname = f"{LIBRARY_NAMESPACE}::{op.name}"
+        self.lib = torch.library.Library(op.torch_namespace, "FRAGMENT")
+        qualname = torch_name(op)
         try:
             self.lib.define(library_schema(op))
         except RuntimeError as exc:
@@ -399,26 +338,37 @@ def _own_outputs(out: Any, inputs: Sequence[Any]) -> Any:
     return own(out)
 
 
-_definitions: dict[str, _Definition] = {}
+_definitions: dict[str, _Definition] = {}  # by torch name, "acme::rms_norm"
 _definitions_lock = threading.RLock()
 
 
 def defined_ops() -> dict[str, OpDef]:
-    """The ops graphkit has defined as ``graphkit::<name>`` in this process, by name."""
+    """The ops graphkit has defined in torch in this process, by torch name
+    (``"graphkit::my_add"``, ``"acme::rms_norm"``)."""
     with _definitions_lock:
         return {name: d.op for name, d in _definitions.items()}
 
 
+def defined_packages() -> list[tuple[OpDef, OpPackage | None]]:
+    """(op, its package or None) for every op graphkit has defined in torch right now."""
+    with _definitions_lock:
+        return [(d.op, d.package) for d in _definitions.values()]
+
+
 class TorchOps:
-    """graphkit's ops as ``torch.ops.graphkit.<name>``, defined lazily on first use.
+    """The ops of a registry as torch ops, ``torch.ops.<torch_namespace>.<name>``, defined
+    lazily on first use.
 
     ``ops = TorchOps(registry)`` (default: :func:`~graphkit.ops.default_registry`);
-    ``ops.my_add(a, b)`` calls ``torch.ops.graphkit.my_add`` (defining it on first access),
-    ``ops.function("my_add")`` is the op's autograd.Function. torch's dispatcher is global, so
-    a given op can be defined by one OpDef at a time: another TorchOps using the *same*
-    OpDef shares the definition, a different OpDef of the same name is an ExportError.
-    ``close()`` (or leaving ``with TorchOps(...) as ops:``) drops this object's definitions;
-    the last user of a definition destroys its torch Library.
+    ``ops.rms_norm(x, w)`` calls ``torch.ops.acme.rms_norm`` for an op whose
+    ``torch_namespace`` is ``acme`` (defining it on first access; a name defined in several
+    domains is spelled ``ops.define("acme.vision::rms_norm")``), ``ops.function("rms_norm")``
+    is the op's autograd.Function. torch's dispatcher is global, so a torch name stands for
+    one OpDef at a time: another TorchOps using the *same* OpDef shares the definition, a
+    different OpDef of the same torch name is an ExportError naming both (and so is a
+    registry holding two ops of one torch name). ``close()`` (or leaving
+    ``with TorchOps(...) as ops:``) drops this object's definitions; the last user of a
+    definition destroys its torch Library.
     """
 
     def __init__(self, registry: OpRegistry | None = None) -> None:
@@ -426,6 +376,7 @@ class TorchOps:
             from graphkit.ops import default_registry
 
             registry = default_registry()
+        check_torch_names(registry, registry)
         self._registry = registry
         self._held: dict[str, _Definition] = {}
         self._closed = False
@@ -437,34 +388,38 @@ class TorchOps:
     def _opdef(self, name: str) -> OpDef:
         op = self._registry.get(name)
         if op is None:
-            raise AttributeError(f"no graphkit op named {name!r}; this registry has "
-                                 f"{sorted(o.name for o in self._registry)}")
+            raise AttributeError(f"no op named {name!r}; this registry has "
+                                 f"{sorted(o.qualified_name for o in self._registry)}")
         return op
 
     def define(self, name: str) -> torch._ops.OpOverloadPacket:
-        """Define ``graphkit::<name>`` now (idempotent) and return ``torch.ops.graphkit.<name>``."""
+        """Define the op called ``name`` (bare or ``domain::name``) in torch now (idempotent)
+        and return ``torch.ops.<torch_namespace>.<name>``."""
         if self._closed:
-            raise ExportError("this TorchOps is closed", op=f"{LIBRARY_NAMESPACE}::{name}",
-                              hint="create a new TorchOps")
+            raise ExportError("this TorchOps is closed", op=name, hint="create a new TorchOps")
         op = self._opdef(name)
+        key = torch_name(op)
         with _definitions_lock:
-            if name not in self._held:
-                current = _definitions.get(name)
+            if key not in self._held:
+                current = _definitions.get(key)
                 if current is None:
-                    current = _definitions[name] = _Definition(op)
+                    current = _definitions[key] = _Definition(op, _describe(op, self._registry),
+                                                                self._registry.package_of(op))
                 elif current.op != op:
                     raise ExportError(
-                        f"torch op {LIBRARY_NAMESPACE}::{name} is already defined from another "
-                        "OpDef of the same name", op=op.qualified_name,
-                        hint="close() the other TorchOps first, or use one registry")
+                        f"torch op {key} is already defined for {current.origin}; "
+                        f"{_describe(op, self._registry)} cannot define it too",
+                        op=op.qualified_name,
+                        hint="give one of the ops another torch_namespace, close() the other "
+                             "TorchOps first, or use one registry")
                 current.refs += 1
-                self._held[name] = current
-        return getattr(getattr(torch.ops, LIBRARY_NAMESPACE), name)
+                self._held[key] = current
+        return _packet(op)
 
     def define_all(self) -> None:
         """Define every op of the registry."""
         for op in self._registry:
-            self.define(op.name)
+            self.define(op.qualified_name)
 
     def op(self, name: str) -> torch._ops.OpOverloadPacket:
         return self.define(name)
@@ -484,10 +439,10 @@ class TorchOps:
     def close(self) -> None:
         """Release this object's definitions (the last user destroys the torch Library)."""
         with _definitions_lock:
-            for name, d in self._held.items():
+            for key, d in self._held.items():
                 d.refs -= 1
-                if d.refs <= 0 and _definitions.get(name) is d:
-                    del _definitions[name]
+                if d.refs <= 0 and _definitions.get(key) is d:
+                    del _definitions[key]
                     d.destroy()
             self._held.clear()
             self._closed = True
@@ -500,73 +455,24 @@ class TorchOps:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"defined={sorted(self._held)}"
-        return f"TorchOps({sorted(o.name for o in self._registry)}, {state})"
+        return f"TorchOps({sorted(o.qualified_name for o in self._registry)}, {state})"
 
 
 # --------------------------------------------------------------------------- dynamo=True
 
 
-def onnxscript_translation(op: OpDef, domain: str = PLACEHOLDER_DOMAIN) -> Callable[..., Any]:
-    """The ``custom_translation_table`` function for ``torch.ops.graphkit.<name>.default``.
-
-    torch's exporter calls it as ``fn(*fx_args, **fx_kwargs)`` and infers an ONNX signature
-    from ``inspect.signature`` + ``typing.get_type_hints``: a parameter annotated with
-    int/float/str/Sequence[int]/Sequence[float] is an attribute, any other one an input. The
-    generated function therefore carries a real ``__signature__`` and ``__annotations__``
-    (inputs typed by a TypeVar per type constraint, attributes by their Python type).
-    """
-    import onnx_ir as ir
-    import onnxscript
-
-    schema = onnx_schema(op, domain)
-    onnx_op = onnxscript.values.Op(onnxscript.values.Opset(domain, op.since_version), op.name, schema)
-    type_vars = {name: typing.TypeVar(name) for name in op.type_constraints}
-    ir_types = {AttrType.INT: ir.AttributeType.INT, AttrType.FLOAT: ir.AttributeType.FLOAT,
-                AttrType.STRING: ir.AttributeType.STRING, AttrType.INTS: ir.AttributeType.INTS,
-                AttrType.FLOATS: ir.AttributeType.FLOATS}
-    P = inspect.Parameter
-    params, annotations = [], {}
-    defaults = {name: (default, has) for name, default, has in _params(op)}
-    for p in op.inputs:
-        tv = type_vars[p.type]
-        ann = typing.Optional[tv] if p.optional else tv
-        _, has = defaults[p.name]
-        params.append(P(p.name, P.POSITIONAL_OR_KEYWORD, default=None if has else P.empty, annotation=ann))
-        annotations[p.name] = ann
-    for a in op.attributes:
-        default, has = defaults[a.name]
-        ann = _PY_TYPES[a.type]
-        params.append(P(a.name, P.POSITIONAL_OR_KEYWORD, default=default if has else P.empty,
-                        annotation=ann))
-        annotations[a.name] = ann
-    outs = [type_vars[p.type] for p in op.outputs]
-    ret = outs[0] if len(outs) == 1 else tuple.__class_getitem__(tuple(outs))
-    annotations["return"] = ret
-    signature = inspect.Signature(params, return_annotation=ret)
-
-    def translation(*args: Any, **kwargs: Any) -> Any:
-        inputs, attrs = _bind(op, args, kwargs)
-        return onnx_op(*inputs, **{name: ir.Attr(name, ir_types[op.attr(name).type], value)
-                                   for name, value in attrs.items()})
-
-    translation.__name__ = translation.__qualname__ = op.name
-    translation.__doc__ = f"{domain}::{op.name} placeholder node for {LIBRARY_NAMESPACE}::{op.name}."
-    translation.__signature__ = signature  # type: ignore[attr-defined]
-    translation.__annotations__ = annotations
-    translation.op = op  # type: ignore[attr-defined]
-    return translation
-
-
 def custom_translation_table(ops: Iterable[OpDef] | None = None) -> dict[Any, Callable[..., Any]]:
-    """``{torch.ops.graphkit.<name>.default: translation}`` for ``ops`` (default: every op
-    currently defined through :class:`TorchOps`); ops not defined in torch are skipped."""
+    """``{torch.ops.<torch_namespace>.<name>.default: translation}`` for ``ops`` (default:
+    every op currently defined through :class:`TorchOps`), each writing its op's
+    ``<domain>::<name>`` node; ops not defined in torch are skipped. The translation follows
+    the OpDef torch has for that name."""
     defined = defined_ops()
     table = {}
     for op in (defined.values() if ops is None else ops):
-        if defined.get(op.name) is None:
+        current = defined.get(torch_name(op))
+        if current is None:
             continue
-        target = getattr(getattr(torch.ops, LIBRARY_NAMESPACE), op.name).default
-        table[target] = onnxscript_translation(defined[op.name])
+        table[_packet(current).default] = onnxscript_translation(current)
     return table
 
 
@@ -594,7 +500,7 @@ def _const(value: Any, what: str) -> Any:
 
 
 def torchscript_symbolic(op: OpDef) -> Callable[..., Any]:
-    """The TorchScript symbolic for ``graphkit::<name>``: emits ``custom::<name>``."""
+    """The TorchScript symbolic for ``<torch_namespace>::<name>``: emits ``<domain>::<name>``."""
     n_in = len(op.inputs)
 
     def symbolic(g, *args):
@@ -613,18 +519,15 @@ def torchscript_symbolic(op: OpDef) -> Callable[..., Any]:
     return symbolic
 
 
-def _symbolic_registry():
-    try:
-        from torch.onnx._internal.torchscript_exporter import registration
-    except ImportError:  # older/newer layouts: fall back to always (un)registering
-        return None
-    return registration.registry
-
-
-def symbolic_registered(name: str, opset: int = 18) -> bool:
-    """Whether a TorchScript symbolic is registered for ``graphkit::<name>`` at ``opset``."""
-    reg = _symbolic_registry()
-    return bool(reg is not None and reg.is_registered_op(f"{LIBRARY_NAMESPACE}::{name}", opset))
+def symbolic_registered(name: str | OpDef, opset: int = 18) -> bool:
+    """Whether a TorchScript symbolic is registered for an op at ``opset``: an OpDef, a
+    torch name (``"acme::rms_norm"``) or a bare name (in the ``graphkit`` namespace)."""
+    if isinstance(name, OpDef):
+        name = torch_name(name)
+    elif "::" not in name:
+        name = f"{LIBRARY_NAMESPACE}::{name}"
+    reg = symbolic_registry()
+    return bool(reg is not None and reg.is_registered_op(name, opset))
 
 
 @contextlib.contextmanager
@@ -632,11 +535,11 @@ def scoped_symbolics(ops: Iterable[OpDef] | None = None) -> Iterator[list[str]]:
     """Register the TorchScript symbolics of ``ops`` (default: every op defined through
     :class:`TorchOps`) for the block only; unregistered on exit, even on error. A symbolic
     someone else registered already is left alone. Yields the names registered here."""
-    reg = _symbolic_registry()
+    reg = symbolic_registry()
     added: list[tuple[str, bool]] = []
     try:
         for op in (defined_ops().values() if ops is None else ops):
-            qualname = f"{LIBRARY_NAMESPACE}::{op.name}"
+            qualname = torch_name(op)
             if reg is not None and reg.is_registered_op(qualname, _SYMBOLIC_OPSET):
                 continue
             existed = reg is not None and reg.get_function_group(qualname) is not None
@@ -644,8 +547,6 @@ def scoped_symbolics(ops: Iterable[OpDef] | None = None) -> Iterator[list[str]]:
             added.append((qualname, existed))
         yield [name for name, _ in added]
     finally:
-        from graphkit.export.aten import forget_empty_group
-
         for qualname, existed in reversed(added):
             torch.onnx.unregister_custom_op_symbolic(qualname, _SYMBOLIC_OPSET)
             if reg is not None:
