@@ -10,9 +10,11 @@
   of each model holds at most ``chunk`` intermediate tensors, never all of them, and the
   search stops at the first chunk holding a difference.
 
-Models holding ``custom::`` placeholders run on the native library where it serves the op;
-``bind="python"`` (or ``"native"``) binds every placeholder to that kernel in memory first
-(tensor names are kept, the file is not touched), for ops without a native kernel.
+Models holding placeholders of custom ops run on the kernels of the ``registry`` passed
+(default: :func:`~graphkit.ops.default_registry`, every discovered package; never a
+smaller one); :func:`verify_export` adds the ops the torch model holds. ``bind="python"``
+(or ``"native"``) binds every placeholder to that kernel in memory first (tensor names are
+kept, the file is not touched), for ops without a native kernel.
 
 Inputs are random with a fixed seed (``Session.random_feeds``: symbolic dimensions from
 ``dims``, default 1) or given by name. Every comparison is numpy's ``allclose``:
@@ -177,6 +179,16 @@ class VerificationReport:
 BINDINGS = ("native", "python")
 
 
+def _resolve(registry: Any) -> Any:
+    """The registry every session and rewrite of one call uses: the one passed, else every
+    discovered package (resolved once here, so no step falls back to another)."""
+    if registry is not None:
+        return registry
+    from graphkit.ops import default_registry
+
+    return default_registry()
+
+
 def _session(model: Any, registry: Any, options: Any = None):
     from graphkit.runtime import open_session
 
@@ -245,6 +257,9 @@ def verify_export(model: Any, onnx_model: str | os.PathLike[str] | onnx.ModelPro
     """
     import torch
 
+    from graphkit.export._model_ops import registry_for
+
+    registry = registry_for(model, _resolve(registry))
     session = _open(onnx_model, bind, registry)
     feeds, used_seed = _feeds(session, inputs, seed, dims)
     checked = session._check_feeds(feeds)
@@ -289,6 +304,7 @@ def compare_models(a: str | os.PathLike[str] | onnx.ModelProto, b: str | os.Path
                    dims: Mapping[str, int] | None = None, atol: float = ATOL, rtol: float = RTOL,
                    registry: Any = None, bind: str | None = None) -> VerificationReport:
     """Run models ``a`` (the reference) and ``b`` on the same inputs and compare outputs."""
+    registry = _resolve(registry)
     sa, sb = _open(a, bind, registry), _open(b, bind, registry)
     feeds, used_seed = _feeds(sa, inputs, seed, dims)
     feeds = sa._check_feeds(feeds)
@@ -427,6 +443,7 @@ def bisect_models(a: str | os.PathLike[str] | onnx.ModelProto, b: str | os.PathL
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise UsageError(f"chunk must be a positive int, not {chunk!r}", hint="for example --chunk 64")
     label_a, label_b = _label(a, "model a"), _label(b, "model b")
+    registry = _resolve(registry)
     # Working copies (graph outputs are replaced per chunk); weights in external data files
     # stay there.
     work_a, folder_a = _bound(a, bind, registry) if bind else _model_and_folder(a)

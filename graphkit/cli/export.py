@@ -41,8 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--atol", type=float, default=1e-5, help="with --verify: absolute tolerance (default 1e-5)")
     p.add_argument("--rtol", type=float, default=1e-5, help="with --verify: relative tolerance (default 1e-5)")
     p.add_argument("--bind", choices=("native", "python"),
-                   help="with --verify: run custom:: placeholders on graphkit's native or Python "
-                        "kernels (bound in memory; the written file keeps the placeholders)")
+                   help="with --verify: run the placeholders of custom ops on their packages' native "
+                        "or Python kernels (bound in memory; the written file keeps the placeholders)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -53,6 +53,13 @@ def _report_dict(report) -> dict:
             "custom_nodes": [{"name": n.name, "op": n.op, "known": n.known} for n in report.custom_nodes],
             "lowerings": {k: list(v) for k, v in report.lowerings.items()},
             "gap_fillers": list(report.gap_fillers), "rewrites": dict(report.rewrites)}
+
+
+def _registry(args: argparse.Namespace):
+    """The op packages named by ``--ops`` (and $GRAPHKIT_OPS, entry points, graphkit's own)."""
+    from graphkit.ops import discover
+
+    return discover(tuple(getattr(args, "ops", None) or ()))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,13 +100,16 @@ def run(args: argparse.Namespace) -> int:
         registries.append(reg)
     check_output_path(args.output, None)
     model = load_model_factory(args.factory)
+    # After the factory ran: it may import the model's op packages itself (or make them
+    # importable). export() adds the ops the model holds to these.
+    registry = _registry(args)
     inputs = random_inputs(specs, args.seed)
     kwargs = {}
     if args.no_gap_fillers:
         kwargs["gap_fillers"] = None
     with silenced_output(not args.debug):  # torch prints the whole graph when an export fails
         report = export(model, tuple(inputs), args.output, dynamo=args.dynamo, opset=args.opset,
-                        input_names=names, output_names=args.output_name or None,
+                        registry=registry, input_names=names, output_names=args.output_name or None,
                         dynamic_dims=dynamic or None, placeholders=args.placeholder,
                         rewrites=registries, backend=args.backend, **kwargs)
     verification = None
@@ -107,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
         from graphkit.verify import verify_export
 
         verification = verify_export(model, args.output, inputs={n: t.numpy() for n, t in zip(names, inputs)},
-                                     atol=args.atol, rtol=args.rtol, bind=args.bind)
+                                     atol=args.atol, rtol=args.rtol, bind=args.bind,
+                                     registry=report.registry)
     if args.json:
         out = _report_dict(report)
         if verification is not None:

@@ -51,8 +51,13 @@ def run(args: argparse.Namespace) -> int:
     from graphkit.export._loading import load_model_factory
     from graphkit.verify import verify_export
 
+    from graphkit.cli.export import _registry
+
     options = comparison_options(args)
     model = load_model_factory(args.factory)
+    # After the factory ran (it may import its op packages); verify_export adds the ops the
+    # model holds.
+    options["registry"] = _registry(args)
     report = verify_export(model, args.model, **options)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
     report.raise_for_mismatch()
