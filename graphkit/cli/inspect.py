@@ -49,7 +49,7 @@ def format_summary(s: dict) -> str:
                              "defines it)")
                 lines.append(f"    nodes: {where}")
                 continue
-            lines.append(f"  {op['op']}  x{op['count']}  ({where})")
+            lines.append(f"  {op['op']} x{op['count']} ({where})")
             defined = op.get("definition", op["op"])
             lines.append(f"    package: {_package(op)}"
                          + (f", defines {defined}" if defined != op["op"] else ""))
