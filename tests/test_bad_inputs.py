@@ -654,9 +654,9 @@ CASES = [
     Case("duplicate output names: rewrite", s_duplicate_outputs, 8, ("'z'", "multiple times"), "fix the input model"),
     Case("duplicate output names: run", s_duplicate_outputs_run, 9, ("(z)",), "names the failing node"),
     # custom ops
-    Case("custom op with no rule: run", s_no_rule_run, 6, ("custom::frobnicate", "node 'add0'"), "custom_ops/"),
+    Case("custom op with no rule: run", s_no_rule_run, 6, ("custom::frobnicate", "node 'add0'"), "--ops PACKAGE"),
     Case("custom op with no rule: rewrite --as-functions", s_no_rule_as_functions, 6, ("custom::frobnicate",),
-         "custom_ops/"),
+         "--ops PACKAGE"),
     Case("wrong arity: rewrite --bind python", s_wrong_arity, 7, ("has 3 inputs", "node 'add0'"), "re-export"),
     Case("wrong arity: API rewrite_model", s_wrong_arity_api, 7, ("has 1 inputs",), "re-export"),
     Case("wrong attribute type: rewrite", s_wrong_attr_type, 7, ("must be",), "fix the attribute's type",

@@ -148,7 +148,7 @@ def test_exit_codes_documented_in_readme():
     readme = (REPO / "README.md").read_text()
     for cls in (errors.UsageError, errors.ModelLoadError, errors.OutputError, errors.UnsupportedOpError,
                 errors.RewriteError, errors.ValidationError, errors.KernelError, errors.NativeBuildError,
-                errors.ExportError):
+                errors.ExportError, errors.OpPackageError, errors.OpDefinitionError, errors.VerificationError):
         assert f"| {cls.exit_code} |" in readme, cls
 
 
