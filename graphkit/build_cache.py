@@ -27,7 +27,7 @@ from pathlib import Path
 
 from graphkit.errors import NativeBuildError
 
-__all__ = ["Entry", "announce", "cache_root", "file_digest", "hash_key"]
+__all__ = ["Entry", "announce", "cache_root", "file_digest", "file_lock", "hash_key"]
 
 _RECORD_SUFFIX = ".record"
 _thread_locks: dict[str, threading.Lock] = {}
@@ -70,33 +70,44 @@ class Entry:
     def __init__(self, area: str, key: str, *, root: Path | None = None) -> None:
         self.dir = (root if root is not None else cache_root()) / area / key
 
+    @classmethod
+    def at(cls, directory: Path) -> "Entry":
+        """The entry whose directory is ``directory``."""
+        entry = cls.__new__(cls)
+        entry.dir = Path(directory)
+        return entry
+
     def __repr__(self) -> str:
         return f"Entry({self.dir})"
 
     def path(self, name: str) -> Path:
         return self.dir / name
 
-    def valid(self, name: str) -> Path | None:
-        """``NAME`` if it exists and matches its record (size and sha256), else None."""
+    def _record_path(self, name: str, record: str | None) -> Path:
+        return self.dir / (record if record is not None else name + _RECORD_SUFFIX)
+
+    def valid(self, name: str, *, record: str | None = None) -> Path | None:
+        """``NAME`` if it exists and matches its record (size and sha256), else None.
+        ``record`` names the record file (default ``NAME.record``)."""
         artefact = self.dir / name
         try:
-            record = json.loads((self.dir / (name + _RECORD_SUFFIX)).read_text())
+            record = json.loads(self._record_path(name, record).read_text())
             if artefact.stat().st_size != record["size"]:
                 return None
             return artefact if file_digest(artefact) == record["sha256"] else None
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def record(self, name: str) -> dict:
+    def record(self, name: str, *, record: str | None = None) -> dict:
         """The record of ``NAME`` (extra fields included); {} if there is none."""
         try:
-            return json.loads((self.dir / (name + _RECORD_SUFFIX)).read_text())
+            return json.loads(self._record_path(name, record).read_text())
         except (OSError, ValueError):
             return {}
 
-    def invalidate(self, name: str) -> None:
+    def invalidate(self, name: str, *, record: str | None = None) -> None:
         with contextlib.suppress(OSError):
-            (self.dir / (name + _RECORD_SUFFIX)).unlink()
+            self._record_path(name, record).unlink()
 
     def mkdir(self) -> None:
         try:
@@ -112,19 +123,11 @@ class Entry:
         On entry, leftovers of killed builds (``.*.tmp``) are removed: whoever held the
         lock before is done."""
         self.mkdir()
-        key = str(self.dir)
-        with _thread_locks_guard:
-            tlock = _thread_locks.setdefault(key, threading.Lock())
-        with tlock:
-            fh = open(self.dir / ".lock", "a+b")  # noqa: SIM115
-            try:
-                _flock(fh)
-                for stale in self.dir.glob(".*.tmp"):
-                    with contextlib.suppress(OSError):
-                        stale.unlink()
-                yield
-            finally:
-                fh.close()  # releases the flock
+        with file_lock(self.dir / ".lock"):
+            for stale in self.dir.glob(".*.tmp"):
+                with contextlib.suppress(OSError):
+                    stale.unlink()
+            yield
 
     def temp(self, name: str) -> Path:
         """A new unique temporary path in the entry for building ``NAME``."""
@@ -133,7 +136,7 @@ class Entry:
         os.close(fd)
         return Path(tmp)
 
-    def publish(self, tmp: Path, name: str, **extra: object) -> Path:
+    def publish(self, tmp: Path, name: str, /, **extra: object) -> Path:
         """Move ``tmp`` to ``NAME`` atomically, then write its record (last)."""
         artefact = self.dir / name
         self.invalidate(name)
@@ -143,37 +146,50 @@ class Entry:
         self.write_record(name, size=size, sha256=digest, **extra)
         return artefact
 
-    def write_record(self, name: str, **fields: object) -> None:
-        """Write ``NAME.record`` atomically (``size`` and ``sha256`` of an existing artefact
-        are computed when not given)."""
+    def write_record(self, name: str, /, *, record: str | None = None, **fields: object) -> None:
+        """Write ``NAME.record`` (or ``record``) atomically, last: ``size`` and ``sha256`` of
+        the artefact are computed when not given."""
         artefact = self.dir / name
         if "sha256" not in fields:
             fields["sha256"] = file_digest(artefact)
         if "size" not in fields:
             fields["size"] = artefact.stat().st_size
         data = json.dumps(fields, indent=1).encode()
-        tmp = self.temp(name + _RECORD_SUFFIX)
+        target = self._record_path(name, record)
+        tmp = self.temp(target.name)
         try:
             tmp.write_bytes(data)
-            os.replace(tmp, self.dir / (name + _RECORD_SUFFIX))
+            os.replace(tmp, target)
         finally:
             with contextlib.suppress(OSError):
                 tmp.unlink()
 
 
-def _flock(fh) -> None:
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        import msvcrt
-
-        while True:
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` between threads and processes (``flock``: released by
+    the OS if the process dies)."""
+    with _thread_locks_guard:
+        tlock = _thread_locks.setdefault(str(path), threading.Lock())
+    with tlock:
+        fh = open(path, "a+b")  # noqa: SIM115
+        try:
             try:
-                msvcrt.locking(fh.fileno(), msvcrt.LK_LOCK, 1)
-                return
-            except OSError:
-                time.sleep(0.1)
-    fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+                import fcntl
+            except ImportError:  # Windows
+                import msvcrt
+
+                while True:
+                    try:
+                        msvcrt.locking(fh.fileno(), msvcrt.LK_LOCK, 1)
+                        break
+                    except OSError:
+                        time.sleep(0.1)
+            else:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            yield
+        finally:
+            fh.close()  # releases the lock
 
 
 @contextlib.contextmanager

@@ -233,3 +233,15 @@ def test_import_does_not_load_torch():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           timeout=120, check=True)
     assert proc.stdout.strip() == "False"
+
+
+def test_unknown_domain_left_to_ort_with_callers_options(no_ort):
+    """With the caller's own SessionOptions, a domain no op package knows is not refused
+    by graphkit (the caller may have registered a library for it): ONNX Runtime decides."""
+    nodes = [helper.make_node("thing", ["a"], ["y"], domain="vendor.ops", name="v0")]
+    model = _model(nodes, [_vi("a")], [_vi("y")], opsets=OPSETS + [helper.make_opsetid("vendor.ops", 1)])
+    with pytest.raises(UnsupportedOpError, match="domain 'vendor.ops' is unknown") as exc:
+        open_session(model)
+    assert exc.value.hint.startswith("pass --ops PACKAGE or install the package that defines it")
+    with pytest.raises(KernelError, match="ONNX Runtime was touched"):  # reached ORT
+        open_session(model, options=ort.SessionOptions())

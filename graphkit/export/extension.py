@@ -3,9 +3,12 @@
 :func:`load_extension` compiles the sources with ``torch.utils.cpp_extension.load`` into
 ``$GRAPHKIT_CACHE_DIR/torch_ext/<name>-<key>/`` (default ``~/.cache/graphkit``), where
 ``key`` hashes the sources, the torch and Python versions and the compiler flags, so a
-machine compiles each source version once. Builds are serialised by a file lock (several
-processes may ask at once); a finished build is marked by ``graphkit-build.json`` and later
-loads import the library directly without running the build system. Failures become
+machine compiles each source version once. The cache is graphkit's build cache
+(:mod:`graphkit.build_cache`, shared with the native kernel builds): builds are serialised
+by the entry's lock (several processes may ask at once); a finished build is marked by
+``graphkit-build.json``, written last, which records the library's size and sha256, and
+later loads import the library directly (after checking it against that record) without
+running the build system; a corrupt or half-written entry is rebuilt. Failures become
 :class:`~graphkit.errors.NativeBuildError` with the compiler's last lines and a hint.
 """
 
@@ -13,11 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import importlib.machinery
 import importlib.resources
 import importlib.util
-import json
 import logging
 import os
 import platform
@@ -30,6 +31,7 @@ import types
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from graphkit import build_cache
 from graphkit.errors import NativeBuildError
 
 __all__ = ["load_extension", "cache_dir", "extension_build_dir", "CXX_FLAGS"]
@@ -41,16 +43,14 @@ log = logging.getLogger(__name__)
 CXX_FLAGS: tuple[str, ...] = ("-O3", "-DNDEBUG", "-g0")
 _MARKER = "graphkit-build.json"
 _LOG = "build.log"
-_KEY_VERSION = "1"  # bump when the layout of the cache or the build recipe changes
+_KEY_VERSION = "2"  # bump when the layout of the cache or the build recipe changes
 _TAIL_LINES = 25
 
 _thread_lock = threading.Lock()
 
 
-def cache_dir() -> Path:
-    """graphkit's cache root: ``$GRAPHKIT_CACHE_DIR`` or ``~/.cache/graphkit``."""
-    env = os.environ.get("GRAPHKIT_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "graphkit"
+cache_dir = build_cache.cache_root  # graphkit's cache root
+_file_lock = build_cache.file_lock
 
 
 def load_extension(name: str, package: str, sources: Sequence[str]) -> types.ModuleType:
@@ -100,26 +100,21 @@ def _read_sources(package: str, sources: tuple[str, ...]) -> dict[str, bytes]:
 def _build_key(name: str, contents: dict[str, bytes]) -> str:
     import torch
 
-    h = hashlib.sha256()
+    return build_cache.hash_key(
+        _KEY_VERSION, name, torch.__version__, getattr(torch.version, "git_version", ""),
+        sys.implementation.cache_tag, platform.machine(), sys.platform,
+        os.environ.get("CXX", "c++"), *CXX_FLAGS,
+        *(part for src in sorted(contents) for part in (src, contents[src])))
 
-    def feed(*parts: object) -> None:
-        for p in parts:
-            data = p if isinstance(p, bytes) else str(p).encode()
-            h.update(len(data).to_bytes(8, "little"))
-            h.update(data)
 
-    feed(_KEY_VERSION, name, torch.__version__, getattr(torch.version, "git_version", ""),
-         sys.implementation.cache_tag, platform.machine(), sys.platform,
-         os.environ.get("CXX", "c++"), *CXX_FLAGS)
-    for src in sorted(contents):
-        feed(src, contents[src])
-    return h.hexdigest()[:16]
+def _entry(name: str, key: str) -> build_cache.Entry:
+    return build_cache.Entry("torch_ext", f"{name}-{key}")
 
 
 def extension_build_dir(name: str, package: str, sources: Sequence[str]) -> Path:
     """Where :func:`load_extension` builds (or has built) this extension."""
     contents = _read_sources(package, tuple(sources))
-    return cache_dir() / "torch_ext" / f"{name}-{_build_key(name, contents)}"
+    return _entry(name, _build_key(name, contents)).dir
 
 
 def _load(name: str, package: str, sources: tuple[str, ...]) -> types.ModuleType:
@@ -127,41 +122,48 @@ def _load(name: str, package: str, sources: tuple[str, ...]) -> types.ModuleType
 
     contents = _read_sources(package, sources)
     key = _build_key(name, contents)
-    build_dir = cache_dir() / "torch_ext" / f"{name}-{key}"
+    entry = _entry(name, key)
+    build_dir = entry.dir
     module_name = f"graphkit_{name}_{key[:8]}"
 
     module = _import_marked(build_dir, module_name)
     if module is not None:
         return module
-    try:
-        build_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise NativeBuildError(f"cannot create the build directory: {exc.strerror or exc}",
-                               path=str(build_dir),
-                               hint="set GRAPHKIT_CACHE_DIR to a writable directory") from exc
-    with _thread_lock, _file_lock(build_dir.parent / f"{build_dir.name}.lock"):
+    with _thread_lock, entry.lock():
         module = _import_marked(build_dir, module_name)  # built while we waited
         if module is not None:
             return module
-        return _build(name, package, contents, build_dir, module_name)
+        module = _build(name, package, contents, build_dir, module_name)
+        _seal(entry)
+        return module
+
+
+def _seal(entry: build_cache.Entry) -> None:
+    """Make sure the marker records the library's size and sha256 before the lock is
+    released (a build step that wrote a marker without them gets them added)."""
+    info = entry.record("", record=_MARKER)
+    library = info.get("library")
+    if isinstance(library, str) and not {"size", "sha256"} <= info.keys() and entry.path(library).is_file():
+        entry.write_record(library, record=_MARKER, **info)
 
 
 def _import_marked(build_dir: Path, module_name: str) -> types.ModuleType | None:
-    """The finished build's module, or None when there is none (or it is unusable)."""
-    marker = build_dir / _MARKER
-    try:
-        info = json.loads(marker.read_text())
-        lib = build_dir / info["library"]
-    except (OSError, ValueError, KeyError, TypeError):
+    """The finished build's module, or None when there is none (or it is unusable: the
+    library does not match the size and sha256 its marker records)."""
+    entry = build_cache.Entry.at(build_dir)
+    info = entry.record("", record=_MARKER)
+    library = info.get("library")
+    if info.get("module") != module_name or not isinstance(library, str):
         return None
-    if info.get("module") != module_name or not lib.is_file():
+    lib = entry.valid(library, record=_MARKER)
+    if lib is None:
+        log.warning("cached extension %s is missing or corrupt; rebuilding", build_dir / library)
         return None
     try:
         return _import_library(module_name, lib)
     except ImportError as exc:
         log.warning("cached extension %s cannot be imported (%s); rebuilding", lib, exc)
-        with contextlib.suppress(OSError):
-            marker.unlink()
+        entry.invalidate(library, record=_MARKER)
         return None
 
 
@@ -173,37 +175,6 @@ def _import_library(module_name: str, lib: Path) -> types.ModuleType:
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock between processes (flock; released by the OS if we die)."""
-    fh = open(path, "a+b")  # noqa: SIM115
-    try:
-        try:
-            import fcntl
-        except ImportError:  # Windows
-            import msvcrt
-
-            while True:
-                try:
-                    msvcrt.locking(fh.fileno(), msvcrt.LK_LOCK, 1)
-                    break
-                except OSError:
-                    time.sleep(0.1)
-            try:
-                yield
-            finally:
-                fh.seek(0)
-                msvcrt.locking(fh.fileno(), msvcrt.LK_UNLCK, 1)
-            return
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-    finally:
-        fh.close()
 
 
 @contextlib.contextmanager
@@ -269,7 +240,7 @@ def _build(name: str, package: str, contents: dict[str, bytes], build_dir: Path,
     log.info("building torch extension %s in %s (first use on this machine)", name, build_dir)
     start = time.perf_counter()
     try:
-        with _ninja_on_path():
+        with build_cache.announce(f"{package} (torch extension {name})"), _ninja_on_path():
             module = cpp_extension.load(
                 name=module_name, sources=compiled, extra_cflags=list(CXX_FLAGS),
                 build_directory=str(build_dir), verbose=False)
@@ -286,10 +257,9 @@ def _build(name: str, package: str, contents: dict[str, bytes], build_dir: Path,
             hint=f"fix the C++ source; the full compiler output is in {build_dir / _LOG}") from exc
     seconds = time.perf_counter() - start
     lib = Path(module.__file__ or "")
-    info = {"module": module_name, "library": lib.name, "name": name, "package": package,
-            "sources": sorted(contents), "flags": list(CXX_FLAGS), "build_seconds": round(seconds, 2)}
-    tmp = build_dir / f".{_MARKER}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(info, indent=1))
-    os.replace(tmp, build_dir / _MARKER)
+    # The marker is the library's record (size, sha256), written last and atomically.
+    build_cache.Entry.at(build_dir).write_record(
+        lib.name, record=_MARKER, module=module_name, library=lib.name, name=name, package=package,
+        sources=sorted(contents), flags=list(CXX_FLAGS), build_seconds=round(seconds, 2))
     log.info("built torch extension %s in %.1f s", name, seconds)
     return module
