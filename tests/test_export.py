@@ -278,3 +278,12 @@ def test_top_level_export_model_is_the_export_function(tmp_path, inputs):
     assert graphkit.export_model is subpackage.export
     report = graphkit.export_model(FunctionModel(), inputs, tmp_path / "c.onnx", dynamo=False)
     assert report.count("my_add") == 1
+
+
+@BOTH
+def test_the_models_ops_join_the_registry(tmp_path, ops, inputs, dynamo):
+    """A registry without my_add: the op the model's TorchOps holds still exports, known."""
+    path = tmp_path / "m.onnx"
+    report = export(LibraryModel(ops), inputs, path, dynamo=dynamo, registry=OpRegistry([]))
+    _check(path, report)
+    assert MY_ADD in report.registry and report.custom_nodes[0].known

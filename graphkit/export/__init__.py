@@ -1,11 +1,15 @@
-"""graphkit's torch side: export models whose graphkit ops become ``custom::`` nodes.
+"""graphkit's torch side: export models whose custom ops become placeholder nodes.
 
-Importing this subpackage imports torch (``import graphkit`` alone does not).
+Importing this subpackage imports torch (``import graphkit`` alone does not). Every op,
+graphkit's own or a user package's, is handled alike: its torch op is
+``torch.ops.<torch_namespace>.<name>`` and its node ``<domain>::<name>``, both from its
+OpDef (``graphkit`` and ``custom`` by default).
 
 - :func:`export` - one call for both torch exporters (``dynamo=True``/``False``), with the
-  gap fillers, placeholders and rewrites below active for the call only.
-- :class:`TorchOps` - graphkit's ops as ``torch.ops.graphkit.<name>`` (C++ forward, fake
-  kernel from the reference), usable in models exported either way.
+  gap fillers, placeholders and rewrites below active for the call only; the ops known
+  are the registry passed plus those the model holds.
+- :class:`TorchOps` - a registry's ops as torch ops (C++ forward, fake kernel from the
+  reference), usable in models exported either way.
 - :func:`autograd_function` - the tutorial's ``torch.autograd.Function`` + ``symbolic``.
 - :data:`GAP_FILLERS` - symbolics for ATen ops torch's TorchScript exporter lacks
   (:mod:`graphkit.export.aten`; ``python -m graphkit.export.gaps`` finds the gaps).
