@@ -149,7 +149,7 @@ def export(
     rewrites: RewriteRegistry | Sequence[RewriteRegistry] | None = None,
     backend: str = "onnxruntime",
 ) -> ExportReport:
-    """Export ``model(*args, **kwargs)`` to ``path`` with graphkit's ops as ``custom::`` nodes.
+    """Export ``model(*args, **kwargs)`` to ``path`` with its custom ops as placeholder nodes.
 
     ``registry`` (default :func:`~graphkit.ops.default_registry`) names the ops graphkit
     hooks into the exporters; the ops the model holds are added to it
