@@ -56,7 +56,7 @@ def inspect_model(model: onnx.ModelProto, *, path: str | os.PathLike[str] | None
     in ``registry`` (default: :func:`graphkit.ops.default_registry`), or ``"known": false``
     and a ``"hint"`` when no package does.
     """
-    registry = registry or default_registry()
+    registry = default_registry() if registry is None else registry
     opset = ai_onnx_opset(model) or 0
     functions = {(f.domain, f.name) for f in model.functions}
     where: dict[tuple[str, str], list[str]] = collections.defaultdict(list)

@@ -192,7 +192,7 @@ def _resolve(registry: Any) -> Any:
 def _session(model: Any, registry: Any, options: Any = None):
     from graphkit.runtime import open_session
 
-    return open_session(model, registry=registry, options=options)
+    return open_session(model, registry=registry, options=options, unknown_domains=False)
 
 
 def _external_folder(options: Any, folder: str | None) -> Any:

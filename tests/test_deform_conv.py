@@ -531,8 +531,11 @@ def test_native_source_compiles_without_avx512(march):
     """The AVX2+FMA and the portable micro-kernels (the library is built -march=native here)."""
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("x86-64 -march values")
+    from graphkit.runtime import native
+
     cxx = shlex.split(os.environ.get("CXX") or "c++")
-    proc = subprocess.run([*cxx, "-std=c++17", f"-march={march}", "-fsyntax-only", str(NATIVE_SOURCE)],
+    proc = subprocess.run([*cxx, "-std=c++17", f"-march={march}", "-fsyntax-only",
+                           "-I", str(native.include_dir()), str(NATIVE_SOURCE)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
 

@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     options = ort.SessionOptions()
     # graphkit reports every ONNX Runtime failure itself, in one line: keep ORT's log quiet.
     options.log_severity_level = 4
-    session = open_session(args.model, registry=registry, threads=args.threads, options=options)
+    session = open_session(args.model, registry=registry, threads=args.threads, options=options,
+                           unknown_domains=False)
     feeds = (load_npz(args.inputs) if args.inputs
              else session.random_feeds(seed=args.seed, dims=_parse_dims(args.dim)))
     outputs = session.run(feeds)

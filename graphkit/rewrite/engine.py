@@ -507,7 +507,7 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     shape inference on each distinct replacement, and on the whole model when it has at
     most FULL_CHECK_NODES nodes or ``full_check`` is set.
     """
-    registry = registry or default_registry()
+    registry = default_registry() if registry is None else registry
     prefer = (lowering,) if isinstance(lowering, Lowering) else tuple(lowering)
     if as_functions:
         prefer = (Lowering.KEEP,)

@@ -26,7 +26,7 @@ def rewrite_bytes(data: bytes, *, registry: OpRegistry | None = None,
     ``model`` is ``data`` already parsed, if the caller has it; ``options`` are
     ``rewrite_model``'s other keywords.
     """
-    registry = registry or default_registry()
+    registry = default_registry() if registry is None else registry
     prefer = (lowering,) if isinstance(lowering, Lowering) else tuple(lowering)
     if not isinstance(data, bytes):
         data = bytes(data)

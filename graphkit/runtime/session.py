@@ -458,11 +458,15 @@ class Session:
 def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
                  registry: OpRegistry | None = None, threads: int | None = None,
                  providers: Sequence[Any] | None = None,
-                 options: ort.SessionOptions | None = None) -> Session:
+                 options: ort.SessionOptions | None = None,
+                 unknown_domains: bool | None = None) -> Session:
     """Open ``model`` in ONNX Runtime with every kernel its nodes need registered.
 
     ``threads`` sets the intra-op thread count; ``options`` (a fresh SessionOptions, used
     once) lets callers set anything else; ``providers`` defaults to the CPU provider.
+    ``unknown_domains``: leave nodes of domains no op package knows to ONNX Runtime (the
+    caller registered a library for them on ``options``) instead of refusing them; by
+    default, only when ``options`` are given.
     Raises ModelLoadError (unreadable file; external data outside the model's directory,
     missing or too short, refused before anything reads it), UnsupportedOpError (nodes without a kernel,
     named before ONNX Runtime is touched) and KernelError (ONNX Runtime refused the session).
@@ -476,7 +480,8 @@ def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
         raise UsageError(f"threads must be a non-negative int, not {threads!r}",
                          hint="0 lets ONNX Runtime choose")
-    plan = _plan(proto, registry, path, foreign_ok=options is not None)
+    foreign_ok = options is not None if unknown_domains is None else bool(unknown_domains)
+    plan = _plan(proto, registry, path, foreign_ok=foreign_ok)
 
     # Ops by domain::name (two packages may both have an op called rms_norm); the nodes of
     # each by op name, which is what a Python kernel's failure reports.
@@ -493,7 +498,7 @@ def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
             work = onnx.ModelProto()
             work.CopyFrom(proto)
             libraries = plan.libraries
-            plan = _plan(work, registry, path, foreign_ok=options is not None, build=False)
+            plan = _plan(work, registry, path, foreign_ok=foreign_ok, build=False)
             plan.libraries = libraries
         refs = [pk.PythonNode(r.node, r.graph, r.index, r.depth, r.display) for r in plan.python]
         if pk.bind_python_nodes(work, registry, refs) or path is None:
