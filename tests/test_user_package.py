@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -83,8 +84,10 @@ def build_plain():
 def site(tmp_path_factory):
     """samples/rms_norm_ops installed (entry point included) into a folder of its own."""
     target = tmp_path_factory.mktemp("site")
+    source = tmp_path_factory.mktemp("src") / "rms_norm_ops"  # the build writes egg-info beside it
+    shutil.copytree(SAMPLE, source, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                           "--no-build-isolation", "--target", str(target), str(SAMPLE)],
+                           "--no-build-isolation", "--target", str(target), str(source)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert list(target.glob("rms_norm_ops-*.dist-info/entry_points.txt"))

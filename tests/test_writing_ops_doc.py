@@ -1,0 +1,104 @@
+"""docs/writing-ops.md, executed: every file it shows is written, every command and snippet run.
+
+The walk starts from an empty folder. `pip install` puts the package into a folder of its
+own (PIP_TARGET, on PYTHONPATH), as an installed distribution is found, so the test's
+environment stays as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+from conftest import REPO
+
+pytest.importorskip("torch")
+
+DOC = REPO / "docs" / "writing-ops.md"
+
+
+def _steps(text: str) -> list[tuple[str, str, str]]:
+    """(kind, target, body) in document order: ("file", path, text), ("sh", "", commands),
+    ("python", "", code). A block preceded by `<!-- file: PATH -->` is a file to write."""
+    steps = []
+    pattern = re.compile(r"(?:<!-- file: (?P<path>[^ ]+) -->\n)?```(?P<lang>\w+)\n(?P<body>.*?)```", re.S)
+    for m in pattern.finditer(text):
+        if m.group("path"):
+            steps.append(("file", m.group("path"), m.group("body")))
+        elif m.group("lang") in ("sh", "python"):
+            steps.append((m.group("lang"), "", m.group("body")))
+    return steps
+
+
+def test_the_walk_through_runs_as_written(tmp_path):
+    steps = _steps(DOC.read_text())
+    assert [k for k, _, _ in steps].count("file") == 4 and [k for k, _, _ in steps].count("sh") == 2
+    site = tmp_path / "site"
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ,
+           "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
+           "PYTHONPATH": os.pathsep.join([str(site), str(work)]),
+           "PIP_TARGET": str(site), "PIP_NO_DEPS": "1", "PIP_QUIET": "1",
+           "GRAPHKIT_OPS": ""}
+    outputs = []
+    for kind, target, body in steps:
+        if kind == "file":
+            path = work / target
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(body)
+            continue
+        if kind == "python":
+            script = work / "snippet.py"
+            script.write_text(body)
+            argvs = [[sys.executable, str(script)]]
+        else:
+            argvs = [["bash", "-c", line.split("  #")[0].strip()]
+                     for line in body.splitlines() if line.strip() and not line.startswith("#")]
+        for argv in argvs:
+            proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+            assert proc.returncode == 0, (argv, proc.stdout, proc.stderr)
+            outputs.append((argv[-1], proc.stdout, proc.stderr))
+    by_command = {cmd: (out, err) for cmd, out, err in outputs}
+    listing = by_command["graphkit ops"][0]
+    assert "acme::swish" in listing and "acme_ops" in listing and "1.0.0" in listing
+    for name in ("model.onnx", "model.ts.onnx"):
+        nodes = [(n.domain, n.op_type) for n in onnx.load(work / name).graph.node if n.domain not in ("", "ai.onnx")]
+        assert nodes == [("acme", "swish")], name
+    assert {n.op_type for n in onnx.load(work / "model.std.onnx").graph.node} >= {"Sigmoid", "Mul"}
+    assert {n.domain for n in onnx.load(work / "model.native.onnx").graph.node} >= {"graphkit.native.acme"}
+    assert {n.domain for n in onnx.load(work / "model.py.onnx").graph.node} >= {"graphkit.python.acme"}
+    inspect_out = next(out for cmd, out, _ in outputs if cmd.startswith("graphkit inspect"))
+    assert "acme::swish" in inspect_out and "UNKNOWN" not in inspect_out
+    snippet = outputs[-1][1]
+    error = float(re.search(r"max error vs torch: (\S+)", snippet).group(1))
+    assert np.isfinite(error) and error < 1e-5
+
+
+def test_readme_own_ops_commands_run(tmp_path):
+    """The README's "Your own ops" commands, with a one-op package file as ./my_ops.py."""
+    from conftest import run_cli
+
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"## Your own ops.*?```sh\n(.*?)```", text, re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    (tmp_path / "my_ops.py").write_text(
+        "from graphkit.ops import OpDef, OpPackage, Param\n"
+        "HALF = OpDef(name='half', doc='x / 2', domain='mine', inputs=(Param('x', 'T'),),\n"
+        "             outputs=(Param('y', 'T'),), type_constraints={'T': ('tensor(float)',)},\n"
+        "             reference=lambda x: x / 2, infer_shapes=lambda s, a: [s[0]],\n"
+        "             python_kernel=lambda x: x / 2)\n"
+        "PACKAGE = OpPackage('my_ops', (HALF,))\n")
+    outputs = [run_cli(*command.split()[1:], cwd=tmp_path, check_rc=0, env={"GRAPHKIT_OPS": ""}).stdout
+               for command in commands]
+    assert "my_add" in outputs[0] and "graphkit_ops" in outputs[0]
+    import json
+
+    listing = json.loads(outputs[1])
+    assert any(op["name"] == "half" and op["domain"] == "mine" for op in listing["ops"])
