@@ -496,12 +496,7 @@ def _subgraph_nodes(node: onnx.NodeProto) -> Iterator[onnx.NodeProto]:
 def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     for node in graph.node:
         yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _all_nodes(g)
+        yield from _subgraph_nodes(node)
 
 
 def _report(model: onnx.ModelProto, path: Path, exporter: str, registry: OpRegistry,
