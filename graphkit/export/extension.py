@@ -82,7 +82,7 @@ def _read_sources(package: str, sources: tuple[str, ...]) -> dict[str, bytes]:
         root = importlib.resources.files(package)
     except (ModuleNotFoundError, TypeError) as exc:
         raise NativeBuildError(f"cannot find package {package!r} holding the extension sources",
-                               hint="install graphkit with its custom_ops package") from exc
+                               hint=f"install the package {package} that holds the extension sources") from exc
     out: dict[str, bytes] = {}
     for src in sources:
         if Path(src).name != src:
