@@ -57,6 +57,15 @@ def run_cli(*args: str, cwd: Path | None = None, check_rc: int | None = None, en
     return proc
 
 
+# The one informational stderr line graphkit may print before an error: a first-use build.
+BUILD_MESSAGE = "graphkit: building kernels for "
+
+
+def error_lines(stderr: str) -> list[str]:
+    """stderr's lines, less the first-use build message (progress, not part of an error)."""
+    return [line for line in stderr.splitlines() if line.strip() and not line.startswith(BUILD_MESSAGE)]
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)

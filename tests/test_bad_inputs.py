@@ -27,7 +27,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import REPO, my_add_model
+from conftest import REPO, error_lines, my_add_model
 from graphkit.cli import main
 from graphkit.errors import EXIT_INTERNAL, GraphkitError
 
@@ -97,7 +97,7 @@ def cli(argv: list, capfd) -> tuple[int, str, str]:
 
 
 def assert_one_error_line(err: str, rc: int, says: tuple[str, ...], fix: str | None) -> None:
-    lines = [line for line in err.splitlines() if line.strip()]
+    lines = error_lines(err)
     assert "Traceback" not in err, err
     assert len(lines) == 1, f"expected one stderr line, got {len(lines)}:\n{err}"
     line = lines[0]

@@ -10,7 +10,7 @@ import sys
 import onnx
 import pytest
 
-from conftest import REPO, my_add_model, run_cli
+from conftest import REPO, error_lines, my_add_model, run_cli
 
 INPUT_ERRORS = {
     "missing": (None, 3, "no such file"),
@@ -61,7 +61,7 @@ def test_bad_input_files(case, tmp_path):
     before = _snapshot(tmp_path)
     proc = run_cli("rewrite", src, tmp_path / "out.onnx", check_rc=rc)
     assert text in proc.stderr and str(src) in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert len(error_lines(proc.stderr)) == 1 and "Traceback" not in proc.stderr
     assert _snapshot(tmp_path) == before
 
 

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import REPO, my_add_model
+from conftest import REPO, error_lines, my_add_model
 
 SAMPLE_SOURCE = REPO / "samples" / "rms_norm_ops" / "rms_norm_ops"
 BUILTIN = {"custom::my_add", "custom::deform_conv2d", "custom::asinh"}
@@ -68,7 +68,7 @@ def gk(*args, cwd=None, env=None, check_rc=None, pythonpath=None):
 
 def one_line_error(proc, rc=NOT_AN_OP_PACKAGE):
     assert proc.returncode == rc, (proc.returncode, proc.stdout, proc.stderr)
-    lines = proc.stderr.strip().splitlines()
+    lines = error_lines(proc.stderr)
     assert len(lines) == 1 and lines[0].startswith("graphkit: error: "), proc.stderr
     assert "Traceback" not in proc.stderr
     return lines[0]

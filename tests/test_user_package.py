@@ -25,7 +25,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import REPO, run_cli
+from conftest import REPO, error_lines, run_cli
 
 torch = pytest.importorskip("torch")
 
@@ -209,7 +209,7 @@ def test_three_packages_in_one_model_cli(work):
     _cli(work, "rewrite", "three.onnx", "three.out.onnx")
     assert ("demo", "twice") in {(n.domain, n.op_type) for n in onnx.load(d / "three.out.onnx").graph.node}
     err = _cli(work, "run", "three.out.onnx", "--inputs", "xw.npz", rc=6).stderr
-    assert "demo::twice" in err and "--ops" in err and len(err.strip().splitlines()) == 1
+    assert "demo::twice" in err and "--ops" in err and len(error_lines(err)) == 1
     # demo::twice has no native kernel: `--bind native` names it; native first, else decompose
     err = _cli(work, "rewrite", "three.onnx", "three.out.onnx", "--ops", "demo_ops.py", "--bind", "native",
                rc=6).stderr
