@@ -19,16 +19,26 @@ class NameGenerator:
 
     def __init__(self, taken: Iterable[str] = ()) -> None:
         self._taken = set(taken)
+        # Next suffix to try per base: the i-th name made from one base costs O(1), not O(i)
+        # (unnamed nodes all share a base). Names are never released, so the suffixes below
+        # it stay taken and the names made are the same as probing from 1.
+        self._next: dict[str, int] = {}
 
     def reserve(self, name: str) -> None:
         self._taken.add(name)
 
     def fresh(self, base: str) -> str:
-        name, i = base, 1
-        while name in self._taken:
-            name = f"{base}_{i}"
+        taken = self._taken
+        if base not in taken:
+            taken.add(base)
+            return base
+        i = self._next.get(base, 1)
+        name = f"{base}_{i}"
+        while name in taken:
             i += 1
-        self._taken.add(name)
+            name = f"{base}_{i}"
+        self._next[base] = i + 1
+        taken.add(name)
         return name
 
 
@@ -139,12 +149,31 @@ class TypeTable:
         self._declare(graph)
         for node in graph.node:
             self._forward_node(node, node.domain, node.op_type)
+            bodies = {}
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
                     self._forward_graph(attr.g)
+                    bodies[attr.name] = attr.g
                 elif attr.type == onnx.AttributeProto.GRAPHS:
                     for g in attr.graphs:
                         self._forward_graph(g)
+            if bodies and node.domain in ("", "ai.onnx"):
+                self._forward_control_flow(node, bodies)
+
+    def _forward_control_flow(self, node: onnx.NodeProto, bodies: dict[str, onnx.GraphProto]) -> None:
+        """If/Loop/Scan outputs take the element types of their body's outputs.
+
+        Without this, every model with control flow fell back to whole-model ONNX shape
+        inference, whose cost grows with the square of the number of subgraphs.
+        """
+        elem = self._elem
+        body = bodies.get({"If": "then_branch", "Loop": "body", "Scan": "body"}.get(node.op_type, ""))
+        if body is None:
+            return
+        outs = list(body.output)[1:] if node.op_type == "Loop" else list(body.output)
+        for out, body_out in zip(node.output, outs):
+            if out and body_out.name in elem:
+                elem.setdefault(out, elem[body_out.name])
 
     def _infer(self) -> None:
         """Ask ONNX shape inference (custom ops known through their schemas)."""

@@ -137,7 +137,9 @@ class _Lowerer:
         # and "custom" even when no op of the registry is there (unknown ops are errors).
         self.domains = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
         self.actions: collections.Counter = collections.Counter()
-        # (original node, replacement nodes, rule) of every freshly built replacement
+        # Template keys whose replacement is already queued for checking.
+        self._checked: set = set()
+        # (original node, replacement nodes, rule) of every distinct replacement
         self.replacements: list[tuple[onnx.NodeProto, list[onnx.NodeProto], str]] = []
 
     def fail(self, cls: type, message: str, node: onnx.NodeProto, hint: str) -> Exception:
@@ -253,7 +255,10 @@ class _Lowerer:
                 # with their own names; constants made here are shared by value in this scope.
                 reused = [n for n in nodes if not (n.op_type == "Constant" and n.output[0] not in shared)]
                 self._templates[key] = (reused, inputs, list(node.output), prefix)
-            self.replacements.append((node, [n for n in nodes], f"decomposition '{dec.name}' of {op.qualified_name}"))
+            # One strict check per distinct replacement, in any scope (shape-dependent ones each).
+            if builder.used_shapes or key not in self._checked:
+                self._checked.add(key)
+                self.replacements.append((node, [n for n in nodes], f"decomposition '{dec.name}' of {op.qualified_name}"))
         self.actions[(op.qualified_name, f"decompose:{dec.name}")] += 1
         return nodes
 

@@ -1,0 +1,75 @@
+"""The rewrite's cost grows linearly on the graph shapes users have, measured in one run.
+
+Each case times rewrite_model at n and 8n; linear growth gives a ratio near 8, quadratic
+near 64. The bound (20) is generous for a noisy 2-core machine and still fails on the
+quadratic behaviour these shapes once had (unnamed nodes: 16x per 2x; If bodies: 18x
+per 10x).
+"""
+
+from __future__ import annotations
+
+import time
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from graphkit.rewrite import Lowering, rewrite_model
+
+OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)]
+
+
+def _vi(name: str) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4])
+
+
+def unnamed_chain(n: int) -> onnx.ModelProto:
+    """x -> my_add -> Relu -> my_add -> Relu ... (n pairs, no node names)."""
+    nodes, prev = [], "x"
+    for i in range(n):
+        nodes += [helper.make_node("my_add", [prev, prev], [f"a{i}"], domain="custom"),
+                  helper.make_node("Relu", [f"a{i}"], [f"r{i}"])]
+        prev = f"r{i}"
+    return helper.make_model(helper.make_graph(nodes, "g", [_vi("x")], [_vi(prev)]),
+                             opset_imports=OPSETS, ir_version=10)
+
+
+def fan_out(n: int) -> onnx.ModelProto:
+    """One input read by n unnamed my_add nodes, summed."""
+    nodes = [helper.make_node("my_add", ["x", "x"], [f"y{i}"], domain="custom") for i in range(n)]
+    nodes.append(helper.make_node("Sum", [f"y{i}" for i in range(n)], ["s"]))
+    return helper.make_model(helper.make_graph(nodes, "g", [_vi("x")], [_vi("s")]),
+                             opset_imports=OPSETS, ir_version=10)
+
+
+def if_bodies(n: int) -> onnx.ModelProto:
+    """n chained If nodes, each branch holding one my_add of the previous If's output."""
+    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
+    nodes, prev = [cond], "x"
+    for i in range(n):
+        def body(tag: str) -> onnx.GraphProto:
+            return helper.make_graph([helper.make_node("my_add", [prev, prev], [f"{tag}{i}"], domain="custom")],
+                                     f"{tag}{i}", [], [_vi(f"{tag}{i}")])
+        nodes.append(helper.make_node("If", ["c"], [f"o{i}"], then_branch=body("t"), else_branch=body("e")))
+        prev = f"o{i}"
+    return helper.make_model(helper.make_graph(nodes, "g", [_vi("x")], [_vi(prev)]),
+                             opset_imports=OPSETS, ir_version=10)
+
+
+def _seconds(model: onnx.ModelProto, lowering: Lowering) -> float:
+    best = float("inf")
+    for _ in range(2):
+        start = time.perf_counter()
+        rewrite_model(model, lowering=lowering)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@pytest.mark.parametrize("shape, n", [(unnamed_chain, 1000), (fan_out, 1000), (if_bodies, 300)],
+                         ids=["unnamed-chain", "fan-out", "if-bodies"])
+@pytest.mark.parametrize("lowering", [Lowering.DECOMPOSE, Lowering.PYTHON], ids=["decompose", "python"])
+def test_rewrite_cost_grows_linearly(shape, n, lowering):
+    small, big = shape(n), shape(8 * n)
+    _seconds(small, lowering)  # warm caches (schemas, imports)
+    ratio = _seconds(big, lowering) / _seconds(small, lowering)
+    assert ratio < 20, f"{shape.__name__}: 8x the nodes took {ratio:.1f}x the time (linear is ~8x)"
