@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterable, Iterator
 
 import onnx.defs
 
-from graphkit.errors import OpPackageError, UsageError
+from graphkit.errors import OpDefinitionError, OpPackageError, UsageError
 from graphkit.ops._opdef import OpDef, kernel_domain, split_kernel_domain
 from graphkit.ops._package import OpPackage
 from graphkit.ops._schema import build_schema
@@ -138,15 +139,172 @@ class OpRegistry:
 
     @contextlib.contextmanager
     def onnx_schemas(self) -> Iterator[None]:
-        """Make onnx's checker and shape inference know these ops, only inside the block."""
-        added = []
+        """Make onnx's checker and shape inference know these ops inside the block.
+
+        Safe from several threads at once. onnx keeps ONE process-wide schema table that
+        is not thread-safe: its checker and shape inference read it (and call back into
+        Python for graphkit's shape functions, which lets other threads run), so a schema
+        added or removed meanwhile can crash the process. graphkit therefore keeps a
+        reference-counted table of the schemas it registered, guarded by one process-wide
+        lock that works like a reader/writer lock:
+
+        * every thread inside an ``onnx_schemas()`` block is a *reader* of onnx's table;
+          readers run concurrently, nothing serialises their checks;
+        * a schema identical to one graphkit already registered (same domain, name,
+          version, signature and shape function) is shared: its count goes up, nothing is
+          written, so in steady state (the same ops again and again) blocks never wait;
+        * a schema that is new (or replaces one no block uses any more) is written only
+          when no other thread is inside a block (a thread that waits to write while it is
+          inside a block itself is not reading at that moment); writers go before new
+          readers, so a writer is never starved;
+        * a schema whose count drops to zero stays registered until no thread is inside
+          a block; it is then removed (so, used from one thread, a block leaves onnx's
+          table as it found it), or shared again by the next block that needs it;
+        * two registries that define one ``domain::name`` at one version with different
+          signatures (or shape functions) in blocks at the same time are an
+          :class:`~graphkit.errors.OpDefinitionError`: onnx can only know one of them;
+        * a schema registered by someone else than graphkit is used as it is, never
+          removed.
+
+        onnx calls made outside any block while another thread registers or removes a
+        schema are not covered (graphkit makes none that run graphkit's shape functions).
+        """
+        items = []
+        for op in self:
+            for domain in dict.fromkeys((op.domain, self.kernel_domain(op, "native"),
+                                         self.kernel_domain(op, "python"))):
+                schema = build_schema(op, domain)
+                items.append(((domain, op.name, op.since_version), _fingerprint(op, schema), schema))
+        held = _SCHEMAS.acquire(items)
         try:
-            for schema in self.schemas():
-                if onnx.defs.has(schema.name, schema.since_version, schema.domain):
-                    continue  # an identical registration is already active (nested use)
-                onnx.defs.register_schema(schema)
-                added.append(schema)
             yield
         finally:
-            for schema in reversed(added):
-                onnx.defs.deregister_schema(schema.name, schema.since_version, schema.domain)
+            _SCHEMAS.release(held)
+
+
+def _fingerprint(op: OpDef, schema: onnx.defs.OpSchema) -> tuple:
+    """What makes two schemas of one (domain, name, version) interchangeable."""
+    def params(ps):
+        return tuple((p.name, p.type_str, int(p.option)) for p in ps)
+
+    attrs = tuple(sorted((name, int(a.type), bool(a.required), a.default_value.SerializeToString())
+                         for name, a in schema.attributes.items()))
+    constraints = tuple((c.type_param_str, tuple(c.allowed_type_strs)) for c in schema.type_constraints)
+    infer = getattr(op.infer_shapes, "__code__", op.infer_shapes)
+    return params(schema.inputs), params(schema.outputs), attrs, constraints, infer
+
+
+class _Slot:
+    __slots__ = ("fingerprint", "refs")
+
+    def __init__(self, fingerprint: tuple) -> None:
+        self.fingerprint = fingerprint
+        self.refs = 0
+
+
+class _SchemaTable:
+    """graphkit's process-wide, reference-counted view of onnx's schema table (see
+    :meth:`OpRegistry.onnx_schemas`)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition(threading.Lock())
+        self._slots: dict[tuple[str, str, int], _Slot] = {}
+        self._readers: dict[int, int] = {}   # thread ident -> block depth
+        self._parked: set[int] = set()       # readers waiting to write (not reading)
+        self._waiting_writers = 0
+
+    def _active_others(self, me: int) -> bool:
+        return any(t != me and t not in self._parked for t in self._readers)
+
+    def _conflicts(self, items) -> None:
+        for key, fp, _ in items:
+            slot = self._slots.get(key)
+            if slot is not None and slot.refs > 0 and slot.fingerprint != fp:
+                domain, name, version = key
+                raise OpDefinitionError(
+                    f"{domain}::{name} (version {version}) is in use with another definition in "
+                    f"this process (from another op registry, on another thread); onnx knows one "
+                    f"schema per domain, name and version", op=f"{domain}::{name}",
+                    hint="give one of the ops another domain or since_version, or do not use both "
+                         "definitions at the same time")
+
+    def _needs_write(self, key, fp) -> bool:
+        slot = self._slots.get(key)
+        if slot is not None:
+            return slot.fingerprint != fp  # refs == 0 here (conflicts were checked)
+        domain, name, version = key
+        return not onnx.defs.has(name, version, domain)  # else: someone else's schema, used as is
+
+    def _remove(self, key) -> None:
+        domain, name, version = key
+        del self._slots[key]
+        with contextlib.suppress(Exception):
+            onnx.defs.deregister_schema(name, version, domain)
+
+    def _flush(self, keep: set = frozenset()) -> None:
+        """Remove unused schemas; only while no other thread reads (none inside a block,
+        or all of them parked)."""
+        for key in [k for k, slot in self._slots.items() if slot.refs == 0 and k not in keep]:
+            self._remove(key)
+
+    def acquire(self, items) -> list:
+        me = threading.get_ident()
+        with self._cv:
+            if me not in self._readers:
+                while self._waiting_writers:  # writers first: they wait for readers to leave
+                    self._cv.wait()
+            self._conflicts(items)
+            if any(self._needs_write(key, fp) for key, fp, _ in items):
+                self._waiting_writers += 1
+                parked = me in self._readers
+                if parked:
+                    self._parked.add(me)
+                try:
+                    while self._active_others(me):
+                        self._cv.wait()
+                finally:
+                    self._waiting_writers -= 1
+                    self._parked.discard(me)
+                    self._cv.notify_all()
+                # No other thread reads onnx's table now, and none can start: we hold the lock.
+                self._conflicts(items)
+                self._flush(keep={key for key, _, _ in items})
+                for key, fp, schema in items:
+                    if not self._needs_write(key, fp):
+                        continue
+                    if key in self._slots:
+                        self._remove(key)
+                    try:
+                        onnx.defs.register_schema(schema)
+                    except Exception as exc:  # noqa: BLE001 - onnx refuses it (e.g. a clash)
+                        raise OpDefinitionError(
+                            f"onnx refuses the schema of {key[0]}::{key[1]}: {exc}",
+                            op=f"{key[0]}::{key[1]}", hint="check the op definition") from exc
+                    self._slots[key] = _Slot(fp)
+            held = []
+            for key, _, _ in dict((k, (k, f, s)) for k, f, s in items).values():
+                slot = self._slots.get(key)
+                if slot is not None:
+                    slot.refs += 1
+                    held.append(key)
+            self._readers[me] = self._readers.get(me, 0) + 1
+            return held
+
+    def release(self, held: list) -> None:
+        me = threading.get_ident()
+        with self._cv:
+            for key in held:
+                slot = self._slots.get(key)
+                if slot is not None:
+                    slot.refs -= 1
+            depth = self._readers.get(me, 0) - 1
+            if depth > 0:
+                self._readers[me] = depth
+            else:
+                self._readers.pop(me, None)
+            if not self._readers:
+                self._flush()
+            self._cv.notify_all()
+
+
+_SCHEMAS = _SchemaTable()
