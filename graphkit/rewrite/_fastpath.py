@@ -880,7 +880,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             if holders:
                 return output_model()
             asked: set[str] = set()
-            for _, repl, _ in lowerer.replacements:
+            for _, repl, _, _ in lowerer.replacements:
                 produced = {o for n in repl for o in n.output}
                 asked.update(i for n in repl for i in n.input if i and i not in produced)
             return _inference_prefix(onnx.load_model_from_string(out), asked)
@@ -888,7 +888,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         types.lowering = False
         types.inference_model = inference_model
         opset_imports = onnx.ModelProto.FromString(import_entries).opset_import
-        for original, repl, rule in lowerer.replacements:
+        for original, repl, rule, _ in lowerer.replacements:
             _engine._check_replacement(original, repl, types, opset_imports, registry, rule, path)
         applied = ", ".join(sorted({how for _, how in lowerer.actions}))
         context = f" after rewrite ({applied})"

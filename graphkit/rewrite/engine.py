@@ -139,17 +139,29 @@ class _Lowerer:
         self.actions: collections.Counter = collections.Counter()
         # Template keys whose replacement is already queued for checking.
         self._checked: set = set()
-        # (original node, replacement nodes, rule) of every distinct replacement
-        self.replacements: list[tuple[onnx.NodeProto, list[onnx.NodeProto], str]] = []
+        # (original node, replacement nodes, rule, type table of its scope) of every distinct replacement
+        self.replacements: list[tuple[onnx.NodeProto, list[onnx.NodeProto], str, TypeTable]] = []
 
     def fail(self, cls: type, message: str, node: onnx.NodeProto, hint: str) -> Exception:
         return cls(message, path=self.path, node=node.name or "<unnamed>",
                    op=f"{node.domain}::{node.op_type}", hint=hint)
 
-    def lower_graph(self, nodes: Any) -> None:
-        """Lower the custom:: nodes of one node list in place (subgraphs are their own scopes)."""
+    def lower_graph(self, nodes: Any, *, in_function: bool = False) -> None:
+        """Lower the custom:: nodes of one node list in place (subgraphs are their own scopes).
+
+        In a model-local function body (``in_function``) tensor types are the caller's:
+        nothing is looked up in the model's type table (which would also ask whole-model
+        shape inference, inferring every body once per call site).
+        """
         domains = self.domains
         if not any(n.domain in domains for n in nodes):
+            return
+        if in_function:
+            model_types, self.types = self.types, TypeTable()
+            try:
+                self.lower_graph(nodes)
+            finally:
+                self.types = model_types
             return
         new_nodes: list[onnx.NodeProto] = []
         self._scope_constants: dict = {}
@@ -258,7 +270,8 @@ class _Lowerer:
             # One strict check per distinct replacement, in any scope (shape-dependent ones each).
             if builder.used_shapes or key not in self._checked:
                 self._checked.add(key)
-                self.replacements.append((node, [n for n in nodes], f"decomposition '{dec.name}' of {op.qualified_name}"))
+                self.replacements.append((node, [n for n in nodes], f"decomposition '{dec.name}' of {op.qualified_name}",
+                                          self.types))
         self.actions[(op.qualified_name, f"decompose:{dec.name}")] += 1
         return nodes
 
@@ -550,8 +563,10 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
         lowerer.total = sum(index.op_counts.values())
         if lowerer.total > PROGRESS_MIN_NODES:
             lowerer.progress = progress
-        for nodes, _, _ in reversed(list(scopes(out))):  # inner scopes first, as above
-            lowerer.lower_graph(nodes)
+        every = list(scopes(out))  # the main graph's scopes first, then the functions'
+        in_main = sum(1 for _ in graphs(out.graph))
+        for k in reversed(range(len(every))):  # inner scopes first, as above
+            lowerer.lower_graph(every[k][0], in_function=k >= in_main)
         if lowerer.progress is not None:
             lowerer.progress("lowering", lowerer.total, lowerer.total)
     if as_functions:
@@ -571,8 +586,8 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
         report.ops_after = +after
     _fix_opset_imports(out, opset, {d for d, _ in report.ops_after}, placeholders)
     if check:
-        for original, nodes, rule in lowerer.replacements:
-            _check_replacement(original, nodes, lowerer.types, out.opset_import, registry, rule, path)
+        for original, nodes, rule, types in lowerer.replacements:
+            _check_replacement(original, nodes, types, out.opset_import, registry, rule, path)
         applied = ", ".join(sorted({how for _, how in lowerer.actions} | set(report.rules.applied)))
         check_model(out, registry, path=path, context=f" after rewrite ({applied})",
                     full=full_check or sum(report.ops_after.values()) <= FULL_CHECK_NODES)
