@@ -135,26 +135,82 @@ def check_external_data(model: onnx.ModelProto, model_path: str | os.PathLike[st
     return files
 
 
-def place_external_data(files: dict[str, Path], out_dir: Path, mode: str = "auto") -> list[Path]:
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _same_bytes(a: Path, b: Path, size: int) -> bool:
+    """Whether regular files ``a`` and ``b`` (both ``size`` bytes) hold the same bytes."""
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        if os.fstat(fa.fileno()).st_size != size or os.fstat(fb.fileno()).st_size != size:
+            return False
+        while True:
+            x = fa.read(1 << 20)
+            if x != fb.read(1 << 20):
+                return False
+            if not x:
+                return True
+
+
+def _collision(target: Path, why: str) -> OutputError:
+    return OutputError(f"'{target.name}' exists in the output directory and {why}", path=str(target),
+                       hint="write the output into another directory (is another job writing there?)")
+
+
+def place_external_data(files: dict[str, Path], out_dir: Path, mode: str = "auto",
+                        placed: dict[Path, tuple[int, int]] | None = None) -> list[Path]:
     """Make every location valid from ``out_dir``: link (hard link) or copy the files.
 
     Returns the files it created, for the caller to remove if the model write fails.
-    Never overwrites a different existing file.
+    ``placed``, if given, receives target -> (st_dev, st_ino) for every file the output uses
+    (created or found), for the caller to check they are still there once the model is written.
+
+    Never overwrites an existing file: each one is linked or copied to a unique temporary
+    (modelio.temporary_path), then published with os.link, which fails rather than replace
+    a file another job published meanwhile; after publishing, the target is checked to be
+    that very file. An existing file with the same bytes is used as it is; a different one is
+    an OutputError, so two jobs can never pair a model with the other's weights.
     """
+    from graphkit.modelio import signals_deferred, sweep_temporaries, temporary_path
+
     if mode not in MODES:
         raise UsageError(f"unknown external data mode '{mode}'", hint=f"use one of {', '.join(MODES)}")
     created: list[Path] = []
+    swept: set[Path] = set()
     try:
         for location, source in sorted(files.items()):
             target = out_dir / location
-            if target.exists():
-                if os.path.samefile(target, source):
-                    continue
-                raise OutputError(f"'{target}' exists and is not the model's weights file", path=str(target),
-                                  hint="write the output into another directory")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.graphkit-tmp")
             try:
+                src_st = os.stat(source)
+            except OSError as exc:
+                raise ModelLoadError(f"cannot read the weights file: {exc.strerror}", path=str(source),
+                                     hint="check the weights file next to the model") from exc
+
+            def reuse() -> bool:
+                """Whether the existing target can be used as it is (raises if it cannot)."""
+                try:
+                    st = os.stat(target)
+                except FileNotFoundError:
+                    return False
+                except OSError as exc:
+                    raise _collision(target, f"cannot be checked ({exc.strerror})") from exc
+                if not stat.S_ISREG(st.st_mode):
+                    raise _collision(target, "is not a regular file")
+                if _identity(st) != _identity(src_st) and (
+                        st.st_size != src_st.st_size or not _same_bytes(target, source, src_st.st_size)):
+                    raise _collision(target, "is not the model's weights file")
+                if placed is not None:
+                    placed[target] = _identity(st)
+                return True
+
+            if reuse():
+                continue
+            tmp = temporary_path(target)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if target.parent not in swept:
+                    swept.add(target.parent)
+                    sweep_temporaries(target.parent, tuple(Path(loc).name for loc in files))
                 linked = False
                 if mode in ("auto", "link"):
                     try:
@@ -165,8 +221,32 @@ def place_external_data(files: dict[str, Path], out_dir: Path, mode: str = "auto
                             raise OutputError(f"cannot hard-link the weights file: {exc.strerror}",
                                               path=str(target), hint="use --external-data copy") from exc
                 if not linked:
+                    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
                     shutil.copyfile(source, tmp)
-                os.replace(tmp, target)
+                    with open(tmp, "rb+") as fh:
+                        os.fsync(fh.fileno())
+                tmp_st = os.stat(tmp)
+                if tmp_st.st_size != src_st.st_size:
+                    raise OutputError(f"the weights file changed while it was copied ({src_st.st_size} "
+                                      f"bytes, copy {tmp_st.st_size})", path=str(source),
+                                      hint="do not modify the input while graphkit reads it")
+                with signals_deferred():  # published and recorded, or neither
+                    try:
+                        os.link(tmp, target)  # EEXIST rather than replace another job's file
+                    except FileExistsError:
+                        published = False
+                    else:
+                        published = True
+                        created.append(target)
+                if not published:
+                    if reuse():
+                        continue
+                    raise _collision(target, "vanished while it was published")
+                st = os.stat(target)
+                if _identity(st) != _identity(tmp_st) or st.st_size != src_st.st_size:
+                    raise _collision(target, "was replaced by another process while it was published")
+                if placed is not None:
+                    placed[target] = _identity(st)
             except OSError as exc:
                 hint = "free some space" if exc.errno in (errno.ENOSPC, errno.EFBIG) else "choose a writable location"
                 raise OutputError(f"cannot place the weights file: {exc.strerror or exc}", path=str(target),
@@ -174,7 +254,6 @@ def place_external_data(files: dict[str, Path], out_dir: Path, mode: str = "auto
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
-            created.append(target)
     except BaseException:
         for f in created:
             with contextlib.suppress(OSError):

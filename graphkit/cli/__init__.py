@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -124,14 +126,62 @@ def _malformed_model(args: argparse.Namespace) -> GraphkitError | None:
     return None
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP, raised in the main thread like KeyboardInterrupt is for SIGINT, so
+    every ``finally`` runs: temporaries are removed and nothing partial is published."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+def _raise_terminated(signum, frame):  # noqa: ARG001 - a signal handler's signature
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def _terminate_as_exception():
+    """SIGTERM and SIGHUP raise Terminated while the command runs (main thread only)."""
+    old = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                old[sig] = signal.signal(sig, _raise_terminated)
+            except (ValueError, OSError):  # not the main thread, or no such signal here
+                pass
+        yield
+    finally:
+        for sig, handler in old.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(sig, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "_module", None):
-        parser.print_help()
-        return 2
+    with _terminate_as_exception():
+        try:
+            parser = _parser()
+            args = parser.parse_args(argv)
+            if not getattr(args, "_module", None):
+                parser.print_help()
+                return 2
+            return _main(args)
+        except Terminated as exc:  # arrived while an error was being reported
+            return _terminated(exc)
+        except KeyboardInterrupt:
+            print("graphkit: interrupted", file=sys.stderr)
+            return 130
+
+
+def _terminated(exc: Terminated) -> int:
+    print(f"graphkit: interrupted by {signal.Signals(exc.signum).name}", file=sys.stderr)
+    return 128 + exc.signum
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         return importlib.import_module(args._module).run(args) or 0
+    except Terminated as exc:
+        return _terminated(exc)
     except GraphkitError as exc:
         if args.debug:
             traceback.print_exc()

@@ -110,6 +110,14 @@ def _load(model: str | os.PathLike[str] | onnx.ModelProto) -> tuple[onnx.ModelPr
     return load_model(model), os.fspath(model)
 
 
+def _utf8(path: str) -> bool:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:  # a file name that is not UTF-8 (surrogate-escaped bytes)
+        return False
+    return True
+
+
 def _check_external_data(proto: onnx.ModelProto, path: str | None) -> None:
     """Validate external data the way `graphkit rewrite` does, before ONNX Runtime reads any.
 
@@ -492,6 +500,9 @@ def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
         python_ops[op.qualified_name] = op
         python_nodes.setdefault(op.name, []).append(r.display)
     source: str | bytes | None = path
+    if path is not None and not _utf8(path):
+        # ONNX Runtime takes a path as UTF-8 text only: hand it the bytes read from the file.
+        source = proto.SerializeToString()
     if plan.python:
         work = proto
         if path is None:  # never modify the caller's model
