@@ -58,6 +58,7 @@ from graphkit.export.aten import GapFillerTable, placeholder_translations, scope
 from graphkit.export.gap_fillers import GAP_FILLERS
 from graphkit.export.rewrites import ExportTarget, RewriteRegistry, activate_rewrites
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpDef, OpRegistry
+from graphkit.rewrite._walk import graphs, subgraphs
 
 __all__ = ["export", "ExportReport", "CustomNode", "MAX_IR_VERSION"]
 
@@ -485,18 +486,13 @@ def _finalize(model: onnx.ModelProto, registry: OpRegistry) -> onnx.ModelProto:
 
 
 def _subgraph_nodes(node: onnx.NodeProto) -> Iterator[onnx.NodeProto]:
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield from _all_nodes(attr.g)
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            for g in attr.graphs:
-                yield from _all_nodes(g)
+    for g in subgraphs(node):
+        yield from _all_nodes(g)
 
 
 def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
-        yield node
-        yield from _subgraph_nodes(node)
+    for g in graphs(graph):
+        yield from g.node
 
 
 def _report(model: onnx.ModelProto, path: Path, exporter: str, registry: OpRegistry,

@@ -8,6 +8,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from graphkit.rewrite._walk import subgraphs
+
 __all__ = ["GraphView"]
 
 
@@ -30,14 +32,9 @@ class GraphView:
             for name in node.input:
                 if name:
                     self.consumers.setdefault(name, []).append(i)
-            for attr in node.attribute:  # outer-scope uses from subgraphs count as consumers
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    for name in _outer_refs(attr.g):
-                        self.consumers.setdefault(name, []).append(i)
-                elif attr.type == onnx.AttributeProto.GRAPHS:
-                    for g in attr.graphs:
-                        for name in _outer_refs(g):
-                            self.consumers.setdefault(name, []).append(i)
+            for g in subgraphs(node):  # outer-scope uses from subgraphs count as consumers
+                for name in _outer_refs(g):
+                    self.consumers.setdefault(name, []).append(i)
         self._initializers = {t.name: t for t in initializers}
         self._const_cache: dict[str, np.ndarray | None] = {}
 
@@ -76,11 +73,7 @@ def _outer_refs(graph: onnx.GraphProto) -> set[str]:
     refs = set()
     for node in graph.node:
         refs.update(n for n in node.input if n and n not in local)
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                refs.update(n for n in _outer_refs(attr.g) if n not in local)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    refs.update(n for n in _outer_refs(g) if n not in local)
+        for g in subgraphs(node):
+            refs.update(n for n in _outer_refs(g) if n not in local)
     refs.update(o.name for o in graph.output if o.name not in local)
     return refs

@@ -14,7 +14,8 @@ _GRAPH = onnx.AttributeProto.GRAPH
 _GRAPHS = onnx.AttributeProto.GRAPHS
 
 
-def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The graphs held directly in ``node``'s attributes (If branches, Loop/Scan bodies)."""
     for attr in node.attribute:
         if attr.type == _GRAPH:
             yield attr.g
@@ -27,7 +28,7 @@ def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     yield graph
     for node in graph.node:
         if node.attribute:
-            for g in _subgraphs(node):
+            for g in subgraphs(node):
                 yield from graphs(g)
 
 
@@ -38,14 +39,14 @@ def scopes(model: onnx.ModelProto) -> Iterator[tuple[Any, set[str], list[onnx.Te
         yield graph.node, {o.name for o in graph.output}, visible
         for node in graph.node:
             if node.attribute:
-                for g in _subgraphs(node):
+                for g in subgraphs(node):
                     yield from walk(g, visible)
 
     yield from walk(model.graph, [])
     for fn in model.functions:
         yield fn.node, set(fn.output), []
         for node in fn.node:
-            for g in _subgraphs(node):
+            for g in subgraphs(node):
                 yield from walk(g, [])
 
 

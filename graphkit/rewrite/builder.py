@@ -10,6 +10,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphkit.errors import RewriteError
+from graphkit.rewrite._walk import graphs
 
 __all__ = ["Builder", "NameGenerator", "TypeTable"]
 
@@ -186,18 +187,10 @@ class TypeTable:
                 inferred = onnx.shape_inference.infer_shapes(self._model, check_type=False, strict_mode=False)
         except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError, ValueError):
             return  # keep what the declarations and the forward pass found
-        stack = [inferred.graph]
-        while stack:
-            g = stack.pop()
+        for g in graphs(inferred.graph):
             for vi in (*g.input, *g.output, *g.value_info):
                 if vi.name not in self._types or not self._types[vi.name].tensor_type.HasField("shape"):
                     self.set(vi.name, vi.type)
-            for n in g.node:
-                for a in n.attribute:
-                    if a.type == onnx.AttributeProto.GRAPH:
-                        stack.append(a.g)
-                    elif a.type == onnx.AttributeProto.GRAPHS:
-                        stack.extend(a.graphs)
 
 
 class Builder:
