@@ -1,11 +1,13 @@
-"""Fuzz `graphkit rewrite` and `graphkit inspect` with mutated models.
+"""Fuzz every entry point of graphkit with mutated models: `rewrite` (every --bind, --rules),
+`inspect`, `run` (random inputs), `compare`, and the Python API in-process
+(rewrite_model, open_session + run).
 
 Each case takes a valid seed model (placeholders, bound nodes, subgraphs, a local function,
 external data, attributes) and mutates it 1-4 times, at the byte level (bit flips, cuts,
 splices, inserted varints) or at the protobuf-field level (a field of a node, attribute,
 tensor, opset import or value_info dropped, duplicated, reordered or set to a hostile
 value: huge dims, unknown types, names of other tensors, '..' locations). Then it runs
-`graphkit.cli.main([...])` in-process, outputs in a temporary directory, and checks:
+`graphkit.cli.main([...])` in-process (or the API), outputs in a temporary directory, and checks:
 
 * the exit code is in the README's table and is not 70 (internal error);
 * a failure prints exactly one stderr line and no traceback;
@@ -48,27 +50,12 @@ DOCUMENTED = documented_exit_codes()
 MEMORY_LIMIT = 3 << 30
 CASE_SECONDS = 30
 
-# Crash classes found by this fuzzer whose fix belongs to files the hardening work may not
-# edit; each is reported with the exact fix and reproduced by an xfail(strict=True) case in
-# tests/test_bad_inputs.py. Key: (exception type, graphkit file, function).
-KNOWN = {
-    ("KeyError", "graphkit/rewrite/builder.py", "constant"):
-        "Builder.constant(like=x) with an element type onnx does not know (e.g. 999)",
-    ("NotImplementedError", "graphkit/rewrite/builder.py", "constant"):
-        "Builder.constant(like=x) with a STRING element type",
-    ("ValueError", "graphkit/rewrite/engine.py", "check_model"):
-        "engine.check_model: onnx shape inference raises ValueError ('Invalid tensor data type 0.')",
-    ("ValueError", "graphkit/rewrite/engine.py", "_check_replacement"):
-        "engine._check_replacement: same ValueError from onnx shape inference on the replacement",
-    ("ValueError", "graphkit/rewrite/engine.py", "<dictcomp>"):
-        "engine._Lowerer.lower_node: helper.get_attribute_value on a reference attribute (ref_attr_name) "
-        "outside a function",
-    ("ValueError", "graphkit/rewrite/engine.py", "<genexpr>"):
-        "engine._Lowerer._bind: helper.make_attribute(k, []) cannot infer the type of an empty list",
-    ("ValueError", "graphkit/rewrite/builder.py", "_infer"):
-        "builder.TypeTable._infer: onnx shape inference raises ValueError (std::length_error) on a Loop "
-        "without a body",
-}
+# Crash classes found by this fuzzer and tolerated until fixed. Empty: every crash class found
+# so far is fixed (each by a test in tests/test_bad_inputs.py), so any new one fails.
+# Key: (exception type, graphkit file, function).
+KNOWN: dict[tuple[str, str, str], str] = {}
+
+RULES_FILE = Path(__file__).resolve().parents[1] / "samples" / "rules" / "fuse_my_add.py"
 
 
 # -- seed models ------------------------------------------------------------------------------------
@@ -467,6 +454,18 @@ def build_case(rng: random.Random, seeds) -> tuple[str, bytes, dict[str, bytes],
                 done.append(f"(unserializable: {type(exc).__name__})")
     argvs = [["rewrite", "{in}", "{out}", *rng.choice(REWRITE_FLAGS)],
              ["inspect", "{in}", *(["--json"] if rng.random() < 0.5 else [])]]
+    # one more entry point per case (keeps a case's cost near what it was with two)
+    extra = rng.randrange(4)
+    if extra == 0:
+        argvs.append(["run", "{in}", "--seed", str(rng.randrange(1000)),
+                      *(["--dim", f"N={rng.choice([1, 2, 5])}"] if rng.random() < 0.5 else [])])
+    elif extra == 1:
+        argvs.append(["compare", "{in}", "{in}", *rng.choice([[], ["--bind", "native"], ["--bind", "python"]])])
+    elif extra == 2:
+        argvs.append(["rewrite", "{in}", "{out}", "--rules", str(RULES_FILE),
+                      *rng.choice([[], ["--bind", "native"], ["--bind", "python"]])])
+    else:
+        argvs.append(["api", "{in}", rng.choice(["decompose", "native", "python"]), str(rng.randrange(1000))])
     return name, data, dict(files), done, argvs
 
 
@@ -505,6 +504,31 @@ def _signature(tb: str, exc_type: str) -> tuple[str, str, str]:
     return (exc_type, "?", "?")
 
 
+def _api(argv: list[str]) -> int:
+    """The Python API in-process: rewrite_model, then open_session + run on random inputs.
+    Returns 0, or the GraphkitError's exit code; anything else propagates (a finding)."""
+    import onnx
+
+    from graphkit.errors import GraphkitError
+    from graphkit.rewrite import Lowering, rewrite_model
+    from graphkit.runtime.session import open_session
+
+    _, path, lowering, seed = argv
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception:  # noqa: BLE001 - onnx's own parser refuses it: graphkit never sees it
+        return 3
+    try:
+        out, _ = rewrite_model(model, lowering=(Lowering(lowering), Lowering.DECOMPOSE), path=path)
+        session = open_session(path)
+        session.run(session.random_feeds(int(seed)))
+        session = open_session(out)
+        session.run(session.random_feeds(int(seed)))
+    except GraphkitError as exc:
+        return exc.exit_code
+    return 0
+
+
 def run_case(seed: int, index: int, seeds, workdir: Path) -> dict:
     return run_built_case(make_case(seed, index, seeds), index, workdir)
 
@@ -528,9 +552,16 @@ def run_built_case(case: tuple, index: int, workdir: Path) -> dict:
             argv = [a.replace("{in}", str(in_dir / "m.onnx")).replace("{out}", str(out_dir / "o.onnx")) for a in argv]
             err, out = io.StringIO(), io.StringIO()
             problem = None
+            tb = None
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
                 try:
-                    rc = main(argv)
+                    if argv[0] == "api":
+                        try:
+                            rc = _api(argv)
+                        except Exception:  # noqa: BLE001 - not a GraphkitError: a finding
+                            rc, tb = 70, traceback.format_exc()
+                    else:
+                        rc = main(argv)
                 except SystemExit as exc:
                     rc, problem = -1, f"SystemExit({exc.code}) escaped main()"
                 except BaseException as exc:  # noqa: BLE001 - main() must catch everything
@@ -538,7 +569,10 @@ def run_built_case(case: tuple, index: int, workdir: Path) -> dict:
             text = err.getvalue()
             lines = [line for line in text.splitlines() if line.strip()]
             signature = None
-            if rc == 70:
+            if rc == 70 and tb is not None:
+                problem = "internal error (API): " + tb.strip().splitlines()[-1][:200]
+                signature = _signature(tb, _exception_type(tb))
+            elif rc == 70:
                 problem = "internal error (exit 70): " + (lines[0] if lines else "")
                 dbg = io.StringIO()
                 with contextlib.redirect_stderr(dbg), contextlib.redirect_stdout(io.StringIO()):
@@ -548,7 +582,7 @@ def run_built_case(case: tuple, index: int, workdir: Path) -> dict:
                 signature = _signature(tb, _exception_type(tb))
             elif problem is None and rc not in DOCUMENTED:
                 problem = f"exit code {rc} is not in the README's table"
-            elif problem is None and rc != 0 and (len(lines) != 1 or not lines[0].startswith("graphkit: error: ")):
+            elif problem is None and rc != 0 and argv[0] != "api" and (len(lines) != 1 or not lines[0].startswith("graphkit: error: ")):
                 problem = f"{len(lines)} stderr lines: {text[:500]!r}"
             elif problem is None and "Traceback" in text:
                 problem = "traceback on stderr"
@@ -565,7 +599,8 @@ def run_built_case(case: tuple, index: int, workdir: Path) -> dict:
                         problem = f"exit 0 but the output does not parse: {exc}"
             if problem is None and _tree(in_dir) != before:
                 problem = "an input file changed"
-            results.append({"argv": argv[:1] + argv[3:] if argv[0] == "rewrite" else argv[:1] + argv[2:],
+            shown = [a for a in argv[1:] if str(case_dir) not in a and a != str(RULES_FILE)]
+            results.append({"argv": argv[:1] + (["--rules"] if str(RULES_FILE) in argv else []) + shown,
                             "rc": rc, "problem": problem, "signature": signature,
                             "stderr": lines[0][:300] if lines else ""})
             for p in out_dir.iterdir():
@@ -588,9 +623,12 @@ def worker(seed: int, start: int, stop: int, limit: int) -> None:
     seeds = seed_models()
     # graphkit's own imports, before the first case's alarm starts
     import graphkit.cli.inspect  # noqa: F401
+    import graphkit.cli.compare  # noqa: F401
     import graphkit.cli.rewrite  # noqa: F401
+    import graphkit.cli.run  # noqa: F401
     import graphkit.inspection  # noqa: F401
     import graphkit.rewrite  # noqa: F401
+    import graphkit.runtime.session  # noqa: F401
 
     workdir = Path(tempfile.mkdtemp(prefix="graphkit-fuzz-"))
     try:

@@ -15,9 +15,13 @@ the one-line "building kernels (first use)" message with the time it took.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
+import signal
+import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -27,7 +31,8 @@ from pathlib import Path
 
 from graphkit.errors import NativeBuildError
 
-__all__ = ["Entry", "announce", "cache_root", "file_digest", "file_lock", "hash_key"]
+__all__ = ["Entry", "announce", "cache_root", "elf_problem", "file_digest", "file_lock", "hash_key",
+           "run_tool"]
 
 _RECORD_SUFFIX = ".record"
 _thread_locks: dict[str, threading.Lock] = {}
@@ -86,17 +91,24 @@ class Entry:
     def _record_path(self, name: str, record: str | None) -> Path:
         return self.dir / (record if record is not None else name + _RECORD_SUFFIX)
 
-    def valid(self, name: str, *, record: str | None = None) -> Path | None:
+    def valid(self, name: str, *, record: str | None = None, elf: str | None = None) -> Path | None:
         """``NAME`` if it exists and matches its record (size and sha256), else None.
-        ``record`` names the record file (default ``NAME.record``)."""
+        ``record`` names the record file (default ``NAME.record``). ``elf`` ("shared" or
+        "object"): the file must also be a whole ELF file of that kind for this machine
+        (:func:`elf_problem`), so that a damaged file whose record was rewritten to match
+        is not loaded either."""
         artefact = self.dir / name
         try:
             record = json.loads(self._record_path(name, record).read_text())
             if artefact.stat().st_size != record["size"]:
                 return None
-            return artefact if file_digest(artefact) == record["sha256"] else None
+            if file_digest(artefact) != record["sha256"]:
+                return None
         except (OSError, ValueError, KeyError, TypeError):
             return None
+        if elf is not None and elf_problem(artefact, elf) is not None:
+            return None
+        return artefact
 
     def record(self, name: str, *, record: str | None = None) -> dict:
         """The record of ``NAME`` (extra fields included); {} if there is none."""
@@ -208,3 +220,137 @@ def announce(what: str) -> Iterator[None]:
         took = time.perf_counter() - start
         stream.write(f" done in {took:.1f} s\n" if ok else f" failed after {took:.1f} s\n")
         stream.flush()
+
+
+# ---- ELF sanity: what the loader would trip on, found before it maps the file ------------------
+
+_ELF_TYPES = {"object": 1, "shared": 3}
+
+
+@functools.lru_cache(maxsize=1)
+def _host_elf() -> tuple[int, int, int] | None:
+    """(class, byte order, machine) of the running interpreter, None off ELF platforms."""
+    try:
+        with open("/proc/self/exe", "rb") as f:
+            head = f.read(20)
+    except OSError:
+        head = b""
+    if len(head) < 20 or head[:4] != b"\x7fELF":
+        return None
+    order = "<" if head[5] == 1 else ">"
+    return head[4], head[5], struct.unpack_from(order + "H", head, 18)[0]
+
+
+def elf_problem(path: Path, kind: str = "shared") -> str | None:
+    """Why ``path`` is not a whole ELF ``kind`` file ("shared" library or relocatable
+    "object") for this machine, or None when it looks whole (or the platform is not ELF).
+
+    Checks the header (magic, class, byte order, machine, type) and that every program
+    header's and section's bytes lie inside the file: a truncated library whose header
+    survived is found here, before ``dlopen`` maps it (and dies of SIGBUS)."""
+    host = _host_elf()
+    if host is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror or exc}"
+    size = len(data)
+    if size < 52 or data[:4] != b"\x7fELF":
+        return "not an ELF file" + (" (empty)" if size == 0 else "")
+    cls, order_byte = data[4], data[5]
+    if (cls, order_byte) != host[:2]:
+        return "an ELF file for another machine (word size or byte order)"
+    o = "<" if order_byte == 1 else ">"
+    try:
+        if cls == 2:
+            e_type, machine = struct.unpack_from(o + "HH", data, 16)
+            phoff, shoff = struct.unpack_from(o + "QQ", data, 32)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(o + "HHHH", data, 54)
+        else:
+            e_type, machine = struct.unpack_from(o + "HH", data, 16)
+            phoff, shoff = struct.unpack_from(o + "II", data, 28)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(o + "HHHH", data, 42)
+        if machine != host[2]:
+            return f"an ELF file for another machine (e_machine {machine}, this one {host[2]})"
+        if e_type != _ELF_TYPES[kind]:
+            return f"an ELF file of another type ({e_type}, expected {_ELF_TYPES[kind]}: {kind})"
+        if phnum and phoff + phnum * phentsize > size:
+            return "truncated (its program headers lie past the end)"
+        if shnum and shoff + shnum * shentsize > size:
+            return "truncated (its section headers lie past the end)"
+        for i in range(phnum):
+            at = phoff + i * phentsize
+            if cls == 2:
+                offset, filesz = struct.unpack_from(o + "Q", data, at + 8)[0], struct.unpack_from(o + "Q", data, at + 32)[0]
+            else:
+                offset, filesz = struct.unpack_from(o + "I", data, at + 4)[0], struct.unpack_from(o + "I", data, at + 16)[0]
+            if offset + filesz > size:
+                return "truncated (a loadable segment lies past the end)"
+        for i in range(shnum):
+            at = shoff + i * shentsize
+            if cls == 2:
+                sh_type = struct.unpack_from(o + "I", data, at + 4)[0]
+                offset, length = struct.unpack_from(o + "QQ", data, at + 24)
+            else:
+                sh_type = struct.unpack_from(o + "I", data, at + 4)[0]
+                offset, length = struct.unpack_from(o + "II", data, at + 16)
+            if sh_type != 8 and offset + length > size:  # 8: SHT_NOBITS (.bss) has no bytes
+                return "truncated (a section lies past the end)"
+    except struct.error:
+        return "truncated (its headers lie past the end)"
+    return None
+
+
+# ---- tools that die with graphkit -------------------------------------------------------------
+
+# The tool runs in a process group of its own under a small sh that also starts a watcher: the
+# watcher reads sh's stdin, a pipe only graphkit holds open. When graphkit dies (even of
+# SIGKILL) the pipe closes and the watcher kills the whole group: the compiler driver and
+# every process it started (cc1plus, as, ld), so nothing writes into the cache afterwards.
+_WATCHED = (
+    '"$@" </dev/null 3<&- & c=$!\n'
+    '( read _ <&3 ; kill -KILL 0 ) >/dev/null 2>&1 & w=$!\n'
+    'exec 3<&-\n'
+    'wait "$c"; s=$?\n'
+    'kill "$w" 2>/dev/null\n'
+    'exit "$s"\n'
+)
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: SIGKILL when graphkit's thread that started the tool dies (Linux)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def run_tool(cmd: list[str], *, timeout: float) -> subprocess.CompletedProcess:
+    """Run a build tool (compiler, linker), capturing its output as text, so that it and
+    every process it starts die with graphkit (SIGKILL included) or on ``timeout``
+    (subprocess.TimeoutExpired) or on an exception in this thread (KeyboardInterrupt)."""
+    if os.name != "posix" or not os.path.exists("/bin/sh"):
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    alive_r, alive_w = os.pipe()  # graphkit holds the write end; sh's stdin, then fd 3
+    try:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", "exec 3<&0 </dev/null\n" + _WATCHED, "sh", *cmd],
+            stdin=alive_r, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    finally:
+        os.close(alive_r)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill()
+        with contextlib.suppress(Exception):
+            proc.communicate(timeout=5)
+        raise
+    finally:
+        os.close(alive_w)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

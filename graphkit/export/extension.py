@@ -133,9 +133,22 @@ def _load(name: str, package: str, sources: tuple[str, ...]) -> types.ModuleType
         module = _import_marked(build_dir, module_name)  # built while we waited
         if module is not None:
             return module
+        _clear_outputs(entry)
         module = _build(name, package, contents, build_dir, module_name)
         _seal(entry)
         return module
+
+
+def _clear_outputs(entry: build_cache.Entry) -> None:
+    """Before a build: remove the marker, then every output of an earlier build (a library,
+    objects, ninja's state) so that the build system cannot call a damaged one up to date."""
+    entry.invalidate("", record=_MARKER)
+    if not entry.dir.is_dir():
+        return
+    for p in entry.dir.iterdir():
+        if p.is_file() and (p.suffix in (".so", ".o", ".pyd", ".dylib") or p.name in (".ninja_log", ".ninja_deps")):
+            with contextlib.suppress(OSError):
+                p.unlink()
 
 
 def _seal(entry: build_cache.Entry) -> None:
@@ -155,8 +168,8 @@ def _import_marked(build_dir: Path, module_name: str) -> types.ModuleType | None
     library = info.get("library")
     if info.get("module") != module_name or not isinstance(library, str):
         return None
-    lib = entry.valid(library, record=_MARKER)
-    if lib is None:
+    lib = entry.valid(library, record=_MARKER, elf="shared")
+    if lib is None:  # checked before it is mapped: a truncated library would die of SIGBUS
         log.warning("cached extension %s is missing or corrupt; rebuilding", build_dir / library)
         return None
     try:
@@ -257,6 +270,11 @@ def _build(name: str, package: str, contents: dict[str, bytes], build_dir: Path,
             hint=f"fix the C++ source; the full compiler output is in {build_dir / _LOG}") from exc
     seconds = time.perf_counter() - start
     lib = Path(module.__file__ or "")
+    problem = build_cache.elf_problem(lib, "shared") if lib.is_file() else "no library was written"
+    if problem is not None:
+        raise NativeBuildError(f"the torch extension '{name}' was built but its library {lib} is damaged: "
+                               f"{problem}", path=str(build_dir),
+                               hint=f"delete {build_dir} and run again")
     # The marker is the library's record (size, sha256), written last and atomically.
     build_cache.Entry.at(build_dir).write_record(
         lib.name, record=_MARKER, module=module_name, library=lib.name, name=name, package=package,

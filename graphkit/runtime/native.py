@@ -21,6 +21,7 @@ leave a broken library in use.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ctypes
 import functools
 import importlib.resources
@@ -176,8 +177,9 @@ def _units(packages: Sequence[OpPackage], base: str, extra_flags: Sequence[str])
 
 
 def _run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
+    """Run the compiler; it (and whatever it starts) dies with graphkit, SIGKILL included."""
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=_BUILD_TIMEOUT)
+        return build_cache.run_tool(cmd, timeout=_BUILD_TIMEOUT)
     except (OSError, subprocess.SubprocessError) as exc:
         raise NativeBuildError(f"cannot run the C++ compiler {cmd[0]!r} ({what}): {exc}", hint=_HINT) from exc
 
@@ -193,10 +195,10 @@ def _write_log(entry: build_cache.Entry, name: str, cmd: list[str], proc: subpro
 
 def _compile(unit: _Unit, compiler: list[str], rebuild: bool) -> Path:
     entry = unit.entry
-    if not rebuild and (found := entry.valid(unit.name)) is not None:
+    if not rebuild and (found := entry.valid(unit.name, elf="object")) is not None:
         return found
     with entry.lock():
-        if not rebuild and (found := entry.valid(unit.name)) is not None:  # built meanwhile
+        if not rebuild and (found := entry.valid(unit.name, elf="object")) is not None:  # built meanwhile
             return found
         tmp = entry.temp(unit.name)
         try:
@@ -305,36 +307,74 @@ def library_for(packages: Iterable[OpPackage], registry: OpRegistry | None = Non
     table, _ = _table(pkgs, registry)
     key = build_cache.hash_key(base, table, shlex.join(LINK_FLAGS), *(u.key for u in units))
     entry = build_cache.Entry("native/lib", key)
-    if not rebuild and (found := entry.valid(LIBRARY_NAME)) is not None:
+    if not rebuild and (found := entry.valid(LIBRARY_NAME, elf="shared")) is not None:
         return found
     with entry.lock():
-        if not rebuild and (found := entry.valid(LIBRARY_NAME)) is not None:
-            return found
-        with build_cache.announce(", ".join(p.name for p in pkgs) or "no packages"):
-            workers = max(1, min(len(units), os.cpu_count() or 1))
-            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-                futures = [pool.submit(_compile, u, compiler, rebuild) for u in units]
-                objects = [f.result() for f in futures]  # the first failure, in source order
-            table_src = entry.path("registration.cc")
+        if not rebuild and (found := entry.valid(LIBRARY_NAME, elf="shared")) is not None:
+            return found  # built meanwhile
+        # Not there, or damaged (size, sha256 or ELF structure): build it anew.
+        entry.invalidate(LIBRARY_NAME)
+        lib = _build_library(entry, pkgs, units, compiler, table, extra_flags, rebuild)
+        problem = _load_problem(lib)
+        if problem is not None:
+            entry.invalidate(LIBRARY_NAME)
+            raise NativeBuildError(
+                f"the native kernel library {lib} was just built but cannot be loaded: {problem}",
+                path=str(lib), hint=f"check the C++ compiler ($CXX, now {shlex.join(compiler)!r}) and its "
+                                    f"linker; delete {entry.dir} and run again")
+        return lib
+
+
+def _load_problem(lib: Path) -> str | None:
+    """Why a freshly built library cannot be loaded (dlopen's message), None when it loads.
+    Tried in a child process: never this one, which may hold an older library of that name."""
+    import sys
+
+    try:
+        proc = build_cache.run_tool([sys.executable, "-S", "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])",
+                                     str(lib)], timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None if isinstance(exc, OSError) else str(exc)
+    if proc.returncode == 0:
+        return None
+    last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+    return last.removeprefix("OSError: ")
+
+
+def _build_library(entry: build_cache.Entry, pkgs: Sequence[OpPackage], units: list[_Unit],
+                   compiler: list[str], table: str, extra_flags: Sequence[str], rebuild: bool) -> Path:
+    with build_cache.announce(", ".join(p.name for p in pkgs) or "no packages"):
+        workers = max(1, min(len(units), os.cpu_count() or 1))
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            futures = [pool.submit(_compile, u, compiler, rebuild) for u in units]
+            objects = [f.result() for f in futures]  # the first failure, in source order
+        table_src = entry.temp("registration.cc")
+        table_obj = entry.temp("registration.o")
+        tmp = entry.temp(LIBRARY_NAME)
+        try:
             table_src.write_text(table)
-            table_obj = entry.temp("registration.o")
-            tmp = entry.temp(LIBRARY_NAME)
-            try:
-                cmd = [*compiler, *CXX_FLAGS, "-I", str(include_dir()), *extra_flags, "-c", str(table_src),
-                       "-o", str(table_obj)]
-                proc = _run(cmd, "compiling the registration table")
-                if proc.returncode != 0:
-                    raise _compile_error(_Unit("graphkit", table_src, (), ()), proc,
-                                         _write_log(entry, "registration.log", cmd, proc))
-                cmd = [*compiler, *LINK_FLAGS, *map(str, objects), str(table_obj), "-o", str(tmp)]
-                proc = _run(cmd, "linking")
-                if proc.returncode != 0 or tmp.stat().st_size == 0:
-                    raise _link_error(pkgs, proc, _write_log(entry, "link.log", cmd, proc))
-                os.chmod(tmp, 0o755)
-                return entry.publish(tmp, LIBRARY_NAME, packages=[p.name for p in pkgs])
-            finally:
-                tmp.unlink(missing_ok=True)
-                table_obj.unlink(missing_ok=True)
+            cmd = [*compiler, *CXX_FLAGS, "-I", str(include_dir()), *extra_flags, "-x", "c++", "-c",
+                   str(table_src), "-o", str(table_obj)]
+            proc = _run(cmd, "compiling the registration table")
+            if proc.returncode != 0:
+                raise _compile_error(_Unit("graphkit", entry.path("registration.cc"), (), ()), proc,
+                                     _write_log(entry, "registration.log", cmd, proc))
+            cmd = [*compiler, *LINK_FLAGS, *map(str, objects), str(table_obj), "-o", str(tmp)]
+            proc = _run(cmd, "linking")
+            if proc.returncode != 0 or tmp.stat().st_size == 0:
+                raise _link_error(pkgs, proc, _write_log(entry, "link.log", cmd, proc))
+            problem = build_cache.elf_problem(tmp, "shared")
+            if problem is not None:
+                raise NativeBuildError(f"the linker wrote a damaged library {tmp}: {problem}",
+                                       path=str(tmp), hint=f"{_HINT}; then run again")
+            os.chmod(tmp, 0o755)
+            with contextlib.suppress(OSError):  # kept for reading, never compiled from
+                entry.path("registration.cc").write_text(table)
+            return entry.publish(tmp, LIBRARY_NAME, packages=[p.name for p in pkgs])
+        finally:
+            tmp.unlink(missing_ok=True)
+            table_obj.unlink(missing_ok=True)
+            table_src.unlink(missing_ok=True)
 
 
 def _builtin_package() -> OpPackage:

@@ -213,6 +213,12 @@ def _plan(model: onnx.ModelProto, registry: OpRegistry, path: str | None, *,
     for ref in refs:
         n = ref.node
         domain = n.domain
+        if not isinstance(domain, str) or not isinstance(n.op_type, str):
+            # protobuf hands back bytes for a string field that is not UTF-8
+            from graphkit.errors import ModelLoadError
+
+            raise ModelLoadError(f"node {ref.display}: its domain or op type is not UTF-8 text",
+                                 path=path, hint="fix or re-export the model")
         qualified = f"{domain or 'ai.onnx'}::{n.op_type}"
         if (domain, n.op_type) in functions or domain in STANDARD_DOMAINS | function_domains:
             continue

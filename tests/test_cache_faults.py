@@ -1,0 +1,279 @@
+"""Caches that heal (issue 17): every cached compiled artefact is checked (size, sha256 and
+ELF structure) before it is loaded and rebuilt when it does not match; a library that still
+does not load is a NativeBuildError (exit 10) naming the path and the fix; a build killed
+with SIGKILL takes its compiler with it and leaves nothing a later build trusts.
+
+Faults: bytes flipped in the header with the record rewritten to match, truncated with the
+ELF header intact (record rewritten), zero-length (record rewritten), an ELF file of the
+wrong kind (record rewritten), a plain mismatch; for the native library, its objects and a
+torch extension.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from conftest import my_add_model
+from graphkit import build_cache
+from graphkit.errors import NativeBuildError
+from graphkit.runtime import native
+
+
+def _flip_header(data: bytes) -> bytes:
+    out = bytearray(data)
+    out[1] ^= 0xFF  # "\x7fELF" -> invalid ELF header
+    return bytes(out)
+
+
+def _truncate(data: bytes) -> bytes:
+    return data[: len(data) // 2]  # the ELF header (first 64 bytes) survives
+
+
+FAULTS = {
+    "flipped": _flip_header,
+    "truncated": _truncate,
+    "zero-length": lambda data: b"",
+    "wrong-elf": None,  # filled with an object file (ELF, but relocatable, not a shared library)
+}
+
+
+def _inject(entry: build_cache.Entry, name: str, bad: bytes, *, record: str | None = None,
+            rewrite_record: bool = True) -> None:
+    path = entry.path(name)
+    tmp = path.with_name(".inject.tmp.x")
+    tmp.write_bytes(bad)
+    tmp.replace(path)  # os.replace: this process may have the old file mapped
+    if rewrite_record:  # the nasty case: a record that matches the damaged file
+        fields = entry.record(name, record=record)
+        fields.pop("size", None)
+        fields.pop("sha256", None)
+        entry.write_record(name, record=record, **fields)
+        assert json.loads(entry._record_path(name, record).read_text())["size"] == len(bad)
+
+
+@pytest.fixture(scope="module")
+def built_cache(tmp_path_factory):
+    """A cache with graphkit's native library built once; each test works on a copy."""
+    root = tmp_path_factory.mktemp("cache")
+    old = os.environ.get("GRAPHKIT_CACHE_DIR")
+    os.environ["GRAPHKIT_CACHE_DIR"] = str(root)
+    try:
+        native.library_path()
+    finally:
+        if old is None:
+            del os.environ["GRAPHKIT_CACHE_DIR"]
+        else:
+            os.environ["GRAPHKIT_CACHE_DIR"] = old
+    return root
+
+
+@pytest.fixture
+def cache(built_cache, tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    shutil.copytree(built_cache, root)
+    monkeypatch.setenv("GRAPHKIT_CACHE_DIR", str(root))
+    return root
+
+
+def _object_bytes(cache: Path) -> bytes:
+    return next((cache / "native" / "obj").glob("*/kernel.o")).read_bytes()
+
+
+@pytest.mark.parametrize("fault", [*FAULTS, "mismatch"])
+def test_native_library_fault_is_rebuilt(cache, fault):
+    lib = native.library_path()
+    good = lib.read_bytes()
+    entry = build_cache.Entry.at(lib.parent)
+    if fault == "mismatch":
+        _inject(entry, lib.name, _flip_header(good), rewrite_record=False)
+    else:
+        bad = _object_bytes(cache) if FAULTS[fault] is None else FAULTS[fault](good)
+        _inject(entry, lib.name, bad)
+        assert build_cache.elf_problem(lib, "shared") is not None
+    assert entry.valid(lib.name, elf="shared") is None
+    assert native.library_path() == lib
+    assert entry.valid(lib.name, elf="shared") == lib and build_cache.elf_problem(lib) is None
+    assert native.served_ops(lib) >= {"custom::my_add", "graphkit.native::my_add"}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_native_object_fault_is_recompiled(cache, fault):
+    lib = native.library_path()
+    obj = next((cache / "native" / "obj").glob("*/kernel.o"))
+    good = obj.read_bytes()
+    bad = lib.read_bytes() if FAULTS[fault] is None else FAULTS[fault](good)  # wrong: a shared library
+    _inject(build_cache.Entry.at(obj.parent), obj.name, bad)
+    build_cache.Entry.at(lib.parent).invalidate(lib.name)
+    assert native.library_path() == lib
+    assert build_cache.Entry.at(obj.parent).valid(obj.name, elf="object") == obj
+    assert native.served_ops(lib) >= {"custom::my_add"}
+
+
+def _native_model(tmp_path: Path) -> Path:
+    from graphkit.rewrite import Lowering, rewrite_model
+
+    out, _ = rewrite_model(my_add_model(), lowering=Lowering.NATIVE)
+    path = tmp_path / "m.onnx"
+    onnx.save(out, str(path))
+    return path
+
+
+def test_cli_heals_a_corrupt_library_with_a_matching_record(cache, tmp_path):
+    """The issue's case: corrupt library, matching checksum -> was exit 70 'invalid ELF header'."""
+    lib = native.library_path()
+    _inject(build_cache.Entry.at(lib.parent), lib.name, _flip_header(lib.read_bytes()))
+    model = _native_model(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "graphkit", "run", str(model)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "GRAPHKIT_CACHE_DIR": str(cache)})
+    assert proc.returncode == 0, proc.stderr
+    assert build_cache.elf_problem(lib) is None
+
+
+def test_a_library_that_still_does_not_load_is_exit_10(cache, tmp_path):
+    """A compiler whose libraries never load (a missing dependency): NativeBuildError, path and fix."""
+    stub_dir = tmp_path / "stub"
+    stub_dir.mkdir()
+    (stub_dir / "s.c").write_text("int gk_stub(void) { return 1; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", str(stub_dir / "s.c"), "-o", str(stub_dir / "libgkstub.so")], check=True)
+    wrapper = tmp_path / "cxx"
+    wrapper.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case " $* " in
+          *" -shared "*) exec c++ "$@" -L{stub_dir} -Wl,--no-as-needed -lgkstub ;;
+          *) exec c++ "$@" ;;
+        esac
+    """))
+    wrapper.chmod(0o755)
+    shutil.rmtree(tmp_path / "stub_gone", ignore_errors=True)
+    model = _native_model(tmp_path)
+    env = {**os.environ, "GRAPHKIT_CACHE_DIR": str(cache), "CXX": str(wrapper)}
+    # the library links against libgkstub.so, which the loader cannot find at run time
+    proc = subprocess.run([sys.executable, "-m", "graphkit", "run", str(model)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 10, proc.stderr
+    line = [ln for ln in proc.stderr.splitlines() if ln.startswith("graphkit: error: ")]
+    assert len(line) == 1 and "libgraphkit_ops.so" in line[0] and "cannot be loaded" in line[0], proc.stderr
+    assert "libgkstub.so" in line[0] and "delete" in line[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_kill_9_during_a_native_build_takes_the_compiler_and_leaves_nothing_trusted(tmp_path):
+    cache = tmp_path / "fresh"
+    env = {**os.environ, "GRAPHKIT_CACHE_DIR": str(cache)}
+    proc = subprocess.Popen([sys.executable, "-c", "from graphkit.runtime import native; native.library_path()"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not _compilers_under(cache):
+        time.sleep(0.05)
+    assert _compilers_under(cache), "the build did not start a compiler"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _compilers_under(cache):
+        time.sleep(0.1)
+    assert not _compilers_under(cache), "a compiler outlived the killed build"
+    time.sleep(0.5)  # nothing recreates files in the cache afterwards
+    before = sorted(p.name for p in cache.rglob("*"))
+    time.sleep(1.0)
+    assert sorted(p.name for p in cache.rglob("*")) == before
+    assert not list(cache.rglob("*.record"))  # nothing a later build trusts
+    done = subprocess.run([sys.executable, "-c", "from graphkit.runtime import native; "
+                           "print(native.library_path())"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert build_cache.elf_problem(Path(done.stdout.strip())) is None
+
+
+def _compilers_under(cache: Path) -> list[int]:
+    """Live processes whose command line names the cache (compiler driver, cc1plus, as, ld)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and str(cache).encode() in cmd and b"python" not in cmd.split(b"\0")[0]:
+            found.append(int(d.name))
+    return found
+
+
+# ---- torch extension -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def torch_ext():
+    pytest.importorskip("torch")
+    from graphkit.export import extension
+
+    extension.load_extension("my_add", "graphkit_ops.my_add", ["my_add_torch.cpp"])
+    return extension, extension.extension_build_dir("my_add", "graphkit_ops.my_add", ["my_add_torch.cpp"])
+
+
+@pytest.mark.parametrize("fault", [*FAULTS, "mismatch"])
+def test_torch_extension_fault_is_found_before_import(torch_ext, tmp_path, monkeypatch, fault):
+    """A damaged cached extension is never imported (a truncated one died of SIGBUS, exit 135);
+    the rebuild starts from nothing the build system could call up to date."""
+    extension, build_dir = torch_ext
+    copy = tmp_path / build_dir.name
+    shutil.copytree(build_dir, copy, ignore=shutil.ignore_patterns(".lock", "lock"))
+    entry = build_cache.Entry.at(copy)
+    info = entry.record("", record="graphkit-build.json")
+    lib = copy / info["library"]
+    good = lib.read_bytes()
+    if fault == "mismatch":
+        _inject(entry, lib.name, _truncate(good), record="graphkit-build.json", rewrite_record=False)
+    else:
+        bad = _object_bytes_any() if FAULTS[fault] is None else FAULTS[fault](good)
+        _inject(entry, lib.name, bad, record="graphkit-build.json")
+    imported = []
+    monkeypatch.setattr(extension, "_import_library", lambda name, path: imported.append(path))
+    assert extension._import_marked(copy, info["module"]) is None
+    assert imported == []
+    extension._clear_outputs(entry)
+    assert not lib.exists() and not (copy / "graphkit-build.json").exists()
+    assert (copy / "src").is_dir()
+
+
+def _object_bytes_any() -> bytes:
+    root = build_cache.cache_root() / "native" / "obj"
+    found = next(root.glob("*/kernel.o"), None)
+    if found is None:
+        native.library_path()
+        found = next(root.glob("*/kernel.o"))
+    return found.read_bytes()
+
+
+def test_torch_extension_truncated_is_rebuilt_in_a_fresh_process(torch_ext, tmp_path):
+    """End to end, in a child process: a truncated cached extension (header intact, record
+    rewritten) is rebuilt and works; the process does not die of SIGBUS."""
+    extension, build_dir = torch_ext
+    cache = tmp_path / "cache"
+    shutil.copytree(build_dir, cache / "torch_ext" / build_dir.name, ignore=shutil.ignore_patterns(".lock", "lock"))
+    copy = cache / "torch_ext" / build_dir.name
+    entry = build_cache.Entry.at(copy)
+    info = entry.record("", record="graphkit-build.json")
+    _inject(entry, info["library"], _truncate((copy / info["library"]).read_bytes()), record="graphkit-build.json")
+    code = ("import torch; from graphkit.export import extension as e; "
+            "m = e.load_extension('my_add', 'graphkit_ops.my_add', ['my_add_torch.cpp']); "
+            "print(m.my_add(torch.ones(2), torch.ones(2)).tolist())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "GRAPHKIT_CACHE_DIR": str(cache)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[3.0, 3.0]"  # my_add(a, b) = a + 2 b
+    assert entry.valid(info["library"], record="graphkit-build.json", elf="shared") is not None
+    np.testing.assert_equal(build_cache.elf_problem(copy / info["library"]), None)
