@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from graphkit.errors import OpDefinitionError, RewriteError, UnsupportedOpError, ValidationError
+from graphkit.errors import ModelLoadError, OpDefinitionError, RewriteError, UnsupportedOpError, ValidationError
 from graphkit.ops import (
     PLACEHOLDER_DOMAIN,
     OpDef,
@@ -533,6 +533,10 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     out = onnx.ModelProto()
     out.CopyFrom(model)
     index = ModelIndex(out)
+    bad = next((k for k in index.op_counts if not (isinstance(k[0], str) and isinstance(k[1], str))), None)
+    if bad is not None:  # protobuf hands over names that are not UTF-8 text as bytes
+        raise ModelLoadError(f"a node's domain or op type {bad!r} is not valid UTF-8 text", path=path,
+                             hint="re-export the model; ONNX names are UTF-8")
     report = RewriteReport(ops_before=index.op_counts)
     placeholders = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
     has_custom = bool(placeholders & set(index.domains))
