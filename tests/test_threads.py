@@ -209,3 +209,45 @@ def test_an_identical_schema_is_shared_and_removed_with_its_last_user():
     leave.set()
     t.join()
     assert not onnx.defs.has("my_add", 1, "custom")
+
+
+def test_exports_from_threads_are_serialized(tmp_path, monkeypatch):
+    """Two threads exporting at once: both models come out whole (one export at a time)."""
+    torch = pytest.importorskip("torch")
+    import onnx
+
+    from graphkit.export import export
+    from graphkit.export import _export as export_module
+
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) * 2
+
+    inside, most = [0], [0]
+    original = export_module._export
+
+    def counting(*args, **kwargs):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        try:
+            return original(*args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    errors = []
+
+    def work(k):
+        try:
+            export(Net(), (torch.ones(2, 3),), tmp_path / f"m{k}.onnx", dynamo=False)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    monkeypatch.setattr(export_module, "_export", counting)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and most[0] == 1
+    for k in range(3):
+        onnx.checker.check_model(onnx.load(tmp_path / f"m{k}.onnx"))

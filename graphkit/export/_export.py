@@ -42,6 +42,7 @@ import io
 import logging
 import os
 import re
+import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -161,6 +162,20 @@ def export(
     ``opset``, ``backend``) of this call. Raises ExportError naming the model class and the
     cause (nothing is written then), OutputError for an unwritable ``path``.
     """
+    # Exports run one at a time in a process: the exporters patch torch and register
+    # symbolics and schemas process-wide while they trace. A second thread waits.
+    with _EXPORT_LOCK:
+        return _export(model, args, path, dynamo=dynamo, registry=registry, opset=opset,
+                       input_names=input_names, output_names=output_names, dynamic_dims=dynamic_dims,
+                       kwargs=kwargs, gap_fillers=gap_fillers, placeholders=placeholders,
+                       rewrites=rewrites, backend=backend)
+
+
+_EXPORT_LOCK = threading.RLock()
+
+
+def _export(model, args, path, *, dynamo, registry, opset, input_names, output_names, dynamic_dims,
+            kwargs, gap_fillers, placeholders, rewrites, backend) -> ExportReport:
     from graphkit.modelio import check_output_path, save_model
     from graphkit.ops import default_registry
 
