@@ -154,7 +154,7 @@ def _same_bytes(a: Path, b: Path, size: int) -> bool:
 
 def _collision(target: Path, why: str) -> OutputError:
     return OutputError(f"'{target.name}' exists in the output directory and {why}", path=str(target),
-                       hint="write the output into another directory (is another job writing there?)")
+                       hint="write the output into another directory, or let the job writing there finish")
 
 
 def place_external_data(files: dict[str, Path], out_dir: Path, mode: str = "auto",
@@ -177,6 +177,7 @@ def place_external_data(files: dict[str, Path], out_dir: Path, mode: str = "auto
         raise UsageError(f"unknown external data mode '{mode}'", hint=f"use one of {', '.join(MODES)}")
     created: list[Path] = []
     swept: set[Path] = set()
+    publishing: tuple[Path, tuple[int, int]] | None = None  # linked, maybe not yet in `created`
     try:
         for location, source in sorted(files.items()):
             target = out_dir / location
@@ -230,6 +231,8 @@ def place_external_data(files: dict[str, Path], out_dir: Path, mode: str = "auto
                     raise OutputError(f"the weights file changed while it was copied ({src_st.st_size} "
                                       f"bytes, copy {tmp_st.st_size})", path=str(source),
                                       hint="do not modify the input while graphkit reads it")
+                # A copy's inode is ours alone (a hard link's is the source's, maybe another job's too).
+                publishing = None if linked else (target, _identity(tmp_st))
                 with signals_deferred():  # published and recorded, or neither
                     try:
                         os.link(tmp, target)  # EEXIST rather than replace another job's file
@@ -238,6 +241,7 @@ def place_external_data(files: dict[str, Path], out_dir: Path, mode: str = "auto
                     else:
                         published = True
                         created.append(target)
+                publishing = None
                 if not published:
                     if reuse():
                         continue
@@ -255,6 +259,11 @@ def place_external_data(files: dict[str, Path], out_dir: Path, mode: str = "auto
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
     except BaseException:
+        if publishing is not None and publishing[0] not in created:
+            # A signal handled on the way (another thread took it): remove it if it is ours.
+            with contextlib.suppress(OSError):
+                if _identity(os.stat(publishing[0])) == publishing[1]:
+                    created.append(publishing[0])
         for f in created:
             with contextlib.suppress(OSError):
                 f.unlink()
