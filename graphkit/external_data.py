@@ -20,6 +20,7 @@ import onnx
 from onnx import helper
 
 from graphkit.errors import ModelLoadError, OutputError, UsageError
+from graphkit.publish import signals_deferred, sweep_temporaries, temporary_path
 
 __all__ = ["MODES", "external_tensors", "external_data_locations", "check_external_data",
            "place_external_data"]
@@ -166,12 +167,11 @@ def place_external_data(files: dict[str, Path], out_dir: Path, mode: str = "auto
     (created or found), for the caller to check they are still there once the model is written.
 
     Never overwrites an existing file: each one is linked or copied to a unique temporary
-    (modelio.temporary_path), then published with os.link, which fails rather than replace
+    (publish.temporary_path), then published with os.link, which fails rather than replace
     a file another job published meanwhile; after publishing, the target is checked to be
     that very file. An existing file with the same bytes is used as it is; a different one is
     an OutputError, so two jobs can never pair a model with the other's weights.
     """
-    from graphkit.modelio import signals_deferred, sweep_temporaries, temporary_path
 
     if mode not in MODES:
         raise UsageError(f"unknown external data mode '{mode}'", hint=f"use one of {', '.join(MODES)}")

@@ -24,7 +24,8 @@ from onnx import TensorProto, helper
 
 from conftest import REPO, error_lines
 from graphkit.errors import OutputError
-from graphkit.modelio import check_output_path, load_model, save_model, sweep_temporaries, temporary_path
+from graphkit.modelio import check_output_path, load_model, save_model
+from graphkit.publish import sweep_temporaries, temporary_path
 
 SCALE = max(1, int(os.environ.get("GRAPHKIT_FAULTS", "1") or 1))
 FIGURES = {"jobs run": 0, "jobs in parallel (max)": 0, "collisions refused": 0, "kills survived": 0,
@@ -274,14 +275,14 @@ def test_leftovers_of_killed_runs_are_swept_and_live_ones_kept(tmp_path):
         sleeper.kill()
     # Legacy names carry no owner: removed only once stale.
     assert ".w.bin.graphkit-tmp" in names
-    import graphkit.modelio as mio
+    import graphkit.publish as publish
 
-    old = mio.STALE_AFTER_S
-    mio.STALE_AFTER_S = -1.0
+    old = publish.STALE_AFTER_S
+    publish.STALE_AFTER_S = -1.0
     try:
         removed = {p.name for p in sweep_temporaries(out, ("w.bin",))}
     finally:
-        mio.STALE_AFTER_S = old
+        publish.STALE_AFTER_S = old
     assert removed == {".w.bin.graphkit-tmp", live.name}
     assert sorted(os.listdir(out)) == ["m.onnx", "notes.tmp", "w.bin"]
 

@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     if not len(rules) and args.target_opset is None and not args.as_functions:
         # Lowering only: rewrite the serialized model (graphkit.rewrite.serialized.rewrite_bytes).
-        from graphkit.modelio import _PROTOBUF_LIMIT, atomic_write, parse_model_bytes, read_model_bytes
+        from graphkit.modelio import PROTOBUF_LIMIT, parse_model_bytes, read_model_bytes
+        from graphkit.publish import atomic_write
         from graphkit.rewrite._fastpath import has_external_data
         from graphkit.rewrite.serialized import rewrite_bytes
 
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
             text = _report_text(args, report)  # before writing: a report that cannot be made fails first
             if not args.dry_run:
                 check_output_path(args.output, args.input)
-                if len(out_bytes) > _PROTOBUF_LIMIT:
+                if len(out_bytes) > PROTOBUF_LIMIT:
                     raise OutputError("model is over protobuf's 2 GiB limit and has inline weights",
                                       path=args.output, hint="move its weights to external data first")
                 with atomic_write(args.output) as tmp:

@@ -53,7 +53,7 @@ def save_npz(path: str, arrays: dict) -> None:
     import numpy as np
 
     from graphkit.errors import UsageError
-    from graphkit.modelio import atomic_write
+    from graphkit.publish import atomic_write
 
     for name, value in arrays.items():
         if not isinstance(value, np.ndarray):
