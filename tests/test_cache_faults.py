@@ -196,6 +196,45 @@ def test_kill_9_during_a_native_build_takes_the_compiler_and_leaves_nothing_trus
     assert build_cache.elf_problem(Path(done.stdout.strip())) is None
 
 
+def test_kill_9_during_a_torch_extension_build_takes_ninja_and_the_compiler(tmp_path):
+    """torch's build runs in a child graphkit watches: ninja and c++ die with the killed process."""
+    pytest.importorskip("torch")
+    cache = tmp_path / "fresh"
+    env = {**os.environ, "GRAPHKIT_CACHE_DIR": str(cache)}
+    proc = subprocess.Popen([sys.executable, "-c", "from graphkit.export.extension import load_extension; "
+                             "load_extension('my_add', 'graphkit_ops.my_add', ['my_add_torch.cpp'])"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not _compilers_under(cache):
+        time.sleep(0.05)
+    assert _compilers_under(cache), "the build did not start a compiler"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (_compilers_under(cache) or _builders_under(cache)):
+        time.sleep(0.1)
+    assert not _compilers_under(cache), "ninja or a compiler outlived the killed build"
+    assert not _builders_under(cache), "the build's child process outlived the killed build"
+    assert not list(cache.rglob("graphkit-build.json"))  # nothing a later load trusts
+
+
+def _builders_under(cache: Path) -> list[int]:
+    """Live python processes building in the cache (graphkit's torch-extension child)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and b"_extension_child" in cmd and str(cache).encode() in cmd:
+            found.append(int(d.name))
+    return found
+
+
 def _compilers_under(cache: Path) -> list[int]:
     """Live processes whose command line names the cache (compiler driver, cc1plus, as, ld)."""
     found = []

@@ -19,11 +19,13 @@ import functools
 import importlib.machinery
 import importlib.resources
 import importlib.util
+import json
 import logging
 import os
 import platform
 import re
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -45,6 +47,7 @@ _MARKER = "graphkit-build.json"
 _LOG = "build.log"
 _KEY_VERSION = "2"  # bump when the layout of the cache or the build recipe changes
 _TAIL_LINES = 25
+_BUILD_TIMEOUT = 1200  # seconds: torch's headers make a cold build slow on small machines
 
 _thread_lock = threading.Lock()
 
@@ -229,8 +232,6 @@ def _tail(text: str, n: int = _TAIL_LINES) -> str:
 
 def _build(name: str, package: str, contents: dict[str, bytes], build_dir: Path,
            module_name: str) -> types.ModuleType:
-    from torch.utils import cpp_extension
-
     cxx = os.environ.get("CXX", "c++")
     if not shutil.which(cxx.split()[0]):
         raise NativeBuildError(f"no C++ compiler: '{cxx}' is not on PATH",
@@ -252,24 +253,29 @@ def _build(name: str, package: str, contents: dict[str, bytes], build_dir: Path,
 
     log.info("building torch extension %s in %s (first use on this machine)", name, build_dir)
     start = time.perf_counter()
+    spec = json.dumps({"module": module_name, "sources": compiled, "flags": list(CXX_FLAGS),
+                       "build_dir": str(build_dir)})
     try:
         with build_cache.announce(f"{package} (torch extension {name})"), _ninja_on_path():
-            module = cpp_extension.load(
-                name=module_name, sources=compiled, extra_cflags=list(CXX_FLAGS),
-                build_directory=str(build_dir), verbose=False)
-    except NativeBuildError:
-        raise
-    except (RuntimeError, OSError, ImportError) as exc:
-        output = str(exc)
+            # In a child process run like a compiler: ninja and the compilers die with graphkit.
+            proc = build_cache.run_tool([sys.executable, "-m", "graphkit.export._extension_child", spec],
+                                        timeout=_BUILD_TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        raise NativeBuildError(f"building the torch extension '{name}' took over {_BUILD_TIMEOUT} s",
+                               path=str(build_dir), hint="check the machine's load and the compiler") from exc
+    if proc.returncode != 0:
+        output = (proc.stderr or proc.stdout or "").strip()
         with contextlib.suppress(OSError):
             (build_dir / _LOG).write_text(output)
         raise NativeBuildError(
             f"cannot build the torch extension '{name}' from {package} "
             f"({', '.join(contents)}):\n{_tail(output)}",
             path=str(build_dir),
-            hint=f"fix the C++ source; the full compiler output is in {build_dir / _LOG}") from exc
+            hint=f"fix the C++ source; the full compiler output is in {build_dir / _LOG}")
     seconds = time.perf_counter() - start
-    lib = Path(module.__file__ or "")
+    # torch names the library <module>.so (the first of these that exists).
+    candidates = [build_dir / f"{module_name}{suffix}" for suffix in (".so", *importlib.machinery.EXTENSION_SUFFIXES)]
+    lib = next((c for c in candidates if c.is_file()), candidates[0])
     problem = build_cache.elf_problem(lib, "shared") if lib.is_file() else "no library was written"
     if problem is not None:
         raise NativeBuildError(f"the torch extension '{name}' was built but its library {lib} is damaged: "
@@ -280,4 +286,4 @@ def _build(name: str, package: str, contents: dict[str, bytes], build_dir: Path,
         lib.name, record=_MARKER, module=module_name, library=lib.name, name=name, package=package,
         sources=sorted(contents), flags=list(CXX_FLAGS), build_seconds=round(seconds, 2))
     log.info("built torch extension %s in %.1f s", name, seconds)
-    return module
+    return _import_library(module_name, lib)
