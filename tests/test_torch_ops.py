@@ -8,6 +8,7 @@ import inspect
 import json
 import subprocess
 import sys
+from pathlib import Path
 import textwrap
 
 import pytest
@@ -153,7 +154,11 @@ def test_concurrent_loads_build_once(tmp_path, monkeypatch):
     def fake_build(name, package, contents, build_dir, module_name):
         builds.append(name)
         time.sleep(0.2)
-        (build_dir / "lib.so").write_bytes(b"")
+        # a real shared library (any will do: it is never imported here), so the cache's
+        # checks before a load (size, sha256, ELF structure) pass
+        import _ctypes
+
+        (build_dir / "lib.so").write_bytes(Path(_ctypes.__file__).read_bytes())
         (build_dir / "graphkit-build.json").write_text(
             json.dumps({"module": module_name, "library": "lib.so"}))
         return types.SimpleNamespace(built=True)
