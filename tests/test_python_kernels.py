@@ -366,3 +366,20 @@ def test_importing_ort_extensions_leaves_the_protobuf_backend_of_child_processes
     env = {k: v for k, v in __import__("os").environ.items() if k != "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "None"
+
+
+def test_python_kernel_sessions_do_not_import_torch(tmp_path):
+    """onnxruntime-extensions would import torch (~1 s) for a converter Python kernels never use."""
+    import subprocess
+    import sys
+
+    import onnx
+
+    onnx.save(my_add_model(TensorProto.FLOAT, domain=PY), tmp_path / "m.onnx")
+    script = ("import sys, numpy as np; from graphkit.runtime import open_session; "
+              "s = open_session(sys.argv[1]); a = np.ones((2, 3), np.float32); "
+              "print(s.run({'a': a, 'b': a})['z'].tolist(), 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "m.onnx")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[[3.0,", "3.0,", "3.0],", "[3.0,", "3.0,", "3.0]]", "False"]

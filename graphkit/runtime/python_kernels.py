@@ -43,6 +43,7 @@ and its single invocation handler are: one :class:`PythonKernelTable`, created o
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
 import itertools
 import os
 import sys
@@ -353,6 +354,33 @@ def _environment_kept(name: str) -> Iterator[None]:
             os.environ[name] = before
 
 
+class _NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(f"{name} is not imported while graphkit loads onnxruntime-extensions")
+        return None
+
+
+@contextlib.contextmanager
+def _without_torch() -> Iterator[None]:
+    """Inside the block, ``import torch`` fails (unless torch is loaded already).
+
+    onnxruntime_extensions imports torch on import when it can (~1 s and hundreds of MB)
+    only for its Whisper pre-processing converter, which Python kernels never use; it
+    handles the ImportError. That converter stays unavailable in this process if torch was
+    not imported before the first Python-kernel session.
+    """
+    if "torch" in sys.modules:
+        yield
+        return
+    finder = _NoTorch()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
+
 class PythonKernelTable:
     """The process-wide declarations of graphkit's Python kernels and the invocation hooker.
 
@@ -362,7 +390,7 @@ class PythonKernelTable:
     """
 
     def __init__(self) -> None:
-        with _environment_kept("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"):
+        with _environment_kept("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"), _without_torch():
             # onnxruntime_extensions sets that variable to "python" on import, which would make
             # every child process parse protobuf in pure Python (slowly, and more strictly).
             import onnxruntime_extensions  # noqa: F401 - loads the library, installs its own hooker
