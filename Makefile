@@ -1,6 +1,12 @@
 # `make demo` and `make test` work on a fresh machine: they create .venv and install
-# everything (torch 2.13.0 CPU first, so nothing pulls CUDA wheels).
+# everything (torch 2.13.0 first, then graphkit with its extras).
+# TORCH_INDEX_URL picks the index torch is installed from; empty (the default) uses pip's
+# configured index. On an ordinary machine with PyPI, a CPU-only torch (~200 MB instead of
+# ~2.7 GB of CUDA wheels) comes from
+#   make test TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 PYTHON ?= python3
+TORCH_INDEX_URL ?=
+TORCH_INDEX_OPT := $(if $(strip $(TORCH_INDEX_URL)),--index-url $(strip $(TORCH_INDEX_URL)),)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.graphkit-installed
@@ -12,7 +18,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet $(TORCH_INDEX_OPT) torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[torch,dev]'
 	touch $(STAMP)
 
