@@ -8,6 +8,8 @@ import onnx
 import onnx.defs
 from onnx import helper
 
+from graphkit.ops.tensor_types import elem_type
+
 if TYPE_CHECKING:
     from graphkit.ops._opdef import OpDef
 
@@ -73,20 +75,13 @@ def _make_inference(op: "OpDef", kernel_encoded: bool):
             elem = bound.get(p.type)
             allowed = op.type_constraints[p.type]
             if elem is None and len(allowed) == 1:
-                elem = _single_type(allowed[0])
+                elem = elem_type(allowed[0])
             if elem is None:
                 continue
             shape = out_shapes[i] if i < len(out_shapes) else None
             ctx.set_output_type(i, helper.make_tensor_type_proto(elem, shape))
 
     return infer
-
-
-def _single_type(type_str: str) -> int | None:
-    """'tensor(float)' -> TensorProto.FLOAT."""
-    if not (type_str.startswith("tensor(") and type_str.endswith(")")):
-        return None
-    return getattr(onnx.TensorProto, type_str[len("tensor("):-1].upper(), None)
 
 
 def build_schema(op: "OpDef", domain: str) -> onnx.defs.OpSchema:

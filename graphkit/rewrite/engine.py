@@ -24,6 +24,7 @@ from graphkit.ops import (
     default_registry,
 )
 from graphkit.ops._encoding import encode_kernel_attrs
+from graphkit.ops.tensor_types import type_string
 from graphkit.rewrite._gsrules import GraphSurgeonRule, apply_graphsurgeon_rules
 from graphkit.rewrite._rules import Rule, RuleReport, RuleSet, apply_rules
 from graphkit.rewrite._walk import ModelIndex, count_ops, graphs, scopes
@@ -81,14 +82,6 @@ def ai_onnx_opset(model: onnx.ModelProto) -> int | None:
         if imp.domain in _STANDARD_DOMAINS:
             return imp.version
     return None
-
-
-def _type_string(elem: int) -> str | None:
-    """TensorProto.FLOAT16 -> 'tensor(float16)'; None for an unknown element type."""
-    try:
-        return f"tensor({onnx.TensorProto.DataType.Name(elem).lower()})"
-    except ValueError:
-        return None
 
 
 def node_attrs(op: OpDef, node: onnx.NodeProto, path: str | None) -> dict[str, Any]:
@@ -236,9 +229,9 @@ class _Lowerer:
             if elem is None:
                 continue
             allowed = op.type_constraints[param.type]
-            if _type_string(elem) not in allowed:
+            if type_string(elem) not in allowed:
                 raise self.fail(RewriteError, f"input '{name}' ({param.name}) has element type "
-                                f"{_type_string(elem) or elem}, {op.name} takes {', '.join(allowed)}", node,
+                                f"{type_string(elem) or elem}, {op.name} takes {', '.join(allowed)}", node,
                                 hint="cast the input or fix the exporter")
         return types
 

@@ -32,6 +32,7 @@ import onnxruntime as ort
 
 from graphkit.errors import KernelError, UnsupportedOpError, UsageError
 from graphkit.ops import OpRegistry, split_kernel_domain
+from graphkit.ops.tensor_types import numpy_dtype
 from graphkit.runtime import python_kernels as pk
 
 __all__ = ["open_session", "Session", "TensorInfo", "STANDARD_DOMAINS"]
@@ -286,19 +287,6 @@ def _plan(model: onnx.ModelProto, registry: OpRegistry, path: str | None, *,
     return _Plan(native, python, extensions, libraries)
 
 
-def _dtype_of(type_str: str) -> np.dtype | None:
-    """'tensor(float)' -> float32; None for non-tensor types."""
-    if not (type_str.startswith("tensor(") and type_str.endswith(")")):
-        return None
-    elem = getattr(onnx.TensorProto, type_str[len("tensor("):-1].upper(), None)
-    if elem is None:
-        return None
-    try:
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 def _tensor_info(arg: Any, proto_types: Mapping[str, onnx.TypeProto]) -> TensorInfo:
     shape: tuple[int | str | None, ...] | None = None
     tp = proto_types.get(arg.name)
@@ -309,7 +297,7 @@ def _tensor_info(arg: Any, proto_types: Mapping[str, onnx.TypeProto]) -> TensorI
                           for d in tp.tensor_type.shape.dim)
     elif arg.shape is not None:
         shape = tuple(arg.shape)
-    return TensorInfo(arg.name, arg.type, _dtype_of(arg.type), shape)
+    return TensorInfo(arg.name, arg.type, numpy_dtype(arg.type), shape)
 
 
 class Session:
