@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import subprocess
 from pathlib import Path
 
@@ -31,3 +32,52 @@ def test_make_torch_index_url_selects_index(tmp_path):
     url = "https://example.invalid/whl/cpu"
     (line,) = _make_n(tmp_path, f"TORCH_INDEX_URL={url}")
     assert f"--index-url {url} torch==2.13.0" in line
+
+
+# -------------------------------------------------- `pip install .` without the torch extra
+
+_MODEL_PY = """
+import torch
+
+class Scale(torch.nn.Module):
+    def forward(self, x):
+        return x * 2.0
+
+def build():
+    return Scale()
+"""
+
+
+def test_dynamo_export_without_onnxscript_names_the_extra(tmp_path, monkeypatch):
+    """Plain `pip install .` has torch maybe, but not onnxscript (the torch extra)."""
+    torch = pytest.importorskip("torch")
+    from graphkit.errors import ExportError
+    from graphkit.export import export
+
+    class Scale(torch.nn.Module):
+        def forward(self, x):
+            return x * 2.0
+
+    monkeypatch.setitem(sys.modules, "onnxscript", None)  # `import onnxscript` -> ImportError
+    with pytest.raises(ExportError) as info:
+        export(Scale(), (torch.ones(2, 3),), tmp_path / "m.onnx")
+    assert "onnxscript" in info.value.message
+    assert "pip install 'graphkit[torch]'" in info.value.hint
+    assert not (tmp_path / "m.onnx").exists()
+    # TorchScript needs no onnxscript: the hint's alternative works.
+    export(Scale(), (torch.ones(2, 3),), tmp_path / "ts.onnx", dynamo=False)
+    assert (tmp_path / "ts.onnx").exists()
+
+
+def test_cli_export_without_onnxscript_is_one_line(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    from graphkit.cli import main
+    from graphkit.errors import ExportError
+
+    (tmp_path / "model.py").write_text(_MODEL_PY)
+    monkeypatch.setitem(sys.modules, "onnxscript", None)
+    code = main(["export", f"{tmp_path / 'model.py'}:build", str(tmp_path / "m.onnx"), "--input", "x=2x3"])
+    assert code == ExportError.exit_code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "onnxscript" in err and "pip install 'graphkit[torch]'" in err

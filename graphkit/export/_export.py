@@ -192,6 +192,8 @@ def _export(model, args, path, *, dynamo, registry, opset, input_names, output_n
         raise ExportError(f"cannot export {model_name}: the dynamo exporter writes opset >= "
                           f"{_DYNAMO_MIN_OPSET}, {opset} was asked",
                           hint=f"use opset={_DYNAMO_MIN_OPSET} or higher, or dynamo=False for older opsets")
+    if dynamo:
+        _require_dynamo_packages(model_name)
     check_output_path(path, None)
     names = _input_names(model, args, kwargs, input_names)
     _check_dynamic_dims(dynamic_dims, names, model_name)
@@ -238,6 +240,34 @@ def _export(model, args, path, *, dynamo, registry, opset, input_names, output_n
     proto = _finalize(proto, registry)
     save_model(proto, path)
     return _report(proto, Path(path), "dynamo" if dynamo else "torchscript", registry, used)
+
+
+def _distribution_name() -> str:
+    """The name graphkit is installed under (pip's name for it), ``graphkit`` if unknown."""
+    try:
+        from importlib.metadata import packages_distributions
+
+        names = packages_distributions().get("graphkit") or []
+    except Exception:  # noqa: BLE001 - only a hint depends on it
+        names = []
+    return names[0] if names else "graphkit"
+
+
+def _require_dynamo_packages(model_name: str) -> None:
+    """The dynamo exporter needs onnxscript (and its onnx_ir), which only graphkit's ``torch``
+    extra installs: without them, say which extra to install instead of failing mid-export."""
+    missing = []
+    for module in ("onnxscript", "onnx_ir"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        dist = _distribution_name()
+        raise ExportError(
+            f"cannot export {model_name} (dynamo=True): the dynamo exporter needs "
+            f"{' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed",
+            hint=f"pip install '{dist}[torch]', or export with dynamo=False (--no-dynamo)")
 
 
 def _defined_since(before: set[str], registry: OpRegistry) -> list:
