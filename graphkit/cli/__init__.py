@@ -7,12 +7,14 @@ import contextlib
 import importlib
 import signal
 import sys
+import time
 import traceback
+import warnings
 from collections.abc import Sequence
 
 from graphkit.errors import EXIT_INTERNAL, GraphkitError
 
-__all__ = ["OPS_HELP", "add_ops_arguments", "main", "op_registry"]
+__all__ = ["OPS_HELP", "add_ops_arguments", "built_kernels", "examples", "main", "op_registry", "version_text"]
 
 # name -> (module, one-line help); the module provides add_arguments(parser) and run(args).
 SUBCOMMANDS = {
@@ -67,19 +69,65 @@ def op_registry(args: argparse.Namespace):
     return registry
 
 
+# Examples shown at the end of every subcommand's --help (before the exit codes).
+EXAMPLES = {
+    None: ("graphkit rewrite model.onnx model.lowered.onnx",
+           "graphkit run model.lowered.onnx --json",
+           "graphkit --version"),
+}
+
+
+def examples(*lines: str) -> str:
+    """An ``examples:`` block for a parser's epilog."""
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+class _VersionAction(argparse.Action):
+    """--version: graphkit's version, its dependencies' and the kernels already built."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit(0)
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """--debug, -q, -v and --version: accepted before and after the subcommand. On the
+    subcommands' parsers they default to SUPPRESS, so they never undo what was given before."""
+    default = {} if top else {"default": argparse.SUPPRESS}
+    g = parser.add_argument_group("global options (anywhere on the command line)")
+    g.add_argument("--debug", action="store_true", help="show the full traceback on errors (and Python warnings)",
+                   **default)
+    loud = g.add_mutually_exclusive_group()
+    loud.add_argument("-q", "--quiet", action="store_true", help="print errors only", **default)
+    loud.add_argument("-v", "--verbose", action="count",
+                      help="more detail: Python warnings and the command's wall time on stderr",
+                      **({"default": 0} if top else default))
+    g.add_argument("--version", action=_VersionAction,
+                   help="show the versions of graphkit and its dependencies and the kernels built so far")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graphkit", description="Deploy PyTorch models with custom ops: rewrite ONNX graphs, run them in ONNX Runtime.",
-                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"graphkit {_version()}")
+                                     epilog=examples(*EXAMPLES[None]) + "\n\n" + EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
         p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+        mod = importlib.import_module(module)
+        mod.add_arguments(p)
         if name in OPS_COMMANDS:
             add_ops_arguments(p)
+        _add_global_options(p, top=False)
+        if getattr(mod, "EXAMPLES", None):
+            # examples last but one: the exit codes stay the last lines of every --help
+            head = p.epilog[: -len(EPILOG)] if p.epilog and p.epilog.endswith(EPILOG) else (p.epilog or "")
+            p.epilog = head + examples(*mod.EXAMPLES) + "\n\n" + EPILOG
     return parser
 
 
@@ -87,6 +135,58 @@ def _version() -> str:
     from graphkit import __version__
 
     return __version__
+
+
+# Distributions --version reports (read from their metadata: nothing is imported).
+VERSION_OF = ("onnx", "onnxruntime", "onnxruntime-extensions", "torch")
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def built_kernels() -> dict[str, list[str]]:
+    """What graphkit's build cache holds (graphkit.build_cache's layout), without building or
+    importing anything: ``native`` lists each native kernel library as its packages, ``torch``
+    each torch extension as NAME (PACKAGE). Artefacts without their record are left out."""
+    import json
+    import os
+    from pathlib import Path
+
+    env = os.environ.get("GRAPHKIT_CACHE_DIR")
+    root = Path(env) if env else Path.home() / ".cache" / "graphkit"
+    native, torch_ext = [], []
+    with contextlib.suppress(OSError):
+        for entry in sorted((root / "native" / "lib").iterdir()):
+            lib, record = entry / "libgraphkit_ops.so", entry / "libgraphkit_ops.so.record"
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                fields = json.loads(record.read_text())
+                if lib.stat().st_size == fields["size"]:
+                    native.append(f"{', '.join(fields.get('packages') or ['?'])} ({entry})")
+    with contextlib.suppress(OSError):
+        for entry in sorted((root / "torch_ext").iterdir()):
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                fields = json.loads((entry / "graphkit-build.json").read_text())
+                if (entry / fields["library"]).stat().st_size == fields.get("size", (entry / fields["library"]).stat().st_size):
+                    torch_ext.append(f"{fields['name']} ({fields.get('package', '?')}, {entry})")
+    return {"root": str(root), "native": native, "torch": torch_ext}
+
+
+def version_text() -> str:
+    lines = [f"graphkit {_version()}", f"python {sys.version.split()[0]}"]
+    lines += [f"{name} {_dist_version(name)}" for name in VERSION_OF]
+    built = built_kernels()
+    lines.append(f"build cache: {built['root']}")
+    lines.append("native kernel libraries built: " + (str(len(built["native"])) if built["native"] else "none"))
+    lines += [f"  {item}" for item in built["native"]]
+    lines.append("torch extensions built: " + (str(len(built["torch"])) if built["torch"] else "none"))
+    lines += [f"  {item}" for item in built["torch"]]
+    return "\n".join(lines)
 
 
 def _one_line(text: str) -> str:
@@ -178,8 +278,17 @@ def _terminated(exc: Terminated) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    loud = bool(args.debug or args.verbose)
+    start = time.perf_counter()
     try:
-        return importlib.import_module(args._module).run(args) or 0
+        with warnings.catch_warnings():
+            if not loud:  # errors are one line: a Python warning (a kernel's NaN) must not add to them
+                warnings.simplefilter("ignore")
+            with _quiet(args.quiet):
+                code = importlib.import_module(args._module).run(args) or 0
+        if args.verbose:
+            print(f"graphkit: {args.command} took {time.perf_counter() - start:.2f} s", file=sys.stderr)
+        return code
     except Terminated as exc:
         return _terminated(exc)
     except GraphkitError as exc:
@@ -205,6 +314,18 @@ def _main(args: argparse.Namespace) -> int:
         print(f"graphkit: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
               "(rerun with --debug and report it)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+@contextlib.contextmanager
+def _quiet(on: bool):
+    """-q: the command's reports and progress go nowhere; errors are printed after it."""
+    if not on:
+        yield
+        return
+    import os
+
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+        yield
 
 
 if __name__ == "__main__":

@@ -1,0 +1,124 @@
+"""CLI conventions as in onnxsim/Polygraphy (issue 16, item 2): global options anywhere,
+examples in every --help, argument order in messages, run --bind/--json, rewrite's summary,
+and Python warnings kept out of the one-line error stream."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from conftest import error_lines, my_add_model, run_cli
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(my_add_model(), path)
+    return path
+
+
+# --------------------------------------------------------------------------- 1. global options
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_before_or_after_the_subcommand(tmp_path, where):
+    args = ["rewrite", tmp_path / "missing.onnx", tmp_path / "out.onnx"]
+    proc = run_cli(*(["--debug", *args] if where == "before" else [*args, "--debug"]), check_rc=3)
+    assert "Traceback" in proc.stderr
+    assert error_lines(proc.stderr)[-1].startswith("graphkit: error: ")
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_quiet_prints_errors_only(model_file, tmp_path, where):
+    args = ["rewrite", model_file, tmp_path / "out.onnx"]
+    proc = run_cli(*(["-q", *args] if where == "before" else [*args, "--quiet"]), check_rc=0)
+    assert proc.stdout == "" and proc.stderr == ""
+    assert (tmp_path / "out.onnx").exists()
+    proc = run_cli("-q", "rewrite", tmp_path / "missing.onnx", tmp_path / "o.onnx", check_rc=3)
+    assert proc.stdout == "" and error_lines(proc.stderr) == [error_lines(proc.stderr)[0]]
+    assert "no such file" in proc.stderr
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_verbose_reports_wall_time(model_file, tmp_path, where):
+    args = ["rewrite", model_file, tmp_path / "out.onnx"]
+    proc = run_cli(*(["-v", *args] if where == "before" else [*args, "--verbose"]), check_rc=0)
+    assert "graphkit: rewrite took " in proc.stderr
+    assert "custom::my_add" in proc.stdout
+
+
+def test_quiet_and_verbose_exclude_each_other(model_file, tmp_path):
+    proc = run_cli("rewrite", model_file, tmp_path / "o.onnx", "-q", "-v", check_rc=2)
+    assert "not allowed with" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [["--version"], ["rewrite", "--version"], ["inspect", "x.onnx", "--version"]])
+def test_version_details(args):
+    from importlib.metadata import version
+
+    out = run_cli(*args, check_rc=0).stdout
+    import graphkit
+
+    assert out.startswith(f"graphkit {graphkit.__version__}\n")
+    for dist in ("onnx", "onnxruntime", "onnxruntime-extensions", "torch"):
+        assert f"\n{dist} {version(dist)}\n" in out
+    assert "native kernel libraries built: " in out and "torch extensions built: " in out
+
+
+def test_version_lists_built_kernels_and_missing_packages(tmp_path):
+    """--version reads the build cache as it is (nothing is built) and names packages that
+    are not installed; it never imports torch or onnx."""
+    lib = tmp_path / "native" / "lib" / "0123456789abcdef"
+    lib.mkdir(parents=True)
+    (lib / "libgraphkit_ops.so").write_bytes(b"x" * 10)
+    (lib / "libgraphkit_ops.so.record").write_text(json.dumps({"size": 10, "sha256": "-", "packages": ["acme_ops"]}))
+    half = tmp_path / "native" / "lib" / "fedcba9876543210"  # no record: not built
+    half.mkdir(parents=True)
+    (half / "libgraphkit_ops.so").write_bytes(b"x")
+    ext = tmp_path / "torch_ext" / "my_add-0123"
+    ext.mkdir(parents=True)
+    (ext / "m.so").write_bytes(b"y" * 3)
+    (ext / "graphkit-build.json").write_text(json.dumps({"name": "my_add", "package": "graphkit_ops.my_add",
+                                                         "library": "m.so", "size": 3}))
+    code = ("import sys, graphkit.cli as c, importlib.metadata as md; real = md.version\n"
+            "def fake(name):\n"
+            "    if name == 'torch': raise md.PackageNotFoundError(name)\n"
+            "    return real(name)\n"
+            "md.version = fake\n"
+            "try:\n    c.main(['--version'])\nexcept SystemExit:\n    pass\n"
+            "print([m for m in ('torch', 'onnx', 'onnxruntime') if m in sys.modules])")
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "GRAPHKIT_CACHE_DIR": str(tmp_path)}).stdout
+    assert "torch not installed" in out
+    assert "native kernel libraries built: 1\n  acme_ops (" in out
+    assert "torch extensions built: 1\n  my_add (graphkit_ops.my_add" in out
+    assert out.strip().endswith("[]")
+
+
+# --------------------------------------------------------------------------- 6. warnings
+
+
+def _nan_inputs(tmp_path, model_file):
+    bound = tmp_path / "bound.onnx"
+    run_cli("rewrite", model_file, bound, "--bind", "python", check_rc=0)
+    x = tmp_path / "x.npz"
+    np.savez(x, a=np.array([[np.inf, 1, 2]], np.float32), b=np.array([[-np.inf, 1, 2]], np.float32))
+    return bound, x
+
+
+def test_python_kernel_warning_not_printed(model_file, tmp_path):
+    """inf + -inf in the Python kernel makes numpy warn 'invalid value encountered in add':
+    a result, not an error; stderr stays empty unless -v or --debug."""
+    bound, x = _nan_inputs(tmp_path, model_file)
+    proc = run_cli("run", bound, "--inputs", x, check_rc=0)
+    assert proc.stderr == "" and "nan" in proc.stdout
+    assert "RuntimeWarning" in run_cli("run", bound, "--inputs", x, "-v", check_rc=0).stderr
+    assert "RuntimeWarning" in run_cli("--debug", "run", bound, "--inputs", x, check_rc=0).stderr
+
