@@ -122,3 +122,87 @@ def test_python_kernel_warning_not_printed(model_file, tmp_path):
     assert "RuntimeWarning" in run_cli("run", bound, "--inputs", x, "-v", check_rc=0).stderr
     assert "RuntimeWarning" in run_cli("--debug", "run", bound, "--inputs", x, check_rc=0).stderr
 
+
+
+# --------------------------------------------------------------------------- 2. examples in --help
+
+COMMANDS = ("rewrite", "run", "inspect", "export", "verify", "compare", "ops")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_ends_with_examples_then_exit_codes(command):
+    import re
+
+    text = run_cli(command, "--help", check_rc=0).stdout
+    examples = text[text.index("\nexamples:\n"):].split("\n\nexit codes:")[0].strip().splitlines()[1:]
+    assert 2 <= len(examples) <= 4, examples
+    assert all(f"{line} ".startswith(f"  graphkit {command} ") for line in examples), examples
+    assert re.search(r"exit codes: 0 ok, 2 usage.*\n.*\n.*\n.*\n70 internal error, 128\+N[^\n]*\n$", text)
+
+
+def test_every_example_parses():
+    """Every example in every --help names options that exist (parsed, not run)."""
+    import shlex
+
+    from graphkit.cli import EXAMPLES, _parser
+
+    parser = _parser()
+    for command, lines in EXAMPLES.items():
+        for line in lines:
+            words = shlex.split(line.split("  #")[0])
+            assert words[0] == "graphkit"
+            if "--version" in words:
+                continue
+            args = parser.parse_args(words[1:])
+            assert args.command == (command or args.command), line
+
+
+def test_help_of_every_command_imports_no_onnx_or_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, contextlib, io\nfrom graphkit.cli import main\n"
+            f"for c in {COMMANDS!r}:\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            "        main([c, '--help'])\n"
+            "print([m for m in ('torch', 'onnx', 'onnxruntime') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- 4. run --bind/--prefer/--json
+
+
+@pytest.mark.parametrize("how", [["--bind", "python"], ["--bind", "native"], ["--prefer", "python,decompose"],
+                                 ["--prefer", "decompose"], []])
+def test_run_lowers_in_memory_and_reports_json(model_file, how):
+    before = model_file.read_bytes()
+    proc = run_cli("run", model_file, *how, "--json", "--seed", "3", check_rc=0)
+    report = json.loads(proc.stdout)
+    assert report["lowering"] == (None if not how else how[1])
+    assert report["inputs"] == {"random": True, "seed": 3}
+    (z,) = report["outputs"]
+    assert (z["name"], z["type"], z["dtype"], z["shape"]) == ("z", "tensor", "float32", [1, 3])
+    assert set(z["stats"]) == {"min", "max", "mean", "nan", "inf"} and z["stats"]["min"] >= 0  # after Relu
+    assert model_file.read_bytes() == before  # lowered in memory only
+
+
+def test_run_lowerings_agree(model_file, tmp_path):
+    x = tmp_path / "x.npz"
+    np.savez(x, a=np.array([[1, -2, 3], [0.5, 2, -7]], np.float32), b=np.ones((2, 3), np.float32))
+    stats = [json.loads(run_cli("run", model_file, "--inputs", x, "--json", *how, check_rc=0).stdout)["outputs"][0]
+             for how in (["--bind", "python"], ["--prefer", "decompose"], ["--bind", "native"])]
+    assert all(s == stats[0] for s in stats) and stats[0]["shape"] == [2, 3]
+    assert stats[0]["stats"]["min"] == 0.0  # Relu
+
+
+def test_run_json_nan_is_valid_json(model_file, tmp_path):
+    x = tmp_path / "x.npz"
+    np.savez(x, a=np.array([[np.nan, 1, 2]], np.float32), b=np.array([[0, 1, 2]], np.float32))
+    z = json.loads(run_cli("run", model_file, "--inputs", x, "--json", "--bind", "python", check_rc=0).stdout)["outputs"][0]
+    assert z["stats"]["nan"] == 1
+
+
+def test_run_bind_usage_errors(model_file):
+    assert "not a list of distinct" in run_cli("run", model_file, "--prefer", "fast", check_rc=2).stderr
+    assert "not allowed with" in run_cli("run", model_file, "--bind", "python", "--prefer", "native", check_rc=2).stderr

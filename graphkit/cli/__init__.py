@@ -73,7 +73,29 @@ def op_registry(args: argparse.Namespace):
 EXAMPLES = {
     None: ("graphkit rewrite model.onnx model.lowered.onnx",
            "graphkit run model.lowered.onnx --json",
+           "graphkit --debug inspect model.onnx",
            "graphkit --version"),
+    "rewrite": ("graphkit rewrite model.onnx model.std.onnx                  # decompose into standard ops",
+                "graphkit rewrite model.onnx model.native.onnx --bind native  # bind the C++ kernels",
+                "graphkit rewrite model.onnx out.onnx --rules samples/rules/fuse_my_add.py --explain",
+                "graphkit rewrite model.onnx out.onnx --target-opset 17 --dry-run --json"),
+    "run": ("graphkit run model.onnx                           # random inputs, seed 0",
+            "graphkit run model.onnx --inputs x.npz --output y.npz",
+            "graphkit run model.onnx --bind python --dim batch=4 --json"),
+    "inspect": ("graphkit inspect model.onnx",
+                "graphkit inspect model.onnx --ops ./my_ops.py --json"),
+    "export": ("graphkit export model.py:build model.onnx --input x=1x3x8x8 --dynamic x:0=batch --verify",
+               "graphkit export model.py:build model.ts.onnx --input x=1x3x8x8 --no-dynamo --opset 17",
+               "graphkit export model.py:build model.ph.onnx --input x=1x3x8x8 --placeholder asinh"),
+    "verify": ("graphkit verify model.py:build model.onnx",
+               "graphkit verify model.py:build model.ph.onnx --bind python --atol 1e-4",
+               "graphkit verify mypkg.models:build model.onnx --inputs x.npz --json"),
+    "compare": ("graphkit compare model.onnx model.std.onnx      # reports model.onnx vs model.std.onnx",
+                "graphkit compare model.ph.onnx model.std.onnx --bind python --bisect",
+                "graphkit compare a.onnx b.onnx --dim batch=2 --atol 1e-4 --json"),
+    "ops": ("graphkit ops",
+            "graphkit ops custom::my_add",
+            "graphkit ops --ops ./my_ops.py --json"),
 }
 
 
@@ -124,10 +146,9 @@ def _parser() -> argparse.ArgumentParser:
         if name in OPS_COMMANDS:
             add_ops_arguments(p)
         _add_global_options(p, top=False)
-        if getattr(mod, "EXAMPLES", None):
-            # examples last but one: the exit codes stay the last lines of every --help
-            head = p.epilog[: -len(EPILOG)] if p.epilog and p.epilog.endswith(EPILOG) else (p.epilog or "")
-            p.epilog = head + examples(*mod.EXAMPLES) + "\n\n" + EPILOG
+        # examples last but one: the exit codes stay the last lines of every --help
+        head = p.epilog[: -len(EPILOG)] if p.epilog and p.epilog.endswith(EPILOG) else (p.epilog or "")
+        p.epilog = head + examples(*EXAMPLES[name]) + "\n\n" + EPILOG
     return parser
 
 

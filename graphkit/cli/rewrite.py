@@ -46,7 +46,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _preference(args: argparse.Namespace):
-    from graphkit.errors import UsageError
     from graphkit.rewrite import Lowering
     from graphkit.rewrite.engine import DEFAULT_PREFERENCE
 
@@ -56,10 +55,18 @@ def _preference(args: argparse.Namespace):
         return Lowering(args.bind)
     if not args.prefer:
         return DEFAULT_PREFERENCE
-    names = [n.strip() for n in args.prefer.split(",") if n.strip()]
+    return parse_prefer(args.prefer)
+
+
+def parse_prefer(text: str):
+    """--prefer's comma-separated list of distinct lowerings, as Lowering values."""
+    from graphkit.errors import UsageError
+    from graphkit.rewrite import Lowering
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in LOWERINGS]
     if bad or not names or len(set(names)) != len(names):
-        raise UsageError(f"--prefer {args.prefer!r} is not a list of distinct {', '.join(LOWERINGS)}",
+        raise UsageError(f"--prefer {text!r} is not a list of distinct {', '.join(LOWERINGS)}",
                          hint="for example --prefer native,decompose")
     return [Lowering(n) for n in names]
 

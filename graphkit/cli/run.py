@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -15,6 +16,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="size of a symbolic input dimension for random inputs; for example "
                         "--dim batch=4 (default 1)")
     p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--bind", choices=("native", "python"),
+                     help="bind custom:: placeholders to their package's C++ (native) or Python kernels "
+                          "in memory before running (the file is not changed)")
+    how.add_argument("--prefer", metavar="LIST",
+                     help="lower custom:: placeholders in memory before running, per node the first of "
+                          "LIST that fits (comma-separated from decompose, native, python), as "
+                          "`graphkit rewrite --prefer` does; for example --prefer native,decompose")
+    p.add_argument("--json", action="store_true",
+                   help="print the outputs' names, dtypes, shapes and summary statistics as JSON "
+                        "(not the arrays: use --output for those)")
 
 
 def _parse_dims(items: list[str]) -> dict[str, int]:
@@ -68,6 +80,32 @@ def save_npz(path: str, arrays: dict) -> None:
                     np.lib.format.write_array(fh, value, allow_pickle=False)
 
 
+def _stats(value) -> dict | None:
+    """min, max, mean and NaN/Inf counts of a numeric array (None for other values)."""
+    import numpy as np
+
+    if not isinstance(value, np.ndarray) or not value.size or value.dtype.kind not in "fiub":
+        return None
+    with np.errstate(all="ignore"):  # NaN/Inf flow through: they are results, not errors
+        v = value.astype(np.int64) if value.dtype.kind == "b" else value
+        out = {"min": v.min().item(), "max": v.max().item(), "mean": float(v.mean(dtype=np.float64))}
+        if value.dtype.kind == "f":
+            out["nan"] = int(np.isnan(value).sum())
+            out["inf"] = int(np.isinf(value).sum())
+    # JSON has no NaN/Infinity: such values are written as strings
+    return {k: (x if not isinstance(x, float) or np.isfinite(x) else str(x)) for k, x in out.items()}
+
+
+def describe_json(name: str, value) -> dict:
+    import numpy as np
+
+    if not isinstance(value, np.ndarray):
+        return {"name": name, "type": type(value).__name__,
+                "length": len(value) if hasattr(value, "__len__") else None}
+    return {"name": name, "type": "tensor", "dtype": str(value.dtype), "shape": list(value.shape),
+            "stats": _stats(value)}
+
+
 def _describe(name: str, value) -> str:
     import numpy as np
 
@@ -97,16 +135,41 @@ def run(args: argparse.Namespace) -> int:
     options = ort.SessionOptions()
     # graphkit reports every ONNX Runtime failure itself, in one line: keep ORT's log quiet.
     options.log_severity_level = 4
-    session = open_session(args.model, registry=registry, threads=args.threads, options=options,
+    model, lowering = _lowered(args, registry, options)
+    session = open_session(model, registry=registry, threads=args.threads, options=options,
                            unknown_domains=False)
     feeds = (load_npz(args.inputs) if args.inputs
              else session.random_feeds(seed=args.seed, dims=_parse_dims(args.dim)))
     outputs = session.run(feeds)
-    for name, value in outputs.items():
-        print(_describe(name, value))
+    if args.json:
+        print(json.dumps({"model": args.model, "lowering": lowering,
+                          "inputs": "given" if args.inputs else {"random": True, "seed": args.seed},
+                          "outputs": [describe_json(n, v) for n, v in outputs.items()]}, indent=2))
+    else:
+        for name, value in outputs.items():
+            print(_describe(name, value))
     if args.output:
         save_npz(args.output, outputs)
     return 0
+
+
+def _lowered(args: argparse.Namespace, registry, options):
+    """(what to open, the lowering applied in memory or None): with --bind or --prefer, the
+    model with its placeholders lowered (its external weights stay beside the file)."""
+    if not args.bind and not args.prefer:
+        return args.model, None
+    import os
+
+    from graphkit.cli.rewrite import parse_prefer
+    from graphkit.modelio import load_model
+    from graphkit.rewrite import Lowering, rewrite_model
+
+    lowering = Lowering(args.bind) if args.bind else parse_prefer(args.prefer)
+    model, _ = rewrite_model(load_model(args.model), registry=registry, lowering=lowering, check=False,
+                             path=args.model)
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                     os.path.dirname(os.path.abspath(args.model)))
+    return model, args.bind or ",".join(x.value for x in lowering)
 
 
 def _refuse_weights_as_output(output: str, model_path: str) -> None:
