@@ -287,3 +287,61 @@ def test_the_models_ops_join_the_registry(tmp_path, ops, inputs, dynamo):
     report = export(LibraryModel(ops), inputs, path, dynamo=dynamo, registry=OpRegistry([]))
     _check(path, report)
     assert MY_ADD in report.registry and report.custom_nodes[0].known
+
+
+# ---------------------------------------------- `graphkit export` usage errors before torch
+
+_USAGE_PROBE = r"""
+import contextlib, io, json, sys
+from graphkit.cli import main
+
+results = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse
+            code = exc.code
+    results.append([code, err.getvalue().strip(), "torch" in sys.modules])
+print(json.dumps(results))
+"""
+
+
+def test_cli_export_usage_errors_come_before_torch(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    model = tmp_path / "model.py"
+    model.write_text("import torch\n\ndef build():\n    return torch.nn.Identity()\n")
+    out = str(tmp_path / "m.onnx")
+    ok = [f"{model}:build", out, "--input", "x=2x3"]
+    cases = [  # (argv, exit code, words of the message)
+        ([f"{model}:build", out, "--input", "x=2xq"], 2, "NAME=SHAPE"),
+        ([f"{model}:build", out, "--input", "x=2x3:complex"], 2, "unknown dtype"),
+        ([f"{model}:build", out, "--input", "x=2x3", "--input", "x=3"], 2, "names repeat"),
+        ([*ok, "--dynamic", "x0=b"], 2, "NAME:AXIS=DIM"),
+        ([*ok, "--dynamic", "y:0=b"], 2, "names no --input"),
+        ([*ok, "--dynamic", "x:2=b"], 2, "has rank 2"),
+        ([*ok, "--opset", "12"], 2, "opset >= 18"),
+        ([*ok, "--atol", "-1"], 2, "--atol"),
+        ([*ok, "--bind", "python"], 2, "--verify"),
+        ([*ok, "--rewrites", "nocolon"], 2, "MODULE:NAME"),
+        ([*ok, "--rewrites", f"{tmp_path / 'none.py'}:R"], 2, "no such file"),
+        ([f"{tmp_path / 'none.py'}:build", out, "--input", "x=2x3"], 2, "no such file"),
+        ([str(model), out, "--input", "x=2x3"], 2, "MODULE:NAME"),
+        (["graphkit_no_such_module:build", out, "--input", "x=2x3"], 2, "no module named"),
+        ([f"{model}:build", str(tmp_path / "no" / "m.onnx"), "--input", "x=2x3"], 4, "does not exist"),
+        ([f"{model}:build", str(tmp_path), "--input", "x=2x3"], 4, "is a directory"),
+        ([f"{model}:build", out], 2, "--input"),  # argparse: required
+    ]
+    r = subprocess.run([sys.executable, "-c", _USAGE_PROBE, json.dumps([["export", *a] for a, _, _ in cases])],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    results = json.loads(r.stdout)
+    for (argv, code, words), (got, err, torch_imported) in zip(cases, results):
+        assert (got, torch_imported) == (code, False), (argv, got, err)
+        assert words in err, (argv, err)
+        assert len(err.splitlines()) == 1 or got == 2 and "usage:" in err, (argv, err)
+    assert not (tmp_path / "m.onnx").exists()

@@ -3,7 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+# Nothing here imports torch at module level: `graphkit export` reports usage errors (exit 2)
+# and output path errors (exit 4) before it imports torch, which takes seconds.
+
+DTYPES = ("float32", "float16", "float64", "bfloat16", "int64", "int32", "int8", "uint8", "bool")
+# torch 2.13's dynamo exporter builds opset 18 and its version converter goes no lower
+# (graphkit.export._export._DYNAMO_MIN_OPSET, not imported: it imports torch).
+_DYNAMO_MIN_OPSET = 18
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,6 +59,92 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+
+_INPUT = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)=((?:\d+(?:x\d+)*)|scalar)(?::([a-z0-9]+))?$")
+
+
+def parse_input(text: str) -> InputSpec:
+    """``a=1x3x10x10``, ``a=1x3x10x10:float16``, ``n=scalar:int64``."""
+    from graphkit.errors import UsageError
+
+    m = _INPUT.match(text.strip())
+    if m is None:
+        raise UsageError(f"--input {text!r} is not NAME=SHAPE[:DTYPE]",
+                         hint="for example --input x=1x3x224x224 or --input ids=2x16:int64")
+    name, shape, dtype = m.group(1), m.group(2), m.group(3) or "float32"
+    if dtype not in DTYPES:
+        raise UsageError(f"--input {text!r}: unknown dtype {dtype!r}", hint=f"one of {', '.join(DTYPES)}")
+    dims = () if shape == "scalar" else tuple(int(d) for d in shape.split("x"))
+    return InputSpec(name, dims, dtype)
+
+
+def parse_dynamic(text: str) -> tuple[str, int, str]:
+    """``a:0=batch`` -> ("a", 0, "batch")."""
+    from graphkit.errors import UsageError
+
+    m = re.match(r"^([A-Za-z_][A-Za-z0-9_.]*):(\d+)=([A-Za-z_][A-Za-z0-9_]*)$", text.strip())
+    if m is None:
+        raise UsageError(f"--dynamic {text!r} is not NAME:AXIS=DIM", hint="for example --dynamic x:0=batch")
+    return m.group(1), int(m.group(2)), m.group(3)
+
+
+def _check_source(spec: str, *, what: str, example: str) -> None:
+    """The checks of graphkit.export._loading.load_object that need no import: the spec's
+    form, a file that exists, a top-level module that can be found."""
+    from graphkit.errors import UsageError
+
+    source, sep, attr = spec.rpartition(":")
+    if not sep or not source or not attr.isidentifier():
+        raise UsageError(f"{what} {spec!r} is not MODULE:NAME or FILE.py:NAME", hint=f"for example {example}")
+    if source.endswith(".py") or os.sep in source or Path(source).exists():
+        if not Path(source).is_file():
+            raise UsageError(f"{what}: no such file", path=source, hint=f"for example {example}")
+    elif importlib.util.find_spec(source.partition(".")[0]) is None:
+        raise UsageError(f"{what}: no module named {source!r}", path=source,
+                         hint="pass a .py file path or an importable module name (check PYTHONPATH)")
+
+
+def _check_arguments(args: argparse.Namespace) -> tuple[list[InputSpec], dict[str, dict[int, str]]]:
+    """Every check of the command line that needs no torch, in the order of the arguments."""
+    from graphkit.errors import UsageError
+    from graphkit.modelio import check_output_path
+
+    _check_source(args.factory, what="model factory", example="mypkg.models:build")
+    specs = [parse_input(text) for text in args.input]
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise UsageError(f"--input names repeat: {names}", hint="give every input its own name")
+    if args.opset < 1:
+        raise UsageError(f"--opset {args.opset}: an opset is a positive number")
+    if args.dynamo and args.opset < _DYNAMO_MIN_OPSET:
+        raise UsageError(f"--opset {args.opset}: the dynamo exporter writes opset >= {_DYNAMO_MIN_OPSET}",
+                         hint=f"use --opset {_DYNAMO_MIN_OPSET} or higher, or --no-dynamo for older opsets")
+    dynamic: dict[str, dict[int, str]] = {}
+    for text in args.dynamic:
+        name, axis, dim = parse_dynamic(text)
+        spec = next((s for s in specs if s.name == name), None)
+        if spec is None:
+            raise UsageError(f"--dynamic {text!r} names no --input", hint=f"the inputs are {names}")
+        if axis >= len(spec.shape):
+            raise UsageError(f"--dynamic {text!r}: input {name} has rank {len(spec.shape)}")
+        dynamic.setdefault(name, {})[axis] = dim
+    for spec in args.rewrites:
+        _check_source(spec, what="rewrites", example="mypkg.deploy:REWRITES")
+    for n in ("atol", "rtol"):
+        if not getattr(args, n) >= 0:
+            raise UsageError(f"--{n} must be a non-negative number")
+    if args.bind and not args.verify:
+        raise UsageError("--bind chooses the kernels of --verify", hint="add --verify, or drop --bind")
+    check_output_path(args.output, None)
+    return specs, dynamic
+
+
 def _report_dict(report) -> dict:
     return {"path": str(report.path), "exporter": report.exporter, "opset": report.opset,
             "ir_version": report.ir_version, "inputs": list(report.inputs),
@@ -64,33 +163,14 @@ def _registry(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from graphkit.errors import UsageError
+
+    specs, dynamic = _check_arguments(args)  # before torch: usage errors come at once
+    names = [s.name for s in specs]
+
     from graphkit.export import RewriteRegistry, export
-    from graphkit.export._loading import (
-        load_model_factory,
-        load_object,
-        parse_dynamic,
-        parse_input,
-        random_inputs,
-        silenced_output,
-    )
+    from graphkit.export._loading import load_model_factory, load_object, random_inputs, silenced_output
     from graphkit.modelio import check_output_path
 
-    specs = [parse_input(text) for text in args.input]
-    names = [s.name for s in specs]
-    if len(set(names)) != len(names):
-        raise UsageError(f"--input names repeat: {names}", hint="give every input its own name")
-    dynamic: dict[str, dict[int, str]] = {}
-    for text in args.dynamic:
-        name, axis, dim = parse_dynamic(text)
-        spec = next((s for s in specs if s.name == name), None)
-        if spec is None:
-            raise UsageError(f"--dynamic {text!r} names no --input", hint=f"the inputs are {names}")
-        if axis >= len(spec.shape):
-            raise UsageError(f"--dynamic {text!r}: input {name} has rank {len(spec.shape)}")
-        dynamic.setdefault(name, {})[axis] = dim
-    for n in ("atol", "rtol"):
-        if not getattr(args, n) >= 0:
-            raise UsageError(f"--{n} must be a non-negative number")
     registries = []
     for spec in args.rewrites:
         reg = load_object(spec, what="rewrites", example="mypkg.deploy:REWRITES")

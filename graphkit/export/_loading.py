@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from graphkit.errors import ExportError, UsageError
@@ -18,7 +16,9 @@ from graphkit.usercode import import_user_code
 __all__ = ["load_object", "load_model_factory", "InputSpec", "parse_input", "parse_dynamic",
            "random_inputs", "silenced_output"]
 
-DTYPES = ("float32", "float16", "float64", "bfloat16", "int64", "int32", "int8", "uint8", "bool")
+# The --input/--dynamic parsers live with the command, which checks its arguments before
+# importing torch (importing this subpackage imports it).
+from graphkit.cli.export import DTYPES, InputSpec, parse_dynamic, parse_input  # noqa: E402
 
 
 def load_object(spec: str, *, what: str, example: str) -> Any:
@@ -53,37 +53,6 @@ def load_model_factory(spec: str) -> Any:
         raise UsageError(f"model factory {spec} returned a {type(model).__name__}, not a torch.nn.Module",
                          hint="return the model instance")
     return model
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str = "float32"
-
-
-_INPUT = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)=((?:\d+(?:x\d+)*)|scalar)(?::([a-z0-9]+))?$")
-
-
-def parse_input(text: str) -> InputSpec:
-    """``a=1x3x10x10``, ``a=1x3x10x10:float16``, ``n=scalar:int64``."""
-    m = _INPUT.match(text.strip())
-    if m is None:
-        raise UsageError(f"--input {text!r} is not NAME=SHAPE[:DTYPE]",
-                         hint="for example --input x=1x3x224x224 or --input ids=2x16:int64")
-    name, shape, dtype = m.group(1), m.group(2), m.group(3) or "float32"
-    if dtype not in DTYPES:
-        raise UsageError(f"--input {text!r}: unknown dtype {dtype!r}", hint=f"one of {', '.join(DTYPES)}")
-    dims = () if shape == "scalar" else tuple(int(d) for d in shape.split("x"))
-    return InputSpec(name, dims, dtype)
-
-
-def parse_dynamic(text: str) -> tuple[str, int, str]:
-    """``a:0=batch`` -> ("a", 0, "batch")."""
-    m = re.match(r"^([A-Za-z_][A-Za-z0-9_.]*):(\d+)=([A-Za-z_][A-Za-z0-9_]*)$", text.strip())
-    if m is None:
-        raise UsageError(f"--dynamic {text!r} is not NAME:AXIS=DIM", hint="for example --dynamic x:0=batch")
-    return m.group(1), int(m.group(2)), m.group(3)
 
 
 def random_inputs(specs: Sequence[InputSpec], seed: int) -> list[Any]:
