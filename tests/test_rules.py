@@ -17,7 +17,8 @@ def fuse_rule(**kw):
                 lambda op, x, y: op.my_add(x, y, _domain="custom"), **kw)
 
 
-def mul_add_model(two=2.0, swap_mul=False, swap_add=False, extra_consumer=False, as_initializer=False):
+def mul_add_model(two=2.0, swap_mul=False, swap_add=False, extra_consumer=False, as_initializer=False,
+                  dtype=np.float32):
     """
       x   2          x: input, 2: Constant (or initializer)
        \\ /
@@ -25,15 +26,16 @@ def mul_add_model(two=2.0, swap_mul=False, swap_add=False, extra_consumer=False,
          \\  y
           Add -> z
     """
-    const = numpy_helper.from_array(np.array(two, np.float32), "two")
+    const = numpy_helper.from_array(np.array(two, dtype), "two")
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     nodes = [] if as_initializer else [helper.make_node("Constant", [], ["two"], value=const, name="c")]
     nodes.append(helper.make_node("Mul", ["two", "x"] if swap_mul else ["x", "two"], ["m"], name="mul"))
     nodes.append(helper.make_node("Add", ["y", "m"] if swap_add else ["m", "y"], ["z"], name="add"))
-    outputs = [helper.make_tensor_value_info("z", TensorProto.FLOAT, [3])]
+    outputs = [helper.make_tensor_value_info("z", elem, [3])]
     if extra_consumer:
         nodes.append(helper.make_node("Neg", ["m"], ["n"], name="neg"))
-        outputs.append(helper.make_tensor_value_info("n", TensorProto.FLOAT, [3]))
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(v, TensorProto.FLOAT, [3]) for v in "xy"],
+        outputs.append(helper.make_tensor_value_info("n", elem, [3]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(v, elem, [3]) for v in "xy"],
                               outputs, initializer=[const] if as_initializer else [])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
@@ -79,6 +81,37 @@ def test_check_can_veto_with_reason():
     assert len(out.graph.node) == 3
     assert report.rules.reasons["fuse_my_add"] == ["node 'add': not today"]
     assert "no match: node 'add': not today" in report.rules.explain()
+
+
+def _sample_rules():
+    from graphkit.errors import UsageError
+    from graphkit.usercode import import_user_code
+
+    module = import_user_code(str(REPO / "samples" / "rules" / "fuse_my_add.py"), what="rules",
+                              failure=UsageError, example="my_rules.py")
+    return module.rules
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_sample_rule_fuses_float_models(dtype):
+    out, report = rewrite_model(mul_add_model(dtype=dtype, swap_add=True), rules=_sample_rules(),
+                                lowering=Lowering.KEEP)
+    assert [(n.domain, n.op_type) for n in out.graph.node] == [("custom", "my_add")]
+    assert report.rules.applied == {"fuse_my_add": 1}
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_sample_rule_same_dtype_refuses_integer_models(dtype):
+    """samples/rules' same_dtype check is real: Mul(x, 2) + y on integers is no my_add."""
+    model = mul_add_model(dtype=dtype)
+    onnx.checker.check_model(model, full_check=True)
+    out, report = rewrite_model(model, rules=_sample_rules(), lowering=Lowering.KEEP)
+    assert [n.op_type for n in out.graph.node] == ["Constant", "Mul", "Add"]
+    assert report.rules.applied.get("fuse_my_add", 0) == 0
+    name = np.dtype(dtype).name
+    assert report.rules.reasons["fuse_my_add"] == [
+        f"node 'add': my_add takes float16/float/double tensors, x and y are {name}"]
+    assert f"x and y are {name}" in report.rules.explain()
 
 
 def test_single_node_rule_with_attribute_predicate():
