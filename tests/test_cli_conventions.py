@@ -206,3 +206,26 @@ def test_run_json_nan_is_valid_json(model_file, tmp_path):
 def test_run_bind_usage_errors(model_file):
     assert "not a list of distinct" in run_cli("run", model_file, "--prefer", "fast", check_rc=2).stderr
     assert "not allowed with" in run_cli("run", model_file, "--bind", "python", "--prefer", "native", check_rc=2).stderr
+
+
+# --------------------------------------------------------------------------- 5. rewrite summary
+
+
+@pytest.mark.parametrize("extra", [[], ["--target-opset", "18"]])  # the serialized fast path and the full one
+def test_rewrite_summary_time_nodes_and_sizes(model_file, tmp_path, extra):
+    import re
+
+    out = tmp_path / "out.onnx"
+    text = run_cli("rewrite", model_file, out, *extra, check_rc=0).stdout
+    size_in, size_out = model_file.stat().st_size, out.stat().st_size
+    m = re.search(r"\n  nodes 2 -> (\d+), size ([\d,]+) -> ([\d,]+) bytes, (\d+\.\d\d) s$", text)
+    assert m, text
+    assert int(m[1]) == len(onnx.load(out).graph.node)
+    assert (int(m[2].replace(",", "")), int(m[3].replace(",", ""))) == (size_in, size_out)
+    report = json.loads(run_cli("rewrite", model_file, tmp_path / "o2.onnx", *extra, "--json", check_rc=0).stdout)
+    assert (report["nodes_before"], report["nodes_after"]) == (2, int(m[1]))
+    assert (report["bytes_before"], report["bytes_after"]) == (size_in, (tmp_path / "o2.onnx").stat().st_size)
+    assert 0 < report["seconds"] < 60
+    dry = json.loads(run_cli("rewrite", model_file, tmp_path / "o3.onnx", *extra, "--json", "--dry-run",
+                             check_rc=0).stdout)
+    assert dry["bytes_after"] == size_out and not (tmp_path / "o3.onnx").exists()

@@ -72,7 +72,11 @@ def parse_prefer(text: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
     import sys
+    import time
+
+    start = time.perf_counter()
 
     from graphkit.cli import op_registry
     from graphkit.errors import OutputError
@@ -101,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
                                               check=not args.no_check,
                                               full_check=args.full_check, path=args.input,
                                               progress=_progress_bar if show else None)
+            sizes = {"bytes_before": len(data), "bytes_after": len(out_bytes)}
             del data, model
-            text = _report_text(args, report)  # before writing: a report that cannot be made fails first
+            text = _report_text(args, report, sizes, start)  # before writing: a report that cannot be made fails first
             if not args.dry_run:
                 check_output_path(args.output, args.input)
                 if len(out_bytes) > PROTOBUF_LIMIT:
@@ -110,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
                                       path=args.output, hint="move its weights to external data first")
                 with atomic_write(args.output) as tmp:
                     tmp.write_bytes(out_bytes)
+                text = _report_text(args, report, sizes, start)  # the wall time with the writing
             print(text)
             return 0
         del data
@@ -123,18 +129,35 @@ def run(args: argparse.Namespace) -> int:
                                 as_functions=args.as_functions, check=not args.no_check,
                                 full_check=args.full_check, path=args.input,
                                 progress=_progress_bar if show else None)
-    text = _report_text(args, report)  # before writing: a report that cannot be made fails first
+    # the model files' own bytes (external weights are not counted)
+    sizes = {"bytes_before": os.path.getsize(args.input), "bytes_after": out.ByteSize()}
+    text = _report_text(args, report, sizes, start)  # before writing: a report that cannot be made fails first
     if not args.dry_run:
         save_model(out, args.output, input_path=args.input, external_data=args.external_data)
+        sizes["bytes_after"] = os.path.getsize(args.output)
+        text = _report_text(args, report, sizes, start)
     print(text)
     return 0
 
 
-def _report_text(args: argparse.Namespace, report) -> str:
+def summary(report, sizes: dict, start: float) -> dict:
+    """Wall time, node counts and model file sizes (bytes, external data not counted) before
+    and after; bytes_after of a dry run is the size the model would have."""
+    import time
+
+    return {"seconds": round(time.perf_counter() - start, 3),
+            "nodes_before": sum(report.ops_before.values()), "nodes_after": sum(report.ops_after.values()),
+            **sizes}
+
+
+def _report_text(args: argparse.Namespace, report, sizes: dict, start: float) -> str:
+    stats = summary(report, sizes, start)
     if args.json:
         return json.dumps({"input": args.input, "output": None if args.dry_run else args.output,
-                           **report.to_dict()}, indent=2, default=str)
+                           **report.to_dict(), **stats}, indent=2, default=str)
     text = format_report(report, args.input, "(dry run: not written)" if args.dry_run else args.output)
+    text += (f"\n  nodes {stats['nodes_before']} -> {stats['nodes_after']}, "
+             f"size {stats['bytes_before']:,} -> {stats['bytes_after']:,} bytes, {stats['seconds']:.2f} s")
     if args.explain:
         text += "\n" + (report.rules.explain() or "no rules given")
     return text
