@@ -211,3 +211,54 @@ def test_registry_mistakes_are_usage_errors():
         with bad.activate(TS17):
             pass
     assert "repeat" not in torch.Tensor.__dict__
+
+
+_REWRITES_FILE = '''
+import torch
+from graphkit.export import RewriteRegistry
+
+
+class Block(torch.nn.Module):
+    def forward(self, x):
+        return x * 3
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+
+    def forward(self, x):
+        return self.block(x) - 1
+
+
+def build():
+    return Net()
+
+
+REWRITES = RewriteRegistry("deploy")
+
+
+@REWRITES.forward(Block)  # this file's own class: the factory's model must hold the same one
+def plus_one(ctx, self, x):
+    return ctx.origin(self, x) + 1
+'''
+
+
+@BOTH
+def test_cli_rewrites_from_the_factory_file_apply(tmp_path, dynamo):
+    """`graphkit export model.py:build ... --rewrites model.py:REWRITES`: the file is imported
+    once, so the forward rewrite targets the class the model is built from (it applied 0x
+    when the file was imported twice)."""
+    import json
+
+    from conftest import run_cli
+
+    (tmp_path / "model.py").write_text(_REWRITES_FILE)
+    args = ["export", "model.py:build", "m.onnx", "--input", "x=2x3", "--opset", "18",
+            "--rewrites", "model.py:REWRITES", "--json"]
+    proc = run_cli(*args, *([] if dynamo else ["--no-dynamo"]), cwd=tmp_path, check_rc=0)
+    report = json.loads(proc.stdout)
+    assert report["rewrites"].get("deploy/plus_one", 0) >= 1, report["rewrites"]
+    x = torch.rand(2, 3)
+    np.testing.assert_allclose(_run(tmp_path / "m.onnx", x), (x * 3).numpy(), rtol=1e-6)  # (3x + 1) - 1, not 3x - 1
