@@ -147,7 +147,7 @@ class VerificationReport:
     def format(self) -> str:
         feeds = ", ".join(f"{k} {'x'.join(map(str, v)) or 'scalar'}" for k, v in self.inputs.items())
         src = f"random inputs, seed {self.seed}" if self.seed is not None else "given inputs"
-        lines = [f"{self.candidate} vs {self.reference} ({src}: {feeds or 'none'}; "
+        lines = [f"{self.reference} vs {self.candidate} ({src}: {feeds or 'none'}; "
                  f"atol {self.atol:g}, rtol {self.rtol:g})",
                  f"{'output':<24} {'dtype':<8} {'shape':<14} {'max abs':>10} {'max rel':>10}  result"]
         lines += [d.format() for d in self.outputs]
@@ -359,7 +359,7 @@ class BisectReport:
         return self.first is None
 
     def format(self) -> str:
-        head = (f"bisect {self.b} vs {self.a}: {self.compared} of {self.shared} shared tensors "
+        head = (f"bisect {self.a} vs {self.b}: {self.compared} of {self.shared} shared tensors "
                 f"compared in {self.runs} run(s) of each model, at most {self.max_per_run} "
                 f"tensors per run (chunk {self.chunk})")
         if self.first is None:

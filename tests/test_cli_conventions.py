@@ -229,3 +229,16 @@ def test_rewrite_summary_time_nodes_and_sizes(model_file, tmp_path, extra):
     dry = json.loads(run_cli("rewrite", model_file, tmp_path / "o3.onnx", *extra, "--json", "--dry-run",
                              check_rc=0).stdout)
     assert dry["bytes_after"] == size_out and not (tmp_path / "o3.onnx").exists()
+
+
+# --------------------------------------------------------------------------- 3. argument order
+
+
+def test_compare_reports_a_vs_b_in_argument_order(model_file, tmp_path):
+    b = tmp_path / "b.onnx"
+    run_cli("rewrite", model_file, b, check_rc=0)
+    out = run_cli("compare", model_file, b, "--bisect", check_rc=0).stdout
+    assert out.splitlines()[0].startswith(f"{model_file} vs {b} (")
+    assert f"bisect {model_file} vs {b}:" in out
+    out = run_cli("compare", b, model_file, check_rc=0).stdout
+    assert out.startswith(f"{b} vs {model_file} (")

@@ -74,7 +74,7 @@ def test_compare_models_with_custom_nodes_and_the_report(tmp_path):
     report = compare_models(a, b, bind="python", seed=3)
     assert not report.passed and report.failed[0].name == "y"
     text = report.format()
-    assert "b.onnx vs " in text and "MISMATCH" in text and "1 of 1 output(s) differ" in text
+    assert "a.onnx vs " in text and "MISMATCH" in text and "1 of 1 output(s) differ" in text
     with pytest.raises(VerificationError, match="'y' max abs") as info:
         report.raise_for_mismatch()
     assert info.value.exit_code == 12
