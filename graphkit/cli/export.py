@@ -6,14 +6,13 @@ import argparse
 import importlib.util
 import json
 import os
-import re
-from dataclasses import dataclass
 from pathlib import Path
+
+from graphkit.input_specs import InputSpec, parse_dynamic, parse_input
 
 # Nothing here imports torch at module level: `graphkit export` reports usage errors (exit 2)
 # and output path errors (exit 4) before it imports torch, which takes seconds.
 
-DTYPES = ("float32", "float16", "float64", "bfloat16", "int64", "int32", "int8", "uint8", "bool")
 # torch 2.13's dynamo exporter builds opset 18 and its version converter goes no lower
 # (graphkit.export._export._DYNAMO_MIN_OPSET, not imported: it imports torch).
 _DYNAMO_MIN_OPSET = 18
@@ -57,41 +56,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --verify: run the placeholders of custom ops on their packages' native "
                         "or Python kernels (bound in memory; the written file keeps the placeholders)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str = "float32"
-
-
-_INPUT = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)=((?:\d+(?:x\d+)*)|scalar)(?::([a-z0-9]+))?$")
-
-
-def parse_input(text: str) -> InputSpec:
-    """``a=1x3x10x10``, ``a=1x3x10x10:float16``, ``n=scalar:int64``."""
-    from graphkit.errors import UsageError
-
-    m = _INPUT.match(text.strip())
-    if m is None:
-        raise UsageError(f"--input {text!r} is not NAME=SHAPE[:DTYPE]",
-                         hint="for example --input x=1x3x224x224 or --input ids=2x16:int64")
-    name, shape, dtype = m.group(1), m.group(2), m.group(3) or "float32"
-    if dtype not in DTYPES:
-        raise UsageError(f"--input {text!r}: unknown dtype {dtype!r}", hint=f"one of {', '.join(DTYPES)}")
-    dims = () if shape == "scalar" else tuple(int(d) for d in shape.split("x"))
-    return InputSpec(name, dims, dtype)
-
-
-def parse_dynamic(text: str) -> tuple[str, int, str]:
-    """``a:0=batch`` -> ("a", 0, "batch")."""
-    from graphkit.errors import UsageError
-
-    m = re.match(r"^([A-Za-z_][A-Za-z0-9_.]*):(\d+)=([A-Za-z_][A-Za-z0-9_]*)$", text.strip())
-    if m is None:
-        raise UsageError(f"--dynamic {text!r} is not NAME:AXIS=DIM", hint="for example --dynamic x:0=batch")
-    return m.group(1), int(m.group(2)), m.group(3)
 
 
 def _check_source(spec: str, *, what: str, example: str) -> None:

@@ -11,14 +11,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from graphkit.errors import ExportError, UsageError
+from graphkit.input_specs import InputSpec
 from graphkit.usercode import import_user_code
 
-__all__ = ["load_object", "load_model_factory", "InputSpec", "parse_input", "parse_dynamic",
-           "random_inputs", "silenced_output"]
-
-# The --input/--dynamic parsers live with the command, which checks its arguments before
-# importing torch (importing this subpackage imports it).
-from graphkit.cli.export import DTYPES, InputSpec, parse_dynamic, parse_input  # noqa: E402
+__all__ = ["load_object", "load_model_factory", "random_inputs", "silenced_output"]
 
 
 def load_object(spec: str, *, what: str, example: str) -> Any:
