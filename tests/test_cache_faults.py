@@ -226,6 +226,11 @@ def test_kill_9_during_a_torch_extension_build_takes_ninja_and_the_compiler(tmp_
 
 def _builders_under(cache: Path) -> list[int]:
     """Live python processes building in the cache (graphkit's torch-extension child)."""
+    return _live(lambda cmd: b"_extension_child" in cmd and str(cache).encode() in cmd)
+
+
+def _live(matches) -> list[int]:
+    """Pids of live (not zombie) processes, this one aside, whose command line ``matches``."""
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
@@ -235,25 +240,14 @@ def _builders_under(cache: Path) -> list[int]:
             state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z" and b"_extension_child" in cmd and str(cache).encode() in cmd:
+        if state != "Z" and matches(cmd):
             found.append(int(d.name))
     return found
 
 
 def _compilers_under(cache: Path) -> list[int]:
     """Live processes whose command line names the cache (compiler driver, cc1plus, as, ld)."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes()
-            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and str(cache).encode() in cmd and b"python" not in cmd.split(b"\0")[0]:
-            found.append(int(d.name))
-    return found
+    return _live(lambda cmd: str(cache).encode() in cmd and b"python" not in cmd.split(b"\0")[0])
 
 
 # ---- torch extension -----------------------------------------------------------------------------
