@@ -5,21 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-
-LOWERINGS = ("decompose", "native", "python")
+from graphkit.cli._lowering import add_lowering_arguments, parse_prefer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="ONNX model to read (never modified)")
     p.add_argument("output", help="where to write the rewritten model (written atomically)")
-    how = p.add_mutually_exclusive_group()
-    how.add_argument("--bind", choices=("native", "python"),
-                     help="bind every custom op node to its package's C++ (native) or Python kernel "
-                          "instead of decomposing it into standard ops")
-    how.add_argument("--prefer", metavar="LIST",
-                     help="per node, the first lowering that fits, in this order; comma-separated "
-                          "from decompose, native, python. Default: decompose,native,python (the "
-                          "most portable the target opset supports). For example --prefer native,decompose")
+    how = add_lowering_arguments(p, in_memory=False)
     how.add_argument("--keep-custom", action="store_true",
                      help="leave custom:: nodes as placeholders (apply --rules only)")
     how.add_argument("--as-functions", action="store_true",
@@ -56,19 +48,6 @@ def _preference(args: argparse.Namespace):
     if not args.prefer:
         return DEFAULT_PREFERENCE
     return parse_prefer(args.prefer)
-
-
-def parse_prefer(text: str):
-    """--prefer's comma-separated list of distinct lowerings, as Lowering values."""
-    from graphkit.errors import UsageError
-    from graphkit.rewrite import Lowering
-
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in LOWERINGS]
-    if bad or not names or len(set(names)) != len(names):
-        raise UsageError(f"--prefer {text!r} is not a list of distinct {', '.join(LOWERINGS)}",
-                         hint="for example --prefer native,decompose")
-    return [Lowering(n) for n in names]
 
 
 def run(args: argparse.Namespace) -> int:

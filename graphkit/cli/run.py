@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from graphkit.cli._lowering import add_lowering_arguments, parse_prefer
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="ONNX model to run")
@@ -16,14 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="size of a symbolic input dimension for random inputs; for example "
                         "--dim batch=4 (default 1)")
     p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
-    how = p.add_mutually_exclusive_group()
-    how.add_argument("--bind", choices=("native", "python"),
-                     help="bind custom:: placeholders to their package's C++ (native) or Python kernels "
-                          "in memory before running (the file is not changed)")
-    how.add_argument("--prefer", metavar="LIST",
-                     help="lower custom:: placeholders in memory before running, per node the first of "
-                          "LIST that fits (comma-separated from decompose, native, python), as "
-                          "`graphkit rewrite --prefer` does; for example --prefer native,decompose")
+    add_lowering_arguments(p, in_memory=True)
     p.add_argument("--json", action="store_true",
                    help="print the outputs' names, dtypes, shapes and summary statistics as JSON "
                         "(not the arrays: use --output for those)")
@@ -160,7 +155,6 @@ def _lowered(args: argparse.Namespace, registry, options):
         return args.model, None
     import os
 
-    from graphkit.cli.rewrite import parse_prefer
     from graphkit.modelio import load_model
     from graphkit.rewrite import Lowering, rewrite_model
 
