@@ -172,18 +172,7 @@ def test_a_library_that_still_does_not_load_is_exit_10(cache, tmp_path):
 def test_kill_9_during_a_native_build_takes_the_compiler_and_leaves_nothing_trusted(tmp_path):
     cache = tmp_path / "fresh"
     env = {**os.environ, "GRAPHKIT_CACHE_DIR": str(cache)}
-    proc = subprocess.Popen([sys.executable, "-c", "from graphkit.runtime import native; native.library_path()"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not _compilers_under(cache):
-        time.sleep(0.05)
-    assert _compilers_under(cache), "the build did not start a compiler"
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _compilers_under(cache):
-        time.sleep(0.1)
+    _kill_during_build("from graphkit.runtime import native; native.library_path()", cache, env, start_s=30)
     assert not _compilers_under(cache), "a compiler outlived the killed build"
     time.sleep(0.5)  # nothing recreates files in the cache afterwards
     before = sorted(p.name for p in cache.rglob("*"))
@@ -206,10 +195,20 @@ def test_kill_9_during_a_torch_extension_build_takes_ninja_and_the_compiler(tmp_
     pytest.importorskip("torch")
     cache = tmp_path / "fresh"
     env = {**os.environ, "GRAPHKIT_CACHE_DIR": str(cache)}
-    proc = subprocess.Popen([sys.executable, "-c", "from graphkit.export.extension import load_extension; "
-                             "load_extension('my_add', 'graphkit_ops.my_add', ['my_add_torch.cpp'])"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
+    _kill_during_build("from graphkit.export.extension import load_extension; "
+                       "load_extension('my_add', 'graphkit_ops.my_add', ['my_add_torch.cpp'])", cache, env,
+                       start_s=60)
+    assert not _compilers_under(cache), "ninja or a compiler outlived the killed build"
+    assert not _builders_under(cache), "the build's child process outlived the killed build"
+    assert not list(cache.rglob("graphkit-build.json"))  # nothing a later load trusts
+
+
+def _kill_during_build(code: str, cache: Path, env: dict, *, start_s: float) -> None:
+    """Run ``code`` (a build) in a process, kill -9 it once a compiler works in ``cache``, and
+    give what it started up to 5 s to go."""
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + start_s
     while time.monotonic() < deadline and not _compilers_under(cache):
         time.sleep(0.05)
     assert _compilers_under(cache), "the build did not start a compiler"
@@ -219,9 +218,6 @@ def test_kill_9_during_a_torch_extension_build_takes_ninja_and_the_compiler(tmp_
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and (_compilers_under(cache) or _builders_under(cache)):
         time.sleep(0.1)
-    assert not _compilers_under(cache), "ninja or a compiler outlived the killed build"
-    assert not _builders_under(cache), "the build's child process outlived the killed build"
-    assert not list(cache.rglob("graphkit-build.json"))  # nothing a later load trusts
 
 
 def _builders_under(cache: Path) -> list[int]:
