@@ -176,11 +176,10 @@ def built_kernels() -> dict[str, list[str]]:
     importing anything: ``native`` lists each native kernel library as its packages, ``torch``
     each torch extension as NAME (PACKAGE). Artefacts without their record are left out."""
     import json
-    import os
-    from pathlib import Path
 
-    env = os.environ.get("GRAPHKIT_CACHE_DIR")
-    root = Path(env) if env else Path.home() / ".cache" / "graphkit"
+    from graphkit.build_cache import cache_root  # stdlib only: --version stays light
+
+    root = cache_root()
     native, torch_ext = [], []
     with contextlib.suppress(OSError):
         for entry in sorted((root / "native" / "lib").iterdir()):
