@@ -27,16 +27,11 @@ def lowerings_of(op, opset: int, registry: OpRegistry | None = None) -> list[str
 
     With ``registry``, "native" is listed only when the op's package ships NativeKernels."""
     out = [f"decompose:{d.name}" for d in op.decompositions if d.supports(opset)]
-    if op.native and (registry is None or _has_native(registry, op)):
+    if op.native and (registry is None or registry.has_native(op)):
         out.append("native")
     if op.python_kernel is not None:
         out.append("python")
     return out
-
-
-def _has_native(registry: OpRegistry, op) -> bool:
-    package = registry.package_of(op)
-    return package is not None and package.native is not None
 
 
 def package_info(registry: OpRegistry, op) -> dict[str, str] | None:

@@ -112,6 +112,12 @@ class OpRegistry:
         """Every domain that holds an op of this registry."""
         return frozenset(domain for domain, _ in self._ops)
 
+    def has_native(self, op: OpDef) -> bool:
+        """True if ``op`` has a native kernel here: it declares one and its package brings
+        NativeKernels (a loose OpDef's ``native`` flag has no kernel behind it)."""
+        package = self.package_of(op)
+        return op.native and package is not None and package.native is not None
+
     def kernel_domain(self, op: OpDef, kind: str) -> str:
         """The domain a node is bound to for a ``kind`` ("native"/"python") kernel of ``op``.
 

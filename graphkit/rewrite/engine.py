@@ -194,7 +194,7 @@ class _Lowerer:
                 reasons.append(f"no decomposition valid at opset {self.opset}"
                                + (f" (has {ranges})" if ranges else ""))
             elif how is Lowering.NATIVE:
-                if op.native and self._has_native(op):
+                if self.registry.has_native(op):
                     return self._bind(op, node, attrs, how)
                 reasons.append("has no native kernel" if not op.native else
                                "declares a native kernel but is not registered through an OpPackage "
@@ -208,10 +208,6 @@ class _Lowerer:
                 "--target-opset" if others else "pick another opset with --target-opset or add a lowering "
                 f"to the definition of {op.name}")
         raise self.fail(UnsupportedOpError, "; ".join(reasons), node, hint=hint)
-
-    def _has_native(self, op: OpDef) -> bool:
-        package = self.registry.package_of(op)
-        return package is not None and package.native is not None
 
     def _check_arity(self, op: OpDef, node: onnx.NodeProto) -> None:
         n_req = sum(not p.optional for p in op.inputs)

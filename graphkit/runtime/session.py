@@ -242,10 +242,10 @@ def _plan(model: onnx.ModelProto, registry: OpRegistry, path: str | None, *,
             python.append(ref)
         elif op is not None and (registry.is_placeholder(domain, n.op_type) or kind is not None
                                  or domain == registry.kernel_domain(op, "native")):
-            package = registry.package_of(op)
-            if not op.native or package is None or package.native is None:
+            if not registry.has_native(op):
                 problems.append((ref, qualified, "no native kernel", fix(op, have="native")))
                 continue
+            package = registry.package_of(op)
             native.append(ref)
             native_packages[id(package)] = package
         elif domain in pk.EXTENSIONS_DOMAINS:
