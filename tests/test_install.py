@@ -62,7 +62,7 @@ def test_dynamo_export_without_onnxscript_names_the_extra(tmp_path, monkeypatch)
     with pytest.raises(ExportError) as info:
         export(Scale(), (torch.ones(2, 3),), tmp_path / "m.onnx")
     assert "onnxscript" in info.value.message
-    assert "pip install 'graphkit[torch]'" in info.value.hint
+    assert "pip install 'graphkit-onnx[torch]'" in info.value.hint
     assert not (tmp_path / "m.onnx").exists()
     # TorchScript needs no onnxscript: the hint's alternative works.
     export(Scale(), (torch.ones(2, 3),), tmp_path / "ts.onnx", dynamo=False)
@@ -80,4 +80,4 @@ def test_cli_export_without_onnxscript_is_one_line(tmp_path, monkeypatch, capsys
     assert code == ExportError.exit_code
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
-    assert "onnxscript" in err and "pip install 'graphkit[torch]'" in err
+    assert "onnxscript" in err and "pip install 'graphkit-onnx[torch]'" in err

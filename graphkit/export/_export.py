@@ -243,14 +243,14 @@ def _export(model, args, path, *, dynamo, registry, opset, input_names, output_n
 
 
 def _distribution_name() -> str:
-    """The name graphkit is installed under (pip's name for it), ``graphkit`` if unknown."""
+    """The name graphkit is installed under (pip's name for it), ``graphkit-onnx`` if unknown."""
     try:
         from importlib.metadata import packages_distributions
 
         names = packages_distributions().get("graphkit") or []
     except Exception:  # noqa: BLE001 - only a hint depends on it
         names = []
-    return names[0] if names else "graphkit"
+    return names[0] if names else "graphkit-onnx"
 
 
 def _require_dynamo_packages(model_name: str) -> None:
