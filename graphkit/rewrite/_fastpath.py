@@ -55,8 +55,9 @@ import onnx
 from graphkit.errors import ValidationError
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
 from graphkit.rewrite import engine as _engine
-from graphkit.rewrite.builder import _FIXED, _SAME_AS_INPUT0, TypeTable
-from graphkit.rewrite.engine import Lowering, RewriteReport
+from graphkit.rewrite.builder import _FIXED, _SAME_AS_INPUT0, NameGenerator, TypeTable
+from graphkit.rewrite.engine import RewriteReport
+from graphkit.rewrite.plan import Lowering, LoweringPlan, Scope, Template
 
 __all__ = ["Unsupported", "lower_bytes", "has_external_data"]
 
@@ -76,6 +77,11 @@ _PROBE_EXTERNAL = b"\x70\x01"
 # Above this many (slash, prefix length) pairs, seed the name generator instead of probing.
 _PROBE_BUDGET = 2_000_000
 _PROBE_TAILS = 64  # at most this many distinct prefix endings are searched for one by one
+
+
+# Why the byte writer runs where it can (the report's writer_reason).
+WHY = ("lowering only, custom nodes in the main graph only, no model-local functions: "
+       "the replacements are spliced into the serialized model")
 
 
 class Unsupported(Exception):
@@ -249,8 +255,9 @@ class _Template:
     (the values first, then the generated names).
     """
 
-    def __init__(self, template: tuple) -> None:
-        tpl_nodes, tpl_inputs, tpl_outputs, tpl_prefix = template
+    def __init__(self, template: Template) -> None:
+        tpl_nodes, tpl_inputs, tpl_outputs, tpl_prefix = (template.nodes, template.inputs, template.outputs,
+                                                          template.prefix)
         self.n_inputs = len(tpl_inputs)
         cut = len(tpl_prefix)
         slot: dict[str, int] = {}
@@ -258,7 +265,6 @@ class _Template:
             slot[name] = k  # later entries win, as in the engine's rename dict
         n_values = len(tpl_inputs) + len(tpl_outputs)
         plan = []
-        self.emitted: collections.Counter = collections.Counter()
         for tpl in tpl_nodes:
             if not tpl.name.startswith(tpl_prefix) or not all(o.startswith(tpl_prefix) for o in tpl.output
                                                               if o not in slot):
@@ -285,7 +291,6 @@ class _Template:
             for f in ("input", "output", "name"):
                 rest.ClearField(f)
             plan.append((tpl.name[cut:], generated, fields + [static + b"\x1a"], rest.SerializeToString()))
-            self.emitted[(tpl.domain, tpl.op_type)] += 1
         self._plan = plan
         self._text_plan = [(name, gen, [f.decode("latin-1") if isinstance(f, bytes) else f for f in fields],
                             rest.decode("latin-1")) for name, gen, fields, rest in plan]
@@ -349,7 +354,6 @@ class _Bound:
     def __init__(self, bound: onnx.NodeProto) -> None:
         self.domain = bound.domain
         self.attributes = list(bound.attribute)
-        self.emitted = collections.Counter({(bound.domain, bound.op_type): 1})
 
     def emit(self, node: onnx.NodeProto) -> bytes:
         out = onnx.NodeProto()
@@ -644,10 +648,6 @@ def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
         gc.disable()
         try:
             out, report, run_check = _lower(data, model, registry, prefer, check, full_check, path, progress)
-        except (Unsupported, MemoryError):
-            raise
-        except Exception as exc:  # a case this path gets wrong: the object path gives the result
-            raise Unsupported(f"fast path failed: {type(exc).__name__}: {exc}") from exc
         finally:
             if collecting:
                 gc.enable()
@@ -719,19 +719,9 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     # Names made for different prefixes never meet (each is '<prefix>/' and a part without
     # '/'), and no input name starts with a '<prefix>/': then fresh(name) is name.
     batched = seed is None and len(set(prefixes)) == len(prefixes)
-    lowerer = _engine._Lowerer(model, registry, prefer, opset, path, seed or ())
-    lowerer.types = types
-    lowerer._scope_constants = {}
-    lowerer._templates = {}
-    captured: list[tuple] = []
-    instantiate = lowerer._instantiate
-
-    def capture(template: tuple, *args: Any) -> Any:
-        captured.append(template)
-        return instantiate(template, *args)
-
-    lowerer._instantiate = capture
-    fresh = lowerer.names.fresh
+    plan = LoweringPlan(registry, prefer, opset, path=path, names=NameGenerator(seed or ()))
+    scope = Scope(types)
+    fresh = plan.names.fresh
     elem = types._elem
 
     # A node's kind: op, attributes, arity, aliasing among its inputs and outputs, input
@@ -753,8 +743,6 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     kinds: dict[tuple, Any] = {}  # kind key -> _Template, _Bound, or None: the engine lowers each node
     slots: list[Any] = [None] * len(custom)  # each placeholder's replacement entries
     used: collections.Counter = collections.Counter()
-    lowered: collections.Counter = collections.Counter()
-    emitted: collections.Counter = collections.Counter()
     total = len(nodes)
     if progress is not None and total <= getattr(_engine, "PROGRESS_MIN_NODES", 10_000):
         progress = None
@@ -776,42 +764,22 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                 slots[k] = kind.emit(kind.pad(values_of[k]), prefixes[k], fresh)
                 used[kind] += 1
             continue
-        # The first node of its kind (or of a kind the engine lowers each time).
-        n_templates = len(lowerer._templates)
-        actions = lowerer.actions.copy()
-        del captured[:]
-        try:
-            replacement = lowerer.lower_node(custom_nodes[k])
-        except Unsupported:
-            raise
-        except Exception as exc:  # the object path reports errors in its own words
-            raise Unsupported(f"lowering failed: {exc}") from exc
-        lowered[(PLACEHOLDER_DOMAIN, custom_ops[k])] += 1
-        for r in replacement:
-            emitted[(r.domain, r.op_type)] += 1
-        slots[k] = b"".join(_entry(r.SerializeToString()) for r in replacement)
+        # The first node of its kind (or of a kind the plan lowers each time), by the plan.
+        lowered = plan.lower(custom_nodes[k], scope)
+        slots[k] = b"".join(_entry(r.SerializeToString()) for r in lowered.nodes)
         if key in kinds:
             continue
         kinds[key] = None
-        action = lowerer.actions - actions
-        if len(action) != 1:
-            continue
-        (how_key, _), = action.items()
-        how = how_key[1]
-        if how.startswith("decompose:"):
-            if captured:
-                template = captured[0]
-            elif len(lowerer._templates) > n_templates:
-                template = list(lowerer._templates.values())[-1]
-            else:
-                continue  # shape-dependent: the engine lowers every such node
-            made: Any = _Template(template)
+        if lowered.how is Lowering.DECOMPOSE:
+            if lowered.template is None:
+                continue  # shape-dependent: the plan lowers every such node
+            made: Any = _Template(lowered.template)
             made.pad = _padding(len(inputs_of[k]), made.n_inputs)
-        elif how.startswith("bind:") and len(replacement) == 1:
-            made = _Bound(replacement[0])
+        elif len(lowered.nodes) == 1:
+            made = _Bound(lowered.nodes[0])
         else:
             continue
-        made.action, made.op_type, made.members = how_key, custom_ops[k], []
+        made.lowered, made.op_type, made.members = lowered, custom_ops[k], []
         kinds[key] = made
     for kind in kinds.values():
         if kind is None or not kind.members:
@@ -833,14 +801,11 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         progress("lowering", total, total)
 
     for kind, n in used.items():
-        lowerer.actions[kind.action] += n
-        lowered[(PLACEHOLDER_DOMAIN, kind.op_type)] += n
-        for key, count in kind.emitted.items():
-            emitted[key] += count * n
-    report.actions = lowerer.actions
+        plan.count(kind.lowered, PLACEHOLDER_DOMAIN, kind.op_type, n, repeated=True)
+    report.actions = plan.actions
     after = report.ops_before.copy()
-    after.subtract(lowered)
-    after.update(emitted)
+    after.subtract(plan.lowered)
+    after.update(plan.emitted)
     report.ops_after = +after
 
     # The graph: the bytes between placeholders as they were, each placeholder replaced.
@@ -851,6 +816,11 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             view[custom_ends[-1]:g1]]
     graph = b"".join([*itertools.chain.from_iterable(zip(gaps, slots)), gaps[-1]])
     imports = import_entries = _fixed_imports(model, opset, {d for d, _ in report.ops_after}, placeholders)
+    report.passes.append(("lower", f"{len(custom)} placeholders lowered"))
+    fixed = [(i.domain, i.version) for i in onnx.ModelProto.FromString(import_entries).opset_import]
+    if fixed != [(i.domain, i.version) for i in model.opset_import]:
+        report.passes.append(("fix-imports", f"opset imports {fixed}"))
+    report.writer, report.writer_reason = "bytes", WHY
     parts = []
     for field, start, _, end in top:
         if field == _M_OPSET_IMPORT:
@@ -880,17 +850,17 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             if holders:
                 return output_model()
             asked: set[str] = set()
-            for _, repl, _, _ in lowerer.replacements:
-                produced = {o for n in repl for o in n.output}
-                asked.update(i for n in repl for i in n.input if i and i not in produced)
+            for r in plan.replacements:
+                produced = {o for n in r.nodes for o in n.output}
+                asked.update(i for n in r.nodes for i in n.input if i and i not in produced)
             return _inference_prefix(onnx.load_model_from_string(out), asked)
 
         types.lowering = False
         types.inference_model = inference_model
         opset_imports = onnx.ModelProto.FromString(import_entries).opset_import
-        for original, repl, rule, _ in lowerer.replacements:
-            _engine._check_replacement(original, repl, types, opset_imports, registry, rule, path)
-        applied = ", ".join(sorted({how for _, how in lowerer.actions}))
+        for r in plan.replacements:
+            _engine._check_replacement(r.original, r.nodes, types, opset_imports, registry, r.rule, path)
+        applied = ", ".join(sorted({how for _, how in plan.actions}))
         context = f" after rewrite ({applied})"
         full = full_check or sum(report.ops_after.values()) <= _engine.FULL_CHECK_NODES
         shapeless = any(vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")

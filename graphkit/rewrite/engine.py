@@ -1,65 +1,60 @@
-"""Lowering custom:: placeholder nodes: decompose them or bind them to kernels.
+"""The rewrite: a short sequence of passes over one model, each saying what it changed.
 
-Works on the protobuf directly: untouched nodes keep their order, names and fields,
-and every scope (subgraphs of If/Loop/Scan, model-local functions) is visited.
+``rewrite_model`` copies the model, builds one :class:`~graphkit.rewrite.plan.LoweringPlan`
+and runs the passes of :data:`PASSES` in order: convert the opset, apply pattern rules,
+apply graphsurgeon rules, lower the custom:: placeholders, attach functions, fix the
+opset imports, check. Each pass states its precondition (``applies``) and returns a
+:class:`PassResult`, recorded in the report. Works on the protobuf directly: untouched
+nodes keep their order, names and fields, and every scope (subgraphs of If/Loop/Scan,
+model-local functions) is visited.
 """
 
 from __future__ import annotations
 
 import collections
-import enum
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import onnx
 from onnx import helper
 
-from graphkit.errors import ModelLoadError, OpDefinitionError, RewriteError, UnsupportedOpError, ValidationError
-from graphkit.ops import (
-    PLACEHOLDER_DOMAIN,
-    OpDef,
-    OpRegistry,
-    default_registry,
-)
-from graphkit.ops._encoding import encode_kernel_attrs
-from graphkit.ops.tensor_types import type_string
+from graphkit.errors import ModelLoadError, RewriteError, UnsupportedOpError, ValidationError
+from graphkit.ops import PLACEHOLDER_DOMAIN, OpDef, OpRegistry, default_registry
 from graphkit.rewrite._gsrules import GraphSurgeonRule, apply_graphsurgeon_rules
 from graphkit.rewrite._rules import Rule, RuleReport, RuleSet, apply_rules
 from graphkit.rewrite._walk import ModelIndex, count_ops, graphs, scopes
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
+from graphkit.rewrite.plan import UNKNOWN_OP_HINT, Lowering, LoweringPlan, Scope, node_attrs
 
-__all__ = ["DEFAULT_PREFERENCE", "Lowering", "RewriteReport", "rewrite_model", "ai_onnx_opset"]
+__all__ = ["DEFAULT_PREFERENCE", "PASSES", "Lowering", "Pass", "PassResult", "RewriteContext", "RewriteReport",
+           "ai_onnx_opset", "check_model", "rewrite_model"]
 
 # Opset written into models that hold no ai.onnx import before a decomposition adds one.
 _DEFAULT_OPSET = 17
 _STANDARD_DOMAINS = ("", "ai.onnx")
-UNKNOWN_OP_HINT = ("make the op known: pass --ops PACKAGE (a module or .py file defining an "
-                   "OpPackage), list it in $GRAPHKIT_OPS, or install the package that defines it; "
-                   "`graphkit ops` lists the known ops")
 FULL_CHECK_NODES = 20_000
 PROGRESS_MIN_NODES = 10_000  # smaller models finish before a progress bar would help
 PROGRESS_STEP = 2_000
-
-
-class Lowering(enum.Enum):
-    """What to turn a custom:: node into (KEEP leaves it a placeholder)."""
-
-    DECOMPOSE = "decompose"
-    NATIVE = "native"
-    PYTHON = "python"
-    KEEP = "keep"
+DEFAULT_PREFERENCE = (Lowering.DECOMPOSE, Lowering.NATIVE, Lowering.PYTHON)
 
 
 @dataclass
 class RewriteReport:
-    """What a rewrite did: op counts before/after and per-op actions."""
+    """What a rewrite did: op counts before/after, per-op actions, rules, and the passes run.
+
+    ``passes`` lists ``(pass, what it changed)`` for every pass that changed the model;
+    ``writer`` says which writer made the output and why (``"objects"``: the passes on
+    the parsed model; ``"bytes"``: graphkit.rewrite._fastpath on the serialized one).
+    """
 
     ops_before: collections.Counter = field(default_factory=collections.Counter)
     ops_after: collections.Counter = field(default_factory=collections.Counter)
     actions: collections.Counter = field(default_factory=collections.Counter)
     rules: RuleReport = field(default_factory=RuleReport)
+    passes: list[tuple[str, str]] = field(default_factory=list)
+    writer: str = "objects"
+    writer_reason: str = ""
 
     @property
     def changed(self) -> bool:
@@ -74,6 +69,8 @@ class RewriteReport:
             "rules": {name: {"applied": self.rules.applied.get(name, 0),
                              "not_matched": self.rules.reasons.get(name, [])}
                       for name in sorted(set(self.rules.applied) | set(self.rules.reasons))},
+            "passes": [{"pass": name, "changed": what} for name, what in self.passes],
+            "writer": {"name": self.writer, "why": self.writer_reason},
         }
 
 
@@ -82,241 +79,6 @@ def ai_onnx_opset(model: onnx.ModelProto) -> int | None:
         if imp.domain in _STANDARD_DOMAINS:
             return imp.version
     return None
-
-
-def node_attrs(op: OpDef, node: onnx.NodeProto, path: str | None) -> dict[str, Any]:
-    """The node's attributes checked against ``op`` with defaults filled in; RewriteError if bad."""
-    where = dict(path=path, node=node.name or "<unnamed>", op=f"{node.domain}::{node.op_type}")
-    given = {}
-    for a in node.attribute:
-        if a.ref_attr_name:
-            raise RewriteError(f"attribute '{a.name}' refers to '{a.ref_attr_name}' outside a function",
-                               hint="give the attribute a value", **where)
-        try:
-            given[a.name] = helper.get_attribute_value(a)
-        except (ValueError, TypeError) as exc:
-            raise RewriteError(f"attribute '{a.name}' is malformed: {exc}", hint="re-export the model",
-                               **where) from exc
-    try:
-        return op.resolve_attrs(given, where=node.name)
-    except OpDefinitionError as exc:
-        raise RewriteError(exc.message, hint=exc.hint or "fix the node", **where) from exc
-
-
-def _make_attribute(op: OpDef, name: str, value: Any, how: Lowering) -> onnx.AttributeProto:
-    """An attribute of the declared type (an empty list has no type of its own)."""
-    from graphkit.ops._encoding import kernel_attr_type
-
-    attr_type = op.attr(name).type
-    if how is Lowering.PYTHON:
-        attr_type = kernel_attr_type(attr_type)
-    return helper.make_attribute(name, value, attr_type=getattr(onnx.AttributeProto, attr_type.onnx_name))
-
-
-class _Lowerer:
-    def __init__(self, model: onnx.ModelProto, registry: OpRegistry, prefer: tuple[Lowering, ...],
-                 opset: int, path: str | None, names: set[str]) -> None:
-        self.registry = registry
-        self.prefer = prefer
-        self.opset = opset
-        self.path = path
-        self.names = NameGenerator(names)
-        self.emitted: collections.Counter = collections.Counter()
-        self.progress: Callable[[str, int, int], None] | None = None
-        self.done = self.total = 0
-        self.lowered: collections.Counter = collections.Counter()
-        self.types = TypeTable(model, registry)
-        # Domains whose nodes are placeholders to lower: every op domain of the registry,
-        # and "custom" even when no op of the registry is there (unknown ops are errors).
-        self.domains = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
-        self.actions: collections.Counter = collections.Counter()
-        # Template keys whose replacement is already queued for checking.
-        self._checked: set = set()
-        # (original node, replacement nodes, rule, type table of its scope) of every distinct replacement
-        self.replacements: list[tuple[onnx.NodeProto, list[onnx.NodeProto], str, TypeTable]] = []
-
-    def fail(self, cls: type, message: str, node: onnx.NodeProto, hint: str) -> Exception:
-        return cls(message, path=self.path, node=node.name or "<unnamed>",
-                   op=f"{node.domain}::{node.op_type}", hint=hint)
-
-    def lower_graph(self, nodes: Any, *, in_function: bool = False) -> None:
-        """Lower the custom:: nodes of one node list in place (subgraphs are their own scopes).
-
-        In a model-local function body (``in_function``) tensor types are the caller's:
-        nothing is looked up in the model's type table (which would also ask whole-model
-        shape inference, inferring every body once per call site).
-        """
-        domains = self.domains
-        if not any(n.domain in domains for n in nodes):
-            return
-        if in_function:
-            model_types, self.types = self.types, TypeTable()
-            try:
-                self.lower_graph(nodes)
-            finally:
-                self.types = model_types
-            return
-        new_nodes: list[onnx.NodeProto] = []
-        self._scope_constants: dict = {}
-        self._templates: dict = {}
-        progress, step = self.progress, PROGRESS_STEP
-        for i, n in enumerate(nodes):
-            if progress is not None and i % step == 0:
-                progress("lowering", self.done + i, self.total)
-            if n.domain in domains:
-                replacement = self.lower_node(n)
-                self.lowered[(n.domain, n.op_type)] += 1
-                for r in replacement:
-                    self.emitted[(r.domain, r.op_type)] += 1
-                new_nodes.extend(replacement)
-            else:
-                new_nodes.append(n)
-        self.done += len(nodes)
-        del nodes[:]
-        nodes.extend(new_nodes)
-
-    def lower_node(self, node: onnx.NodeProto) -> list[onnx.NodeProto]:
-        op = self.registry.lookup(node.domain, node.op_type)
-        if op is None:
-            raise self.fail(UnsupportedOpError, "no op package defines this op", node,
-                            hint=UNKNOWN_OP_HINT)
-        self._check_arity(op, node)
-        attrs = node_attrs(op, node, self.path)
-        in_types = self._check_input_types(op, node)
-        reasons = []
-        for how in self.prefer:
-            if how is Lowering.DECOMPOSE:
-                dec = op.decomposition_for(self.opset)
-                if dec is not None:
-                    return self._decompose(op, node, attrs, dec, in_types)
-                ranges = ", ".join(f"{d.name}: opset {d.min_opset}..{d.max_opset or ''}"
-                                   for d in op.decompositions)
-                reasons.append(f"no decomposition valid at opset {self.opset}"
-                               + (f" (has {ranges})" if ranges else ""))
-            elif how is Lowering.NATIVE:
-                if self.registry.has_native(op):
-                    return self._bind(op, node, attrs, how)
-                reasons.append("has no native kernel" if not op.native else
-                               "declares a native kernel but is not registered through an OpPackage "
-                               "with NativeKernels")
-            elif how is Lowering.PYTHON:
-                if op.python_kernel is not None:
-                    return self._bind(op, node, attrs, how)
-                reasons.append("has no Python kernel")
-        others = [h.value for h in (Lowering.DECOMPOSE, Lowering.NATIVE, Lowering.PYTHON) if h not in self.prefer]
-        hint = (f"allow another lowering ({', '.join(others)}) with --prefer, or pick the opset with "
-                "--target-opset" if others else "pick another opset with --target-opset or add a lowering "
-                f"to the definition of {op.name}")
-        raise self.fail(UnsupportedOpError, "; ".join(reasons), node, hint=hint)
-
-    def _check_arity(self, op: OpDef, node: onnx.NodeProto) -> None:
-        n_req = sum(not p.optional for p in op.inputs)
-        if not n_req <= len(node.input) <= len(op.inputs):
-            raise self.fail(RewriteError, f"has {len(node.input)} inputs; {op.name} takes "
-                            f"{n_req}..{len(op.inputs)}", node, hint="re-export the model")
-        if len(node.output) > len(op.outputs) or not node.output:
-            raise self.fail(RewriteError, f"has {len(node.output)} outputs; {op.name} gives "
-                            f"{len(op.outputs)}", node, hint="re-export the model")
-
-    def _check_input_types(self, op: OpDef, node: onnx.NodeProto) -> tuple[int | None, ...]:
-        """Element types of the node's inputs, each checked against the op's type constraints."""
-        types = tuple(self.types.elem_type(i) if i else None for i in node.input)
-        for param, name, elem in zip(op.inputs, node.input, types):
-            if elem is None:
-                continue
-            allowed = op.type_constraints[param.type]
-            if type_string(elem) not in allowed:
-                raise self.fail(RewriteError, f"input '{name}' ({param.name}) has element type "
-                                f"{type_string(elem) or elem}, {op.name} takes {', '.join(allowed)}", node,
-                                hint="cast the input or fix the exporter")
-        return types
-
-    def _decompose(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any],
-                   dec: Any, in_types: tuple[int | None, ...]) -> list[onnx.NodeProto]:
-        inputs = list(node.input) + [""] * (len(op.inputs) - len(node.input))
-        prefix = node.name or op.name
-        # Which inputs are the same tensor matters: my_add(x, x) is no template for my_add(y, x).
-        aliasing = tuple(inputs.index(i) for i in inputs)
-        key = (op.qualified_name, dec.name, in_types, aliasing, repr(sorted(attrs.items())), len(node.output))
-        template = self._templates.get(key)
-        if template is not None:
-            nodes = self._instantiate(template, inputs, list(node.output), prefix)
-        else:
-            builder = Builder(opset=self.opset, prefix=prefix, names=self.names, types=self.types,
-                              node_name=node.name, op_name=op.qualified_name,
-                              constants=self._scope_constants)
-            shared = set(self._scope_constants.values())
-            try:
-                nodes = builder.finish(list(dec.build(builder, inputs, attrs)), list(node.output))
-            except RewriteError as exc:
-                raise self.fail(RewriteError, f"decomposition '{dec.name}': {exc.message}", node,
-                                exc.hint or "fix the decomposition") from exc
-            if not builder.used_shapes:
-                # Later nodes with the same op, input types and attributes reuse this replacement
-                # with their own names; constants made here are shared by value in this scope.
-                reused = [n for n in nodes if not (n.op_type == "Constant" and n.output[0] not in shared)]
-                self._templates[key] = (reused, inputs, list(node.output), prefix)
-            # One strict check per distinct replacement, in any scope (shape-dependent ones each).
-            if builder.used_shapes or key not in self._checked:
-                self._checked.add(key)
-                self.replacements.append((node, [n for n in nodes], f"decomposition '{dec.name}' of {op.qualified_name}",
-                                          self.types))
-        self.actions[(op.qualified_name, f"decompose:{dec.name}")] += 1
-        return nodes
-
-    def _instantiate(self, template: tuple, inputs: list[str], outputs: list[str],
-                     prefix: str) -> list[onnx.NodeProto]:
-        tpl_nodes, tpl_inputs, tpl_outputs, tpl_prefix = template
-        rename = dict(zip(tpl_inputs, inputs))
-        rename.update(zip(tpl_outputs, outputs))
-        fresh = self.names.fresh
-        cut = len(tpl_prefix)
-        out = []
-        for tpl in tpl_nodes:
-            node = onnx.NodeProto()
-            node.CopyFrom(tpl)
-            node.name = fresh(prefix + tpl.name[cut:] if tpl.name.startswith(tpl_prefix) else tpl.name)
-            for i, name in enumerate(tpl.output):
-                if name not in rename:
-                    rename[name] = fresh(prefix + name[cut:] if name.startswith(tpl_prefix) else name)
-                node.output[i] = rename[name]
-            for i, name in enumerate(tpl.input):
-                if name in rename:
-                    node.input[i] = rename[name]
-            out.append(node)
-        return out
-
-    def _bind(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], how: Lowering) -> onnx.NodeProto:
-        domain = self.registry.kernel_domain(op, how.value)
-        values = attrs if how is Lowering.NATIVE else encode_kernel_attrs(op, attrs)
-        bound = onnx.NodeProto()
-        bound.CopyFrom(node)
-        bound.domain = domain
-        del bound.attribute[:]
-        # Every attribute is written out: kernels read them without knowing defaults.
-        bound.attribute.extend(_make_attribute(op, k, v, how) for k, v in values.items())
-        self.actions[(op.qualified_name, f"bind:{how.value}")] += 1
-        extra = self._empty_optional_inputs(op, bound) if how is Lowering.PYTHON else []
-        return [*extra, bound]
-
-    def _empty_optional_inputs(self, op: OpDef, node: onnx.NodeProto) -> list[onnx.NodeProto]:
-        """onnxruntime-extensions needs every input: an omitted optional one becomes an empty
-        tensor, which Python kernels read as absent."""
-        missing = [k for k, p in enumerate(op.inputs) if p.optional and (k >= len(node.input) or not node.input[k])]
-        if not missing:
-            return []
-        bound_types = {p.type: self.types.elem_type(name) for p, name in zip(op.inputs, node.input) if name}
-        builder = Builder(opset=self.opset, prefix=node.name or op.name, names=self.names, types=self.types,
-                          node_name=node.name, op_name=op.qualified_name, constants=self._scope_constants)
-        while len(node.input) < len(op.inputs):
-            node.input.append("")
-        for k in missing:
-            elem = bound_types.get(op.inputs[k].type)
-            if elem is None:
-                raise self.fail(RewriteError, f"cannot tell the element type of omitted input "
-                                f"'{op.inputs[k].name}'", node, hint="give the model's inputs a type")
-            node.input[k] = builder.constant(np.zeros((0,), helper.tensor_dtype_to_np_dtype(elem)), dtype=elem)
-        return builder.nodes
 
 
 def _fix_imports(imports: Any, used: set[str], opset: int, placeholders: frozenset[str]) -> None:
@@ -490,7 +252,168 @@ def _attach_functions(model: onnx.ModelProto, registry: OpRegistry, opset: int, 
     return actions
 
 
-DEFAULT_PREFERENCE = (Lowering.DECOMPOSE, Lowering.NATIVE, Lowering.PYTHON)
+
+# -- the passes ---------------------------------------------------------------------------
+
+@dataclass
+class PassResult:
+    """What one pass did: the model to go on with, and whether (and how) it changed."""
+
+    model: onnx.ModelProto
+    modified: bool
+    detail: str = ""
+
+
+@dataclass
+class RewriteContext:
+    """Everything the passes share: the options, the plan, the main graph's types, the report."""
+
+    registry: OpRegistry
+    prefer: tuple[Lowering, ...]
+    rules: RuleSet
+    target_opset: int | None
+    as_functions: bool
+    check: bool
+    full_check: bool
+    path: str | None
+    progress: Callable[[str, int, int], None] | None
+    report: RewriteReport
+    placeholders: frozenset[str]
+    converting: bool = False
+    has_placeholders: bool = False   # in the input (rules may add some)
+    plan: LoweringPlan | None = None
+    types: TypeTable | None = None   # the main graph's (and its subgraphs') tensor types
+
+    def make_plan(self, model: onnx.ModelProto, names: set[str]) -> None:
+        """The one lowering plan of this rewrite, at the model's opset, avoiding ``names``."""
+        opset = ai_onnx_opset(model) or _DEFAULT_OPSET
+        self.plan = LoweringPlan(self.registry, self.prefer, opset, path=self.path, names=NameGenerator(names))
+        self.types = TypeTable(model, self.registry)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """A named step of the rewrite: ``run`` only where ``applies`` holds."""
+
+    name: str
+    applies: Callable[[RewriteContext, onnx.ModelProto], bool]
+    run: Callable[[RewriteContext, onnx.ModelProto], PassResult]
+
+
+def _convert_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+    before = ai_onnx_opset(model)
+    out = _convert_opset(model, ctx.target_opset, ctx.path)
+    if ctx.converting:
+        ctx.make_plan(out, ModelIndex(out).names)
+    else:  # same opset: the imports are rewritten to ai.onnx, the names are the same
+        ctx.plan.opset = ai_onnx_opset(out)
+    return PassResult(out, ctx.converting, f"ai.onnx opset {before} -> {ctx.target_opset}")
+
+
+def _rules_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+    plan, types = ctx.plan, ctx.types
+
+    def make_builder(node: onnx.NodeProto, rule_name: str) -> Builder:
+        return Builder(opset=plan.opset, prefix=node.name or rule_name, names=plan.names,
+                       types=types, node_name=node.name, op_name=rule_name)
+
+    total = 0
+    # Inner scopes first: rebuilding a node list copies its nodes, subgraphs included.
+    for nodes, protected, inits in reversed(list(scopes(model))):
+        total += apply_rules(nodes, ctx.rules, make_builder=make_builder, protected=protected,
+                             initializers=inits, report=ctx.report.rules)
+    return PassResult(model, total > 0, f"{total} rewrites")
+
+
+def _graphsurgeon_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+    gs_rules = [r for r in ctx.rules if isinstance(r, GraphSurgeonRule)]
+    out = apply_graphsurgeon_rules(model, gs_rules, ctx.report.rules, ctx.path)
+    if out is model:
+        return PassResult(model, False)
+    ctx.make_plan(out, ModelIndex(out).names)  # names and types of the rebuilt graph
+    applied = sum(ctx.report.rules.applied.get(r.name, 0) for r in gs_rules)
+    return PassResult(out, True, f"{applied} rewrites")
+
+
+def _lower_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+    plan = ctx.plan
+    every = list(scopes(model))  # the main graph's scopes first, then the functions'
+    in_main = sum(1 for _ in graphs(model.graph))
+    total = sum(ctx.report.ops_before.values())
+    progress = ctx.progress if total > PROGRESS_MIN_NODES else None
+    done = 0
+    count = 0
+    for k in reversed(range(len(every))):  # inner scopes first, as in the rules pass
+        nodes = every[k][0]
+        if not any(n.domain in plan.domains for n in nodes):
+            done += len(nodes)
+            continue
+        # A function body's tensor types are its callers': nothing is looked up in the
+        # model's table (which would also run whole-model shape inference per call site).
+        scope = Scope(TypeTable() if k >= in_main else ctx.types)
+        tick = None if progress is None else _ticker(progress, done, total)
+        done += len(nodes)
+        count += plan.lower_nodes(nodes, scope, progress=tick)
+    if progress is not None:
+        progress("lowering", total, total)
+    return PassResult(model, count > 0, f"{count} placeholders lowered")
+
+
+def _ticker(progress: Callable[[str, int, int], None], offset: int, total: int) -> Callable[[int], None]:
+    step = PROGRESS_STEP
+
+    def tick(i: int) -> None:
+        if i % step == 0:
+            progress("lowering", offset + i, total)
+    return tick
+
+
+def _functions_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+    actions = _attach_functions(model, ctx.registry, ctx.plan.opset, ctx.plan.names, ctx.path)
+    ctx.plan.actions.update(actions)
+    return PassResult(model, bool(actions), f"{sum(actions.values())} functions attached")
+
+
+def _imports_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+    before = [(i.domain, i.version) for i in model.opset_import]
+    _fix_opset_imports(model, ctx.plan.opset, {d for d, _ in ctx.report.ops_after}, ctx.placeholders)
+    after = [(i.domain, i.version) for i in model.opset_import]
+    return PassResult(model, before != after, f"opset imports {after}")
+
+
+def _check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+    for r in ctx.plan.replacements:
+        _check_replacement(r.original, r.nodes, r.types, model.opset_import, ctx.registry, r.rule, ctx.path)
+    applied = ", ".join(sorted({how for _, how in ctx.plan.actions} | set(ctx.report.rules.applied)))
+    full = ctx.full_check or sum(ctx.report.ops_after.values()) <= FULL_CHECK_NODES
+    check_model(model, ctx.registry, path=ctx.path, context=f" after rewrite ({applied})", full=full)
+    return PassResult(model, False)
+
+
+def _ops_after(ctx: RewriteContext, model: onnx.ModelProto) -> collections.Counter:
+    report = ctx.report
+    if report.rules.applied or ctx.converting or ctx.as_functions:
+        return count_ops(model)
+    after = report.ops_before.copy()  # lowering only: derive the counts instead of walking the model
+    after.subtract(ctx.plan.lowered)
+    after.update(ctx.plan.emitted)
+    return +after
+
+
+# The rewrite, in order. The last two run only when an earlier pass changed the model.
+PASSES: tuple[Pass, ...] = (
+    Pass("convert-opset", lambda ctx, m: ctx.target_opset is not None, _convert_pass),
+    Pass("rules", lambda ctx, m: any(isinstance(r, Rule) for r in ctx.rules), _rules_pass),
+    Pass("graphsurgeon-rules", lambda ctx, m: any(isinstance(r, GraphSurgeonRule) for r in ctx.rules),
+         _graphsurgeon_pass),
+    Pass("lower", lambda ctx, m: ctx.prefer != (Lowering.KEEP,) and (
+        ctx.has_placeholders or bool(ctx.report.rules.applied)), _lower_pass),
+    Pass("attach-functions", lambda ctx, m: ctx.as_functions and (
+        ctx.has_placeholders or bool(ctx.report.rules.applied)), _functions_pass),
+    Pass("fix-imports", lambda ctx, m: True, _imports_pass),
+    Pass("check", lambda ctx, m: ctx.check, _check_pass),
+)
+_FINISHING = ("fix-imports", "check")
 
 
 def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
@@ -512,13 +435,12 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     ``model`` itself is not modified. A model where nothing applies comes back
     unchanged field for field. ``check`` runs the ONNX checker on the result and strict
     shape inference on each distinct replacement, and on the whole model when it has at
-    most FULL_CHECK_NODES nodes or ``full_check`` is set.
+    most FULL_CHECK_NODES nodes or ``full_check`` is set. The passes run are :data:`PASSES`.
     """
     registry = default_registry() if registry is None else registry
     prefer = (lowering,) if isinstance(lowering, Lowering) else tuple(lowering)
     if as_functions:
         prefer = (Lowering.KEEP,)
-    rule_set = rules if isinstance(rules, RuleSet) else RuleSet(rules or ())
     out = onnx.ModelProto()
     out.CopyFrom(model)
     index = ModelIndex(out)
@@ -526,62 +448,30 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     if bad is not None:  # protobuf hands over names that are not UTF-8 text as bytes
         raise ModelLoadError(f"a node's domain or op type {bad!r} is not valid UTF-8 text", path=path,
                              hint="re-export the model; ONNX names are UTF-8")
-    report = RewriteReport(ops_before=index.op_counts)
-    placeholders = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
-    has_custom = bool(placeholders & set(index.domains))
-    converting = target_opset is not None and target_opset != ai_onnx_opset(out)
-    if not len(rule_set) and not converting and (not has_custom or prefer == (Lowering.KEEP,)) and not (
-            as_functions and has_custom):
-        report.ops_after = report.ops_before.copy()
-        return out, report
-    if target_opset is not None:
-        out = _convert_opset(out, target_opset, path)
-        index = ModelIndex(out) if converting else index
-    opset = ai_onnx_opset(out) or _DEFAULT_OPSET
-    lowerer = _Lowerer(out, registry, prefer, opset, path, index.names)
-    if len(rule_set):
-        def make_builder(node: onnx.NodeProto, rule_name: str) -> Builder:
-            return Builder(opset=opset, prefix=node.name or rule_name, names=lowerer.names,
-                           types=lowerer.types, node_name=node.name, op_name=rule_name)
-
-        # Inner scopes first: rebuilding a node list copies its nodes, subgraphs included.
-        for nodes, protected, inits in reversed(list(scopes(out))):
-            apply_rules(nodes, rule_set, make_builder=make_builder, protected=protected,
-                        initializers=inits, report=report.rules)
-        gs_rules = [r for r in rule_set if isinstance(r, GraphSurgeonRule)]
-        if gs_rules:
-            out = apply_graphsurgeon_rules(out, gs_rules, report.rules, path)
-            lowerer = _Lowerer(out, registry, prefer, opset, path, ModelIndex(out).names)
-    if prefer != (Lowering.KEEP,):
-        lowerer.total = sum(index.op_counts.values())
-        if lowerer.total > PROGRESS_MIN_NODES:
-            lowerer.progress = progress
-        every = list(scopes(out))  # the main graph's scopes first, then the functions'
-        in_main = sum(1 for _ in graphs(out.graph))
-        for k in reversed(range(len(every))):  # inner scopes first, as above
-            lowerer.lower_graph(every[k][0], in_function=k >= in_main)
-        if lowerer.progress is not None:
-            lowerer.progress("lowering", lowerer.total, lowerer.total)
-    if as_functions:
-        lowerer.actions.update(_attach_functions(out, registry, opset, lowerer.names, path))
-    if not lowerer.actions and not report.rules.applied and not converting:
-        report.ops_after = report.ops_before.copy()
-        fresh = onnx.ModelProto()
-        fresh.CopyFrom(model)
-        return fresh, report
-    report.actions = lowerer.actions
-    if report.rules.applied or converting or as_functions:
-        report.ops_after = count_ops(out)
-    else:  # lowering only: derive the counts instead of walking the model again
-        after = report.ops_before.copy()
-        after.subtract(lowerer.lowered)
-        after.update(lowerer.emitted)
-        report.ops_after = +after
-    _fix_opset_imports(out, opset, {d for d, _ in report.ops_after}, placeholders)
-    if check:
-        for original, nodes, rule, types in lowerer.replacements:
-            _check_replacement(original, nodes, types, out.opset_import, registry, rule, path)
-        applied = ", ".join(sorted({how for _, how in lowerer.actions} | set(report.rules.applied)))
-        check_model(out, registry, path=path, context=f" after rewrite ({applied})",
-                    full=full_check or sum(report.ops_after.values()) <= FULL_CHECK_NODES)
-    return out, report
+    ctx = RewriteContext(registry, prefer, rules if isinstance(rules, RuleSet) else RuleSet(rules or ()),
+                         target_opset, as_functions, check, full_check, path, progress,
+                         RewriteReport(ops_before=index.op_counts),
+                         registry.placeholder_domains() | {PLACEHOLDER_DOMAIN})
+    ctx.converting = target_opset is not None and target_opset != ai_onnx_opset(out)
+    ctx.has_placeholders = bool(ctx.placeholders & index.domains)
+    ctx.make_plan(out, index.names)
+    modified = False
+    for p in PASSES:
+        if p.name in _FINISHING and not modified:
+            break
+        if p.name == "fix-imports":
+            ctx.report.actions = ctx.plan.actions
+            ctx.report.ops_after = _ops_after(ctx, out)
+        if not p.applies(ctx, out):
+            continue
+        result = p.run(ctx, out)
+        out = result.model
+        if result.modified:
+            modified = True
+            ctx.report.passes.append((p.name, result.detail))
+    if not modified:
+        ctx.report.ops_after = ctx.report.ops_before.copy()
+        unchanged = onnx.ModelProto()
+        unchanged.CopyFrom(model)
+        return unchanged, ctx.report
+    return out, ctx.report

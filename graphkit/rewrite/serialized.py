@@ -32,13 +32,17 @@ def rewrite_bytes(data: bytes, *, registry: OpRegistry | None = None,
         data = bytes(data)
     if model is None:
         model = onnx.load_model_from_string(data)
-    if fast and not options.get("rules") and options.get("target_opset") is None \
-            and not options.get("as_functions"):
+    if not fast:
+        why = "the byte writer was turned off (fast=False)"
+    elif options.get("rules") or options.get("target_opset") is not None or options.get("as_functions"):
+        why = "rules, --target-opset or --as-functions: the byte writer only lowers"
+    else:
         try:
             return _fastpath.lower_bytes(data, model, registry=registry, prefer=prefer, check=check,
                                          full_check=options.get("full_check", False), path=path,
                                          progress=options.get("progress"))
-        except _fastpath.Unsupported:
-            pass
+        except _fastpath.Unsupported as exc:
+            why = f"the byte writer does not handle this model: {exc}"
     out, report = rewrite_model(model, registry=registry, lowering=prefer, check=check, path=path, **options)
+    report.writer_reason = why
     return out.SerializeToString(), report

@@ -1,0 +1,354 @@
+"""The lowering plan: what each custom:: placeholder becomes, decided once per kind of node.
+
+A :class:`LoweringPlan` is made once per rewrite (registry, preference order, opset,
+name generator). Each node list it lowers is a :class:`Scope` (its own type table,
+constants and templates). :meth:`LoweringPlan.lower` turns one placeholder into its
+replacement and says how (:class:`Lowered`): the action taken, and the
+:class:`Template` later nodes of the same kind repeat. Both writers use this one
+interface: the object writer (``rewrite_model``'s lower pass) and the byte writer
+(graphkit.rewrite._fastpath), which repeats templates on serialized nodes.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from graphkit.errors import OpDefinitionError, RewriteError, UnsupportedOpError
+from graphkit.ops import PLACEHOLDER_DOMAIN, Decomposition, OpDef, OpRegistry
+from graphkit.ops._encoding import encode_kernel_attrs, kernel_attr_type
+from graphkit.ops.tensor_types import type_string
+from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
+
+__all__ = ["Lowered", "Lowering", "LoweringPlan", "Scope", "Template", "UNKNOWN_OP_HINT", "node_attrs"]
+
+UNKNOWN_OP_HINT = ("make the op known: pass --ops PACKAGE (a module or .py file defining an "
+                   "OpPackage), list it in $GRAPHKIT_OPS, or install the package that defines it; "
+                   "`graphkit ops` lists the known ops")
+
+
+class Lowering(enum.Enum):
+    """What to turn a custom:: node into (KEEP leaves it a placeholder)."""
+
+    DECOMPOSE = "decompose"
+    NATIVE = "native"
+    PYTHON = "python"
+    KEEP = "keep"
+
+
+def node_attrs(op: OpDef, node: onnx.NodeProto, path: str | None) -> dict[str, Any]:
+    """The node's attributes checked against ``op`` with defaults filled in; RewriteError if bad."""
+    where = dict(path=path, node=node.name or "<unnamed>", op=f"{node.domain}::{node.op_type}")
+    given = {}
+    for a in node.attribute:
+        if a.ref_attr_name:
+            raise RewriteError(f"attribute '{a.name}' refers to '{a.ref_attr_name}' outside a function",
+                               hint="give the attribute a value", **where)
+        try:
+            given[a.name] = helper.get_attribute_value(a)
+        except (ValueError, TypeError) as exc:
+            raise RewriteError(f"attribute '{a.name}' is malformed: {exc}", hint="re-export the model",
+                               **where) from exc
+    try:
+        return op.resolve_attrs(given, where=node.name)
+    except OpDefinitionError as exc:
+        raise RewriteError(exc.message, hint=exc.hint or "fix the node", **where) from exc
+
+
+def make_attribute(op: OpDef, name: str, value: Any, how: Lowering) -> onnx.AttributeProto:
+    """An attribute of the declared type (an empty list has no type of its own); a Python
+    kernel's in its kernel encoding."""
+    attr_type = op.attr(name).type
+    if how is Lowering.PYTHON:
+        attr_type = kernel_attr_type(attr_type)
+    return helper.make_attribute(name, value, attr_type=getattr(onnx.AttributeProto, attr_type.onnx_name))
+
+
+@dataclass
+class Template:
+    """A replacement later nodes of the same kind repeat with their own names.
+
+    ``nodes`` were made for the node whose ``inputs``/``outputs`` (inputs padded to the
+    op's arity) and name ``prefix`` they use; constants they share are not among them.
+    """
+
+    nodes: list[onnx.NodeProto]
+    inputs: list[str]
+    outputs: list[str]
+    prefix: str
+
+    def instantiate(self, inputs: list[str], outputs: list[str], prefix: str,
+                    fresh: Callable[[str], str]) -> list[onnx.NodeProto]:
+        """The template's nodes for a node with these values and name prefix.
+
+        Names made from the template's prefix are made from ``prefix`` by ``fresh``, in
+        node order (each node's name, then the outputs it makes).
+        """
+        rename = dict(zip(self.inputs, inputs))
+        rename.update(zip(self.outputs, outputs))
+        tpl_prefix = self.prefix
+        cut = len(tpl_prefix)
+        out = []
+        for tpl in self.nodes:
+            node = onnx.NodeProto()
+            node.CopyFrom(tpl)
+            node.name = fresh(prefix + tpl.name[cut:] if tpl.name.startswith(tpl_prefix) else tpl.name)
+            for i, name in enumerate(tpl.output):
+                if name not in rename:
+                    rename[name] = fresh(prefix + name[cut:] if name.startswith(tpl_prefix) else name)
+                node.output[i] = rename[name]
+            for i, name in enumerate(tpl.input):
+                if name in rename:
+                    node.input[i] = rename[name]
+            out.append(node)
+        return out
+
+
+@dataclass
+class Scope:
+    """One node list being lowered: its tensors' types, and what its replacements share.
+
+    A model-local function's body has an empty type table (types are the caller's).
+    """
+
+    types: TypeTable
+    constants: dict = field(default_factory=dict)   # (dtype, shape, bytes) -> constant name
+    templates: dict = field(default_factory=dict)   # kind key -> Template
+
+
+@dataclass
+class Lowered:
+    """One placeholder lowered: its replacement ``nodes`` and how.
+
+    ``action`` is ``(op, "decompose:<name>" | "bind:native" | "bind:python")``;
+    ``template`` is set when later nodes with the same op, attributes, input types and
+    aliasing get the same replacement with their own names (None when the decomposition
+    read shapes: each such node is planned again).
+    """
+
+    op: OpDef
+    how: Lowering
+    action: tuple[str, str]
+    nodes: list[onnx.NodeProto]
+    template: Template | None = None
+
+
+@dataclass
+class Replacement:
+    """A distinct replacement to check: the node it replaced, by what, typed by ``types``."""
+
+    original: onnx.NodeProto
+    nodes: list[onnx.NodeProto]
+    rule: str
+    types: TypeTable
+
+
+class LoweringPlan:
+    """Lowers custom:: placeholders by one preference order at one opset, counting what it did.
+
+    ``actions`` counts (op, action) pairs, ``lowered`` the placeholders by (domain, op),
+    ``emitted`` the nodes made; ``replacements`` holds every distinct replacement for the
+    check pass.
+    """
+
+    def __init__(self, registry: OpRegistry, prefer: tuple[Lowering, ...], opset: int, *,
+                 path: str | None = None, names: NameGenerator | None = None) -> None:
+        self.registry = registry
+        self.prefer = prefer
+        self.opset = opset
+        self.path = path
+        self.names = names if names is not None else NameGenerator()
+        # Domains whose nodes are placeholders to lower: every op domain of the registry,
+        # and "custom" even when no op of the registry is there (unknown ops are errors).
+        self.domains = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
+        self.actions: collections.Counter = collections.Counter()
+        self.lowered: collections.Counter = collections.Counter()
+        self.emitted: collections.Counter = collections.Counter()
+        self.replacements: list[Replacement] = []
+        self._checked: set = set()  # kind keys whose replacement is already queued for checking
+
+    def fail(self, cls: type, message: str, node: onnx.NodeProto, hint: str) -> Exception:
+        return cls(message, path=self.path, node=node.name or "<unnamed>",
+                   op=f"{node.domain}::{node.op_type}", hint=hint)
+
+    # -- choosing -----------------------------------------------------------------------
+
+    def op_of(self, node: onnx.NodeProto) -> OpDef:
+        op = self.registry.lookup(node.domain, node.op_type)
+        if op is None:
+            raise self.fail(UnsupportedOpError, "no op package defines this op", node, hint=UNKNOWN_OP_HINT)
+        return op
+
+    def choose(self, op: OpDef, node: onnx.NodeProto) -> tuple[Lowering, Decomposition | None]:
+        """The first lowering of the preference order that ``op`` has; UnsupportedOpError naming why none."""
+        reasons = []
+        for how in self.prefer:
+            if how is Lowering.DECOMPOSE:
+                dec = op.decomposition_for(self.opset)
+                if dec is not None:
+                    return how, dec
+                ranges = ", ".join(f"{d.name}: opset {d.min_opset}..{d.max_opset or ''}"
+                                   for d in op.decompositions)
+                reasons.append(f"no decomposition valid at opset {self.opset}"
+                               + (f" (has {ranges})" if ranges else ""))
+            elif how is Lowering.NATIVE:
+                if self.registry.has_native(op):
+                    return how, None
+                reasons.append("has no native kernel" if not op.native else
+                               "declares a native kernel but is not registered through an OpPackage "
+                               "with NativeKernels")
+            elif how is Lowering.PYTHON:
+                if op.python_kernel is not None:
+                    return how, None
+                reasons.append("has no Python kernel")
+        others = [h.value for h in (Lowering.DECOMPOSE, Lowering.NATIVE, Lowering.PYTHON) if h not in self.prefer]
+        hint = (f"allow another lowering ({', '.join(others)}) with --prefer, or pick the opset with "
+                "--target-opset" if others else "pick another opset with --target-opset or add a lowering "
+                f"to the definition of {op.name}")
+        raise self.fail(UnsupportedOpError, "; ".join(reasons), node, hint=hint)
+
+    # -- lowering -----------------------------------------------------------------------
+
+    def placeholders(self, nodes: Any) -> Iterator[int]:
+        """Indices of the placeholders in a node list."""
+        domains = self.domains
+        return (i for i, n in enumerate(nodes) if n.domain in domains)
+
+    def lower_nodes(self, nodes: Any, scope: Scope, *,
+                    progress: Callable[[int], None] | None = None) -> int:
+        """Lower the placeholders of one node list in place; returns how many there were.
+
+        ``progress(i)`` is called before node ``i`` every so often.
+        """
+        domains = self.domains
+        new_nodes: list[onnx.NodeProto] = []
+        count = 0
+        for i, n in enumerate(nodes):
+            if progress is not None:
+                progress(i)
+            if n.domain in domains:
+                new_nodes.extend(self.lower(n, scope).nodes)
+                count += 1
+            else:
+                new_nodes.append(n)
+        if count:
+            del nodes[:]
+            nodes.extend(new_nodes)
+        return count
+
+    def lower(self, node: onnx.NodeProto, scope: Scope) -> Lowered:
+        """Lower one placeholder in ``scope``; the result is counted in this plan."""
+        op = self.op_of(node)
+        self._check_arity(op, node)
+        attrs = node_attrs(op, node, self.path)
+        in_types = self._check_input_types(op, node, scope.types)
+        how, dec = self.choose(op, node)
+        if how is Lowering.DECOMPOSE:
+            lowered = self._decompose(op, node, attrs, dec, in_types, scope)
+        else:
+            lowered = self._bind(op, node, attrs, how, scope)
+        self.count(lowered, node.domain, node.op_type)
+        return lowered
+
+    def count(self, lowered: Lowered, domain: str, op_type: str, times: int = 1, *,
+              repeated: bool = False) -> None:
+        """Count ``times`` placeholders ``domain::op_type`` lowered as ``lowered`` was (when
+        ``repeated``: as its template is repeated, without the constants it made first)."""
+        self.actions[lowered.action] += times
+        self.lowered[(domain, op_type)] += times
+        made = lowered.template.nodes if repeated and lowered.template is not None else lowered.nodes
+        for r in made:
+            self.emitted[(r.domain, r.op_type)] += times
+
+    def _check_arity(self, op: OpDef, node: onnx.NodeProto) -> None:
+        n_req = sum(not p.optional for p in op.inputs)
+        if not n_req <= len(node.input) <= len(op.inputs):
+            raise self.fail(RewriteError, f"has {len(node.input)} inputs; {op.name} takes "
+                            f"{n_req}..{len(op.inputs)}", node, hint="re-export the model")
+        if len(node.output) > len(op.outputs) or not node.output:
+            raise self.fail(RewriteError, f"has {len(node.output)} outputs; {op.name} gives "
+                            f"{len(op.outputs)}", node, hint="re-export the model")
+
+    def _check_input_types(self, op: OpDef, node: onnx.NodeProto, types: TypeTable) -> tuple[int | None, ...]:
+        """Element types of the node's inputs, each checked against the op's type constraints."""
+        in_types = tuple(types.elem_type(i) if i else None for i in node.input)
+        for param, name, elem in zip(op.inputs, node.input, in_types):
+            if elem is None:
+                continue
+            allowed = op.type_constraints[param.type]
+            if type_string(elem) not in allowed:
+                raise self.fail(RewriteError, f"input '{name}' ({param.name}) has element type "
+                                f"{type_string(elem) or elem}, {op.name} takes {', '.join(allowed)}", node,
+                                hint="cast the input or fix the exporter")
+        return in_types
+
+    def _decompose(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], dec: Decomposition,
+                   in_types: tuple[int | None, ...], scope: Scope) -> Lowered:
+        inputs = list(node.input) + [""] * (len(op.inputs) - len(node.input))
+        prefix = node.name or op.name
+        # Which inputs are the same tensor matters: my_add(x, x) is no template for my_add(y, x).
+        aliasing = tuple(inputs.index(i) for i in inputs)
+        key = (op.qualified_name, dec.name, in_types, aliasing, repr(sorted(attrs.items())), len(node.output))
+        action = (op.qualified_name, f"decompose:{dec.name}")
+        template = scope.templates.get(key)
+        if template is not None:
+            nodes = template.instantiate(inputs, list(node.output), prefix, self.names.fresh)
+            return Lowered(op, Lowering.DECOMPOSE, action, nodes, template)
+        builder = Builder(opset=self.opset, prefix=prefix, names=self.names, types=scope.types,
+                          node_name=node.name, op_name=op.qualified_name, constants=scope.constants)
+        shared = set(scope.constants.values())
+        try:
+            nodes = builder.finish(list(dec.build(builder, inputs, attrs)), list(node.output))
+        except RewriteError as exc:
+            raise self.fail(RewriteError, f"decomposition '{dec.name}': {exc.message}", node,
+                            exc.hint or "fix the decomposition") from exc
+        if not builder.used_shapes:
+            # Later nodes with the same op, input types and attributes reuse this replacement
+            # with their own names; constants made here are shared by value in this scope.
+            reused = [n for n in nodes if not (n.op_type == "Constant" and n.output[0] not in shared)]
+            template = scope.templates[key] = Template(reused, inputs, list(node.output), prefix)
+        # One strict check per distinct replacement, in any scope (shape-dependent ones each).
+        if builder.used_shapes or key not in self._checked:
+            self._checked.add(key)
+            self.replacements.append(Replacement(node, list(nodes), f"decomposition '{dec.name}' of "
+                                                 f"{op.qualified_name}", scope.types))
+        return Lowered(op, Lowering.DECOMPOSE, action, nodes, template)
+
+    def _bind(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], how: Lowering,
+              scope: Scope) -> Lowered:
+        domain = self.registry.kernel_domain(op, how.value)
+        values = attrs if how is Lowering.NATIVE else encode_kernel_attrs(op, attrs)
+        bound = onnx.NodeProto()
+        bound.CopyFrom(node)
+        bound.domain = domain
+        del bound.attribute[:]
+        # Every attribute is written out: kernels read them without knowing defaults.
+        bound.attribute.extend(make_attribute(op, k, v, how) for k, v in values.items())
+        extra = self._empty_optional_inputs(op, bound, scope) if how is Lowering.PYTHON else []
+        return Lowered(op, how, (op.qualified_name, f"bind:{how.value}"), [*extra, bound])
+
+    def _empty_optional_inputs(self, op: OpDef, node: onnx.NodeProto, scope: Scope) -> list[onnx.NodeProto]:
+        """onnxruntime-extensions needs every input: an omitted optional one becomes an empty
+        tensor, which Python kernels read as absent."""
+        missing = [k for k, p in enumerate(op.inputs) if p.optional and (k >= len(node.input) or not node.input[k])]
+        if not missing:
+            return []
+        bound_types = {p.type: scope.types.elem_type(name) for p, name in zip(op.inputs, node.input) if name}
+        builder = Builder(opset=self.opset, prefix=node.name or op.name, names=self.names, types=scope.types,
+                          node_name=node.name, op_name=op.qualified_name, constants=scope.constants)
+        while len(node.input) < len(op.inputs):
+            node.input.append("")
+        for k in missing:
+            elem = bound_types.get(op.inputs[k].type)
+            if elem is None:
+                raise self.fail(RewriteError, f"cannot tell the element type of omitted input "
+                                f"'{op.inputs[k].name}'", node, hint="give the model's inputs a type")
+            node.input[k] = builder.constant(np.zeros((0,), helper.tensor_dtype_to_np_dtype(elem)), dtype=elem)
+        return builder.nodes
