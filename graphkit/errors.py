@@ -16,6 +16,7 @@ __all__ = [
     "OpPackageError",
     "UnsupportedOpError",
     "RewriteError",
+    "RuleError",
     "ValidationError",
     "KernelError",
     "NativeBuildError",
@@ -103,6 +104,13 @@ class RewriteError(GraphkitError):
     """A rewrite rule failed or produced an invalid graph."""
 
     exit_code = 7
+
+
+class RuleError(RewriteError):
+    """A user's rewrite rule failed: its predicate, check or rewrite raised, or a rule set
+    never stopped rewriting. The message names the rule, the node and the exception."""
+
+    exit_code = 14
 
 
 class ValidationError(GraphkitError):

@@ -80,7 +80,8 @@ def test_check_can_veto_with_reason():
     out, report = rewrite_model(mul_add_model(), rules=[rule], lowering=Lowering.KEEP)
     assert len(out.graph.node) == 3
     assert report.rules.reasons["fuse_my_add"] == ["node 'add': not today"]
-    assert "no match: node 'add': not today" in report.rules.explain()
+    assert "no match: node 'add': not today" in report.rules.explain(all=True)
+    assert report.rules.explain() == "rule fuse_my_add: applied 0x (1 matched, 1 not)\n  1x no match: not today"
 
 
 def _sample_rules():

@@ -22,8 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rules", action="append", default=[], metavar="FILE.py|MODULE",
                    help="apply the rules defined as `rules = RuleSet([...])` in a Python file or "
                         "module before lowering; repeatable. For example --rules my_rules.py")
-    p.add_argument("--explain", action="store_true",
-                   help="print, per rule, how often it applied and why it did not match elsewhere")
+    p.add_argument("--explain", nargs="?", const="summary", choices=("summary", "all"), default=None,
+                   help="print, per rule, how often it matched and applied and its top reasons for not "
+                        "matching with counts; --explain=all lists every node that did not match")
     p.add_argument("--no-check", action="store_true",
                    help="skip the ONNX checker and shape inference on the result")
     p.add_argument("--full-check", action="store_true",
@@ -138,7 +139,7 @@ def _report_text(args: argparse.Namespace, report, sizes: dict, start: float) ->
     text += (f"\n  nodes {stats['nodes_before']} -> {stats['nodes_after']}, "
              f"size {stats['bytes_before']:,} -> {stats['bytes_after']:,} bytes, {stats['seconds']:.2f} s")
     if args.explain:
-        text += "\n" + (report.rules.explain() or "no rules given")
+        text += "\n" + (report.rules.explain(all=args.explain == "all") or "no rules given")
     return text
 
 

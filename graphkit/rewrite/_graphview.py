@@ -16,16 +16,22 @@ __all__ = ["GraphView"]
 class GraphView:
     """Producers and consumers of the tensors of one node list (a graph or function body).
 
-    ``protected`` names (graph outputs) must keep their producers.
+    Built once per rule and round (one pass over the nodes): matching then looks up
+    producers, consumers and nodes by op type instead of scanning. ``protected`` names
+    (graph outputs) must keep their producers.
     """
 
     def __init__(self, nodes: Any, *, protected: set[str] = frozenset(),
-                 initializers: Any = ()) -> None:
+                 initializers: Any = (), base_dir: str | None = None) -> None:
         self.nodes = nodes
+        self.base_dir = base_dir  # where external data lives (None: external tensors are not read)
         self.protected = set(protected)
         self.producer: dict[str, int] = {}
         self.consumers: dict[str, list[int]] = {}
+        self.by_op: dict[str, list[int]] = {}
+        self.outer_used: set[str] = set()  # names read from inside a subgraph of some node
         for i, node in enumerate(nodes):
+            self.by_op.setdefault(node.op_type, []).append(i)
             for name in node.output:
                 if name:
                     self.producer[name] = i
@@ -35,6 +41,7 @@ class GraphView:
             for g in subgraphs(node):  # outer-scope uses from subgraphs count as consumers
                 for name in _outer_refs(g):
                     self.consumers.setdefault(name, []).append(i)
+                    self.outer_used.add(name)
         self._initializers = {t.name: t for t in initializers}
         self._const_cache: dict[str, np.ndarray | None] = {}
 
@@ -44,7 +51,14 @@ class GraphView:
             return self._const_cache[name]
         value = None
         if name in self._initializers:
-            value = numpy_helper.to_array(self._initializers[name])
+            tensor = self._initializers[name]
+            if tensor.data_location != onnx.TensorProto.EXTERNAL:
+                value = numpy_helper.to_array(tensor)
+            elif self.base_dir is not None:
+                try:
+                    value = numpy_helper.to_array(tensor, self.base_dir)  # reads, never modifies
+                except (OSError, ValueError):
+                    value = None
         elif name in self.producer:
             node = self.nodes[self.producer[name]]
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):

@@ -1,4 +1,4 @@
-"""Pattern rules: match nodes or multi-node patterns, check, replace.
+"""Pattern rules and graph passes: match, check, replace, in every scope of a model.
 
 A rule reads like the graph it matches::
 
@@ -12,28 +12,39 @@ A rule reads like the graph it matches::
 
 Variables (``x``, ``y``) match any tensor; Python numbers match constants of that value
 (a Constant node or an initializer whose elements all equal it); keyword arguments
-match attributes (a value, or a predicate ``lambda v: ...``). A matched inner node whose
-output is used elsewhere is never swallowed. ``check(ctx, **bindings)`` may veto a
-match with a reason; ``rewrite(op, **bindings)`` builds the replacement with the
-:class:`~graphkit.rewrite.builder.Builder`.
+match attributes (a value, a tuple, a predicate ``lambda v: ...``, or a variable that
+captures the value); see :mod:`graphkit.rewrite._pattern` for ``const``, ``optional``,
+``either``, shared values, several outputs and ``*xs``. A matched inner node whose
+output is used elsewhere is never swallowed. ``check(ctx, **bindings)`` may veto a match
+with a reason; ``rewrite(op, **bindings)`` builds the replacement with the
+:class:`~graphkit.rewrite.builder.Builder` and returns one tensor per pattern output
+(returning an input removes the matched nodes: their consumers read the input).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
-import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import onnx
+from onnx import helper
 
-from graphkit.errors import GraphkitError, RewriteError
+from graphkit.errors import GraphkitError, RewriteError, RuleError
 from graphkit.rewrite._graphview import GraphView
+from graphkit.rewrite._matcher import Match, Matcher
+from graphkit.rewrite._pattern import Many, Out, PatternOps, PNode, Var, variables
+from graphkit.rewrite._walk import graphs, subgraphs
+from graphkit.rewrite.builder import TypeTable
 
-__all__ = ["MatchResult", "Rule", "RuleSet", "RuleReport", "MatchContext"]
+__all__ = ["GraphPass", "MatchContext", "MatchResult", "Rule", "RuleReport", "RuleSet", "Scope",
+           "apply_rule_set"]
+
+_STANDARD = ("", "ai.onnx")
 
 
 class MatchResult:
@@ -53,179 +64,155 @@ class MatchResult:
         return "MatchResult(ok)" if self.ok else f"MatchResult(fail: {self.reason})"
 
 
-# ---------------------------------------------------------------- pattern graph
-
-class _Var:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-class _Const:
-    def __init__(self, value: float) -> None:
-        self.value = value
-
-
-class _PNode:
-    def __init__(self, op_type: str, inputs: Sequence[Any], domain: str, attrs: dict[str, Any],
-                 commute: bool | None) -> None:
-        self.op_type = op_type
-        self.domain = domain
-        self.inputs = [_lift(i) for i in inputs]
-        self.attrs = attrs
-        self.commute = commute
-
-
-def _lift(value: Any) -> Any:
-    if isinstance(value, (_Var, _PNode, _Const)):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return _Const(float(value))
-    raise TypeError(f"pattern inputs are variables, pattern ops or numbers, not {value!r}")
-
-
-class _PatternOps:
-    """``op.Mul(a, b, _domain="", **attr_constraints)`` inside a pattern function."""
-
-    def __getattr__(self, op_type: str) -> Callable[..., _PNode]:
-        def make(*inputs: Any, _domain: str = "", _commute: bool | None = None, **attrs: Any) -> _PNode:
-            return _PNode(op_type, inputs, _domain, attrs, _commute)
-
-        return make
-
-
-_COMMUTATIVE = {("", "Add"), ("", "Mul"), ("", "Max"), ("", "Min"), ("", "Sum"), ("", "And"),
-                ("", "Or"), ("", "Xor"), ("", "Equal")}
-
-
-# ---------------------------------------------------------------- matching
+# ---------------------------------------------------------------- scopes
 
 @dataclass
-class _Match:
-    bindings: dict[str, str]
-    nodes: list[int]  # indices into the node list; the root first
+class Scope:
+    """One node list of a model (main graph, subgraph or function body) and what it sees.
 
+    ``types`` knows the model's element types and shapes (computed once per rewrite;
+    empty in function bodies, whose types are the caller's).
+    """
 
-class _Failed(Exception):
-    pass
+    nodes: Any  # the repeated NodeProto field, edited in place
+    protected: set[str]  # graph outputs: their names must stay produced
+    initializers: list[onnx.TensorProto]  # visible here (enclosing graphs' included)
+    graph: onnx.GraphProto | None  # None in a function body
+    types: TypeTable
+    opset: int
+    make_builder: Callable[[onnx.NodeProto, str], Any]
+    base_dir: str | None = None  # the model file's directory: external data is read from there
 
+    def view(self) -> GraphView:
+        """A fresh index of producers, consumers and constants (build it after editing nodes)."""
+        return GraphView(self.nodes, protected=self.protected, initializers=self.initializers,
+                         base_dir=self.base_dir)
 
-class _Matcher:
-    def __init__(self, root: _PNode, commute: bool, view: GraphView) -> None:
-        self.root = root
-        self.commute = commute
-        self.view = view
+    def builder(self, node: onnx.NodeProto, name: str) -> Any:
+        """A Builder for nodes replacing ``node``; its initializers go to this scope."""
+        b = self.make_builder(node, name)
+        if self.graph is not None:
+            b.initializers = []
+        return b
 
-    def match(self, index: int) -> _Match:
-        bindings: dict[str, str] = {}
-        nodes: list[int] = []
-        self._node(self.root, index, bindings, nodes, is_root=True)
-        return _Match(bindings, nodes)
-
-    def _node(self, pat: _PNode, index: int, bindings: dict[str, str], nodes: list[int],
-              is_root: bool) -> None:
-        node = self.view.nodes[index]
-        label = f"node '{node.name or node.op_type}'"
-        if node.op_type != pat.op_type or node.domain not in (pat.domain, "ai.onnx" if not pat.domain else pat.domain):
-            raise _Failed(f"{label} is {node.domain + '::' if node.domain else ''}{node.op_type}, "
-                          f"pattern wants {pat.op_type}")
-        if index in nodes:
-            raise _Failed(f"{label} would be matched twice")
-        if not is_root:
-            for out in node.output:
-                if out and self.view.other_uses(out, self._consumer_of(out, nodes)):
-                    raise _Failed(f"{label} output '{out}' has other consumers")
-        self._attrs(pat, node, label)
-        inputs = list(node.input)
-        if len(inputs) != len(pat.inputs):
-            raise _Failed(f"{label} has {len(inputs)} inputs, pattern wants {len(pat.inputs)}")
-        commute = pat.commute if pat.commute is not None else (
-            self.commute and (pat.domain, pat.op_type) in _COMMUTATIVE)
-        orders = [inputs] + ([inputs[::-1]] if commute and len(inputs) == 2 else [])
-        reasons = []
-        for order in orders:
-            trial_b, trial_n = dict(bindings), nodes + [index]
-            try:
-                for p_in, name in zip(pat.inputs, order):
-                    self._input(p_in, name, trial_b, trial_n, label)
-            except _Failed as exc:
-                reasons.append(str(exc))
-                continue
-            bindings.clear()
-            bindings.update(trial_b)
-            nodes[:] = trial_n
-            return
-        raise _Failed(" / ".join(dict.fromkeys(reasons)))
-
-    def _consumer_of(self, name: str, nodes: list[int]) -> int:
-        # the one consumer allowed is the pattern node that reached us: the last matched
-        return nodes[-1] if nodes else -1
-
-    def _input(self, pat: Any, name: str, bindings: dict[str, str], nodes: list[int], label: str) -> None:
-        if isinstance(pat, _Var):
-            bound = bindings.setdefault(pat.name, name)
-            if bound != name:
-                raise _Failed(f"{label}: '{pat.name}' would be both '{bound}' and '{name}'")
-            return
-        if isinstance(pat, _Const):
-            value = self.view.constant_value(name) if name else None
-            if value is None:
-                raise _Failed(f"{label}: input '{name}' is not a constant")
-            if value.size == 0 or not np.all(value == pat.value):
-                shown = value.reshape(-1)[:3].tolist()
-                raise _Failed(f"{label}: constant '{name}' is {shown}, pattern wants {pat.value:g}")
-            return
-        producer = self.view.producer.get(name)
-        if producer is None:
-            raise _Failed(f"{label}: input '{name}' is not produced by a {pat.op_type} node")
-        self._node(pat, producer, bindings, nodes, is_root=False)
-
-    @staticmethod
-    def _attrs(pat: _PNode, node: onnx.NodeProto, label: str) -> None:
-        given = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        for key, want in pat.attrs.items():
-            have = given.get(key)
-            if isinstance(have, bytes):
-                have = have.decode()
-            ok = want(have) if callable(want) else have == want
-            if not ok:
-                raise _Failed(f"{label}: attribute {key}={have!r} does not match")
+    def add_initializers(self, tensors: Iterable[onnx.TensorProto]) -> list[onnx.NodeProto]:
+        """Put ``tensors`` in this graph; in a function body, return them as Constant nodes."""
+        tensors = list(tensors)
+        if self.graph is not None:
+            self.graph.initializer.extend(tensors)
+            self.initializers.extend(tensors)
+            return []
+        return [helper.make_node("Constant", [], [t.name], name=t.name, value=t) for t in tensors]
 
 
 # ---------------------------------------------------------------- rules
 
 @dataclass
 class MatchContext:
-    """What ``check`` may look at: the matched nodes and constant values."""
+    """What ``check`` may look at: the matched nodes, constants, element types and shapes."""
 
     view: GraphView
     nodes: list[onnx.NodeProto]
+    types: TypeTable = field(default_factory=TypeTable)
+    opset: int = 0
 
     def constant(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` if it is a Constant node's output or an initializer."""
         return self.view.constant_value(name)
 
+    def dtype(self, name: str) -> int | None:
+        """The ONNX element type (``onnx.TensorProto.FLOAT``...) of tensor ``name``, None if unknown."""
+        return self.types.elem_type(name)
 
-def _param_names(fn: Callable[..., Any], skip: int) -> list[str]:
-    return list(inspect.signature(fn).parameters)[skip:]
+    def shape(self, name: str) -> list[Any] | None:
+        """The shape of ``name`` (ints, dim names, None for unknown dims); None if unknown."""
+        return self.types.shape(name)
+
+    def rank(self, name: str) -> int | None:
+        shape = self.shape(name)
+        return None if shape is None else len(shape)
+
+
+def _param_names(fn: Callable[..., Any], skip: int) -> list[tuple[str, bool]]:
+    """(name, is_varargs) of ``fn``'s parameters after the first ``skip``."""
+    params = list(inspect.signature(fn).parameters.values())[skip:]
+    return [(p.name, p.kind is p.VAR_POSITIONAL) for p in params if p.kind is not p.VAR_KEYWORD]
+
+
+@dataclass
+class _Compiled:
+    roots: list[Any]  # the pattern's output values
+    anchor: tuple[str, str]  # (domain, op_type) of the first root's node
+
+
+def _compile(name: str, pattern: Callable[..., Any]) -> _Compiled:
+    args = [Many(n) if star else Var(n) for n, star in _param_names(pattern, 1)]
+    try:
+        result = pattern(PatternOps(), *args)
+    except TypeError as exc:
+        raise RewriteError(f"rule '{name}': the pattern function failed: {exc}",
+                           hint="build the pattern from op.X(...), variables, numbers, const(), "
+                                "optional() and either()") from exc
+    roots = list(result) if isinstance(result, tuple) else [result]
+    first = roots[0] if roots else None
+    head = first.node if isinstance(first, Out) else first
+    if not isinstance(head, PNode) or any(not isinstance(r, (PNode, Out, Var)) for r in roots):
+        raise RewriteError(f"rule '{name}': pattern must return an op, got {result!r}",
+                           hint="return op.Something(...) (or a tuple of them) from the pattern function")
+    return _Compiled(roots, (head.domain, head.op_type))
+
+
+def _call(fn: Callable[..., Any], first: Any, bindings: dict[str, Any]) -> Any:
+    """``fn(first, ...)`` with the bindings its parameters name (``*xs`` gets a variadic list)."""
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    args, kwargs = [first], {}
+    positional = any(p.kind is p.VAR_POSITIONAL for p in params)
+    for p in params:
+        if p.kind is p.VAR_POSITIONAL:
+            args.extend(bindings.get(p.name) or ())
+            positional = False  # what follows is keyword-only
+        elif p.kind is p.VAR_KEYWORD:
+            named = {q.name for q in params}
+            kwargs.update({k: v for k, v in bindings.items() if k not in named})
+        elif positional:
+            args.append(bindings.get(p.name))
+        elif p.name in bindings or p.default is p.empty:
+            kwargs[p.name] = bindings.get(p.name)
+    return fn(*args, **kwargs)
 
 
 @dataclass
 class Rule:
-    """``pattern`` -> (``check``) -> ``rewrite``. See the module docstring."""
+    """``pattern`` -> (``check``) -> ``rewrite``. See the module docstring.
+
+    ``pattern`` may be a list of pattern functions: alternatives tried in order
+    (variables a matching alternative does not bind reach ``check``/``rewrite`` as None).
+    """
 
     name: str
-    pattern: Callable[..., Any]
+    pattern: Callable[..., Any] | list[Callable[..., Any]]
     rewrite: Callable[..., Any]
     check: Callable[..., Any] | None = None
     commute: bool = False
-    _root: _PNode | None = field(default=None, init=False, repr=False)
+    _patterns: list[_Compiled] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        names = _param_names(self.pattern, 1)
-        root = self.pattern(_PatternOps(), *[_Var(n) for n in names])
-        if not isinstance(root, _PNode):
-            raise RewriteError(f"rule '{self.name}': pattern must return an op, got {root!r}",
-                               hint="return op.Something(...) from the pattern function")
-        self._root = root
+        fns = self.pattern if isinstance(self.pattern, (list, tuple)) else [self.pattern]
+        self._patterns = [_compile(self.name, fn) for fn in fns]
+        bound: dict[str, Var] = {}
+        for p in self._patterns:
+            for r in p.roots:
+                variables(r, bound)
+        for part, fn in (("rewrite", self.rewrite), ("check", self.check)):
+            if fn is None:
+                continue
+            params = list(inspect.signature(fn).parameters.values())[1:]
+            unknown = [p.name for p in params if p.name not in bound and p.default is p.empty
+                       and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+            if unknown:
+                raise RewriteError(f"rule '{self.name}': {part}() takes {', '.join(map(repr, unknown))}, "
+                                   f"which the pattern does not bind",
+                                   hint="name the parameters after the pattern's variables")
 
     @classmethod
     def node(cls, name: str, op_type: str, rewrite: Callable[..., Any], *, domain: str = "",
@@ -243,37 +230,82 @@ class Rule:
 
     @property
     def anchor(self) -> tuple[str, str]:
-        return (self._root.domain, self._root.op_type)
+        return self._patterns[0].anchor
+
+
+@dataclass
+class GraphPass:
+    """A whole-scope rewrite: ``run(scope: Scope) -> int | MatchResult``.
+
+    Runs in the same scopes as rules (main graph, subgraphs, functions), in the same
+    rounds, and reports like them: the count of places it rewrote, or a reasoned failure.
+    It edits ``scope.nodes`` in place, keeping them in topological order.
+    """
+
+    name: str
+    run: Callable[[Scope], Any]
 
 
 @dataclass
 class RuleReport:
-    """Per rule: how many times it applied and why it did not elsewhere."""
+    """Per rule: rewrites, matches, and why it did not apply elsewhere.
+
+    ``reasons`` holds one line per node that was a candidate and did not match (in the
+    final round, so nothing repeats); ``failures`` counts them by kind.
+    """
 
     applied: dict[str, int] = field(default_factory=dict)
+    matched: dict[str, int] = field(default_factory=dict)
     reasons: dict[str, list[str]] = field(default_factory=dict)
+    failures: dict[str, collections.Counter] = field(default_factory=dict)
 
-    def explain(self) -> str:
+    def _fail(self, rule: str, text: str, generic: str) -> None:
+        self.reasons.setdefault(rule, []).append(text)
+        self.failures.setdefault(rule, collections.Counter())[generic] += 1
+
+    def merge(self, other: "RuleReport", *, reasons: bool) -> None:
+        for name, n in other.applied.items():
+            self.applied[name] = self.applied.get(name, 0) + n
+        for name, n in other.matched.items():
+            self.matched[name] = self.matched.get(name, 0) + n
+        if reasons:
+            for name, lines in other.reasons.items():
+                self.reasons.setdefault(name, []).extend(lines)
+            for name, counts in other.failures.items():
+                self.failures.setdefault(name, collections.Counter()).update(counts)
+
+    def explain(self, all: bool = False) -> str:
+        """One summary per rule (rewrites, matches, top reasons with counts); ``all``: every node."""
         lines = []
-        for name in sorted(set(self.applied) | set(self.reasons)):
-            lines.append(f"rule {name}: applied {self.applied.get(name, 0)}x")
-            for reason in self.reasons.get(name, [])[:20]:
-                lines.append(f"  no match: {reason}")
-            extra = len(self.reasons.get(name, [])) - 20
-            if extra > 0:
-                lines.append(f"  ... {extra} more")
+        for name in sorted(set(self.applied) | set(self.reasons) | set(self.matched)):
+            applied = self.applied.get(name, 0)
+            matched = max(self.matched.get(name, 0), applied)
+            missed = len(self.reasons.get(name, []))
+            lines.append(f"rule {name}: applied {applied}x ({matched} matched, {missed} not)")
+            if all:
+                lines += [f"  no match: {reason}" for reason in self.reasons.get(name, [])]
+                continue
+            top = self.failures.get(name, collections.Counter()).most_common()
+            for reason, n in top[:5]:
+                lines.append(f"  {n}x no match: {reason}")
+            if len(top) > 5:
+                lines.append(f"  ... {sum(n for _, n in top[5:])} more of {len(top) - 5} other kinds "
+                             f"(--explain=all lists every node)")
         return "\n".join(lines)
 
 
 class RuleSet:
     """An ordered group of rules applied together until none applies.
 
-    Holds pattern :class:`Rule` objects and GraphSurgeonRule objects (run after the
-    pattern rules, on an onnx-graphsurgeon import of the model).
+    Holds pattern :class:`Rule` and :class:`GraphPass` objects, applied round after round
+    in every scope until a round changes nothing (at most ``max_rounds``; a set still
+    rewriting then is a RuleError), and GraphSurgeonRule objects (run after them, on an
+    onnx-graphsurgeon import of the model).
     """
 
-    def __init__(self, rules: Iterable[Any]) -> None:
+    def __init__(self, rules: Iterable[Any], *, max_rounds: int = 10) -> None:
         self.rules = list(rules)
+        self.max_rounds = max_rounds
         names = [r.name for r in self.rules]
         if len(names) != len(set(names)):
             raise RewriteError(f"rule names must be unique, got {names}")
@@ -285,60 +317,156 @@ class RuleSet:
         return len(self.rules)
 
 
-def apply_rules(nodes: Any, rules: RuleSet, *, make_builder: Callable[[onnx.NodeProto, str], Any],
-                protected: set[str], initializers: Any = (), report: RuleReport,
-                max_passes: int = 10) -> int:
-    """Apply ``rules`` to one node list until nothing changes; returns the number of rewrites."""
+# ---------------------------------------------------------------- applying
+
+def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, base_dir: str | None) -> list[Scope]:
+    """Every scope, outer before inner (callers go through it reversed: rebuilding a node
+    list copies its nodes, subgraphs included)."""
+    model_opset = next((i.version for i in model.opset_import if i.domain in _STANDARD), 1)
+    out: list[Scope] = []
+
+    def walk(graph: onnx.GraphProto, outer: list[onnx.TensorProto], opset: int, tt: TypeTable) -> None:
+        visible = [*outer, *graph.initializer]
+        out.append(Scope(graph.node, {o.name for o in graph.output}, visible, graph, tt, opset, make_builder,
+                         base_dir))
+        for node in graph.node:
+            for g in subgraphs(node):
+                walk(g, visible, opset, tt)
+
+    walk(model.graph, [], model_opset, types)
+    for fn in model.functions:
+        opset = next((i.version for i in fn.opset_import if i.domain in _STANDARD), model_opset)
+        out.append(Scope(fn.node, set(fn.output), [], None, TypeTable(), opset, make_builder, base_dir))
+        for node in fn.node:
+            for g in subgraphs(node):
+                walk(g, [], opset, TypeTable())
+    return out
+
+
+def _referenced(model: onnx.ModelProto) -> set[str]:
+    """Every tensor name read anywhere in the model (node inputs, graph outputs)."""
+    names: set[str] = set()
+    for g in graphs(model.graph):
+        names.update(o.name for o in g.output)
+        for n in g.node:
+            names.update(n.input)
+    for fn in model.functions:
+        for n in fn.node:
+            names.update(n.input)
+            for sub in subgraphs(n):
+                for g in graphs(sub):
+                    names.update(o.name for o in g.output)
+                    for m in g.node:
+                        names.update(m.input)
+    return names
+
+
+def apply_rule_set(model: onnx.ModelProto, rules: RuleSet, *, make_builder: Callable[[onnx.NodeProto, str], Any],
+                   types: TypeTable, report: RuleReport, path: str | None = None) -> int:
+    """Apply the pattern rules and graph passes of ``rules`` to every scope of ``model`` in place.
+
+    Initializers that a rewrite leaves unused are removed from the model (the external
+    data files they point to are not touched). ``path``, the model's file, is where
+    external weights are read from when a pattern needs their values. Returns the
+    number of rewrites.
+    """
+    import os
+
+    base_dir = os.path.dirname(os.path.abspath(path)) if path else None
+    active = [r for r in rules if isinstance(r, (Rule, GraphPass))]
+    if not active:
+        return 0
+    before = _referenced(model)
+    emitted: set[str] = set()
     total = 0
-    for _ in itertools.repeat(None, max_passes):
-        changed = 0
-        for rule in rules:
-            if not isinstance(rule, Rule):
-                continue  # GraphSurgeonRule: applied model-wide by the engine
-            changed += _apply_rule(nodes, rule, make_builder, protected, initializers, report)
-        total += changed
-        if not changed:
-            break
+    for scope in reversed(_scopes(model, types, make_builder, base_dir)):
+        total += _apply_scope(scope, active, rules.max_rounds, report, emitted, path)
+    if total:
+        _prune_initializers(model, before, emitted)
     return total
 
 
-def _apply_rule(nodes: Any, rule: Rule, make_builder, protected, initializers, report: RuleReport) -> int:
-    domain, op_type = rule.anchor
-    if not any(n.op_type == op_type for n in nodes):
+def _apply_scope(scope: Scope, rules: list[Any], max_rounds: int, report: RuleReport, emitted: set[str],
+                 path: str | None) -> int:
+    total = 0
+    for _ in range(max_rounds):
+        round_report = RuleReport()
+        changed_by: dict[str, int] = {}
+        for rule in rules:
+            if isinstance(rule, GraphPass):
+                n = _apply_pass(scope, rule, round_report, path)
+            else:
+                n = _apply_rule(scope, rule, round_report, emitted, path)
+            if n:
+                changed_by[rule.name] = n
+        changed = sum(changed_by.values())
+        report.merge(round_report, reasons=not changed)
+        total += changed
+        if not changed:
+            return total
+    names = ", ".join(f"'{n}' ({k}x)" for n, k in changed_by.items())
+    raise RuleError(f"rules did not converge: after {max_rounds} rounds rule {names} still rewrites", path=path,
+                    hint="make the replacement something the pattern does not match again "
+                         "(or raise RuleSet(max_rounds=...))")
+
+
+def _apply_pass(scope: Scope, gpass: GraphPass, report: RuleReport, path: str | None) -> int:
+    with _user_code(gpass.name, "run", None, path):
+        result = gpass.run(scope)
+    if isinstance(result, bool) or not isinstance(result, int):
+        reason = getattr(result, "reason", "") or "returned no count"
+        report._fail(gpass.name, reason, reason)
         return 0
-    view = GraphView(nodes, protected=protected, initializers=initializers)
-    matcher = _Matcher(rule._root, rule.commute, view)
+    if result:
+        report.applied[gpass.name] = report.applied.get(gpass.name, 0) + result
+    else:
+        report._fail(gpass.name, "rewrote nothing", "rewrote nothing")
+    return result
+
+
+def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, emitted: set[str], path: str | None) -> int:
+    nodes = scope.nodes
+    anchors = {op for _, op in (p.anchor for p in rule._patterns)}
+    if not any(n.op_type in anchors for n in nodes):
+        return 0
+    view = scope.view()
+    matchers = [(p.anchor[1], Matcher(p.roots, commute=rule.commute, view=view, rule=rule.name, opset=scope.opset))
+                for p in rule._patterns]
+    candidates = sorted(i for op in anchors for i in view.by_op.get(op, ()))
     used: set[int] = set()
     replacements: dict[int, list[onnx.NodeProto]] = {}
     removed: set[int] = set()
-    reasons = report.reasons.setdefault(rule.name, [])
-    for index, node in enumerate(nodes):
-        if node.op_type != op_type or index in used:
+    aliases: dict[str, str] = {}
+    reorder = False
+    for index in candidates:
+        if index in used:
             continue
-        try:
-            m = matcher.match(index)
-        except _Failed as exc:
-            reasons.append(str(exc))
+        node = nodes[index]
+        label = f"node '{node.name or node.op_type}'"
+        match, failure, structural = _first_match(rule, matchers, index, view, scope, used, label, path)
+        if structural:
+            report.matched[rule.name] = report.matched.get(rule.name, 0) + 1
+        if match is None:
+            report._fail(rule.name, *failure)
             continue
-        if used.intersection(m.nodes):
-            reasons.append(f"node '{node.name or node.op_type}' overlaps an earlier match")
-            continue
-        bindings = m.bindings
-        if rule.check is not None:
-            with _user_code(rule, "check"):
-                verdict = rule.check(MatchContext(view, [nodes[i] for i in m.nodes]), **bindings)
-            if not verdict:
-                reason = getattr(verdict, "reason", "") or "check returned False"
-                reasons.append(f"node '{node.name or node.op_type}': {reason}")
-                continue
-        builder = make_builder(node, rule.name)
-        with _user_code(rule, "rewrite"):
-            results = rule.rewrite(builder, **bindings)
-            results = [results] if isinstance(results, str) else list(results)
-            new_nodes = builder.finish(results, list(node.output))
-        used.update(m.nodes)
-        replacements[index] = new_nodes
-        removed.update(i for i in m.nodes if i != index)
+        builder = scope.builder(node, rule.name)
+        builder._lookup = view.constant_value
+        with _user_code(rule.name, "rewrite", node, path):
+            results = _call(rule.rewrite, builder, match.bindings)
+        results = [results] if isinstance(results, str) else list(results)
+        protected = scope.protected
+        new_nodes = builder.finish(
+            results, match.outputs,
+            alias=lambda name: name not in protected and name not in view.outer_used)
+        if builder.initializers:
+            emitted.update(t.name for t in builder.initializers)
+            new_nodes = scope.add_initializers(builder.initializers) + new_nodes
+        aliases.update(builder.aliases)
+        used.update(match.nodes)
+        last = max(match.nodes)
+        reorder |= len(match.outputs) > 1
+        replacements[last] = new_nodes
+        removed.update(i for i in match.nodes if i != last)
     if not replacements:
         return 0
     # Producers that fed only the replaced nodes (constants, typically) die with them.
@@ -348,11 +476,93 @@ def _apply_rule(nodes: Any, rule: Rule, make_builder, protected, initializers, r
         if index in removed:
             continue
         rebuilt.extend(replacements.get(index, (node,)))
-    rebuilt = _drop_dead(rebuilt, orphans, protected)
+    if aliases:
+        _rename_inputs(rebuilt, aliases)
+    rebuilt = _drop_dead(rebuilt, orphans, scope.protected)
+    if reorder:
+        rebuilt = _toposort(rebuilt)
     del nodes[:]
     nodes.extend(rebuilt)
     report.applied[rule.name] = report.applied.get(rule.name, 0) + len(replacements)
     return len(replacements)
+
+
+def _first_match(rule: Rule, matchers: list[tuple[str, Matcher]], index: int, view: GraphView, scope: Scope,
+                 used: set[int], label: str, path: str | None) -> tuple[Match | None, tuple[str, str], bool]:
+    """The first match at ``index`` that overlaps no earlier one and passes ``check``;
+    the reason when there is none; whether the pattern matched at all."""
+    failure = (f"{label}: no match", "no match")
+    structural = False
+    op_type = view.nodes[index].op_type
+    for anchor_op, matcher in matchers:
+        if anchor_op != op_type:
+            continue
+        found = False
+        for match in matcher.matches(index):
+            found = True
+            if used.intersection(match.nodes):
+                failure = (f"{label} overlaps an earlier match", "overlaps an earlier match")
+                continue
+            structural = True
+            if rule.check is None:
+                return match, failure, structural
+            ctx = MatchContext(view, [view.nodes[i] for i in match.nodes], scope.types, scope.opset)
+            with _user_code(rule.name, "check", view.nodes[index], path):
+                verdict = _call(rule.check, ctx, match.bindings)
+            if verdict:
+                return match, failure, structural
+            reason = getattr(verdict, "reason", "") or "check returned False"
+            failure = (f"{label}: {reason}", reason)
+        if not found:
+            text, generic = matcher.reason()
+            failure = (text if text.startswith(label) else f"{label}: {text}", generic)
+    return None, failure, structural
+
+
+def _rename_inputs(nodes: list[onnx.NodeProto], aliases: dict[str, str]) -> None:
+    def resolve(name: str) -> str:
+        seen = set()
+        while name in aliases and name not in seen:
+            seen.add(name)
+            name = aliases[name]
+        return name
+
+    for node in nodes:
+        for i, name in enumerate(node.input):
+            if name in aliases:
+                node.input[i] = resolve(name)
+
+
+def _toposort(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """``nodes`` in an order where producers come first, otherwise keeping their order."""
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    deps = []
+    for n in nodes:
+        names = list(n.input)
+        for g in subgraphs(n):
+            names.extend(_outer_names(g))
+        deps.append([producer[x] for x in names if x in producer])
+    done = [False] * len(nodes)
+    order: list[onnx.NodeProto] = []
+    for start in range(len(nodes)):
+        stack = [(start, 0)]
+        while stack:
+            i, k = stack.pop()
+            if done[i]:
+                continue
+            if k < len(deps[i]):
+                stack.append((i, k + 1))
+                j = deps[i][k]
+                if not done[j]:
+                    stack.append((j, 0))
+                continue
+            done[i] = True
+            order.append(nodes[i])
+    return order
+
+
+def _outer_names(graph: onnx.GraphProto) -> list[str]:
+    return [name for g in graphs(graph) for n in g.node for name in n.input]
 
 
 def _drop_dead(nodes: list[onnx.NodeProto], candidates: set[str], protected: set[str]) -> list[onnx.NodeProto]:
@@ -375,13 +585,30 @@ def _drop_dead(nodes: list[onnx.NodeProto], candidates: set[str], protected: set
     return [n for i, n in enumerate(nodes) if i not in dead] if dead else nodes
 
 
+def _prune_initializers(model: onnx.ModelProto, before: set[str], emitted: set[str]) -> None:
+    """Drop initializers that were read before the rewrite (or made by it) and are read no more.
+
+    Graph inputs of the same name stay (they may be fed). A dropped initializer stored as
+    external data is only removed from the model; its file is left as it is.
+    """
+    after = _referenced(model)
+    for g in graphs(model.graph):
+        inputs = {i.name for i in g.input}
+        dead = [k for k, t in enumerate(g.initializer)
+                if t.name not in after and t.name not in inputs and (t.name in before or t.name in emitted)]
+        for k in reversed(dead):
+            del g.initializer[k]
+
+
 @contextlib.contextmanager
-def _user_code(rule: Rule, part: str):
-    """Turn an exception from a rule's own code into a RewriteError naming the rule."""
+def _user_code(rule: str, part: str, node: onnx.NodeProto | None, path: str | None):
+    """Turn an exception from a rule's own code into a RuleError naming rule and node."""
     try:
         yield
     except GraphkitError:
         raise
     except Exception as exc:
-        raise RewriteError(f"rule '{rule.name}': {part}() raised {type(exc).__name__}: {exc}",
-                           hint="fix the rule (rerun with --debug for the traceback)") from exc
+        raise RuleError(f"rule '{rule}': {part}() raised {type(exc).__name__}: {exc}", path=path,
+                        node=None if node is None else (node.name or node.op_type),
+                        op=None if node is None else node.op_type,
+                        hint="fix the rule (rerun with --debug for the traceback)") from exc

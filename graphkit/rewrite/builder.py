@@ -212,6 +212,11 @@ class Builder:
         self._node_name = node_name
         self._op_name = op_name
         self.used_shapes = False
+        # Set by the rule engine where the scope can hold initializers (a graph, not a function).
+        self.initializers: list[onnx.TensorProto] | None = None
+        # Outputs replaced by an existing tensor instead of an Identity (see finish(alias=)).
+        self.aliases: dict[str, str] = {}
+        self._lookup: Any = None
 
     def op(self, op_type: str, *inputs: str, domain: str = "", outputs: int = 1,
            **attrs: Any) -> Any:
@@ -253,6 +258,24 @@ class Builder:
             self._constants[key] = name
         return name
 
+    def initializer(self, value: Any, *, dtype: int | None = None, name: str = "init") -> str:
+        """An initializer holding ``value`` (of element type ``dtype``, else numpy's); returns its name.
+
+        Where the scope cannot hold initializers (a function body, a decomposition) it
+        is a Constant node instead.
+        """
+        if self.initializers is None:
+            array = np.asarray(value)
+            return self.constant(array, dtype=dtype or helper.np_dtype_to_tensor_dtype(array.dtype))
+        array = np.asarray(value, dtype=None if dtype is None else helper.tensor_dtype_to_np_dtype(dtype))
+        tensor = numpy_helper.from_array(array, name=self._names.fresh(f"{self._prefix}/{name}"))
+        self.initializers.append(tensor)
+        return tensor.name
+
+    def constant_value(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` when it is a constant (Constant node or initializer), else None."""
+        return None if self._lookup is None else self._lookup(name)
+
     def dtype(self, name: str) -> int:
         """The ONNX element type of tensor ``name``; RewriteError when unknown."""
         elem = self._types.elem_type(name)
@@ -276,8 +299,14 @@ class Builder:
 
         return make
 
-    def finish(self, results: list[str], outputs: list[str]) -> list[onnx.NodeProto]:
-        """The built nodes, renamed so that ``results[i]`` is produced as ``outputs[i]``."""
+    def finish(self, results: list[str], outputs: list[str], *,
+               alias: Any = None) -> list[onnx.NodeProto]:
+        """The built nodes, renamed so that ``results[i]`` is produced as ``outputs[i]``.
+
+        A result the builder did not make (an input, typically) becomes an Identity, or,
+        where ``alias(output)`` is true, an entry of ``self.aliases``: the caller renames
+        the output's consumers to the result and no node is left behind.
+        """
         if len(results) < len([o for o in outputs if o]):
             raise RewriteError(f"replacement returned {len(results)} outputs for {len(outputs)}",
                                node=self._node_name, op=self._op_name,
@@ -290,6 +319,8 @@ class Builder:
                 continue
             if new in produced and new not in rename:
                 rename[new] = orig
+            elif alias is not None and alias(orig):
+                self.aliases[orig] = rename.get(new, new)
             else:  # the result is an input, or already stands for another output
                 nodes.append(helper.make_node("Identity", [rename.get(new, new)], [orig],
                                               name=self._names.fresh(f"{self._prefix}/Identity")))

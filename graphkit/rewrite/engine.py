@@ -22,7 +22,7 @@ from onnx import helper
 from graphkit.errors import ModelLoadError, RewriteError, UnsupportedOpError, ValidationError
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpDef, OpRegistry, default_registry
 from graphkit.rewrite._gsrules import GraphSurgeonRule, apply_graphsurgeon_rules
-from graphkit.rewrite._rules import Rule, RuleReport, RuleSet, apply_rules
+from graphkit.rewrite._rules import GraphPass, Rule, RuleReport, RuleSet, apply_rule_set
 from graphkit.rewrite._walk import ModelIndex, count_ops, graphs, scopes
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 from graphkit.rewrite.plan import UNKNOWN_OP_HINT, Lowering, LoweringPlan, Scope, node_attrs
@@ -67,6 +67,8 @@ class RewriteReport:
             "actions": [{"op": op, "lowering": how, "nodes": n}
                         for (op, how), n in sorted(self.actions.items())],
             "rules": {name: {"applied": self.rules.applied.get(name, 0),
+                             "matched": self.rules.matched.get(name, 0),
+                             "top_reasons": dict(self.rules.failures.get(name, collections.Counter()).most_common(5)),
                              "not_matched": self.rules.reasons.get(name, [])}
                       for name in sorted(set(self.rules.applied) | set(self.rules.reasons))},
             "passes": [{"pass": name, "changed": what} for name, what in self.passes],
@@ -317,11 +319,8 @@ def _rules_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
         return Builder(opset=plan.opset, prefix=node.name or rule_name, names=plan.names,
                        types=types, node_name=node.name, op_name=rule_name)
 
-    total = 0
-    # Inner scopes first: rebuilding a node list copies its nodes, subgraphs included.
-    for nodes, protected, inits in reversed(list(scopes(model))):
-        total += apply_rules(nodes, ctx.rules, make_builder=make_builder, protected=protected,
-                             initializers=inits, report=ctx.report.rules)
+    total = apply_rule_set(model, ctx.rules, make_builder=make_builder, types=types, report=ctx.report.rules,
+                           path=ctx.path)
     return PassResult(model, total > 0, f"{total} rewrites")
 
 
@@ -403,7 +402,7 @@ def _ops_after(ctx: RewriteContext, model: onnx.ModelProto) -> collections.Count
 # The rewrite, in order. The last two run only when an earlier pass changed the model.
 PASSES: tuple[Pass, ...] = (
     Pass("convert-opset", lambda ctx, m: ctx.target_opset is not None, _convert_pass),
-    Pass("rules", lambda ctx, m: any(isinstance(r, Rule) for r in ctx.rules), _rules_pass),
+    Pass("rules", lambda ctx, m: any(isinstance(r, (Rule, GraphPass)) for r in ctx.rules), _rules_pass),
     Pass("graphsurgeon-rules", lambda ctx, m: any(isinstance(r, GraphSurgeonRule) for r in ctx.rules),
          _graphsurgeon_pass),
     Pass("lower", lambda ctx, m: ctx.prefer != (Lowering.KEEP,) and (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from graphkit.errors import RewriteError
 from graphkit.rewrite._gsrules import GraphSurgeonRule
-from graphkit.rewrite._rules import Rule, RuleSet
+from graphkit.rewrite._rules import GraphPass, Rule, RuleSet
 from graphkit.usercode import import_user_code
 
 __all__ = ["load_rules"]
@@ -22,7 +22,7 @@ def load_rules(source: str) -> RuleSet:
                            hint="add `rules = RuleSet([...])` at the end of the file")
     if isinstance(rules, RuleSet):
         return rules
-    if isinstance(rules, (list, tuple)) and all(isinstance(r, (Rule, GraphSurgeonRule)) for r in rules):
+    if isinstance(rules, (list, tuple)) and all(isinstance(r, (Rule, GraphPass, GraphSurgeonRule)) for r in rules):
         return RuleSet(rules)
     raise RewriteError(f"'rules' is {type(rules).__name__}, not a RuleSet or list of Rule", path=source,
                        hint="set `rules = RuleSet([...])`")

@@ -1,0 +1,341 @@
+"""Matching a compiled pattern against one scope's nodes, with backtracking.
+
+Every choice point (the two input orders of a commutative node, the alternatives of
+``either``, the candidates for a second root) is a generator, so a failure late in a
+match revisits earlier choices: ``x*s + x`` finds ``s*x + x``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+
+from graphkit.errors import RuleError
+from graphkit.rewrite._graphview import GraphView
+from graphkit.rewrite._pattern import Const, Either, Many, Number, Optional, Out, PNode, Var, variables
+
+__all__ = ["Match", "Matcher", "attribute_default"]
+
+COMMUTATIVE = frozenset({("", "Add"), ("", "Mul"), ("", "Max"), ("", "Min"), ("", "Sum"), ("", "And"),
+                         ("", "Or"), ("", "Xor"), ("", "Equal")})
+_MISSING = object()
+
+
+@functools.lru_cache(maxsize=4096)
+def attribute_default(domain: str, op_type: str, opset: int, name: str) -> Any:
+    """The ONNX schema's default for an absent attribute (None when it has none)."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return None
+    attr = schema.attributes.get(name)
+    if attr is None or not attr.default_value.type:
+        return None
+    return _plain(onnx.helper.get_attribute_value(attr.default_value))
+
+
+def _plain(value: Any) -> Any:
+    """Attribute values as rules compare them: text as str, tensors as numpy arrays."""
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode() for v in value]
+    return value
+
+
+def _same(have: Any, want: Any) -> bool:
+    if isinstance(want, (tuple, list)):
+        return isinstance(have, (tuple, list, np.ndarray)) and len(have) == len(want) and all(
+            _same(h, w) for h, w in zip(have, want))
+    if isinstance(have, np.ndarray) or isinstance(want, np.ndarray):
+        return np.array_equal(np.asarray(have), np.asarray(want))
+    if isinstance(want, float) or isinstance(have, float):
+        if not isinstance(have, (int, float)) or not isinstance(want, (int, float)):
+            return False
+        return bool(np.float32(have) == np.float32(want))  # attributes are stored as float32
+    return have == want
+
+
+class _State:
+    """One partial match: variable bindings, pattern node -> graph node, nodes taken."""
+
+    __slots__ = ("bindings", "nodes", "used")
+
+    def __init__(self, bindings: dict[str, Any], nodes: dict[int, int], used: frozenset[int]) -> None:
+        self.bindings = bindings
+        self.nodes = nodes
+        self.used = used
+
+    def bind(self, **more: Any) -> "_State":
+        return _State({**self.bindings, **more}, self.nodes, self.used)
+
+
+@dataclass
+class Match:
+    """A full match: bindings by variable name, graph node indices, the graph names of the outputs."""
+
+    bindings: dict[str, Any]
+    nodes: list[int]  # the anchor first
+    outputs: list[str]
+
+
+class Matcher:
+    """Matches one pattern (its output values ``roots``) anchored at a node of ``view``."""
+
+    def __init__(self, roots: list[Any], *, commute: bool, view: GraphView, rule: str, opset: int,
+                 max_alternatives: int = 16) -> None:
+        self.roots = roots
+        self.commute = commute
+        self.view = view
+        self.rule = rule
+        self.opset = opset
+        self.max_alternatives = max_alternatives
+        self.vars = {}
+        for r in roots:
+            variables(r, self.vars)
+        self.failures: list[tuple[str, str]] = []  # (text, generic) of the current anchor
+
+    # -- entry
+
+    def matches(self, index: int) -> Iterator[Match]:
+        """Full matches anchored at node ``index`` (the first root), best first."""
+        self.failures = []
+        first = self.roots[0]
+        pnode = first.node if isinstance(first, Out) else first
+        count = 0
+        for st in self._node(pnode, index, _State({}, {}, frozenset())):
+            for full in self._more_roots(1, st):
+                match = self._complete(full)
+                if match is not None:
+                    yield match
+                    count += 1
+                    if count >= self.max_alternatives:
+                        return
+
+    def reason(self) -> tuple[str, str]:
+        """Why the last anchor did not match: (text, generic), distinct failures joined."""
+        texts = list(dict.fromkeys(t for t, _ in self.failures))[:3]
+        generics = list(dict.fromkeys(g for _, g in self.failures))[:3]
+        return " / ".join(texts) or "no match", " / ".join(generics) or "no match"
+
+    def _fail(self, text: str, generic: str) -> None:
+        self.failures.append((text, generic))
+
+    # -- roots after the first: found among the consumers of what is already matched
+
+    def _more_roots(self, k: int, st: _State) -> Iterator[_State]:
+        if k == len(self.roots):
+            yield st
+            return
+        root = self.roots[k]
+        pnode = root.node if isinstance(root, Out) else root
+        if not isinstance(pnode, PNode):
+            yield from self._more_roots(k + 1, st)  # a root that is a variable: nothing to find
+            return
+        if id(pnode) in st.nodes:
+            yield from self._more_roots(k + 1, st)
+            return
+        for cand in self._candidates(pnode, st):
+            for s in self._node(pnode, cand, st):
+                yield from self._more_roots(k + 1, s)
+
+    def _candidates(self, pnode: PNode, st: _State) -> list[int]:
+        view = self.view
+        names = [v for v in st.bindings.values() if isinstance(v, str)]
+        for i in st.nodes.values():
+            names.extend(view.nodes[i].output)
+        found = {c for n in names if n for c in view.consumers.get(n, ())
+                 if c not in st.used and view.nodes[c].op_type == pnode.op_type}
+        if not found and not variables(pnode):  # a root sharing nothing: every node of its type
+            found = set(view.by_op.get(pnode.op_type, ())) - st.used
+        return sorted(found)
+
+    # -- nodes and values
+
+    def _node(self, pat: PNode, index: int, st: _State) -> Iterator[_State]:
+        view = self.view
+        node = view.nodes[index]
+        label = f"node '{node.name or node.op_type}'"
+        seen = st.nodes.get(id(pat))
+        if seen is not None:
+            if seen == index:
+                yield st
+            else:
+                self._fail(f"{label}: the pattern's shared {pat.op_type} is another node here",
+                           f"shared {pat.op_type} is two different nodes")
+            return
+        if node.op_type != pat.op_type or node.domain not in (pat.domain, "ai.onnx" if not pat.domain else pat.domain):
+            have = f"{node.domain + '::' if node.domain else ''}{node.op_type}"
+            self._fail(f"{label} is {have}, pattern wants {pat.op_type}",
+                       f"{pat.op_type} input is produced by {have}")
+            return
+        if index in st.used:
+            self._fail(f"{label} would be matched twice", f"{pat.op_type} would be matched twice")
+            return
+        captured = self._attrs(pat, node, label, st)
+        if captured is None:
+            return
+        names = list(node.input)
+        pats = pat.inputs
+        many = pats[-1] if pats and isinstance(pats[-1], Many) else None
+        fixed = pats[:-1] if many is not None else pats
+        rest: list[str] = []
+        if len(names) > len(fixed):
+            rest = names[len(fixed):]
+            names = names[:len(fixed)]
+            if many is None and any(rest):
+                self._fail(f"{label} has {len(node.input)} inputs, pattern wants {len(pats)}",
+                           f"{pat.op_type} has more inputs than the pattern")
+                return
+        names += [""] * (len(fixed) - len(names))
+        if many is not None:
+            bound = st.bindings.get(many.name, _MISSING)
+            if bound is not _MISSING and bound != rest:
+                self._fail(f"{label}: *{many.name} would be two different lists", "variadic inputs differ")
+                return
+            captured[many.name] = list(rest)
+        st2 = _State({**st.bindings, **captured}, {**st.nodes, id(pat): index}, st.used | {index})
+        commute = pat.commute if pat.commute is not None else (
+            self.commute and (pat.domain, pat.op_type) in COMMUTATIVE)
+        yield from self._inputs(fixed, names, st2, label)
+        if commute and len(fixed) == 2 and names[0] != names[1]:
+            yield from self._inputs(fixed, names[::-1], st2, label)
+
+    def _inputs(self, pats: list[Any], names: list[str], st: _State, label: str, k: int = 0) -> Iterator[_State]:
+        if k == len(pats):
+            yield st
+            return
+        for s in self._value(pats[k], names[k], st, label):
+            yield from self._inputs(pats, names, s, label, k + 1)
+
+    def _value(self, pat: Any, name: str, st: _State, label: str) -> Iterator[_State]:
+        if isinstance(pat, Optional):
+            if not name:
+                absent = {v: None for v in variables(pat.inner) if v not in st.bindings}
+                yield st.bind(**absent)
+            else:
+                yield from self._value(pat.inner, name, st, label)
+            return
+        if isinstance(pat, Either):
+            for alt in pat.alternatives:
+                yield from self._value(alt, name, st, label)
+            return
+        if not name:
+            self._fail(f"{label}: input for {pat!r} is absent", f"input for {pat!r} is absent")
+            return
+        if isinstance(pat, Var):
+            bound = st.bindings.get(pat.name, _MISSING)
+            if bound is _MISSING:
+                yield st.bind(**{pat.name: name})
+            elif bound == name:
+                yield st
+            else:
+                self._fail(f"{label}: '{pat.name}' would be both '{bound}' and '{name}'",
+                           f"'{pat.name}' would be two different tensors")
+            return
+        if isinstance(pat, (Number, Const)):
+            value = self.view.constant_value(name)
+            if value is None:
+                self._fail(f"{label}: input '{name}' is not a constant", f"input for {pat!r} is not a constant")
+                return
+            if isinstance(pat, Number):
+                if value.size == 0 or not np.all(value == pat.value):
+                    shown = value.reshape(-1)[:3].tolist()
+                    self._fail(f"{label}: constant '{name}' is {shown}, pattern wants {pat.value:g}",
+                               f"constant is not {pat.value:g}")
+                    return
+                yield st
+                return
+            bound = st.bindings.get(pat.var.name, _MISSING)
+            if bound is _MISSING:
+                yield st.bind(**{pat.var.name: value})
+            elif _same(bound, value):
+                yield st
+            else:
+                self._fail(f"{label}: const({pat.var.name}) would be two different values",
+                           f"const({pat.var.name}) would be two different values")
+            return
+        pnode, out = (pat.node, pat.index) if isinstance(pat, Out) else (pat, 0)
+        producer = self.view.producer.get(name)
+        if producer is None:
+            self._fail(f"{label}: input '{name}' is not produced by a {pnode.op_type} node",
+                       f"input is not produced by a {pnode.op_type} node")
+            return
+        outs = self.view.nodes[producer].output
+        if out >= len(outs) or outs[out] != name:
+            self._fail(f"{label}: input '{name}' is not output {out} of its producer",
+                       f"{pnode.op_type} output {out} is not the one used")
+            return
+        yield from self._node(pnode, producer, st)
+
+    def _attrs(self, pat: PNode, node: onnx.NodeProto, label: str, st: _State) -> dict[str, Any] | None:
+        """Check the attribute constraints; returns the captured values (None: no match)."""
+        if not pat.attrs:
+            return {}
+        given = {a.name: a for a in node.attribute}
+        captured: dict[str, Any] = {}
+        for key, want in pat.attrs.items():
+            if key in given:
+                have = _plain(onnx.helper.get_attribute_value(given[key]))
+            else:
+                domain = "" if node.domain == "ai.onnx" else node.domain
+                have = attribute_default(domain, node.op_type, self.opset, key)
+            if isinstance(want, Var):
+                bound = st.bindings.get(want.name, captured.get(want.name, _MISSING))
+                if bound is not _MISSING and not _same(have, bound):
+                    self._fail(f"{label}: attribute {key}={have!r} differs from {want.name}={bound!r}",
+                               f"attribute {key} differs from {want.name}")
+                    return None
+                captured[want.name] = have
+                continue
+            if callable(want):
+                try:
+                    ok = want(have)
+                except Exception as exc:
+                    raise RuleError(f"rule '{self.rule}': the predicate for attribute {key} raised "
+                                    f"{type(exc).__name__}: {exc} (on {key}={have!r})",
+                                    node=node.name or node.op_type, op=node.op_type,
+                                    hint="fix the predicate (absent attributes arrive as the schema "
+                                         "default, or None where there is none)") from exc
+            else:
+                ok = _same(have, want)
+            if not ok:
+                self._fail(f"{label}: attribute {key}={have!r} does not match",
+                           f"attribute {key} does not match")
+                return None
+        return captured
+
+    # -- the whole match: inner nodes' outputs may not escape
+
+    def _complete(self, st: _State) -> Match | None:
+        view = self.view
+        outputs = []
+        for root in self.roots:
+            if isinstance(root, Var):
+                outputs.append(st.bindings.get(root.name) or "")
+                continue
+            pnode, out = (root.node, root.index) if isinstance(root, Out) else (root, 0)
+            node_outs = view.nodes[st.nodes[id(pnode)]].output
+            outputs.append(node_outs[out] if out < len(node_outs) else "")
+        keep = set(outputs)
+        matched = st.used
+        for i in matched:
+            node = view.nodes[i]
+            for name in node.output:
+                if not name or name in keep:
+                    continue
+                if name in view.protected or any(c not in matched for c in view.consumers.get(name, ())):
+                    self._fail(f"node '{node.name or node.op_type}' output '{name}' has other consumers",
+                               f"{node.op_type} output has other consumers")
+                    return None
+        bindings = {name: st.bindings.get(name) for name in self.vars}
+        anchor = st.nodes[id(self.roots[0].node if isinstance(self.roots[0], Out) else self.roots[0])]
+        nodes = [anchor] + sorted(i for i in matched if i != anchor)
+        return Match(bindings, nodes, outputs)
