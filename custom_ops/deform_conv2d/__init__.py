@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from graphkit.ops import Attr, AttrType, Decomposition, OpDef, Param
+from graphkit.ops import Attr, AttrType, Decomposition, ForeignOp, OpDef, Param
 
 from . import _decompose, _shapes
 from ._numpy_kernel import python_kernel
@@ -49,6 +49,21 @@ def _torch_forward():
     from graphkit.export.extension import load_extension
 
     return load_extension("deform_conv2d", __name__, SOURCES).deform_conv2d
+
+
+TORCHVISION_SCHEMA = (
+    "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, "
+    "SymInt stride_h, SymInt stride_w, SymInt pad_h, SymInt pad_w, SymInt dilation_h, "
+    "SymInt dilation_w, SymInt groups, SymInt offset_groups, bool use_mask) -> Tensor")
+
+
+def _from_torchvision(a: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """torchvision's call -> this op's. torchvision passes zeros for a missing bias (kept:
+    adding zeros is exact) and a dummy mask with ``use_mask=False`` (dropped)."""
+    inputs = [a["input"], a["weight"], a["offset"], a["bias"], a["mask"] if a["use_mask"] else None]
+    return inputs, {"stride": [a["stride_h"], a["stride_w"]], "padding": [a["pad_h"], a["pad_w"]],
+                    "dilation": [a["dilation_h"], a["dilation_w"]], "groups": a["groups"],
+                    "offset_groups": a["offset_groups"]}
 
 
 DEFORM_CONV2D = OpDef(
@@ -82,6 +97,8 @@ DEFORM_CONV2D = OpDef(
         Decomposition("grid_sample", _decompose.grid_sample, min_opset=16),
         Decomposition("gather", _decompose.gather, min_opset=11),
     ),
+    # torchvision.ops.deform_conv2d calls torch.ops.torchvision.deform_conv2d
+    foreign_ops=(ForeignOp("torchvision::deform_conv2d", TORCHVISION_SCHEMA, _from_torchvision),),
 )
 
-__all__ = ["DEFORM_CONV2D", "infer_shapes", "python_kernel", "reference"]
+__all__ = ["DEFORM_CONV2D", "TORCHVISION_SCHEMA", "infer_shapes", "python_kernel", "reference"]

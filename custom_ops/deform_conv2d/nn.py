@@ -5,9 +5,10 @@
 - :class:`DeformConv2d` - ``torchvision.ops.DeformConv2d``: same constructor, parameters
   and initialization; ``forward(input, offset, mask=None)``.
 - :func:`torchvision_symbolic` / :func:`torchvision_symbolics` - the tutorial's path: a
-  TorchScript symbolic for an existing ``torchvision::deform_conv2d`` op (``parse_args``,
-  ``register_custom_op_symbolic``), registered only inside the ``with`` block, that writes
-  the same ``custom::deform_conv2d`` placeholder.
+  TorchScript symbolic for an existing ``torchvision::deform_conv2d`` op
+  (``register_custom_op_symbolic``), registered only inside the ``with`` block, that writes
+  the same ``custom::deform_conv2d`` placeholder. :func:`graphkit.export.export` needs
+  neither: the OpDef's ``foreign_ops`` entry maps torchvision's op for both exporters.
 
 Both calls go through the op's autograd.Function (:func:`graphkit.export.autograd_function`):
 eager runs the C++ forward, ``torch.onnx.export(dynamo=False)`` uses its symbolic, and
@@ -104,25 +105,14 @@ class DeformConv2d(torch.nn.Module):
         return s
 
 
-def _torchvision_symbolic():
-    from torch.onnx.symbolic_helper import parse_args
-
-    @parse_args("v", "v", "v", "v", "v", "i", "i", "i", "i", "i", "i", "i", "i", "b")
-    def symbolic(g, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-                 n_weight_grps, n_offset_grps, use_mask):
-        # torchvision passes zeros for a missing bias and a dummy mask with use_mask=False.
-        inputs = [input, weight, offset, bias] + ([mask] if use_mask else [])
-        return g.op("custom::deform_conv2d", *inputs, stride_i=[stride_h, stride_w], padding_i=[pad_h, pad_w],
-                    dilation_i=[dil_h, dil_w], groups_i=n_weight_grps, offset_groups_i=n_offset_grps)
-
-    symbolic.__name__ = "torchvision_deform_conv2d_symbolic"
-    return symbolic
-
-
 def torchvision_symbolic():
     """The tutorial's symbolic for ``torchvision::deform_conv2d``, writing every input and
-    attribute onto ``custom::deform_conv2d`` (the tutorial kept only input and offset)."""
-    return _torchvision_symbolic()
+    attribute onto ``custom::deform_conv2d`` (the tutorial kept only input and offset).
+    Derived from the op's ``foreign_ops`` entry, as :func:`graphkit.export.export` does."""
+    from graphkit.export._foreign import foreign_symbolic
+
+    (foreign,) = [f for f in DEFORM_CONV2D.foreign_ops if f.name == TORCHVISION_OP]
+    return foreign_symbolic(DEFORM_CONV2D, foreign)
 
 
 def _registered(opset: int) -> bool:

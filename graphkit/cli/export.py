@@ -38,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--placeholder", action="append", default=[], metavar="OP",
                    help="export the ATen op OP as graphkit's custom::OP placeholder instead of "
                         "standard ops; for example --placeholder asinh")
+    p.add_argument("--torch-translation", action="append", default=[], metavar="NS::OP",
+                   help="leave another library's torch op that a graphkit op stands for to torch's own "
+                        "translation instead of graphkit's placeholder; for example --torch-translation "
+                        "torchvision::deform_conv2d (standard DeformConv, needs --opset 19 or higher)")
     p.add_argument("--no-gap-fillers", action="store_true",
                    help="do not register graphkit's symbolics for ATen ops the TorchScript "
                         "exporter lacks (python -m graphkit.export.gaps lists them)")
@@ -155,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
         report = export(model, tuple(inputs), args.output, dynamo=args.dynamo, opset=args.opset,
                         registry=registry, input_names=names, output_names=args.output_name or None,
                         dynamic_dims=dynamic or None, placeholders=args.placeholder,
-                        rewrites=registries, backend=args.backend, **kwargs)
+                        rewrites=registries, backend=args.backend,
+                        torch_translations=args.torch_translation, **kwargs)
     verification = None
     if args.verify:
         from graphkit.verify import verify_export

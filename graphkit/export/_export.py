@@ -54,6 +54,7 @@ import torch
 
 from graphkit.errors import ExportError, GraphkitError
 from graphkit.export import torch_ops
+from graphkit.export._foreign import foreign_translations, scoped_foreign_symbolics
 from graphkit.export._model_ops import merge, registry_for
 from graphkit.export.aten import GapFillerTable, placeholder_translations, scoped_gap_fillers, scoped_placeholders
 from graphkit.export.gap_fillers import GAP_FILLERS
@@ -150,6 +151,7 @@ def export(
     placeholders: Sequence[str] = (),
     rewrites: RewriteRegistry | Sequence[RewriteRegistry] | None = None,
     backend: str = "onnxruntime",
+    torch_translations: Sequence[str] = (),
 ) -> ExportReport:
     """Export ``model(*args, **kwargs)`` to ``path`` with its custom ops as placeholder nodes.
 
@@ -159,8 +161,13 @@ def export(
     (``torch_namespace::name``) are an ExportError naming both. ``gap_fillers`` (None: none) are registered for the
     TorchScript exporter; ``placeholders`` names ATen ops to write as ``custom::<op>``;
     ``rewrites`` are activated for the :class:`~graphkit.export.ExportTarget` (exporter,
-    ``opset``, ``backend``) of this call. Raises ExportError naming the model class and the
-    cause (nothing is written then), OutputError for an unwritable ``path``.
+    ``opset``, ``backend``) of this call. Other libraries' torch ops that a registry op
+    stands for (``OpDef.foreign_ops``, e.g. ``torchvision::deform_conv2d``) are written as
+    that op's placeholder with both exporters; ``torch_translations`` names those to leave to
+    torch's own translation instead (torch writes standard ``DeformConv``, valid from opset
+    19). Standard ops the model's opset lacks are an ExportError naming the node. Raises
+    ExportError naming the model class and the cause (nothing is written then), OutputError
+    for an unwritable ``path``.
     """
     # Exports run one at a time in a process: the exporters patch torch and register
     # symbolics and schemas process-wide while they trace. A second thread waits.
@@ -168,14 +175,14 @@ def export(
         return _export(model, args, path, dynamo=dynamo, registry=registry, opset=opset,
                        input_names=input_names, output_names=output_names, dynamic_dims=dynamic_dims,
                        kwargs=kwargs, gap_fillers=gap_fillers, placeholders=placeholders,
-                       rewrites=rewrites, backend=backend)
+                       rewrites=rewrites, backend=backend, torch_translations=torch_translations)
 
 
 _EXPORT_LOCK = threading.RLock()
 
 
 def _export(model, args, path, *, dynamo, registry, opset, input_names, output_names, dynamic_dims,
-            kwargs, gap_fillers, placeholders, rewrites, backend) -> ExportReport:
+            kwargs, gap_fillers, placeholders, rewrites, backend, torch_translations) -> ExportReport:
     from graphkit.modelio import check_output_path, save_model
     from graphkit.ops import default_registry
 
@@ -198,6 +205,7 @@ def _export(model, args, path, *, dynamo, registry, opset, input_names, output_n
     names = _input_names(model, args, kwargs, input_names)
     _check_dynamic_dims(dynamic_dims, names, model_name)
     placeholder_ops = _placeholder_ops(placeholders, registry, model_name)
+    torch_translations = _torch_translations(torch_translations, registry, model_name)
     registries = _registries(rewrites)
     target = ExportTarget("dynamo" if dynamo else "torchscript", opset, backend)
     used = _Used()
@@ -210,11 +218,13 @@ def _export(model, args, path, *, dynamo, registry, opset, input_names, output_n
                     proto = _export_dynamo(model, args, kwargs, registry, opset, names,
                                            output_names, dynamic_dims,
                                            given_names=input_names is not None,
-                                           placeholder_ops=placeholder_ops)
+                                           placeholder_ops=placeholder_ops,
+                                           torch_translations=torch_translations)
                 else:
                     proto = _export_torchscript(model, args, kwargs, registry, opset, names,
                                                 output_names, dynamic_dims, gap_fillers=gap_fillers,
-                                                placeholder_ops=placeholder_ops, used=used)
+                                                placeholder_ops=placeholder_ops, used=used,
+                                                torch_translations=torch_translations)
                 used.rewrites = {name: active.calls[name] for name in active.names}
             break
         except Exception as exc:  # noqa: BLE001 - every exporter failure becomes an ExportError
@@ -238,6 +248,7 @@ def _export(model, args, path, *, dynamo, registry, opset, input_names, output_n
             ) from exc
 
     proto = _finalize(proto, registry)
+    _check_standard_ops(proto, model_name, torch_translations)
     save_model(proto, path)
     return _report(proto, Path(path), "dynamo" if dynamo else "torchscript", registry, used)
 
@@ -303,6 +314,18 @@ def _placeholder_ops(names: Sequence[str], registry: OpRegistry, model_name: str
     return ops
 
 
+def _torch_translations(names: Sequence[str], registry: OpRegistry, model_name: str) -> tuple[str, ...]:
+    if isinstance(names, str):
+        names = [names]
+    known = sorted({f.name for op in registry for f in op.foreign_ops})
+    for name in names:
+        if name not in known:
+            raise ExportError(f"cannot export {model_name}: torch_translations names {name!r}, which "
+                              "no op of the registry stands for",
+                              hint=f"name one of {', '.join(known) or '(none)'}")
+    return tuple(names)
+
+
 def _registries(rewrites) -> list[RewriteRegistry]:
     if rewrites is None:
         return []
@@ -315,10 +338,12 @@ def _registries(rewrites) -> list[RewriteRegistry]:
 
 
 def _export_dynamo(model, args, kwargs, registry, opset, names, output_names, dynamic_dims,
-                   *, given_names: bool, placeholder_ops: Sequence[OpDef] = ()) -> onnx.ModelProto:
+                   *, given_names: bool, placeholder_ops: Sequence[OpDef] = (),
+                   torch_translations: Sequence[str] = ()) -> onnx.ModelProto:
     with _registry_ops(registry):
         table = torch_ops.custom_translation_table()
         table.update(placeholder_translations(placeholder_ops))
+        table.update(foreign_translations(registry, skip=torch_translations))
         dynamic_shapes = _dynamic_shapes(model, args, kwargs, names, dynamic_dims)
         with _quiet_dynamo():
             program = torch.onnx.export(
@@ -335,12 +360,13 @@ def _export_dynamo(model, args, kwargs, registry, opset, names, output_names, dy
 def _export_torchscript(model, args, kwargs, registry, opset, names, output_names,
                         dynamic_dims, *, gap_fillers: GapFillerTable | None = None,
                         placeholder_ops: Sequence[OpDef] = (), used: _Used | None = None,
-                        ) -> onnx.ModelProto:
+                        torch_translations: Sequence[str] = ()) -> onnx.ModelProto:
     buf = io.BytesIO()
     dynamic_axes = {name: dict(axes) for name, axes in (dynamic_dims or {}).items()}
     model, args = _positional_call(model, args, kwargs)  # torch.jit.trace takes no kwargs
     placeholders = {f"aten::{op.name}" for op in placeholder_ops}
     with _registry_ops(registry), torch_ops.scoped_symbolics(), \
+            scoped_foreign_symbolics(registry, skip=torch_translations), \
             scoped_placeholders(placeholder_ops, opset), \
             scoped_gap_fillers(gap_fillers or (), opset, skip=placeholders) as fillers, \
             warnings.catch_warnings():
@@ -528,6 +554,36 @@ def _finalize(model: onnx.ModelProto, registry: OpRegistry) -> onnx.ModelProto:
             model.opset_import.append(onnx.helper.make_opsetid(domain, version))
     model.ir_version = min(model.ir_version or MAX_IR_VERSION, MAX_IR_VERSION)
     return model
+
+
+def _check_standard_ops(model: onnx.ModelProto, model_name: str, torch_translations: Sequence[str]) -> None:
+    """ExportError for a standard ONNX node the model's opset does not have (torch's
+    ``DeformConv`` at opset 18): such a model is invalid, so it is never written."""
+    imports = {imp.domain: imp.version for imp in model.opset_import}
+    opset = imports.get("", imports.get("ai.onnx"))
+    if opset is None:
+        return
+    for node in _all_nodes(model.graph):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            onnx.defs.get_schema(node.op_type, opset, "")
+        except onnx.defs.SchemaError:
+            since = _first_version(node.op_type)
+            fix = (f"export at opset >= {since}" if since is not None else "export with another opset")
+            if torch_translations:
+                fix += (f", or let graphkit write its placeholder (drop torch_translations="
+                        f"{list(torch_translations)})")
+            raise ExportError(
+                f"cannot export {model_name}: the exporter wrote {node.op_type}, which opset {opset} "
+                f"does not have" + (f" (it exists from opset {since})" if since is not None else ""),
+                node=node.name or node.op_type, op=node.op_type, hint=fix) from None
+
+
+def _first_version(op_type: str) -> int | None:
+    versions = [s.since_version for s in onnx.defs.get_all_schemas_with_history()
+                if s.name == op_type and s.domain == ""]
+    return min(versions) if versions else None
 
 
 def _subgraph_nodes(node: onnx.NodeProto) -> Iterator[onnx.NodeProto]:

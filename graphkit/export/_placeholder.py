@@ -7,7 +7,8 @@ other:
 - the calling convention of every op: inputs (declared order), then attributes (declared
   order) (:func:`params`, :func:`bind`);
 - :func:`emit_placeholder` - the TorchScript exporter's ``g.op("<domain>::<name>", ...)``;
-- :func:`onnxscript_translation` - the dynamo exporter's ``custom_translation_table`` entry.
+- :func:`onnxscript_translation` - the dynamo exporter's ``custom_translation_table`` entry
+  (:func:`placeholder_call` writes its node).
 
 The node's domain is the op's own (``OpDef.domain``), never a fixed one.
 """
@@ -24,7 +25,7 @@ import torch
 
 from graphkit.ops import AttrType, OpDef, onnx_schema
 
-__all__ = ["params", "bind", "emit_placeholder", "onnxscript_translation"]
+__all__ = ["params", "bind", "emit_placeholder", "onnxscript_translation", "placeholder_call"]
 
 _PY_TYPES: dict[AttrType, Any] = {
     AttrType.INT: int,
@@ -142,6 +143,26 @@ def _set_output_types(op: OpDef, inputs: Sequence[Any], attrs: dict[str, Any], o
 # --------------------------------------------------------------------------- dynamo=True
 
 
+def placeholder_call(op: OpDef, domain: str | None = None) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
+    """``emit(inputs, attrs)`` writing the ``<domain>::<name>`` node in an onnxscript
+    translation (``domain`` defaults to ``op.domain``); ``attrs`` are coerced values by name."""
+    import onnx_ir as ir
+    import onnxscript
+
+    domain = op.domain if domain is None else domain
+    schema = onnx_schema(op, domain)
+    onnx_op = onnxscript.values.Op(onnxscript.values.Opset(domain, op.since_version), op.name, schema)
+    ir_types = {AttrType.INT: ir.AttributeType.INT, AttrType.FLOAT: ir.AttributeType.FLOAT,
+                AttrType.STRING: ir.AttributeType.STRING, AttrType.INTS: ir.AttributeType.INTS,
+                AttrType.FLOATS: ir.AttributeType.FLOATS}
+
+    def emit(inputs: Sequence[Any], attrs: dict[str, Any]) -> Any:
+        return onnx_op(*inputs, **{name: ir.Attr(name, ir_types[op.attr(name).type], value)
+                                   for name, value in attrs.items()})
+
+    return emit
+
+
 def onnxscript_translation(op: OpDef, domain: str | None = None) -> Callable[..., Any]:
     """The ``custom_translation_table`` function writing the ``<domain>::<name>`` node
     (``domain`` defaults to the op's own, ``op.domain``).
@@ -152,16 +173,9 @@ def onnxscript_translation(op: OpDef, domain: str | None = None) -> Callable[...
     generated function therefore carries a real ``__signature__`` and ``__annotations__``
     (inputs typed by a TypeVar per type constraint, attributes by their Python type).
     """
-    import onnx_ir as ir
-    import onnxscript
-
     domain = op.domain if domain is None else domain
-    schema = onnx_schema(op, domain)
-    onnx_op = onnxscript.values.Op(onnxscript.values.Opset(domain, op.since_version), op.name, schema)
+    emit = placeholder_call(op, domain)
     type_vars = {name: typing.TypeVar(name) for name in op.type_constraints}
-    ir_types = {AttrType.INT: ir.AttributeType.INT, AttrType.FLOAT: ir.AttributeType.FLOAT,
-                AttrType.STRING: ir.AttributeType.STRING, AttrType.INTS: ir.AttributeType.INTS,
-                AttrType.FLOATS: ir.AttributeType.FLOATS}
     P = inspect.Parameter
     plist, annotations = [], {}
     defaults = {name: (default, has) for name, default, has in params(op)}
@@ -184,8 +198,7 @@ def onnxscript_translation(op: OpDef, domain: str | None = None) -> Callable[...
 
     def translation(*args: Any, **kwargs: Any) -> Any:
         inputs, attrs = bind(op, args, kwargs)
-        return onnx_op(*inputs, **{name: ir.Attr(name, ir_types[op.attr(name).type], value)
-                                   for name, value in attrs.items()})
+        return emit(inputs, attrs)
 
     translation.__name__ = translation.__qualname__ = op.name
     translation.__doc__ = f"{domain}::{op.name} placeholder node for {op.torch_namespace}::{op.name}."

@@ -23,6 +23,7 @@ __all__ = [
     "Attr",
     "Param",
     "Decomposition",
+    "ForeignOp",
     "OpDef",
     "Shape",
     "PLACEHOLDER_DOMAIN",
@@ -153,6 +154,32 @@ class Decomposition:
 
 
 @dataclass(frozen=True)
+class ForeignOp:
+    """A torch op of another library that the op also stands for, e.g. torchvision's
+    ``torchvision::deform_conv2d`` for graphkit's ``deform_conv2d``.
+
+    ``name`` is its torch name (``namespace::op``) and ``schema`` its torch schema without
+    the namespace, as that library declares it. ``to_op(args)`` maps a call, given as the
+    schema's arguments by name (tensors as the exporter's values, scalars as Python values),
+    to the op's ``(inputs, attributes)``: inputs in declared order (None for an absent
+    optional one), attributes by name. Both torch exporters write the op's placeholder for
+    every call of the foreign op (:func:`graphkit.export.export`).
+    """
+
+    name: str
+    schema: str
+    to_op: Callable[[Mapping[str, Any]], tuple[Sequence[Any], Mapping[str, Any]]]
+
+    @property
+    def namespace(self) -> str:
+        return self.name.partition("::")[0]
+
+    @property
+    def op_name(self) -> str:
+        return self.name.partition("::")[2]
+
+
+@dataclass(frozen=True)
 class OpDef:
     """Everything graphkit knows about one custom op.
 
@@ -167,6 +194,8 @@ class OpDef:
     - ``domain`` is the ONNX domain of the op's placeholder node (``custom::<name>``), and
       ``torch_namespace`` the ``torch.library`` namespace of its torch op
       (``torch.ops.<torch_namespace>.<name>``).
+    - ``foreign_ops`` are other libraries' torch ops the op also stands for
+      (:class:`ForeignOp`): export writes this op's placeholder for their calls.
     """
 
     name: str
@@ -184,6 +213,7 @@ class OpDef:
     domain: str = PLACEHOLDER_DOMAIN
     since_version: int = 1
     torch_namespace: str = TORCH_NAMESPACE
+    foreign_ops: tuple[ForeignOp, ...] = ()
     # Filled by __post_init__: attribute lookup by name.
     _attr_index: Mapping[str, Attr] = field(default_factory=dict, repr=False, compare=False)
 
@@ -209,6 +239,18 @@ class OpDef:
                     a.type.coerce(a.default)
                 except TypeError as exc:
                     problems.append(f"attribute '{a.name}' default: {exc}")
+        for f in self.foreign_ops:
+            ns, _, name = f.name.partition("::")
+            if not (ns.isidentifier() and name.isidentifier()):
+                problems.append(f"foreign op {f.name!r} is not a torch name like 'torchvision::nms'")
+            elif not re.match(rf"{re.escape(name)}(\.[A-Za-z_]\w*)?\(", f.schema):
+                problems.append(f"foreign op {f.name}: schema {f.schema!r} does not declare {name}(...)")
+            elif ns == self.torch_namespace and name == self.name:
+                problems.append(f"foreign op {f.name} is the op's own torch name")
+            if not callable(f.to_op):
+                problems.append(f"foreign op {f.name}: to_op is not callable")
+        if len({f.name for f in self.foreign_ops}) != len(self.foreign_ops):
+            problems.append("a foreign op is listed twice")
         seen_opt = False
         for p in self.inputs:
             if seen_opt and not p.optional:
