@@ -11,7 +11,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.graphkit-installed
 
-.PHONY: install demo test bench clean
+.PHONY: install sysdeps demo test bench clean
 
 install: $(STAMP)
 
@@ -22,10 +22,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[torch,dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# graphviz draws `graphkit show` / `rewrite --diff` pictures; chromium lets the tests look at
+# them. Installed with apt where we are root on Debian/Ubuntu; elsewhere a note says what to install.
+sysdeps:
+	@if command -v dot >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing graphviz and chromium (apt-get)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz chromium >/dev/null) \
+	    || echo "note: apt-get failed: install graphviz for pictures"; \
+	else echo "note: install graphviz (dot) for graphkit show / rewrite --diff pictures"; fi
+
+demo: $(STAMP) sysdeps
 	$(PY) samples/run_all.py
 
-test: $(STAMP)
+test: $(STAMP) sysdeps
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -22,6 +22,7 @@ __all__ = [
     "NativeBuildError",
     "ExportError",
     "VerificationError",
+    "ToolError",
     "EXIT_INTERNAL",
     "documented_exit_codes",
 ]
@@ -141,6 +142,12 @@ class VerificationError(GraphkitError):
     """Two computations of the same model differ beyond tolerance (torch vs ORT, a vs b)."""
 
     exit_code = 12
+
+
+class ToolError(GraphkitError):
+    """An external program graphkit needs (graphviz's ``dot`` for pictures) is missing or failed."""
+
+    exit_code = 15
 
 
 def documented_exit_codes() -> set[int]:

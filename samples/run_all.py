@@ -31,7 +31,27 @@ def main(out_root: Path) -> int:
             failures += not ok
             print(f"{sample.name:<15} {exporter:<12} {lowering:<15} {err:>12.3g}  {'ok' if ok else 'MISMATCH'}")
     print("all outputs match torch" if not failures else f"{failures} mismatch(es)")
+    _draw(out_root)
     return 1 if failures else 0
+
+
+def _draw(out_root: Path) -> None:
+    """Pictures of one rewrite (the detector's deform_conv2d gathered by standard ops), when graphviz is here."""
+    from graphkit.errors import ToolError
+    from graphkit.modelio import load_model
+    from graphkit.pictures import write_diff
+
+    before = out_root / "deform_conv" / "detector.torchscript.onnx"
+    after = out_root / "deform_conv" / "detector.torchscript.gather.onnx"
+    if not (before.is_file() and after.is_file()):
+        return
+    try:
+        files = write_diff(load_model(before), load_model(after), out_root / "pictures",
+                           before_name=before.name, after_name=after.name)
+    except ToolError as exc:
+        print(f"no pictures: {exc}")
+        return
+    print(f"what the rewrite changed: open {files[0]}")
 
 
 if __name__ == "__main__":

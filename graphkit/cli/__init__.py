@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "verify": ("graphkit.cli.verify", "run a torch model and its ONNX export on the same inputs and compare"),
     "compare": ("graphkit.cli.compare", "run two ONNX models on the same inputs and compare; --bisect finds the first diverging node"),
     "ops": ("graphkit.cli.ops", "list every known op: its package, signature, attributes and lowerings"),
+    "show": ("graphkit.cli.show", "draw a model, or what a rewrite changed (before/after per region), as SVG + HTML"),
 }
 
 # Subcommands that read or write models, and so need to know the ops in them: each takes
@@ -42,7 +43,7 @@ OPS_HELP = ("an op package to load besides graphkit's own ops, installed package
 EPILOG = """exit codes: 0 ok, 2 usage, 3 cannot load model, 4 cannot write output,
 5 bad op definition, 6 op without rule or kernel, 7 rewrite failed, 8 model invalid,
 9 kernel or session failure, 10 native build failed, 11 export failed,
-12 outputs differ beyond tolerance, 13 op package cannot be loaded or conflicts,
+12 outputs differ beyond tolerance, 13 op package cannot be loaded or conflicts, 15 graphviz missing,
 70 internal error, 128+N stopped by signal N (130 Ctrl-C, 129 SIGHUP, 143 SIGTERM)"""
 
 
@@ -78,7 +79,7 @@ EXAMPLES = {
     "rewrite": ("graphkit rewrite model.onnx model.std.onnx                  # decompose into standard ops",
                 "graphkit rewrite model.onnx model.native.onnx --bind native  # bind the C++ kernels",
                 "graphkit rewrite model.onnx out.onnx --rules samples/rules/fuse_my_add.py --explain",
-                "graphkit rewrite model.onnx out.onnx --target-opset 17 --dry-run --json"),
+                "graphkit rewrite model.onnx model.std.onnx --target-opset 17 --diff pictures/  # + pictures/index.html"),
     "run": ("graphkit run model.onnx                           # random inputs, seed 0",
             "graphkit run model.onnx --inputs x.npz --output y.npz",
             "graphkit run model.onnx --bind python --dim batch=4 --json"),
@@ -96,6 +97,8 @@ EXAMPLES = {
     "ops": ("graphkit ops",
             "graphkit ops custom::my_add",
             "graphkit ops --ops ./my_ops.py --json"),
+    "show": ("graphkit show model.onnx model.std.onnx -o pictures/  # what the rewrite changed",
+             "graphkit show model.onnx -o pictures/                  # the whole (small) model"),
 }
 
 

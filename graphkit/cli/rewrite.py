@@ -33,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="when writing into another directory, make external weights valid there by hard "
                         "link (link), copy (copy) or link falling back to copy (auto, the default)")
     p.add_argument("--dry-run", action="store_true", help="do everything but write the output")
+    p.add_argument("--diff", metavar="DIR",
+                   help="also draw what changed: DIR/index.html and a before/after page per rewritten "
+                        "region (needs graphviz's dot)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show progress on stderr (default: on a terminal, for models over 10k nodes)")
@@ -69,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
     registry = op_registry(args)  # a broken --ops package fails before any model work
     if not args.dry_run:
         check_output_path(args.output, args.input)
+    if args.diff:
+        from graphkit.cli.show import check_target
+
+        check_target(args.diff)
     rules = RuleSet([r for source in args.rules for r in load_rules(source)])
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     if not len(rules) and args.target_opset is None and not args.as_functions:
@@ -96,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
                 with atomic_write(args.output) as tmp:
                     tmp.write_bytes(out_bytes)
                 text = _report_text(args, report, sizes, start)  # the wall time with the writing
+            if args.diff:
+                from graphkit.cli.show import draw_rewrite
+
+                text = draw_rewrite(args.diff, args.input, out_bytes, report, text, as_json=args.json)
             print(text)
             return 0
         del data
@@ -116,6 +127,10 @@ def run(args: argparse.Namespace) -> int:
         save_model(out, args.output, input_path=args.input, external_data=args.external_data)
         sizes["bytes_after"] = os.path.getsize(args.output)
         text = _report_text(args, report, sizes, start)
+    if args.diff:
+        from graphkit.cli.show import draw_rewrite
+
+        text = draw_rewrite(args.diff, args.input, out, report, text, as_json=args.json)
     print(text)
     return 0
 
