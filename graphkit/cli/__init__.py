@@ -43,7 +43,7 @@ OPS_HELP = ("an op package to load besides graphkit's own ops, installed package
 EPILOG = """exit codes: 0 ok, 2 usage, 3 cannot load model, 4 cannot write output,
 5 bad op definition, 6 op without rule or kernel, 7 rewrite failed, 8 model invalid,
 9 kernel or session failure, 10 native build failed, 11 export failed,
-12 outputs differ beyond tolerance, 13 op package cannot be loaded or conflicts, 15 graphviz missing,
+12 outputs differ beyond tolerance, 13 op package cannot be loaded or conflicts, 14 rule failed, 15 graphviz missing,
 70 internal error, 128+N stopped by signal N (130 Ctrl-C, 129 SIGHUP, 143 SIGTERM)"""
 
 
