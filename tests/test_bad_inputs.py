@@ -707,8 +707,8 @@ CASES = [
     # user code
     Case("--rules file raises on import", s_rules_raise_at_import, 7, ("rules.py", "broken rules file"),
          "fix the rules file"),
-    Case("--rules rewrite() raises", s_rules_raise_in_rewrite, 7, ("'boom'", "boom in rewrite"), "fix the rule"),
-    Case("--rules check() raises", s_rules_raise_in_check, 7, ("'boom'", "boom in check"), "fix the rule"),
+    Case("--rules rewrite() raises", s_rules_raise_in_rewrite, 14, ("'boom'", "boom in rewrite"), "fix the rule"),
+    Case("--rules check() raises", s_rules_raise_in_check, 14, ("'boom'", "boom in check"), "fix the rule"),
     Case("--rules file calls sys.exit", s_rules_sys_exit, 7, ("rules.py", "sys.exit"), None),
     # run time
     Case("Python kernel raises at run time", s_python_kernel_raises, 9, ("Python kernel", "ValueError"),

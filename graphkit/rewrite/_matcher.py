@@ -100,7 +100,8 @@ class Matcher:
         self.vars = {}
         for r in roots:
             variables(r, self.vars)
-        self.failures: list[tuple[str, str]] = []  # (text, generic) of the current anchor
+        self.failures: list[tuple[int, str, str]] = []  # (depth, text, generic) of the current anchor
+        self._at = 0  # how many nodes the partial match being tried holds
 
     # -- entry
 
@@ -120,13 +121,18 @@ class Matcher:
                         return
 
     def reason(self) -> tuple[str, str]:
-        """Why the last anchor did not match: (text, generic), distinct failures joined."""
-        texts = list(dict.fromkeys(t for t, _ in self.failures))[:3]
-        generics = list(dict.fromkeys(g for _, g in self.failures))[:3]
-        return " / ".join(texts) or "no match", " / ".join(generics) or "no match"
+        """Why the last anchor did not match: (text, generic) of the failures that came
+        closest (most nodes matched), distinct ones joined."""
+        if not self.failures:
+            return "no match", "no match"
+        deepest = max(d for d, _, _ in self.failures)
+        best = [(t, g) for d, t, g in self.failures if d == deepest]
+        texts = list(dict.fromkeys(t for t, _ in best))[:3]
+        generics = list(dict.fromkeys(g for _, g in best))[:3]
+        return " / ".join(texts), " / ".join(generics)
 
     def _fail(self, text: str, generic: str) -> None:
-        self.failures.append((text, generic))
+        self.failures.append((self._at, text, generic))
 
     # -- roots after the first: found among the consumers of what is already matched
 
@@ -163,6 +169,7 @@ class Matcher:
         view = self.view
         node = view.nodes[index]
         label = f"node '{node.name or node.op_type}'"
+        self._at = len(st.used)
         seen = st.nodes.get(id(pat))
         if seen is not None:
             if seen == index:
@@ -216,6 +223,7 @@ class Matcher:
             yield from self._inputs(pats, names, s, label, k + 1)
 
     def _value(self, pat: Any, name: str, st: _State, label: str) -> Iterator[_State]:
+        self._at = len(st.used)
         if isinstance(pat, Optional):
             if not name:
                 absent = {v: None for v in variables(pat.inner) if v not in st.bindings}
@@ -326,6 +334,7 @@ class Matcher:
             outputs.append(node_outs[out] if out < len(node_outs) else "")
         keep = set(outputs)
         matched = st.used
+        self._at = len(matched) + 1
         for i in matched:
             node = view.nodes[i]
             for name in node.output:

@@ -37,7 +37,7 @@ from onnx import helper
 from graphkit.errors import GraphkitError, RewriteError, RuleError
 from graphkit.rewrite._graphview import GraphView
 from graphkit.rewrite._matcher import Match, Matcher
-from graphkit.rewrite._pattern import Many, Out, PatternOps, PNode, Var, variables
+from graphkit.rewrite._pattern import Either, Many, Out, PatternOps, PNode, Var, variables
 from graphkit.rewrite._walk import graphs, subgraphs
 from graphkit.rewrite.builder import TypeTable
 
@@ -145,7 +145,8 @@ class _Compiled:
     anchor: tuple[str, str]  # (domain, op_type) of the first root's node
 
 
-def _compile(name: str, pattern: Callable[..., Any]) -> _Compiled:
+def _compile(name: str, pattern: Callable[..., Any]) -> list[_Compiled]:
+    """The pattern function's graph; an ``either`` at the root is one pattern per alternative."""
     args = [Many(n) if star else Var(n) for n, star in _param_names(pattern, 1)]
     try:
         result = pattern(PatternOps(), *args)
@@ -153,13 +154,17 @@ def _compile(name: str, pattern: Callable[..., Any]) -> _Compiled:
         raise RewriteError(f"rule '{name}': the pattern function failed: {exc}",
                            hint="build the pattern from op.X(...), variables, numbers, const(), "
                                 "optional() and either()") from exc
-    roots = list(result) if isinstance(result, tuple) else [result]
-    first = roots[0] if roots else None
-    head = first.node if isinstance(first, Out) else first
-    if not isinstance(head, PNode) or any(not isinstance(r, (PNode, Out, Var)) for r in roots):
-        raise RewriteError(f"rule '{name}': pattern must return an op, got {result!r}",
-                           hint="return op.Something(...) (or a tuple of them) from the pattern function")
-    return _Compiled(roots, (head.domain, head.op_type))
+    alternatives = result.alternatives if isinstance(result, Either) else [result]
+    compiled = []
+    for alt in alternatives:
+        roots = list(alt) if isinstance(alt, tuple) else [alt]
+        first = roots[0] if roots else None
+        head = first.node if isinstance(first, Out) else first
+        if not isinstance(head, PNode) or any(not isinstance(r, (PNode, Out, Var)) for r in roots):
+            raise RewriteError(f"rule '{name}': pattern must return an op, got {result!r}",
+                               hint="return op.Something(...) (or a tuple of them) from the pattern function")
+        compiled.append(_Compiled(roots, (head.domain, head.op_type)))
+    return compiled
 
 
 def _call(fn: Callable[..., Any], first: Any, bindings: dict[str, Any]) -> Any:
@@ -198,7 +203,7 @@ class Rule:
 
     def __post_init__(self) -> None:
         fns = self.pattern if isinstance(self.pattern, (list, tuple)) else [self.pattern]
-        self._patterns = [_compile(self.name, fn) for fn in fns]
+        self._patterns = [c for fn in fns for c in _compile(self.name, fn)]
         bound: dict[str, Var] = {}
         for p in self._patterns:
             for r in p.roots:
@@ -388,21 +393,29 @@ def apply_rule_set(model: onnx.ModelProto, rules: RuleSet, *, make_builder: Call
 
 def _apply_scope(scope: Scope, rules: list[Any], max_rounds: int, report: RuleReport, emitted: set[str],
                  path: str | None) -> int:
+    """Rules round after round until a round changes nothing; graph passes in the first round.
+
+    Each rule's reasons are kept from the last round it ran in, so nothing repeats.
+    """
     total = 0
-    for _ in range(max_rounds):
-        round_report = RuleReport()
+    last: dict[str, RuleReport] = {}
+    for round_no in range(max_rounds):
         changed_by: dict[str, int] = {}
         for rule in rules:
+            if isinstance(rule, GraphPass) and round_no:
+                continue
+            mine = last[rule.name] = RuleReport()
             if isinstance(rule, GraphPass):
-                n = _apply_pass(scope, rule, round_report, path)
+                n = _apply_pass(scope, rule, mine, path)
             else:
-                n = _apply_rule(scope, rule, round_report, emitted, path)
+                n = _apply_rule(scope, rule, mine, emitted, path)
+            report.merge(mine, reasons=False)
             if n:
                 changed_by[rule.name] = n
-        changed = sum(changed_by.values())
-        report.merge(round_report, reasons=not changed)
-        total += changed
-        if not changed:
+        total += sum(changed_by.values())
+        if not changed_by:
+            for mine in last.values():
+                report.merge(RuleReport(reasons=mine.reasons, failures=mine.failures), reasons=True)
             return total
     names = ", ".join(f"'{n}' ({k}x)" for n, k in changed_by.items())
     raise RuleError(f"rules did not converge: after {max_rounds} rounds rule {names} still rewrites", path=path,
@@ -419,6 +432,7 @@ def _apply_pass(scope: Scope, gpass: GraphPass, report: RuleReport, path: str | 
         return 0
     if result:
         report.applied[gpass.name] = report.applied.get(gpass.name, 0) + result
+        report.matched[gpass.name] = report.matched.get(gpass.name, 0) + result
     else:
         report._fail(gpass.name, "rewrote nothing", "rewrote nothing")
     return result
@@ -458,6 +472,10 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, emitted: set[str],
         new_nodes = builder.finish(
             results, match.outputs,
             alias=lambda name: name not in protected and name not in view.outer_used)
+        if not builder.aliases and _same_nodes(new_nodes, [nodes[i] for i in match.nodes]):
+            report._fail(rule.name, f"{label}: the replacement is the matched node itself "
+                         f"(output '{match.outputs[0]}' keeps its name)", "the replacement is the matched node itself")
+            continue
         if builder.initializers:
             emitted.update(t.name for t in builder.initializers)
             new_nodes = scope.add_initializers(builder.initializers) + new_nodes
@@ -517,6 +535,16 @@ def _first_match(rule: Rule, matchers: list[tuple[str, Matcher]], index: int, vi
             text, generic = matcher.reason()
             failure = (text if text.startswith(label) else f"{label}: {text}", generic)
     return None, failure, structural
+
+
+def _same_nodes(new: list[onnx.NodeProto], old: list[onnx.NodeProto]) -> bool:
+    """Is the replacement the matched nodes again (names aside)? Then it changes nothing:
+    an Identity kept for a graph output, typically."""
+    if len(new) != len(old):
+        return False
+    key = lambda n: (n.domain, n.op_type, tuple(n.input), tuple(n.output),  # noqa: E731
+                     tuple(a.SerializeToString() for a in n.attribute))
+    return sorted(map(key, new)) == sorted(map(key, old))
 
 
 def _rename_inputs(nodes: list[onnx.NodeProto], aliases: dict[str, str]) -> None:
