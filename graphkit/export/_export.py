@@ -17,7 +17,9 @@ the export runs once more with that op's hooks in place.
 Dynamic dimensions are spelled once, ``{"a": {0: "batch"}}`` (keys are ONNX input names:
 ``input_names`` or, by default, the forward's parameter names), and become
 ``dynamic_axes`` or ``dynamic_shapes`` with ``torch.export.Dim`` as the exporter needs.
-The file is written atomically and only when the whole export succeeded.
+The file is written atomically and only when the whole export succeeded, which includes
+ONNX Runtime loading it (:mod:`graphkit.export._runtime_check`: session creation with
+placeholder nodes stood in for; a refused node is an ExportError naming it).
 
 Around the torch exporter, for the call only (everything is put back on exit, even on
 error):
@@ -56,6 +58,7 @@ from graphkit.errors import ExportError, GraphkitError
 from graphkit.export import torch_ops
 from graphkit.export._foreign import foreign_translations, scoped_foreign_symbolics
 from graphkit.export._model_ops import merge, registry_for
+from graphkit.export._runtime_check import RuntimeCheck, check_loads
 from graphkit.export.aten import GapFillerTable, placeholder_translations, scoped_gap_fillers, scoped_placeholders
 from graphkit.export.gap_fillers import GAP_FILLERS
 from graphkit.export.rewrites import ExportTarget, RewriteRegistry, activate_rewrites
@@ -97,6 +100,8 @@ class ExportReport:
     lowerings: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     gap_fillers: tuple[str, ...] = ()  # ATen ops written by graphkit's gap fillers
     rewrites: Mapping[str, int] = field(default_factory=dict)  # "registry/rewrite" -> calls
+    # ONNX Runtime loaded the written model (placeholder nodes stood in for by inputs)
+    runtime_check: RuntimeCheck | None = None
     # The op registry of the call: the one passed plus the model's ops (for verify/rewrite).
     registry: OpRegistry | None = field(default=None, compare=False, repr=False)
 
@@ -165,9 +170,10 @@ def export(
     stands for (``OpDef.foreign_ops``, e.g. ``torchvision::deform_conv2d``) are written as
     that op's placeholder with both exporters; ``torch_translations`` names those to leave to
     torch's own translation instead (torch writes standard ``DeformConv``, valid from opset
-    19). Standard ops the model's opset lacks are an ExportError naming the node. Raises
-    ExportError naming the model class and the cause (nothing is written then), OutputError
-    for an unwritable ``path``.
+    19). Standard ops the model's opset lacks are an ExportError naming the node. The written
+    model is opened in ONNX Runtime first (``report.runtime_check``). Raises ExportError
+    naming the model class and the cause, or the node and op ONNX Runtime refuses (nothing
+    is written then), OutputError for an unwritable ``path``.
     """
     # Exports run one at a time in a process: the exporters patch torch and register
     # symbolics and schemas process-wide while they trace. A second thread waits.
@@ -249,6 +255,9 @@ def _export(model, args, path, *, dynamo, registry, opset, input_names, output_n
 
     proto = _finalize(proto, registry)
     _check_standard_ops(proto, model_name, torch_translations)
+    # ONNX Runtime must load what was written (nothing is written otherwise).
+    used.runtime_check = check_loads(proto, registry, model_name=model_name, path=os.fspath(path),
+                                     exporter="dynamo=True" if dynamo else "dynamo=False")
     save_model(proto, path)
     return _report(proto, Path(path), "dynamo" if dynamo else "torchscript", registry, used)
 
@@ -297,6 +306,7 @@ class _Used:
 
     gap_fillers: tuple[str, ...] = ()
     rewrites: dict[str, int] = field(default_factory=dict)
+    runtime_check: RuntimeCheck | None = None
 
 
 def _placeholder_ops(names: Sequence[str], registry: OpRegistry, model_name: str) -> list[OpDef]:
@@ -618,7 +628,7 @@ def _report(model: onnx.ModelProto, path: Path, exporter: str, registry: OpRegis
         ir_version=model.ir_version, inputs=tuple(i.name for i in model.graph.input),
         outputs=tuple(o.name for o in model.graph.output), custom_nodes=nodes,
         opset_imports=imports, lowerings=lowerings, gap_fillers=used.gap_fillers,
-        rewrites=dict(used.rewrites), registry=registry)
+        rewrites=dict(used.rewrites), runtime_check=used.runtime_check, registry=registry)
 
 
 # --------------------------------------------------------------------------- errors

@@ -13,7 +13,9 @@ unregistered on exit, even on error:
 
 Symbolics are registered at the export's opset only and never over someone else's:
 torch's own symbolic (if torch has one at that opset) or a custom one already registered
-there wins, and the table entry is skipped (see :attr:`ScopedSymbolics.skipped`).
+there wins, and the table entry is skipped (see :attr:`ScopedSymbolics.skipped`); a row
+whose ``replaces`` says why torch's symbolic is wrong (``aten::cumsum`` of a bool tensor)
+is registered over torch's own.
 """
 
 from __future__ import annotations
@@ -68,7 +70,9 @@ class GapFiller:
 
     ``symbolic(g, *args)`` receives the ATen op's arguments (see
     ``torch/_C/_VariableFunctions.pyi``) and returns the ONNX value(s); ``onnx`` names what
-    it writes, for reports.
+    it writes, for reports. ``replaces`` (empty for a gap) says why the row is registered
+    over torch's own symbolic: torch exports the op, but writes a model ONNX Runtime refuses
+    or that differs from torch for some inputs.
     """
 
     aten: str
@@ -76,6 +80,7 @@ class GapFiller:
     symbolic: Callable[..., Any]
     onnx: str
     examples: tuple[Example, ...] = ()
+    replaces: str = ""
 
     def __post_init__(self) -> None:
         if not self.aten.startswith("aten::") or len(self.aten) <= len("aten::"):
@@ -198,7 +203,7 @@ def scoped_gap_fillers(table: GapFillerTable | Iterable[GapFiller], opset: int, 
     """Register the fillers torch lacks at ``opset`` for the block only.
 
     An entry is skipped when ``opset < min_opset``, when torch has its own symbolic at
-    ``opset`` (torch wins), when a custom symbolic is already registered there, or when its
+    ``opset`` (torch wins, unless the entry ``replaces`` it), when a custom symbolic is already registered there, or when its
     ATen op is in ``skip`` (``"aten::asinh"``).
     """
     scope = ScopedSymbolics(opset)
@@ -210,7 +215,8 @@ def scoped_gap_fillers(table: GapFillerTable | Iterable[GapFiller], opset: int, 
                 scope.skipped[f.aten] = "exported as a placeholder instead"
             elif opset < f.min_opset:
                 scope.skipped[f.aten] = f"needs opset >= {f.min_opset}"
-            elif torch_symbolic_exists(f.aten, opset) and not _overridden(f.aten, opset):
+            elif torch_symbolic_exists(f.aten, opset) and not _overridden(f.aten, opset) \
+                    and not f.replaces:
                 scope.skipped[f.aten] = f"torch exports it at opset {opset}"
             else:
                 entries.append((f.aten, f.symbolic))

@@ -247,6 +247,77 @@ def _soft_margin_loss(g, x, target, reduction):
     return _reduce(g, g.op("Softplus", g.op("Neg", g.op("Mul", x, _like(g, target, x)))), reduction)
 
 
+# ---------------------------------------------- found by exporting real architectures (bench/zoo.py)
+
+# torch's ScalarType numbering (a `dtype=` argument reaches a symbolic as this int) and the
+# ONNX element type of each dtype.
+_SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64,
+                 5: torch.float16, 6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16}
+_ELEMENT_TYPES = {torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int16: 5, torch.int32: 6,
+                  torch.int64: 7, torch.bool: 9, torch.float16: 10, torch.float64: 11, torch.bfloat16: 16}
+
+
+def _cast(g, v, dtype: torch.dtype | None):
+    """``v`` as ``dtype`` (no node when it already is, or when either type is unknown)."""
+    if dtype is None or _dtype(v) in (None, dtype):
+        return v
+    return g.op("Cast", v, to_i=_ELEMENT_TYPES[dtype])
+
+
+def _compute_type(dtype: torch.dtype | None) -> torch.dtype | None:
+    """The type ONNX Runtime's CPU kernels for Sub and CumSum compute ``dtype`` in: float16
+    and bfloat16 in float32 (one rounding at the end, as torch's CPU kernels), 8- and 16-bit
+    integers in int64 (the final Cast wraps around as torch does)."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    if dtype in (torch.uint8, torch.int8, torch.int16):
+        return torch.int64
+    return dtype
+
+
+@symbolic_helper.parse_args("v", "i", "i", "v", "v")
+def _diff(g, x, n, dim, prepend, append):
+    """torch.diff: ``prepend``/``append`` concatenated along ``dim`` (all promoted to one
+    type, as torch.cat does), then ``n`` times ``x[1:] - x[:-1]`` (logical xor for bool)."""
+    parts = [v for v in (prepend, x, append) if not symbolic_helper._is_none(v)]
+    dtype = _dtype(x)
+    for v in parts:
+        other = _dtype(v)
+        dtype = None if dtype is None or other is None else torch.promote_types(dtype, other)
+    if len(parts) > 1:
+        x = g.op("Concat", *[_cast(g, v, dtype) for v in parts], axis_i=dim)
+    if n == 0:
+        return x
+    work = _compute_type(dtype)
+    x = _cast(g, x, work)
+    starts = [g.op("Constant", value_t=torch.tensor([v])) for v in (1, 0)]
+    ends = [g.op("Constant", value_t=torch.tensor([v])) for v in (2**63 - 1, -1)]
+    axes = g.op("Constant", value_t=torch.tensor([dim]))
+    for _ in range(n):
+        upper = g.op("Slice", x, starts[0], ends[0], axes)
+        lower = g.op("Slice", x, starts[1], ends[1], axes)
+        x = g.op("Xor" if dtype == torch.bool else "Sub", upper, lower)
+    return x if work == dtype else g.op("Cast", x, to_i=_ELEMENT_TYPES[dtype])
+
+
+@symbolic_helper.parse_args("v", "i", "none")
+def _cumsum(g, x, dim, dtype=None):
+    """torch.cumsum: bool and integer inputs sum in int64 (ONNX Runtime has no bool CumSum,
+    torch's symbolic writes one), ``dtype=`` is honoured (torch's symbolic drops a constant
+    one), float16 accumulates in float32."""
+    have = _dtype(x)
+    if dtype is not None and not symbolic_helper._is_none(dtype):
+        want = _SCALAR_TYPES.get(symbolic_helper._get_const(dtype, "i", "dtype"))
+    elif have is not None and not have.is_floating_point:
+        want = torch.int64
+    else:
+        want = have
+    work = _compute_type(want)
+    axis = g.op("Constant", value_t=torch.tensor(dim, dtype=torch.int64))
+    y = g.op("CumSum", _cast(g, x, work), axis)
+    return y if work == want else g.op("Cast", y, to_i=_ELEMENT_TYPES[want])
+
+
 # --------------------------------------------------------------------------- examples
 
 
@@ -299,6 +370,47 @@ _LOSS_REDUCTIONS = ("mean", "sum", "none")
 def _loss_examples(fn, **kwargs):
     return tuple(_ex(lambda x, t, r=r: fn(x, t, reduction=r, **kwargs), _binary_inputs(1.5), r)
                  for r in _LOSS_REDUCTIONS)
+
+
+def _diff_examples() -> tuple[Example, ...]:
+    def positions(gen):  # transformers' find_packed_sequence_indices
+        ids = torch.tensor([[0, 1, 2, 0, 1, 5, 6], [3, 4, 5, 6, 7, 8, 9]])
+        return (ids,)
+
+    def packed(ids):
+        return torch.diff(ids, prepend=ids[:, :1] - 1, dim=-1)
+
+    return (
+        _ex(packed, positions, "int64 prepend"),
+        _ex(lambda x: torch.diff(x, n=2, dim=0), lambda gen: (torch.randn(5, 3, generator=gen),), "n=2 dim=0"),
+        _ex(lambda x: torch.diff(x.view(3, -1), append=x.view(3, -1)[:, -2:] * 2),
+            lambda gen: (torch.tensor([0.0, -0.0, _INF, -_INF, _NAN, 1e38, -1e38, 3.5, 1e-40, 2.0, 7.0, -4.0]),),
+            "append, edge values"),
+        _ex(lambda x: torch.diff(x > 0), lambda gen: (torch.randn(2, 9, generator=gen),), "bool"),
+        _ex(lambda x: torch.diff(x), lambda gen: (torch.tensor([[100, -100, 127, -128, 0]], dtype=torch.int8),),
+            "int8 wraps"),
+        _ex(lambda x: torch.diff(x), lambda gen: (torch.tensor([65504.0, -65504.0, 1e-3, 1.0], dtype=torch.float16),),
+            "float16"),
+        _ex(lambda x: torch.diff(x, prepend=torch.full((2, 1), 0.5)),
+            lambda gen: (torch.tensor([[1, 4, 9], [2, 2, 2]]),), "int64 x, float prepend"),
+        _ex(lambda x: torch.diff(x, n=4), lambda gen: (torch.randn(2, 3, generator=gen),), "n > length"),
+    )
+
+
+def _cumsum_examples() -> tuple[Example, ...]:
+    def ids(gen):
+        return (torch.tensor([[0, 1, 2, 0, 1, 5, 6], [3, 4, 5, 6, 7, 8, 9]]),)
+
+    return (
+        _ex(lambda x: (torch.diff(x, prepend=x[:, :1] - 1) != 1).cumsum(-1), ids, "bool (transformers)"),
+        _ex(lambda x: torch.cumsum(x, 0), lambda gen: (torch.randn(4, 3, generator=gen),), "float32"),
+        _ex(lambda x: torch.cumsum(x.to(torch.int32), 1), ids, "int32 -> int64"),
+        _ex(lambda x: torch.cumsum(x.to(torch.int8) * 60, 1, dtype=torch.int8), ids, "dtype=int8 wraps"),
+        _ex(lambda x: torch.cumsum(x, 1, dtype=torch.float64), lambda gen: (torch.randn(2, 5, generator=gen),),
+            "dtype=float64"),
+        _ex(lambda x: torch.cumsum(x, -1), lambda gen: (torch.tensor([[60000.0, 5000.0, 1e-4, -65504.0]],
+                                                                     dtype=torch.float16),), "float16"),
+    )
 
 
 GAP_FILLERS = GapFillerTable([
@@ -373,4 +485,12 @@ GAP_FILLERS = GapFillerTable([
     GapFiller("aten::soft_margin_loss", 9, _soft_margin_loss, "Softplus(-x t), reduced",
               tuple(_ex(lambda x, t, r=r: F.soft_margin_loss(x, torch.sign(t), reduction=r),
                         _binary_inputs(1.5), r) for r in _LOSS_REDUCTIONS)),
+    # found by exporting real architectures (bench/zoo.py): transformers' masking code looks
+    # for packed sequences with torch.diff and a cumsum of bool (GPT-2, Llama, Whisper)
+    GapFiller("aten::diff", 11, _diff, "Concat(prepend, x, append), n x (Slice(1:) - Slice(:-1))",
+              _diff_examples()),
+    GapFiller("aten::cumsum", 11, _cumsum, "CumSum(Cast(x)) in int64 for bool and integers",
+              _cumsum_examples(),
+              replaces="torch writes CumSum of bool (ONNX Runtime has no kernel for it) and of "
+                       "int32 (torch returns int64), and drops a constant dtype="),
 ])
