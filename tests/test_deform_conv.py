@@ -191,7 +191,8 @@ def test_reference_on_the_sampling_boundaries():
 
 
 def test_nan_and_far_offsets_read_zero():
-    """A sampling point at NaN or far outside reads 0 everywhere (no garbage index)."""
+    """A sampling point at NaN or far outside reads 0 (no garbage index): the reference and
+    the numpy kernel (each lowering: test_edge_offsets_in_every_lowering)."""
     case = Case(n=1, c=2, h=4, w=4, m=2, kh=1, kw=1, padding=(0, 0), mask=False)
     arrays = case.arrays(seed=2)
     arrays["offset"][0, :, 0, :2] = [[np.nan, 1e30], [0.0, -np.inf]]
@@ -200,11 +201,6 @@ def test_nan_and_far_offsets_read_zero():
     np.testing.assert_allclose(want[0, :, 0, :2], np.broadcast_to(arrays["bias"][:, None], (2, 2)), atol=1e-6)
     args = [arrays.get(k) for k in ("input", "weight", "offset", "bias", "mask")]
     np.testing.assert_allclose(python_kernel(*args, **case.attrs), want, rtol=0, atol=ATOL)
-    for opset, lowering in ((13, Lowering.DECOMPOSE), (17, Lowering.NATIVE)):
-        model, feeds = onnx_model(case, opset, seed=2)
-        feeds["offset"] = arrays["offset"]
-        lowered, _ = graphkit.rewrite_model(model, lowering=lowering)
-        np.testing.assert_allclose(_run(lowered, feeds), want, rtol=0, atol=ATOL)
 
 
 def test_python_kernel_takes_empty_arrays_for_absent_inputs():
@@ -558,6 +554,103 @@ def test_python_lowering_without_optional_inputs_matches_native():
     want = graphkit.open_session(native).run(feeds)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], atol=1e-4)
+
+
+# --------------------------------------------------------------------------- edge values
+
+# (lowering, opset): every decomposition at its first opset and a later one, both kernels
+EDGE_LOWERINGS = [("gather", 11), ("gather", 20), ("grid_sample", 16), ("grid_sample", 20),
+                  ("onnx_deform_conv", 19), ("onnx_deform_conv", 22), ("native", 17), ("python", 17)]
+EDGE_VALUES = [np.nan, np.inf, -np.inf, 1e30, -1e30, 4.7e18, -4.7e18, 5e9, -3e9, 1e6]
+
+
+def _lower(model: onnx.ModelProto, how: str) -> onnx.ModelProto:
+    """The model lowered by ``how``: a kernel, or that one decomposition (forced)."""
+    if how in ("native", "python"):
+        lowered, report = graphkit.rewrite_model(model, lowering=Lowering(how))
+    else:
+        (dec,) = [d for d in DEFORM_CONV2D.decompositions if d.name == how]
+        only = replace(DEFORM_CONV2D, decompositions=(dec,))
+        lowered, report = graphkit.rewrite_model(model, registry=graphkit.ops.OpRegistry([only]),
+                                                 lowering=Lowering.DECOMPOSE)
+        assert not any(n.domain for n in lowered.graph.node)
+    assert dict(report.actions) == {("custom::deform_conv2d", f"{'bind' if how in ('native', 'python') else 'decompose'}:{how}"): 1}
+    return lowered
+
+
+@pytest.mark.parametrize("how, opset", EDGE_LOWERINGS, ids=[f"{h}{o}" for h, o in EDGE_LOWERINGS])
+def test_edge_offsets_in_every_lowering(how, opset):
+    """NaN, +-inf and far offsets: the point reads 0, as in the reference (the GridSample
+    decomposition read border pixels for offsets beyond ~4.6e18, inf or NaN)."""
+    case = Case(n=1, c=2, h=4, w=5, m=2, kh=2, kw=2, og=2, padding=(1, 1))
+    model, feeds = onnx_model(case, opset, seed=4)
+    arrays = case.arrays(seed=4)
+    flat = arrays["offset"].reshape(-1)
+    picks = np.random.default_rng(4).choice(flat.size, size=2 * len(EDGE_VALUES), replace=False)
+    flat[picks] = np.tile(EDGE_VALUES, 2)  # dy, dx or both of some taps
+    want = reference(case, arrays)
+    assert np.isfinite(want).all()
+    got = _run(_lower(model, how), dict(feeds, offset=arrays["offset"]))
+    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+
+
+def test_edge_offsets_read_zero_exactly():
+    """Every tap of every point non-finite or far: the output is the bias, exactly."""
+    case = Case(n=1, c=2, h=3, w=3, m=2, kh=1, kw=1, padding=(0, 0))
+    arrays = case.arrays(seed=5)
+    arrays["offset"][...] = np.resize(EDGE_VALUES, arrays["offset"].shape)
+    want = np.broadcast_to(arrays["bias"].reshape(1, 2, 1, 1), (1, 2, 3, 3))
+    np.testing.assert_array_equal(reference(case, arrays), want)
+    for how, opset in EDGE_LOWERINGS:
+        model, feeds = onnx_model(case, opset, seed=5)
+        got = _run(_lower(model, how), dict(feeds, offset=arrays["offset"]))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6, err_msg=f"{how} at opset {opset}")
+
+
+BIG_HW = (4097, 4100)  # 16.8M pixels > 2^24: float32 flat indices are inexact there
+
+
+@pytest.mark.parametrize("how, opset", [("gather", 11), ("gather", 20), ("grid_sample", 16), ("onnx_deform_conv", 19),
+                                        ("native", 17), ("python", 17)],
+                         ids=["gather11", "gather20", "grid_sample16", "onnx_deform_conv19", "native", "python"])
+def test_image_past_2_24_pixels(how, opset, big_image):
+    """One channel, 4097x4100, a 1x1 kernel striding to a 2x2 output whose offsets land on
+    odd flat indices past 2^24 (a float32 index rounds them to the neighbouring pixel)."""
+    case, arrays, want = big_image
+    model, _ = onnx_model(case, opset, seed=0)
+    feeds = {k: arrays[k] for k in ("input", "offset", "bias", "mask")}
+    got = _run(_lower(model, how), feeds)
+    # GridSample's normalized float32 grid costs ~W * 2^-24 pixel in position
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 if how == "grid_sample" else ATOL)
+
+
+@pytest.fixture(scope="module")
+def big_image():
+    h, w = BIG_HW
+    case = Case(n=1, c=1, h=h, w=w, m=1, kh=1, kw=1, stride=(h - 1, w - 1), padding=(0, 0))
+    assert case.out_hw == (2, 2)
+    rng = np.random.default_rng(11)
+    image = rng.standard_normal((1, 1, h, w)).astype(np.float32)
+    base_y, base_x = np.array([[0, 0], [h - 1, h - 1]]), np.array([[0, w - 1], [0, w - 1]])
+    # targets near the bottom right, flat index y * W + x odd and > 2^24, fractional parts
+    ty = np.array([[4095.25, 4096.0], [4094.5, 4095.75]])
+    tx = np.array([[4097.0, 3.5], [4097.25, 1.0]])
+    assert all((int(y) * w + int(x)) % 2 == 1 and int(y) * w + int(x) > 2 ** 24 for y, x in zip(ty.flat, tx.flat))
+    offset = np.stack([ty - base_y, tx - base_x])[None].astype(np.float32)  # (1, 2, 2, 2)
+    weight = case.arrays(seed=0)["weight"]  # onnx_model's initializer
+    arrays = {"input": image, "weight": weight, "offset": offset,
+              "bias": np.zeros(1, np.float32), "mask": np.ones((1, 1, 2, 2), np.float32)}
+    img = image[0, 0].astype(np.float64)
+    want = np.zeros((1, 1, 2, 2))
+    for (i, j), y in np.ndenumerate(ty):  # bilinear in float64, straight from the image
+        x = tx[i, j]
+        y0, x0 = int(np.floor(y)), int(np.floor(x))
+        ly, lx = y - y0, x - x0
+        want[0, 0, i, j] = sum(wgt * img[yy, xx] for yy, xx, wgt in (
+            (y0, x0, (1 - ly) * (1 - lx)), (y0, x0 + 1, (1 - ly) * lx), (y0 + 1, x0, ly * (1 - lx)),
+            (y0 + 1, x0 + 1, ly * lx)) if yy < h and xx < w) * float(weight.item())
+    np.testing.assert_allclose(reference(case, arrays), want, rtol=0, atol=1e-5)
+    return case, arrays, want
 
 
 # --------------------------------------------------------------------------- errors

@@ -18,6 +18,17 @@ Attributes: ``stride``, ``padding``, ``dilation`` (INTS, height then width; defa
 [1, 1], [0, 0], [1, 1]), ``groups`` and ``offset_groups`` (INT, default 1). Output
 (N, M, Ho, Wo) with Ho = (H + 2 * pad_h - dilation_h * (kh - 1) - 1) // stride_h + 1.
 
+Edge values. A sampling point reads the image only when -1 < y < H and -1 < x < W, so a
+point whose offset is NaN, +-inf or far outside (any finite value that leaves the image,
+however large) contributes exactly 0, like any point outside: the output there is the
+bias plus the other taps. This holds in the reference and in every lowering
+(tests/test_deform_conv.py::test_edge_offsets_in_every_lowering); torchvision's own kernel
+leaves NaN undefined (it casts the coordinate to an integer index). NaN or inf in the input,
+weight, bias or mask propagate by IEEE arithmetic in the reference (0 * NaN is NaN, so a
+NaN mask gives NaN even at a point outside the image, as in the decompositions and ONNX
+Runtime's DeformConv); the native kernel skips points outside the image and gives 0 there.
+Finite inputs give finite outputs in every lowering.
+
 Beside this file: the torch reference (_reference.py), the numpy kernel
 (_numpy_kernel.py), the decompositions (_decompose.py), the C++ core shared by the native
 ONNX Runtime kernel (deform_conv2d.cc) and the torch forward (deform_conv2d_torch.cpp)

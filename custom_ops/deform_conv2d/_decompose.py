@@ -5,8 +5,11 @@
   (bilinear, zeros padding, align_corners=0: exactly torchvision's per-corner rule), the
   mask multiplies the samples, and a grouped 1x1 ``Conv`` applies the weight and bias.
 - ``gather`` (opset >= 11): the four bilinear corners of each sampling point are read with
-  ``GatherElements`` from the flattened image and blended with their (masked) weights,
-  then the same 1x1 ``Conv``.
+  ``GatherElements`` from the flattened image (int64 flat indices, exact for any image
+  size) and blended with their (masked) weights, then the same 1x1 ``Conv``.
+
+Both sampling decompositions give a point outside the image (far, infinite or NaN
+coordinates) 0 before it reaches GridSample or an index, as the reference does.
 
 The two sampling decompositions need the weight's shape (kernel size, channels) to be
 static; batch, height and width may be dynamic (computed with Shape/Slice in the graph).
@@ -109,6 +112,13 @@ class _Plan:
         base_x = b.Add(cols, self.const(taps_x))  # (kk, 1, Wo)
         return b.Add(dy, base_y), b.Add(dx, base_x)
 
+    def inside(self, y: str, x: str) -> str:
+        """-1 < y < H and -1 < x < W: the points that read the image (False for NaN)."""
+        b, minus_one = self.b, self.const(-1)
+        h, w = self.as_float(self.h), self.as_float(self.w)
+        return b.And(b.And(b.Greater(y, minus_one), b.Less(y, h)),
+                     b.And(b.Greater(x, minus_one), b.Less(x, w)))
+
     def mask_rows(self, shape_tail: Sequence[str]) -> str:
         """The mask reshaped to (N * offset_groups, 1, *shape_tail)."""
         b = self.b
@@ -140,6 +150,11 @@ def onnx_deform_conv(b, inputs: Sequence[str], attrs: Mapping[str, Any]) -> list
 def grid_sample(b, inputs: Sequence[str], attrs: Mapping[str, Any]) -> list[str]:
     p = _Plan(b, inputs, attrs)
     y, x = p.points()
+    # A point outside (far, infinite or NaN) goes to (-2, -2), where every corner is outside:
+    # GridSample reads 0 there, while it may read border pixels for huge values or NaN.
+    inside = p.inside(y, x)
+    outside = p.const(-2)
+    y, x = b.Where(inside, y, outside), b.Where(inside, x, outside)
     # align_corners=0: pixel = ((g + 1) * size - 1) / 2, so g = (2 * pixel + 1) / size - 1.
     one, two = p.const(1), p.const(2)
     gy = b.Sub(b.Div(b.Add(b.Mul(y, two), one), p.as_float(p.h)), one)
@@ -162,8 +177,7 @@ def gather(b, inputs: Sequence[str], attrs: Mapping[str, Any]) -> list[str]:
     one, minus_one = p.const(1), p.const(-1)
     zero = p.const(0)
     h_last, w_last = b.Sub(h, one), b.Sub(w, one)
-    inside = b.And(b.And(b.Greater(y, minus_one), b.Less(y, h)),
-                   b.And(b.Greater(x, minus_one), b.Less(x, w)))
+    inside = p.inside(y, x)
     y, x = b.Where(inside, y, zero), b.Where(inside, x, zero)  # outside (or NaN): safe indices
     y0, x0 = b.Floor(y), b.Floor(x)
     ly, lx = b.Sub(y, y0), b.Sub(x, x0)
@@ -174,13 +188,16 @@ def gather(b, inputs: Sequence[str], attrs: Mapping[str, Any]) -> list[str]:
     image = b.Reshape(p.x, b.Concat(_i64(b, [-1, p.cg]), b.Mul(p.h, p.w), axis=0))  # (N*og, C/og, H*W)
     spread = _i64(b, [1, p.cg, 1])
     total = None
+    def clamped(v: str, last: str) -> str:  # integral, in [-1, size]: exact in int64
+        return b.Cast(b.Max(b.Min(v, last), zero), to=TensorProto.INT64)
+
     for yc, wy in ((y0, b.Sub(one, ly)), (y1, ly)):
         valid_y = b.And(b.Greater(yc, minus_one), b.Less(yc, h))  # integral: 0 <= yc <= H-1
-        row = b.Mul(b.Max(b.Min(yc, h_last), zero), w)
+        row = b.Mul(clamped(yc, h_last), p.w)  # flat indices in int64: exact past 2^24 pixels
         for xc, wx in ((x0, b.Sub(one, lx)), (x1, lx)):
             valid = b.And(valid_y, b.And(b.Greater(xc, minus_one), b.Less(xc, w)))
             weight = b.Mul(b.Mul(wy, wx), b.Mul(scale, b.Cast(valid, to=p.dtype)))
-            index = b.Cast(b.Add(row, b.Max(b.Min(xc, w_last), zero)), to=TensorProto.INT64)
+            index = b.Add(row, clamped(xc, w_last))
             index = b.Expand(b.Reshape(index, flat), spread)
             term = b.Mul(b.GatherElements(image, index, axis=2), b.Reshape(weight, flat))
             total = term if total is None else b.Add(total, term)

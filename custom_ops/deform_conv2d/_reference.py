@@ -5,7 +5,9 @@ group g is ``y = oh * sh - ph + i * dh + offset[g, i, j, 0]``, ``x = ow * sw - p
 offset[g, i, j, 1]``; it reads 0 unless ``-1 < y < H`` and ``-1 < x < W``, and otherwise
 interpolates bilinearly between its four neighbours, each neighbour outside the image
 reading 0. The sample is multiplied by ``mask[g, i, j]`` (when given), and the columns are
-multiplied with the weight as a grouped convolution.
+multiplied with the weight as a grouped convolution. NaN or infinite offsets fail the
+bounds test and read 0 (see the package docstring for the edge-value semantics); flat
+pixel indices are int64, exact for any image size.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def reference(input, weight, offset, bias=None, mask=None, stride=(1, 1), paddin
             weight_c = torch.where(valid, wy * wx, zero)
             if mask is not None:
                 weight_c = weight_c * mask.reshape(n, og, kk, ho, wo)
-            index = (yc.clamp(0, h - 1) * w + xc.clamp(0, w - 1)).to(torch.int64)
+            # flat index in int64: a float32 index is inexact past 2^24 pixels
+            index = yc.clamp(0, h - 1).to(torch.int64) * w + xc.clamp(0, w - 1).to(torch.int64)
             index = index.reshape(n, og, 1, length).expand(n, og, cg, length)
             term = torch.gather(flat, 3, index) * weight_c.reshape(n, og, 1, length)
             sampled = term if sampled is None else sampled + term
