@@ -121,3 +121,31 @@ def test_readme_python_blocks_print_what_they_say(session):
     _, outputs = session
     python_out = "\n".join(out for _, kind, out in outputs if kind == "python")
     assert "rule fuse_my_add: applied 1x" in python_out
+
+
+def test_readme_rule_patterns_print_what_they_say(session):
+    """Each example of the rule-pattern section prints exactly its `# prints:` lines, and every
+    feature of the section's table is used by one of them."""
+    _, outputs = session
+    by_line = {line: out for line, kind, out in outputs if kind == "python"}
+    text = (REPO / "README.md").read_text()
+    start = text.index("### Rule patterns")
+    end = text.index("\n## ", start)
+    checked = 0
+    code = ""
+    for lang, options, body, line in blocks(REPO / "README.md"):
+        offset = len("\n".join(text.splitlines()[:line - 1]))
+        if lang != "python" or not start <= offset < end:
+            continue
+        code += body
+        want = [ln.split("# prints: ", 1)[1] for ln in body.splitlines() if ln.startswith("# prints: ")]
+        if "file" in options:
+            continue
+        assert want, f"README.md:{line}: a rule example without `# prints:` lines"
+        assert by_line[line].splitlines() == want, f"README.md:{line}"
+        checked += 1
+    assert checked == 5
+    for feature in ("const(", "either(", "optional(", "_outputs=2)[0]", "*xs", "return op.Slice(x", "d = op.Sub",
+                    "axes=axes", "ctx.shape(", "ctx.rank(", "op.initializer(", "GraphPass(", "lambda op, x: x",
+                    "perm=(1, 0)", "explain()", "RuleError", "max_rounds"):
+        assert feature in code, feature
