@@ -7,6 +7,15 @@ import json
 
 from graphkit.cli._lowering import add_lowering_arguments, parse_prefer
 
+# Spelled out here rather than imported from graphkit.rewrite.fusions (which imports onnx):
+# `--help` stays fast. tests/test_fusions.py checks they agree with fusions.LIBRARY.
+FUSE_HELP = ("apply graphkit's fusions before lowering (comma-separated, or all): "
+             "identity (remove Identity nodes), transpose (cancel inverse Transpose pairs, merge others), "
+             "conv_bn (fold BatchNormalization into Conv), layernorm (-> LayerNormalization, opset >= 17), "
+             "gelu (erf/tanh forms -> Gelu, opset >= 20), gemm (2-D MatMul + Add -> Gemm). "
+             "A fusion whose opset the model lacks says so with --explain; add --target-opset. "
+             "For example --fuse layernorm,gelu --target-opset 20")
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="ONNX model to read (never modified)")
@@ -22,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rules", action="append", default=[], metavar="FILE.py|MODULE",
                    help="apply the rules defined as `rules = RuleSet([...])` in a Python file or "
                         "module before lowering; repeatable. For example --rules my_rules.py")
+    p.add_argument("--fuse", metavar="NAME,...|all", help=FUSE_HELP)
     p.add_argument("--explain", nargs="?", const="summary", choices=("summary", "all"), default=None,
                    help="print, per rule, how often it matched and applied and its top reasons for not "
                         "matching with counts; --explain=all lists every node that did not match")
@@ -76,7 +86,12 @@ def run(args: argparse.Namespace) -> int:
         from graphkit.cli.show import check_target
 
         check_target(args.diff)
-    rules = RuleSet([r for source in args.rules for r in load_rules(source)])
+    fused = []
+    if args.fuse is not None:
+        from graphkit.rewrite import fusions
+
+        fused = list(fusions.rule_set(args.fuse))  # an unknown name fails before any model work
+    rules = RuleSet([*fused, *(r for source in args.rules for r in load_rules(source))])
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     if not len(rules) and args.target_opset is None and not args.as_functions:
         # Lowering only: rewrite the serialized model (graphkit.rewrite.serialized.rewrite_bytes).

@@ -1,0 +1,62 @@
+"""GELU written with elementary ops -> Gelu (opset >= 20).
+
+erf form:  x * 0.5 * (1 + erf(x / sqrt(2)))                       -> Gelu(x)
+tanh form: x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))  -> Gelu(x, approximate="tanh")
+
+Both in the orders torch's exporters write them (the 0.5 applied first or last; x^3 as
+Pow(x, 3) or x * (x * x)); the constants are compared at the model's precision.
+"""
+
+from __future__ import annotations
+
+import math
+
+from graphkit.rewrite import MatchContext, MatchResult, Rule, either
+from graphkit.rewrite.fusions._common import float_tensor, needs_opset
+
+SQRT_2 = math.sqrt(2.0)
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _erf_factor(op, x):
+    return op.Add(op.Erf(op.Div(x, SQRT_2)), 1.0)
+
+
+def _tanh_factor(op, x):
+    cube = either(op.Pow(x, 3.0), op.Mul(x, op.Mul(x, x)))
+    return op.Add(op.Tanh(op.Mul(op.Add(x, op.Mul(cube, 0.044715)), SQRT_2_OVER_PI)), 1.0)
+
+
+# 0.5 * x * factor, with the 0.5 applied last (TorchScript) or first (torch.export)
+def erf_half_last(op, x):
+    return op.Mul(op.Mul(x, _erf_factor(op, x)), 0.5)
+
+
+def erf_half_first(op, x):
+    return op.Mul(x, op.Mul(_erf_factor(op, x), 0.5))
+
+
+def tanh_half_last(op, x):
+    return op.Mul(op.Mul(x, _tanh_factor(op, x)), 0.5)
+
+
+def tanh_half_first(op, x):
+    return op.Mul(x, op.Mul(_tanh_factor(op, x), 0.5))
+
+
+def check(ctx: MatchContext, x) -> MatchResult:
+    if not (ok := needs_opset(ctx, 20, "Gelu")):
+        return ok
+    return float_tensor(ctx, x, "input")
+
+
+def rewrite_erf(op, x):
+    return op.Gelu(x)
+
+
+def rewrite_tanh(op, x):
+    return op.Gelu(x, approximate="tanh")
+
+
+RULES = (Rule("gelu_erf", [erf_half_last, erf_half_first], rewrite_erf, check=check, commute=True),
+         Rule("gelu_tanh", [tanh_half_last, tanh_half_first], rewrite_tanh, check=check, commute=True))
