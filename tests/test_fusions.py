@@ -230,8 +230,9 @@ def _layernorm_model(axes, opset=18, eps=1e-5):
                                                         -> Mul scale -> Add bias -> y
     """
     c = lambda name, v: numpy_helper.from_array(np.asarray(v, np.float32), name)  # noqa: E731
-    inits = [c("two", 2.0), c("eps", eps), c("scale", np.linspace(0.5, 1.5, 4)), c("bias", np.linspace(-1, 1, 4)),
-             numpy_helper.from_array(np.asarray(axes, np.int64), "axes")]
+    inits = [c("two", 2.0), c("eps", eps), c("scale", np.linspace(0.5, 1.5, 4)), c("bias", np.linspace(-1, 1, 4))]
+    if opset >= 18:
+        inits.append(numpy_helper.from_array(np.asarray(axes, np.int64), "axes"))
     attr_or_input = (lambda i: ([i, "axes"], {})) if opset >= 18 else (lambda i: ([i], {"axes": axes}))
     nodes = [helper.make_node("ReduceMean", attr_or_input("x")[0], ["m"], **attr_or_input("x")[1]),
              helper.make_node("Sub", ["x", "m"], ["d"]), helper.make_node("Pow", ["d", "two"], ["p"]),

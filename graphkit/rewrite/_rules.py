@@ -531,7 +531,7 @@ def _first_match(rule: Rule, matchers: list[tuple[str, Matcher]], index: int, vi
                 return match, failure, structural
             reason = getattr(verdict, "reason", "") or "check returned False"
             failure = (f"{label}: {reason}", reason)
-        if not found:
+        if not found and not structural:  # a check's veto on another alternative's match says more
             text, generic = matcher.reason()
             failure = (text if text.startswith(label) else f"{label}: {text}", generic)
     return None, failure, structural
