@@ -1,18 +1,25 @@
-"""Benchmark: deform_conv2d's native kernel vs ONNX Runtime's DeformConv-19, the decomposed
-graphs and the torch reference, on realistic layers (N=1, 3x3, stride 1, padding 1).
+"""Benchmark: deform_conv2d's native kernel vs ONNX Runtime's DeformConv-19 on the layers of
+a DCN ResNet-50, and the whole model per lowering.
 
-Run:  python bench/deform_conv.py [--seconds 2] [--threads 1,2] [--layers 64x56,128x28] [--no-mask] [--warm]
+Run:  python bench/deform_conv.py [--seconds 1.5] [--batches 1,8] [--stages 64x56,128x28s2]
+      python bench/deform_conv.py --model [--size 224] [--seconds 10]
 
-Every ONNX contender is the same ``custom::deform_conv2d`` model lowered by
-``graphkit.rewrite_model``: ``--bind native``, the ``onnx_deform_conv`` decomposition
-(opset 19: ORT's own DeformConv kernel) and the sampling decompositions ``grid_sample``
-(opset 16) and ``gather`` (opset 13). Each session gets ``intra_op_num_threads`` = the
-thread count; the torch reference runs with ``torch.set_num_threads`` likewise. ONNX
-Runtime runs are interleaved in rounds so that drift (the machine is shared) hits every
-contender alike (the torch reference, whose temporaries flush the caches, runs after them),
-with ORT's spin-waiting worker threads off (``session.intra_op.allow_spinning=0``) and
-OpenMP threads passive, so an idle session's threads never steal the cores of the one
-running; the table shows median milliseconds and each contender's time / native's.
+Layer table (default): every 3x3 deformable convolution shape of a ResNet-50's stages
+(C_in = C_out = 64@56, 128@28, 256@14, 512@7; ``s2``: the first block of a stage, stride 2
+from twice the size), batch 1 and 8, with and without mask, offset_groups 1 and 4. Each
+row builds one ``custom::deform_conv2d`` model and lowers it twice with
+``graphkit.rewrite_model``: ``--bind native`` and the ``onnx_deform_conv`` decomposition
+(opset 19: ORT's own DeformConv kernel); each runs in a session with 1 and one with 2
+intra-op threads. The four sessions run interleaved in rounds in one process (the machine
+is shared: drift hits every contender alike), with ORT's spin-waiting off
+(``session.intra_op.allow_spinning=0``) so an idle session never steals a core. Printed:
+median ms, native / DeformConv-19 (<= 1: native at least as fast) and the 2-thread speedup
+(1-thread ms / 2-thread ms).
+
+``--model``: the DCN ResNet-50 of ``samples/dcn_resnet.py`` (DCNv2 in the last two stages,
+random weights) exported once and lowered every way (native, python, DeformConv-19,
+grid_sample, gather), each run at 1 and 2 threads, interleaved; median ms and each
+lowering's time / native's.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,129 +37,192 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads its OpenMP runtime
 
 import graphkit  # noqa: E402
 from graphkit.rewrite import Lowering  # noqa: E402
 from graphkit.runtime import native  # noqa: E402
 
-CONTENDERS = ("native", "DeformConv-19", "grid_sample", "gather", "torch ref")
+STAGES = "64x56,128x28,128x28s2,256x14,256x14s2,512x7,512x7s2"
 
 
-def placeholder(channels: int, size: int, mask: bool, opset: int, seed: int = 0) -> tuple[onnx.ModelProto, dict]:
-    """custom::deform_conv2d(input, weight, offset, bias, [mask]), 3x3, padding 1; weight and
-    bias are initializers."""
+def placeholder(channels: int, size: int, stride: int, batch: int, mask: bool, offset_groups: int,
+                opset: int, seed: int = 0) -> tuple[onnx.ModelProto, dict]:
+    """custom::deform_conv2d(input, weight, offset, bias, [mask]), 3x3, padding 1, output
+    ``size`` x ``size`` (input ``size * stride``); weight and bias are initializers."""
     rng = np.random.default_rng(seed)
-    c = channels
-    feeds = {"input": rng.standard_normal((1, c, size, size)).astype(np.float32),
-             "offset": (rng.standard_normal((1, 18, size, size)) * 2).astype(np.float32)}
+    c, og, h = channels, offset_groups, size * stride
+    feeds = {"input": rng.standard_normal((batch, c, h, h)).astype(np.float32),
+             "offset": (rng.standard_normal((batch, 2 * og * 9, size, size)) * 2).astype(np.float32)}
     if mask:
-        feeds["mask"] = rng.random((1, 9, size, size)).astype(np.float32)
+        feeds["mask"] = rng.random((batch, og * 9, size, size)).astype(np.float32)
     weight = (rng.standard_normal((c, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
     bias = rng.standard_normal(c).astype(np.float32)
     names = ["input", "weight", "offset", "bias"] + (["mask"] if mask else [])
-    node = helper.make_node("deform_conv2d", names, ["output"], domain="custom", name="dcn", padding=[1, 1])
+    node = helper.make_node("deform_conv2d", names, ["output"], domain="custom", name="dcn", padding=[1, 1],
+                            stride=[stride, stride], offset_groups=og)
     inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape) for k, v in feeds.items()]
     graph = helper.make_graph([node], "dcn", inputs, [helper.make_tensor_value_info("output", TensorProto.FLOAT, None)],
                               initializer=[numpy_helper.from_array(weight, "weight"),
                                            numpy_helper.from_array(bias, "bias")])
     model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", opset),
                                                                    helper.make_opsetid("custom", 1)])
-    return model, {**feeds, "weight": weight, "bias": bias}
+    return model, feeds
 
 
-def ort_runner(model: onnx.ModelProto, feeds: dict, threads: int, lowering: Lowering) -> Callable[[], np.ndarray]:
-    lowered, _ = graphkit.rewrite_model(model, lowering=lowering)
+def session(model: onnx.ModelProto, threads: int, lowering: Lowering, **rewrite) -> ort.InferenceSession:
+    lowered, _ = graphkit.rewrite_model(model, lowering=lowering, **rewrite)
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if lowering is Lowering.NATIVE:
         so.register_custom_ops_library(str(native.library_path()))
-    sess = ort.InferenceSession(lowered.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(lowered.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def runner(sess: ort.InferenceSession, feeds: dict) -> Callable[[], np.ndarray]:
     names = {i.name for i in sess.get_inputs()}
     bound = {k: v for k, v in feeds.items() if k in names}
     return lambda: sess.run(None, bound)[0]
 
 
-def torch_runner(feeds: dict, threads: int) -> Callable[[], np.ndarray]:
+def interleaved(runners: dict[str, Callable[[], object]], seconds: float, min_rounds: int = 5) -> dict[str, float]:
+    """Median ms of each runner, run once per round in turn until ``seconds`` have passed."""
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    deadline = time.perf_counter() + seconds
+    rounds = 0
+    while time.perf_counter() < deadline or rounds < min_rounds:
+        for label, run in runners.items():
+            t0 = time.perf_counter()
+            run()
+            times[label].append(time.perf_counter() - t0)
+        rounds += 1
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+def parse_stage(item: str) -> tuple[int, int, int]:
+    """'128x28s2' -> (128, 28, 2): channels, output size, stride."""
+    shape, _, stride = item.partition("s")
+    channels, size = (int(v) for v in shape.split("x"))
+    return channels, size, int(stride or 1)
+
+
+def layer_row(channels: int, size: int, stride: int, batch: int, mask: bool, og: int, seconds: float) -> dict:
+    runners = {}
+    expected = None
+    for label, opset, lowering in (("native", 17, Lowering.NATIVE), ("ort", 19, Lowering.DECOMPOSE)):
+        model, feeds = placeholder(channels, size, stride, batch, mask, og, opset)
+        for threads in (1, 2):
+            run = runner(session(model, threads, lowering), feeds)
+            got = run()  # warm-up, and the contenders must agree
+            if expected is None:
+                expected = got
+            err = float(np.abs(got - expected).max())
+            if err > 1e-3:
+                raise SystemExit(f"{label} ({threads} threads) disagrees with native: max abs err {err:.3g}")
+            runners[f"{label}{threads}"] = run
+    return interleaved(runners, seconds)
+
+
+def layer_table(args: argparse.Namespace) -> int:
+    stages = [parse_stage(s) for s in args.stages.split(",")]
+    batches = [int(b) for b in args.batches.split(",")]
+    masks = {"both": (False, True), "yes": (True,), "no": (False,)}[args.mask]
+    ogs = [int(v) for v in args.offset_groups.split(",")]
+    print("median ms per run, interleaved rounds; nat/ORT = native ms / DeformConv-19 ms (<= 1: native at "
+          "least as fast); 2t/1t = 1-thread ms / 2-thread ms")
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    print("| N | C | out | stride | mask | og | native 1t | ORT 1t | nat/ORT 1t | native 2t | ORT 2t | nat/ORT 2t "
+          "| native 2t/1t | ORT 2t/1t |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    worst = 0.0
+    for batch in batches:
+        for channels, size, stride in stages:
+            for mask in masks:
+                for og in ogs:
+                    ms = layer_row(channels, size, stride, batch, mask, og, args.seconds)
+                    r1, r2 = ms["native1"] / ms["ort1"], ms["native2"] / ms["ort2"]
+                    worst = max(worst, r1, r2)
+                    print(f"| {batch} | {channels} | {size}x{size} | {stride} | {'yes' if mask else 'no'} | {og} "
+                          f"| {ms['native1']:.2f} | {ms['ort1']:.2f} | {r1:.2f} | {ms['native2']:.2f} "
+                          f"| {ms['ort2']:.2f} | {r2:.2f} | {ms['native1'] / ms['native2']:.2f} "
+                          f"| {ms['ort1'] / ms['ort2']:.2f} |", flush=True)
+    print(f"worst native/DeformConv-19: {worst:.2f}")
+    return 0
+
+
+def model_table(args: argparse.Namespace) -> int:
+    sys.path.insert(0, str(ROOT / "samples"))
     import torch
 
-    from graphkit_ops.deform_conv2d import reference
+    from dcn_resnet import dcn_resnet50
 
-    args = [torch.from_numpy(feeds[k]) if k in feeds else None for k in ("input", "weight", "offset", "bias", "mask")]
+    torch.manual_seed(0)
+    net = dcn_resnet50(width=args.width).eval()
+    x = torch.randn(1, 3, args.size, args.size)
+    with torch.no_grad():
+        want = net(x).numpy()
+    path = Path(args.out) if args.out else Path(os.environ.get("TMPDIR", "/tmp")) / "dcn_resnet50.onnx"
+    graphkit.export(net, (x,), path, input_names=["image"], output_names=["logits"])
+    model = onnx.load(path)
+    feeds = {"image": x.numpy()}
+    lowerings: Sequence[tuple[str, Lowering, dict]] = (
+        ("native", Lowering.NATIVE, {}), ("python", Lowering.PYTHON, {}),
+        ("DeformConv-19", Lowering.DECOMPOSE, {"target_opset": 19}),
+        ("grid_sample", Lowering.DECOMPOSE, {"prefer": {"deform_conv2d": "grid_sample"}}),
+        ("gather", Lowering.DECOMPOSE, {"prefer": {"deform_conv2d": "gather"}}))
+    print(f"DCN ResNet-50 (width {args.width}), 1x3x{args.size}x{args.size}, median ms, interleaved; "
+          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    results: dict[int, dict[str, float]] = {}
+    for threads in (1, 2):
+        runners = {}
+        for label, lowering, rewrite in lowerings:
+            sess = _model_session(model, threads, lowering, rewrite)
+            run = runner(sess, feeds)
+            err = float(np.abs(run() - want).max())
+            if err > 1e-3 * max(1.0, float(np.abs(want).max())):
+                raise SystemExit(f"{label} disagrees with torch eager: max abs err {err:.3g}")
+            runners[label] = run
+        results[threads] = interleaved(runners, args.seconds, min_rounds=3)
+    print("| lowering | 1 thread ms | 2 threads ms | / native (1t) | / native (2t) |")
+    print("|---|---|---|---|---|")
+    for label, _, _ in lowerings:
+        a, b = results[1][label], results[2][label]
+        print(f"| {label} | {a:.1f} | {b:.1f} | {a / results[1]['native']:.2f} | {b / results[2]['native']:.2f} |")
+    return 0
 
-    def run() -> np.ndarray:
-        torch.set_num_threads(threads)
-        with torch.no_grad():
-            return reference(*args, padding=[1, 1]).numpy()
 
-    return run
+def _model_session(model: onnx.ModelProto, threads: int, lowering: Lowering, rewrite: dict) -> ort.InferenceSession:
+    from graphkit.runtime import create_session
 
-
-def bench_layer(channels: int, size: int, mask: bool, threads: int, seconds: float,
-                warm: bool = False) -> dict[str, float]:
-    runners = {}
-    for label, opset, lowering in (("native", 17, Lowering.NATIVE), ("DeformConv-19", 19, Lowering.DECOMPOSE),
-                                   ("grid_sample", 16, Lowering.DECOMPOSE), ("gather", 13, Lowering.DECOMPOSE)):
-        model, feeds = placeholder(channels, size, mask, opset)
-        runners[label] = ort_runner(model, feeds, threads, lowering)
-    runners["torch ref"] = torch_runner(feeds, threads)
-    expected = runners["torch ref"]()
-    for label, run in runners.items():  # warm up and check agreement first
-        err = float(np.abs(run() - expected).max())
-        if err > 1e-4:
-            raise SystemExit(f"{label} disagrees with the torch reference: max abs err {err:.3g}")
-    # ONNX Runtime contenders interleaved; the torch reference (whose temporaries flush the
-    # caches) in a block of its own afterwards.
-    times: dict[str, list[float]] = {k: [] for k in runners}
-    ort_labels = [k for k in runners if k != "torch ref"]
-    if warm:  # each contender in a block of its own: caches stay warm between its runs
-        rounds = [[k] for k in ort_labels] + [["torch ref"]]
-        budgets = [seconds * 0.8 / len(ort_labels)] * len(ort_labels) + [seconds * 0.2]
-    else:
-        rounds, budgets = [ort_labels, ["torch ref"]], [seconds * 0.8, seconds * 0.2]
-    for labels, budget in zip(rounds, budgets):
-        deadline = time.perf_counter() + budget
-        while time.perf_counter() < deadline or min(len(times[k]) for k in labels) < 5:
-            for label in labels:  # one round: every contender once
-                t0 = time.perf_counter()
-                runners[label]()
-                times[label].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    lowered, _ = graphkit.rewrite_model(model, lowering=lowering, **rewrite)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return create_session(lowered, so)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=2.0, help="time budget per layer and thread count")
-    parser.add_argument("--threads", default="1,2", help="comma-separated intra-op thread counts, e.g. 1,2")
-    parser.add_argument("--layers", default="64x56,128x28",
-                        help="CHANNELSxSIZE list: channels in = out, square input; e.g. 64x56,128x28")
-    parser.add_argument("--no-mask", action="store_true", help="only DCNv1 (no mask) layers")
-    parser.add_argument("--mask-only", action="store_true", help="only DCNv2 (masked) layers")
-    parser.add_argument("--warm", action="store_true",
-                        help="time each contender in its own block (caches warm) instead of interleaved "
-                             "rounds (each run starts with what the others left in the caches)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="time budget per row (default 1.5) or per thread count with --model (default 10)")
+    parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
+    parser.add_argument("--stages", default=STAGES,
+                        help=f"CHANNELSxSIZE[sSTRIDE] list (output size; input size * stride); default {STAGES}")
+    parser.add_argument("--mask", choices=("both", "yes", "no"), default="both", help="DCNv2 (mask), DCNv1 or both")
+    parser.add_argument("--offset-groups", default="1,4", help="comma-separated offset_groups values")
+    parser.add_argument("--model", action="store_true", help="whole DCN ResNet-50 latency per lowering instead")
+    parser.add_argument("--size", type=int, default=224, help="--model: input height and width")
+    parser.add_argument("--width", type=int, default=64, help="--model: width of the first stage (64: ResNet-50)")
+    parser.add_argument("--out", default="", help="--model: where to write the exported model")
     args = parser.parse_args(argv)
-    layers = [tuple(int(v) for v in item.split("x")) for item in args.layers.split(",")]
-    masks = [False] if args.no_mask else [True] if args.mask_only else [False, True]
-    threads = [int(t) for t in args.threads.split(",")]
-    header = (f"{'layer':<22} {'thr':>3} " + " ".join(f"{c:>13}" for c in CONTENDERS)
-              + "   " + " ".join(f"{c + '/nat':>17}" for c in CONTENDERS[1:]))
-    print(f"median ms per run ({'warm: one contender at a time' if args.warm else 'interleaved rounds'}); "
-          "x/nat = contender time / native time (higher: native faster)")
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores (more threads than idle cores "
-          "measure the other processes)")
-    print(header)
-    for channels, size in layers:
-        for mask in masks:
-            for t in threads:
-                ms = bench_layer(channels, size, mask, t, args.seconds, warm=args.warm)
-                name = f"{channels}->{channels} {size}x{size}{' +mask' if mask else ''}"
-                print(f"{name:<22} {t:>3} " + " ".join(f"{ms[c]:>13.3f}" for c in CONTENDERS)
-                      + "   " + " ".join(f"{ms[c] / ms['native']:>16.2f}x" for c in CONTENDERS[1:]), flush=True)
-    return 0
+    if args.seconds is None:
+        args.seconds = 10.0 if args.model else 1.5
+    return model_table(args) if args.model else layer_table(args)
 
 
 if __name__ == "__main__":

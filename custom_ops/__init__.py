@@ -7,6 +7,8 @@ per op, each holding its definition and kernels.
 
 from pathlib import Path
 
+import scipy_openblas32
+
 from graphkit import __version__
 from graphkit.ops import NativeKernels, OpPackage
 
@@ -20,7 +22,11 @@ PACKAGE = OpPackage(
     name="graphkit_ops",
     ops=ALL_OPS,
     native=NativeKernels(root=Path(__file__).parent,
-                         sources=("my_add/my_add.cc", "deform_conv2d/deform_conv2d.cc")),
+                         sources=("my_add/my_add.cc", "deform_conv2d/deform_conv2d.cc"),
+                         # deform_conv2d's GEMM: OpenBLAS from the scipy-openblas32 wheel
+                         include_dirs=(scipy_openblas32.get_include_dir(),),
+                         library_dirs=(scipy_openblas32.get_lib_dir(),),
+                         libraries=(scipy_openblas32.get_library(),)),
     version=__version__,
     doc="graphkit's built-in ops: my_add, deform_conv2d, asinh",
 )

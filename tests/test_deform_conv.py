@@ -524,14 +524,16 @@ def test_native_kernel_double_and_threads():
 
 @pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"], ids=["avx2", "baseline"])
 def test_native_source_compiles_without_avx512(march):
-    """The AVX2+FMA and the portable micro-kernels (the library is built -march=native here)."""
+    """The sampling's AVX2 and portable paths (the library is built -march=native here)."""
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("x86-64 -march values")
     from graphkit.runtime import native
+    from graphkit_ops import PACKAGE
 
     cxx = shlex.split(os.environ.get("CXX") or "c++")
     proc = subprocess.run([*cxx, "-std=c++17", f"-march={march}", "-fsyntax-only",
-                           "-I", str(native.include_dir()), str(NATIVE_SOURCE)],
+                           "-I", str(native.include_dir()), *(f"-I{d}" for d in PACKAGE.native.include_paths()),
+                           str(NATIVE_SOURCE)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
 

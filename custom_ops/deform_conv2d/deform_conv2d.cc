@@ -4,25 +4,31 @@
 // bias (M) optional, mask (N, og*kh*kw, Ho, Wo) optional. Attributes: stride, padding,
 // dilation (INTS), groups, offset_groups (INT).
 //
-// Work is split into tiles of output positions of one image, run on ORT's intra-op threads
-// (KernelContext_ParallelFor). A tile is sampled into columns (deform_conv2d_core.h:
-// channels-last bilinear blends, vectorized over channels) and immediately multiplied with
-// the repacked weight while it is still in cache, by a register-blocked SIMD micro-kernel:
-// MR positions x NR output channels per step, the weight packed in NR-wide strips,
-// accumulators kept in registers across the whole K loop (measured: ~245 GFLOP/s on one
-// AVX-512 core whose FMA peak is ~250). AVX-512, AVX2+FMA and portable builds are chosen
-// at compile time (the library is built with -march=native).
+// "Sample into columns, then GEMM": the sampling is deform_conv2d_core.h's (channels-last
+// bilinear blends, vectorized over channels), the GEMM is OpenBLAS's (scipy-openblas32,
+// linked through the package's NativeKernels), single-threaded per call: every parallel
+// loop runs on ORT's intra-op threads (KernelContext_ParallelFor), so the session's thread
+// count is what the op uses. Which dimension is split depends on the layer:
+//   - many output positions per image (early, large layers): tiles of positions, each
+//     sampled and multiplied while its columns are in L2 (one task per tile);
+//   - few positions (late layers: 512 channels at 7x7): the columns of a chunk of
+//     positions (several images together when they are small) are sampled in parallel,
+//     then the GEMM is split into blocks of output channels or of positions, whichever
+//     repacks less (BLAS packs both operands of each call).
+// The weight is reordered to the columns' k order once, when ORT creates the kernel, if it
+// is a constant initializer (the usual case); otherwise on every call.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <mutex>
 #include <new>
+#include <thread>
 #include <vector>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#endif
+#include <cblas.h>  // scipy-openblas32: the same API with scipy_-prefixed names
 
 #include <graphkit/kernel.h>
 #include "deform_conv2d_core.h"
@@ -30,87 +36,28 @@
 namespace gk {
 namespace {
 
-// ---- SIMD vectors along output channels ------------------------------------------------
+// Columns of one fused tile (all weight groups) stay within this: half of a typical L2.
+constexpr int64_t kTileBytes = 512 * 1024;
+// Columns sampled at once in the two-phase regime (a slice of L3).
+constexpr int64_t kChunkBytes = 8 * 1024 * 1024;
+// Tasks to aim at per parallel loop: enough to balance 2-4 threads, few enough that
+// repacking per GEMM call stays small.
+constexpr int64_t kTasks = 4;
+// Most blocks the two-phase GEMM is split into (each block repacks the other operand).
+constexpr int64_t kMaxBlocks = 64;
+// Fewest positions a sampling task handles (the corner math runs 16 positions per step).
+constexpr int64_t kMinSamplePositions = 16;
 
-template <class T>
-struct Simd;
-
-#if defined(__AVX512F__)
-template <>
-struct Simd<float> {
-  using V = __m512;
-  static constexpr int L = 16;
-  static V zero() { return _mm512_setzero_ps(); }
-  static V load(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static V set1(float x) { return _mm512_set1_ps(x); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-};
-template <>
-struct Simd<double> {
-  using V = __m512d;
-  static constexpr int L = 8;
-  static V zero() { return _mm512_setzero_pd(); }
-  static V load(const double* p) { return _mm512_loadu_pd(p); }
-  static void store(double* p, V v) { _mm512_storeu_pd(p, v); }
-  static V set1(double x) { return _mm512_set1_pd(x); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
-};
-constexpr int kMR = 12, kNV = 2;  // 24 accumulators of 32 registers
-#elif defined(__AVX2__) && defined(__FMA__)
-template <>
-struct Simd<float> {
-  using V = __m256;
-  static constexpr int L = 8;
-  static V zero() { return _mm256_setzero_ps(); }
-  static V load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  static V set1(float x) { return _mm256_set1_ps(x); }
-  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-};
-template <>
-struct Simd<double> {
-  using V = __m256d;
-  static constexpr int L = 4;
-  static V zero() { return _mm256_setzero_pd(); }
-  static V load(const double* p) { return _mm256_loadu_pd(p); }
-  static void store(double* p, V v) { _mm256_storeu_pd(p, v); }
-  static V set1(double x) { return _mm256_set1_pd(x); }
-  static V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
-};
-constexpr int kMR = 6, kNV = 2;  // 12 accumulators of 16 registers
-#else
-// Portable fallback: GCC/Clang vector extensions (SSE2 on baseline x86-64, NEON on ARM).
-template <class T>
-struct Simd {
-  static constexpr int L = 16 / sizeof(T);
-  typedef T V __attribute__((vector_size(16)));
-  typedef T VU __attribute__((vector_size(16), aligned(sizeof(T))));  // unaligned access
-  static V zero() { return V{}; }
-  static V load(const T* p) { return *reinterpret_cast<const VU*>(p); }
-  static void store(T* p, V v) { *reinterpret_cast<VU*>(p) = v; }
-  static V set1(T x) { return V{} + x; }
-  static V fma(V a, V b, V c) { return a * b + c; }
-};
-constexpr int kMR = 4, kNV = 2;  // 8 accumulators of 16 registers
-#endif
-
-#ifndef GK_DCN_TILE_BYTES
-#define GK_DCN_TILE_BYTES (192 * 1024)
-#endif
-constexpr int64_t kTileBytes = GK_DCN_TILE_BYTES;  // columns of one tile (all weight groups)
-constexpr int64_t kMinTilesPerImage = 8;           // keeps both threads busy on small layers
-
-// A 64-byte aligned array (vector loads and stores of whole cache lines), grown on demand.
+// A 64-byte aligned array, grown on demand.
 template <class T>
 class Aligned {
  public:
   Aligned() = default;
-  explicit Aligned(size_t n) { reserve(n); }
   Aligned(const Aligned&) = delete;
   Aligned& operator=(const Aligned&) = delete;
   ~Aligned() { std::free(data_); }
   T* data() { return data_; }
+  const T* data() const { return data_; }
   void reserve(size_t n) {
     if (n <= capacity_) return;
     std::free(data_);
@@ -127,61 +74,42 @@ class Aligned {
   size_t capacity_ = 0;
 };
 
+// c (m x n, row stride ldc) = a (m x k, row-major) * b^T, b being n x k row-major.
+inline void gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                    float* c, int64_t ldc) {
+  scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blasint(m), blasint(n), blasint(k), 1.0f, a,
+                    blasint(lda), b, blasint(ldb), 0.0f, c, blasint(ldc));
+}
+inline void gemm_nt(int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b, int64_t ldb,
+                    double* c, int64_t ldc) {
+  scipy_cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blasint(m), blasint(n), blasint(k), 1.0, a,
+                    blasint(lda), b, blasint(ldb), 0.0, c, blasint(ldc));
+}
+
+// OpenBLAS's own threads stay idle: each call runs on the ORT thread that makes it.
+// (Process-wide for this copy of OpenBLAS, which only native kernels load.)
+void single_threaded_blas() {
+  static std::once_flag once;
+  std::call_once(once, [] { scipy_openblas_set_num_threads(1); });
+}
+
+// weight (M, cin_g, kh, kw) -> (M, kh * kw, cin_g): the columns' k order (tap * cin_g + c).
 template <class T>
-struct Gemm {
-  using S = Simd<T>;
-  using V = typename S::V;
-  static constexpr int MR = kMR, NV = kNV, NR = NV * S::L;
-
-  // acc[r][:] = sum_k a[r][k] * b[k][:] for MR rows of `a` (row stride lda; rows past
-  // `rows` repeat the last one) and one packed NR-wide strip `b` (K x NR).
-  static void micro(int64_t K, const T* a, int64_t lda, int64_t rows, const T* b, T* out) {
-    const T* ar[MR];
-    for (int r = 0; r < MR; ++r) ar[r] = a + std::min<int64_t>(r, rows - 1) * lda;
-    V acc[MR][NV];
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[r][v] = S::zero();
-    for (int64_t k = 0; k < K; ++k) {
-      V bv[NV];
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) bv[v] = S::load(b + k * NR + v * S::L);
-#pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        const V av = S::set1(ar[r][k]);
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) acc[r][v] = S::fma(av, bv[v], acc[r][v]);
-      }
-    }
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) S::store(out + r * NR + v * S::L, acc[r][v]);
+void reorder_weight(const dcn::Geometry& g, const T* weight, T* out, int64_t m0, int64_t m1) {
+  const int64_t kk = g.taps(), cin_g = g.cin_g;
+  for (int64_t m = m0; m < m1; ++m) {
+    const T* src = weight + m * cin_g * kk;
+    T* dst = out + m * cin_g * kk;
+    for (int64_t c = 0; c < cin_g; ++c)
+      for (int64_t t = 0; t < kk; ++t) dst[t * cin_g + c] = src[c * kk + t];
   }
+}
 
-  // weight (M, cin_g, kh, kw) -> [group][strip][k][NR] with k = tap * cin_g + c (the
-  // columns' order), zero-padded past the group's last output channel; one strip.
-  static void pack(const dcn::Geometry& g, const T* weight, T* out, int64_t gw, int64_t st) {
-    const int64_t K = g.group_k(), mg = g.mg(), kk = g.taps(), cin_g = g.cin_g;
-    const int64_t strips = (mg + NR - 1) / NR;
-    const int64_t m0 = gw * mg + st * NR, count = std::min<int64_t>(NR, mg - st * NR);
-    T* dst = out + (gw * strips + st) * K * NR;
-    if (count < NR) std::fill_n(dst, K * NR, T(0));
-    const T* src = weight + m0 * cin_g * kk;
-    for (int64_t ch = 0; ch < cin_g; ++ch)  // the strip's rows at one channel stay in L1 across taps
-      for (int64_t t = 0; t < kk; ++t) {
-        T* d = dst + (t * cin_g + ch) * NR;
-        for (int64_t i = 0; i < count; ++i) d[i] = src[(i * cin_g + ch) * kk + t];
-      }
-  }
-};
-
-// Per-thread buffers, reused across calls: `cols` and `acc` by every thread running tiles,
-// `pixels` and `packed` by the thread that called Compute (read by the others meanwhile).
+// Per-thread buffers, reused across calls: `cols` by every thread running fused tiles; the
+// rest by the thread that called Compute (read by the others meanwhile).
 template <class T>
 struct Scratch {
-  Aligned<T> cols, acc, pixels, packed;
+  Aligned<T> cols, pixels, weight, chunk, product;
 };
 
 template <class T>
@@ -190,64 +118,146 @@ Scratch<T>& scratch() {
   return s;
 }
 
-template <class T>
-void run(Context& ctx, const dcn::Geometry& g, const T* x, const T* weight, const T* offset, const T* bias,
-         const T* mask, T* y) {
-  using G = Gemm<T>;
-  constexpr int MR = G::MR, NR = G::NR;
-  const int64_t K = g.group_k(), mg = g.mg(), np = g.positions(), hw = g.h * g.w;
-  const int64_t strips = (mg + NR - 1) / NR;
+// Ceil division.
+inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// How many of ORT's intra-op threads take part in this kernel's parallel loops: the most
+// distinct threads seen running the tasks of one loop so far (ORT does not tell a custom
+// op its thread count). The two-phase GEMM is split into that many blocks, at least 2: one
+// call per thread, so the operand BLAS repacks per call is packed no more often than needed.
+class Concurrency {
+ public:
+  int64_t threads() const { return seen_.load(std::memory_order_relaxed); }
+  // Runs fn(i) for i in [0, total) on ctx's threads, noting which threads ran them.
+  template <class F>
+  void parallel_for(Context& ctx, size_t total, F&& fn) {
+    std::vector<std::thread::id> ids(total);
+    ctx.parallel_for(total, [&](size_t i) {
+      ids[i] = std::this_thread::get_id();
+      fn(i);
+    });
+    std::sort(ids.begin(), ids.end());
+    const int64_t distinct = std::unique(ids.begin(), ids.end()) - ids.begin();
+    int64_t now = seen_.load(std::memory_order_relaxed);
+    while (distinct > now && !seen_.compare_exchange_weak(now, distinct)) {
+    }
+  }
+
+ private:
+  std::atomic<int64_t> seen_{1};
+};
+
+template <class T>
+void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T* x, const T* wp, const T* offset,
+         const T* bias, const T* mask, T* y) {
+  single_threaded_blas();
+  const int64_t K = g.group_k(), mg = g.mg(), np = g.positions(), hw = g.h * g.w, kg = K * g.groups;
+  const int64_t kk = g.taps(), og = g.offset_groups;
   Scratch<T>& own = scratch<T>();
+
   // Channels-last images, each followed by one zero pixel.
   Aligned<T>& pixels = own.pixels;
   pixels.reserve(size_t(g.n * (hw + 1) * g.c));
-  const int64_t row_chunk = std::max<int64_t>(1, (16384 + g.w * g.c - 1) / std::max<int64_t>(1, g.w * g.c));
-  const int64_t chunks_per_image = (g.h + row_chunk - 1) / row_chunk;
+  const int64_t row_chunk = std::max<int64_t>(1, cdiv(16384, std::max<int64_t>(1, g.w * g.c)));
+  const int64_t chunks_per_image = cdiv(g.h, row_chunk);
   for (int64_t n = 0; n < g.n; ++n) std::fill_n(pixels.data() + (n * (hw + 1) + hw) * g.c, g.c, T(0));
   ctx.parallel_for(size_t(g.n * chunks_per_image), [&](size_t task) {
     const int64_t n = int64_t(task) / chunks_per_image, y0 = (int64_t(task) % chunks_per_image) * row_chunk;
     dcn::to_channels_last(g, x + n * g.c * hw, pixels.data() + n * (hw + 1) * g.c, y0, std::min(g.h, y0 + row_chunk));
   });
+  auto image = [&](int64_t n) { return pixels.data() + n * (hw + 1) * g.c; };
+  auto offsets = [&](int64_t n) { return offset + n * 2 * og * kk * np; };
+  auto masks = [&](int64_t n) { return mask ? mask + n * og * kk * np : nullptr; };
+  auto add_bias = [&](T* out, int64_t m0, int64_t m1, int64_t count, int64_t ld) {
+    if (bias == nullptr) return;
+    for (int64_t m = m0; m < m1; ++m) {
+      const T b = bias[m];
+      T* row = out + (m - m0) * ld;
+      for (int64_t i = 0; i < count; ++i) row[i] += b;
+    }
+  };
 
-  Aligned<T>& packed = own.packed;
-  packed.reserve(size_t(g.groups * strips * K * NR));
-  ctx.parallel_for(size_t(g.groups * strips), [&](size_t task) {
-    G::pack(g, weight, packed.data(), int64_t(task) / strips, int64_t(task) % strips);
-  });
+  // Fused regime: tiles of positions of one image whose columns fit kTileBytes, when a tile
+  // holds at least half as many positions as a weight group has output channels (so the
+  // weight, which BLAS repacks per call, is not much bigger than the tile's columns).
+  const int64_t fit = std::max<int64_t>(1, kTileBytes / int64_t(sizeof(T) * kg));
+  if (2 * fit >= mg) {
+    int64_t tiles = std::max(cdiv(np, fit), cdiv(kTasks, g.n));
+    tiles = std::min(tiles, std::max<int64_t>(1, np / kMinSamplePositions));
+    const int64_t tile = cdiv(np, tiles);
+    tiles = cdiv(np, tile);
+    ctx.parallel_for(size_t(g.n * tiles), [&](size_t task) {
+      const int64_t n = int64_t(task) / tiles, p0 = (int64_t(task) % tiles) * tile;
+      const int64_t count = std::min(np, p0 + tile) - p0;
+      Scratch<T>& s = scratch<T>();
+      s.cols.reserve(size_t(g.groups * tile * K));
+      dcn::sample(g, image(n), offsets(n), masks(n), p0, p0 + count, s.cols.data(), K, tile * K);
+      for (int64_t gw = 0; gw < g.groups; ++gw) {
+        T* out = y + (n * g.m + gw * mg) * np + p0;
+        gemm_nt(mg, count, K, wp + gw * mg * K, K, s.cols.data() + gw * tile * K, K, out, np);
+        add_bias(out, gw * mg, (gw + 1) * mg, count, np);
+      }
+    });
+    return;
+  }
 
-  // Tile: a multiple of MR positions whose columns fit kTileBytes, at least kMinTilesPerImage per image.
-  int64_t tile = std::max<int64_t>(MR, kTileBytes / int64_t(sizeof(T) * K * g.groups) / MR * MR);
-  tile = std::min(tile, std::max<int64_t>(MR, ((np + kMinTilesPerImage - 1) / kMinTilesPerImage + MR - 1) / MR * MR));
-  const int64_t tiles = (np + tile - 1) / tile;
-
-  ctx.parallel_for(size_t(g.n * tiles), [&](size_t task) {
-    const int64_t n = int64_t(task) / tiles, p0 = (int64_t(task) % tiles) * tile;
-    const int64_t p1 = std::min(np, p0 + tile), count = p1 - p0;
-    Scratch<T>& s = scratch<T>();
-    s.cols.reserve(size_t(g.groups * tile * K));
-    s.acc.reserve(size_t(MR * NR));
-    const T* off_n = offset + n * 2 * g.offset_groups * g.taps() * np;
-    const T* mask_n = mask ? mask + n * g.offset_groups * g.taps() * np : nullptr;
-    dcn::sample(g, pixels.data() + n * (hw + 1) * g.c, off_n, mask_n, p0, p1, s.cols.data(), K, tile * K);
-    for (int64_t gw = 0; gw < g.groups; ++gw) {
-      const T* cols = s.cols.data() + gw * tile * K;
-      const T* pk = packed.data() + gw * strips * K * NR;
-      T* out = y + (n * g.m + gw * mg) * np + p0;
-      for (int64_t r0 = 0; r0 < count; r0 += MR) {
-        const int64_t rows = std::min<int64_t>(MR, count - r0);
-        for (int64_t st = 0; st < strips; ++st) {
-          G::micro(K, cols + r0 * K, K, rows, pk + st * K * NR, s.acc.data());
-          const int64_t m0 = st * NR, m1 = std::min(mg, m0 + NR);
-          for (int64_t m = m0; m < m1; ++m) {
-            const T b = bias ? bias[gw * mg + m] : T(0);
-            T* dst = out + m * np + r0;
-            for (int64_t r = 0; r < rows; ++r) dst[r] = s.acc.data()[r * NR + (m - m0)] + b;
-          }
+  // Two-phase regime: chunks of consecutive positions j = n * np + p (across images).
+  const int64_t total = g.n * np;
+  const int64_t chunk = std::min(total, std::max<int64_t>(1, kChunkBytes / int64_t(sizeof(T) * kg)));
+  own.chunk.reserve(size_t(chunk * kg));
+  own.product.reserve(size_t(g.m * chunk));
+  T* cols = own.chunk.data();
+  for (int64_t j0 = 0; j0 < total; j0 += chunk) {
+    const int64_t j1 = std::min(total, j0 + chunk), len = j1 - j0;
+    // Phase 1: sample pieces of at least kMinSamplePositions, never across images.
+    const int64_t piece = std::max<int64_t>(kMinSamplePositions, cdiv(len, 2 * kTasks));
+    std::vector<std::pair<int64_t, int64_t>> pieces;  // [j, j_end)
+    for (int64_t j = j0; j < j1;) {
+      const int64_t end = std::min({j1, j + piece, (j / np + 1) * np});
+      pieces.emplace_back(j, end);
+      j = end;
+    }
+    concurrency.parallel_for(ctx, pieces.size(), [&](size_t i) {
+      const auto [a, b] = pieces[i];
+      const int64_t n = a / np;
+      dcn::sample(g, image(n), offsets(n), masks(n), a - n * np, b - n * np, cols + (a - j0) * K, K, len * K);
+    });
+    // Phase 2: blocks of output channels (mb per group) x positions (cb); split the larger
+    // side, which duplicates the least packing.
+    const bool one_image = j0 / np == (j1 - 1) / np;
+    int64_t mblocks = 1, cblocks = 1;
+    const int64_t want = cdiv(std::clamp<int64_t>(concurrency.threads(), 2, kMaxBlocks), g.groups);
+    if (mg >= len) mblocks = std::min(want, std::max<int64_t>(1, mg / 16));
+    else cblocks = std::min(want, std::max<int64_t>(1, len / 16));
+    const int64_t mb = cdiv(mg, mblocks), cb = cdiv(len, cblocks);
+    mblocks = cdiv(mg, mb), cblocks = cdiv(len, cb);
+    T* product = own.product.data();  // (M, len) when the chunk spans several images
+    ctx.parallel_for(size_t(g.groups * mblocks * cblocks), [&](size_t task) {
+      const int64_t gw = int64_t(task) / (mblocks * cblocks), rest = int64_t(task) % (mblocks * cblocks);
+      const int64_t m0 = gw * mg + (rest / cblocks) * mb, m1 = std::min(gw * mg + mg, m0 + mb);
+      const int64_t c0 = (rest % cblocks) * cb, c1 = std::min(len, c0 + cb);
+      const T* b = cols + gw * len * K + c0 * K;
+      if (one_image) {
+        const int64_t n = j0 / np;
+        T* out = y + (n * g.m + m0) * np + (j0 - n * np) + c0;
+        gemm_nt(m1 - m0, c1 - c0, K, wp + m0 * K, K, b, K, out, np);
+        add_bias(out, m0, m1, c1 - c0, np);
+        return;
+      }
+      T* prod = product + m0 * len + c0;
+      gemm_nt(m1 - m0, c1 - c0, K, wp + m0 * K, K, b, K, prod, len);
+      for (int64_t m = m0; m < m1; ++m) {  // scatter to (N, M, P), per image segment
+        const T bm = bias ? bias[m] : T(0);
+        for (int64_t j = j0 + c0; j < j0 + c1;) {
+          const int64_t n = j / np, end = std::min(j0 + c1, (n + 1) * np);
+          const T* src = product + m * len + (j - j0);
+          T* dst = y + (n * g.m + m) * np + (j - n * np);
+          for (int64_t i = 0; i < end - j; ++i) dst[i] = src[i] + bm;
+          j = end;
         }
       }
-    }
-  });
+    });
+  }
 }
 
 // Inputs 3 (bias) and 4 (mask) are optional.
@@ -262,6 +272,13 @@ struct DeformConv2d {
   static constexpr ONNXTensorElementDataType outputs[] = {TYPE};
 
   dcn::Attributes attrs;
+  // A constant weight, reordered at creation (reorder_weight); empty when the weight is not
+  // a constant initializer. `constant` is the initializer's data: used only when Compute
+  // sees the same buffer with the same shape.
+  Aligned<T> reordered;
+  const void* constant = nullptr;
+  Shape constant_shape;
+  Concurrency concurrency;
 
   DeformConv2d(const Api&, const KernelInfo& info) {
     if (info.has("stride")) attrs.stride = info.get_ints("stride");
@@ -269,6 +286,26 @@ struct DeformConv2d {
     if (info.has("dilation")) attrs.dilation = info.get_ints("dilation");
     attrs.groups = info.get_int("groups", 1);
     attrs.offset_groups = info.get_int("offset_groups", 1);
+    TensorView w;
+    if (info.constant_input(1, w) && w.type == TYPE && w.shape.size() == 4 && w.size > 0) {
+      dcn::Geometry g;
+      g.cin_g = w.shape[1], g.kh = w.shape[2], g.kw = w.shape[3];
+      reordered.reserve(w.size);
+      reorder_weight(g, w.as<T>(), reordered.data(), 0, w.shape[0]);
+      constant = w.data, constant_shape = w.shape;
+    }
+  }
+
+  // The weight in the columns' k order: the one reordered at creation, or reordered now.
+  const T* weight(Context& ctx, const dcn::Geometry& g, const TensorView& w) {
+    if (constant != nullptr && w.data == constant && w.shape == constant_shape) return reordered.data();
+    Aligned<T>& buffer = scratch<T>().weight;
+    buffer.reserve(w.size);
+    const int64_t block = std::max<int64_t>(1, cdiv(g.m, 4 * kTasks));
+    ctx.parallel_for(size_t(cdiv(g.m, block)), [&](size_t i) {
+      reorder_weight(g, w.as<T>(), buffer.data(), int64_t(i) * block, std::min(g.m, int64_t(i + 1) * block));
+    });
+    return buffer.data();
   }
 
   // The optional input `index`, or nullopt-like (present == false) when the node omits it.
@@ -296,7 +333,7 @@ struct DeformConv2d {
     if (!problem.empty()) api.fail(ORT_INVALID_ARGUMENT, problem);
     T* y = ctx.output<T>(0, {g.n, g.m, g.ho, g.wo});
     if (g.n == 0 || g.m == 0) return;
-    run<T>(ctx, g, x.as<T>(), w.as<T>(), off.as<T>(), has_bias ? b.as<T>() : nullptr, has_mask ? m.as<T>() : nullptr,
+    run<T>(ctx, concurrency, g, x.as<T>(), weight(ctx, g, w), off.as<T>(), has_bias ? b.as<T>() : nullptr, has_mask ? m.as<T>() : nullptr,
            y);
   }
 

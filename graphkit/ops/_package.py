@@ -33,6 +33,12 @@ class NativeKernels:
 
     ``headers`` lists the files the sources include (a change rebuilds); by default every
     header under ``root``. ``cxx_flags`` are appended to graphkit's compiler flags.
+
+    A native library the kernels call (a BLAS shipped in a wheel, say) is linked with
+    ``libraries`` (names as for ``-l``) found in ``library_dirs``, which also go on the built
+    library's run-time search path (rpath), so it loads without ``LD_LIBRARY_PATH``;
+    ``include_dirs`` are passed with ``-I`` to the package's compiles. Relative directories
+    are taken from ``root``.
     """
 
     root: str | os.PathLike[str] | None = None
@@ -40,11 +46,14 @@ class NativeKernels:
     headers: tuple[str, ...] | None = None
     cxx_flags: tuple[str, ...] = ()
     library: str | os.PathLike[str] | None = None
+    include_dirs: tuple[str | os.PathLike[str], ...] = ()
+    library_dirs: tuple[str | os.PathLike[str], ...] = ()
+    libraries: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("sources", "cxx_flags"):
+        for name in ("sources", "cxx_flags", "include_dirs", "library_dirs", "libraries"):
             value = getattr(self, name)
-            if isinstance(value, str):
+            if isinstance(value, (str, os.PathLike)):
                 object.__setattr__(self, name, (value,))
             else:
                 object.__setattr__(self, name, tuple(value))
@@ -58,6 +67,15 @@ class NativeKernels:
         if self.sources and self.root is None:
             raise OpDefinitionError("NativeKernels sources need a root directory",
                                     hint="pass root=Path(__file__).parent")
+        if self.library is not None and (self.include_dirs or self.library_dirs or self.libraries):
+            raise OpDefinitionError("include_dirs, library_dirs and libraries apply to kernel sources, "
+                                    "not to a prebuilt library",
+                                    hint="link the prebuilt library against what it needs when you build it")
+        for lib in self.libraries:
+            if not (isinstance(lib, str) and re.fullmatch(r"[A-Za-z0-9_+][A-Za-z0-9_+.\-]*", lib)
+                    and not lib.startswith("lib") and not re.search(r"\.(so|a|dylib)(\.[0-9.]*)?$", lib)):
+                raise OpDefinitionError(f"library {lib!r} must be a name as passed to -l (e.g. 'openblas' for "
+                                        "libopenblas.so)", hint="drop the 'lib' prefix, the suffix and the directory")
         for src in self.sources:
             if Path(src).is_absolute() or ".." in Path(src).parts:
                 raise OpDefinitionError(f"kernel source {src!r} must be a relative path inside root",
@@ -69,6 +87,17 @@ class NativeKernels:
     @property
     def root_path(self) -> Path:
         return Path(self.root) if self.root is not None else Path(self.library).parent
+
+    def _dirs(self, dirs: tuple[str | os.PathLike[str], ...]) -> list[Path]:
+        return [Path(d) if Path(d).is_absolute() else self.root_path / d for d in dirs]
+
+    def include_paths(self) -> list[Path]:
+        """``include_dirs`` as absolute paths."""
+        return self._dirs(self.include_dirs)
+
+    def library_paths(self) -> list[Path]:
+        """``library_dirs`` as absolute paths."""
+        return self._dirs(self.library_dirs)
 
     def compiled(self) -> list[Path]:
         """The files compiled (absolute paths), in declaration order."""

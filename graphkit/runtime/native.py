@@ -157,8 +157,8 @@ def _units(packages: Sequence[OpPackage], base: str, extra_flags: Sequence[str])
              for name in ("kernel.cc", "register.cc")]
     for package in packages:
         native = package.native
-        flags = (*CXX_FLAGS, *inc, f"-DGRAPHKIT_PACKAGE_ID={package_id(package)}", *native.cxx_flags,
-                 *extra_flags)
+        flags = (*CXX_FLAGS, *inc, *(f"-I{d}" for d in native.include_paths()),
+                 f"-DGRAPHKIT_PACKAGE_ID={package_id(package)}", *native.cxx_flags, *extra_flags)
         try:
             depends = tuple(native.hashed())
             for src in native.compiled():
@@ -228,6 +228,26 @@ def _compile_error(unit: _Unit, proc: subprocess.CompletedProcess, log: Path) ->
 
 
 # ---- the registration table and the link ----------------------------------------------------
+
+
+def _link_libraries(packages: Sequence[OpPackage]) -> tuple[list[str], list[str]]:
+    """The packages' ``-L``/rpath/``-l`` link arguments, and what identifies the libraries
+    they name (path, size, mtime) for the cache key: a reinstalled BLAS relinks."""
+    args: list[str] = []
+    identity: list[str] = []
+    for package in packages:
+        dirs = package.native.library_paths()
+        for d in dirs:
+            args += [f"-L{d}", f"-Wl,-rpath,{d}"]
+        for name in package.native.libraries:
+            args.append(f"-l{name}")
+            for d in dirs:
+                for candidate in (d / f"lib{name}.so", d / f"lib{name}.a"):
+                    with contextlib.suppress(OSError):
+                        st = candidate.stat()
+                        identity.append(f"{candidate}:{st.st_size}:{st.st_mtime_ns}")
+    return list(dict.fromkeys(args)), identity
+
 
 
 def _table(packages: Sequence[OpPackage], registry: OpRegistry | None) -> tuple[str, list[str]]:
@@ -305,7 +325,9 @@ def library_for(packages: Iterable[OpPackage], registry: OpRegistry | None = Non
     base = _base_key(compiler, extra_flags)
     units = _units(pkgs, base, extra_flags)
     table, _ = _table(pkgs, registry)
-    key = build_cache.hash_key(base, table, shlex.join(LINK_FLAGS), *(u.key for u in units))
+    link_args, link_identity = _link_libraries(pkgs)
+    key = build_cache.hash_key(base, table, shlex.join(LINK_FLAGS), shlex.join(link_args), *link_identity,
+                               *(u.key for u in units))
     entry = build_cache.Entry("native/lib", key)
     if not rebuild and (found := entry.valid(LIBRARY_NAME, elf="shared")) is not None:
         return found
@@ -314,7 +336,7 @@ def library_for(packages: Iterable[OpPackage], registry: OpRegistry | None = Non
             return found  # built meanwhile
         # Not there, or damaged (size, sha256 or ELF structure): build it anew.
         entry.invalidate(LIBRARY_NAME)
-        lib = _build_library(entry, pkgs, units, compiler, table, extra_flags, rebuild)
+        lib = _build_library(entry, pkgs, units, compiler, table, extra_flags, link_args, rebuild)
         problem = _load_problem(lib)
         if problem is not None:
             entry.invalidate(LIBRARY_NAME)
@@ -342,7 +364,8 @@ def _load_problem(lib: Path) -> str | None:
 
 
 def _build_library(entry: build_cache.Entry, pkgs: Sequence[OpPackage], units: list[_Unit],
-                   compiler: list[str], table: str, extra_flags: Sequence[str], rebuild: bool) -> Path:
+                   compiler: list[str], table: str, extra_flags: Sequence[str], link_args: Sequence[str],
+                   rebuild: bool) -> Path:
     with build_cache.announce(", ".join(p.name for p in pkgs) or "no packages"):
         workers = max(1, min(len(units), os.cpu_count() or 1))
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
@@ -359,7 +382,7 @@ def _build_library(entry: build_cache.Entry, pkgs: Sequence[OpPackage], units: l
             if proc.returncode != 0:
                 raise _compile_error(_Unit("graphkit", entry.path("registration.cc"), (), ()), proc,
                                      _write_log(entry, "registration.log", cmd, proc))
-            cmd = [*compiler, *LINK_FLAGS, *map(str, objects), str(table_obj), "-o", str(tmp)]
+            cmd = [*compiler, *LINK_FLAGS, *map(str, objects), str(table_obj), *link_args, "-o", str(tmp)]
             proc = _run(cmd, "linking")
             if proc.returncode != 0 or tmp.stat().st_size == 0:
                 raise _link_error(pkgs, proc, _write_log(entry, "link.log", cmd, proc))

@@ -54,6 +54,39 @@ OrtStatus* to_status(const Api& api) noexcept {
 
 // ---- KernelInfo -----------------------------------------------------------------------
 
+namespace {
+// Type, shape and data of a tensor value.
+TensorView view_of(const Api& api, const OrtValue* value) {
+  const OrtApi* a = api.raw();
+  TensorView t;
+  {
+    InfoHandle info(a);
+    api.check(ort::GetTensorTypeAndShape(a)(value, &info.p), "GetTensorTypeAndShape");
+    api.check(ort::GetTensorElementType(a)(info.p, &t.type), "GetTensorElementType");
+    size_t rank = 0;
+    api.check(ort::GetDimensionsCount(a)(info.p, &rank), "GetDimensionsCount");
+    t.shape.resize(rank);
+    if (rank) api.check(ort::GetDimensions(a)(info.p, t.shape.data(), rank), "GetDimensions");
+    api.check(ort::GetTensorShapeElementCount(a)(info.p, &t.size), "GetTensorShapeElementCount");
+  }
+  void* data = nullptr;
+  // ORT has no const accessor in the early API; the data is only read.
+  api.check(ort::GetTensorMutableData(a)(const_cast<OrtValue*>(value), &data), "GetTensorMutableData");
+  t.data = data;
+  return t;
+}
+}  // namespace
+
+bool KernelInfo::constant_input(size_t index, TensorView& out) const {
+  int is_constant = 0;
+  const OrtValue* value = nullptr;
+  if (!try_get([&] { return ort::KernelInfoGetConstantInput_tensor(api_.raw())(info_, index, &is_constant, &value); }))
+    return false;  // no such input
+  if (!is_constant || value == nullptr) return false;
+  out = view_of(api_, value);
+  return true;
+}
+
 bool KernelInfo::has(const char* name) const {
   const OrtApi* a = api_.raw();
   int64_t i;
@@ -137,26 +170,10 @@ size_t Context::output_count() const {
 }
 
 TensorView Context::input(size_t index) const {
-  const OrtApi* a = api_.raw();
   const OrtValue* value = nullptr;
-  api_.check(ort::KernelContext_GetInput(a)(ctx_, index, &value), "KernelContext_GetInput");
+  api_.check(ort::KernelContext_GetInput(api_.raw())(ctx_, index, &value), "KernelContext_GetInput");
   if (value == nullptr) api_.fail(ORT_INVALID_ARGUMENT, "input " + std::to_string(index) + " is missing");
-  TensorView t;
-  {
-    InfoHandle info(a);
-    api_.check(ort::GetTensorTypeAndShape(a)(value, &info.p), "GetTensorTypeAndShape");
-    api_.check(ort::GetTensorElementType(a)(info.p, &t.type), "GetTensorElementType");
-    size_t rank = 0;
-    api_.check(ort::GetDimensionsCount(a)(info.p, &rank), "GetDimensionsCount");
-    t.shape.resize(rank);
-    if (rank) api_.check(ort::GetDimensions(a)(info.p, t.shape.data(), rank), "GetDimensions");
-    api_.check(ort::GetTensorShapeElementCount(a)(info.p, &t.size), "GetTensorShapeElementCount");
-  }
-  void* data = nullptr;
-  // ORT has no const accessor in the early API; the data is only read.
-  api_.check(ort::GetTensorMutableData(a)(const_cast<OrtValue*>(value), &data), "GetTensorMutableData");
-  t.data = data;
-  return t;
+  return view_of(api_, value);
 }
 
 bool Context::optional_input(size_t index, TensorView& out) const {

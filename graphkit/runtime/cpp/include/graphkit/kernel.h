@@ -88,6 +88,16 @@ class Api {
   const char* op_;
 };
 
+// A read-only view of an input tensor.
+struct TensorView {
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  Shape shape;
+  size_t size = 0;  // element count
+  const void* data = nullptr;
+  template <class T>
+  const T* as() const { return static_cast<const T*>(data); }
+};
+
 // Reads node attributes at kernel creation (valid only during the kernel's constructor:
 // copy the values out, do not keep the KernelInfo).
 class KernelInfo {
@@ -104,6 +114,10 @@ class KernelInfo {
   std::string get_string(const char* name, const std::string& fallback) const;
   std::vector<int64_t> get_ints(const char* name) const;
   std::vector<float> get_floats(const char* name) const;
+  // Input `index` when the graph holds it as a constant initializer, so that a kernel
+  // can prepare it once (e.g. repack a weight); false for a graph input, a computed
+  // value or a missing input. The view is valid only during the constructor.
+  bool constant_input(size_t index, TensorView& out) const;
 
  private:
   // Calls `fn` and returns true if ORT found the attribute (status released either way).
@@ -116,16 +130,6 @@ class KernelInfo {
   }
   const Api& api_;
   const OrtKernelInfo* info_;
-};
-
-// A read-only view of an input tensor.
-struct TensorView {
-  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  Shape shape;
-  size_t size = 0;  // element count
-  const void* data = nullptr;
-  template <class T>
-  const T* as() const { return static_cast<const T*>(data); }
 };
 
 // Number of KernelContext_ParallelFor calls that returned OK (for tests and benchmarks).

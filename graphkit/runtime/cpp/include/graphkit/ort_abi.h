@@ -186,6 +186,8 @@ GK_ORT_SLOT(KernelInfoGetAttributeArray_float, 162, OrtStatus*, const OrtKernelI
             float* out, size_t* size)
 GK_ORT_SLOT(KernelInfoGetAttributeArray_int64, 163, OrtStatus*, const OrtKernelInfo* info, const char* name,
             int64_t* out, size_t* size)
+GK_ORT_SLOT(KernelInfoGetConstantInput_tensor, 249, OrtStatus*, const OrtKernelInfo* info, size_t index,
+            int* is_constant, const OrtValue** out)
 // Kernel context
 GK_ORT_SLOT(KernelContext_GetInputCount, 88, OrtStatus*, const OrtKernelContext* ctx, size_t* out)
 GK_ORT_SLOT(KernelContext_GetOutputCount, 89, OrtStatus*, const OrtKernelContext* ctx, size_t* out)

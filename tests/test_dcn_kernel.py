@@ -1,0 +1,169 @@
+"""deform_conv2d's native kernel (OpenBLAS GEMM on ORT's threads) in each of its regimes, and
+the NativeKernels link options it relies on (include_dirs, library_dirs, libraries, rpath).
+
+Regimes (deform_conv2d.cc): fused tiles of positions (many positions per image), or two
+phases (few positions: sample a chunk of positions, possibly across images, then split the
+GEMM into blocks of output channels or positions); the weight reordered once when it is a
+constant initializer, else per call. Every case is compared with the torch reference, and 2
+threads with 1 thread bit for bit (the blocking never changes a sum's order).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import graphkit
+from graphkit.errors import OpDefinitionError
+from graphkit.ops import NativeKernels, OpDef, OpPackage, OpRegistry, Param
+from graphkit.rewrite import Lowering
+from graphkit.runtime import native, open_session
+
+pytest.importorskip("torch")
+from test_deform_conv import Case, onnx_model, reference  # noqa: E402
+
+NP = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64}
+ATOL = {TensorProto.FLOAT: 2e-4, TensorProto.DOUBLE: 1e-10}
+
+# name -> (case, element type). Sizes put each case in the regime its name says (columns of a
+# fused tile are at most 512 KiB; a two-phase chunk at most 8 MiB).
+REGIMES = {
+    # 64 channels: a tile of 227 positions > 64/2 output channels -> fused tiles, 3 images
+    "fused": (Case(n=3, c=64, h=20, w=17, m=64, og=4, spread=3.0), TensorProto.FLOAT),
+    # 256 channels at 7x7: two phases, one chunk spanning 3 images (product + scatter)
+    "two_phase_across_images": (Case(n=3, c=256, h=7, w=7, m=256, spread=3.0), TensorProto.FLOAT),
+    # one image, stride 2 (input 14x14 -> 7x7): two phases, the GEMM written in place
+    "two_phase_one_image_stride2": (Case(n=1, c=256, h=14, w=14, m=256, stride=(2, 2), og=4, mask=False),
+                                    TensorProto.FLOAT),
+    # double: 455 positions per chunk -> 2 chunks over 3 images of 14x10, M split in 2 groups
+    "two_phase_chunks_groups_double": (Case(n=3, c=256, h=14, w=10, m=128, groups=2, og=2, spread=3.0),
+                                       TensorProto.DOUBLE),
+    # more positions than output channels: the GEMM split into blocks of positions
+    "two_phase_position_blocks": (Case(n=2, c=192, h=12, w=12, m=96, bias=False), TensorProto.FLOAT),
+}
+
+
+def _run(model: onnx.ModelProto, feeds: dict, threads: int) -> np.ndarray:
+    lowered, _ = graphkit.rewrite_model(model, lowering=Lowering.NATIVE)
+    (out,) = open_session(lowered, threads=threads).run(feeds).values()
+    return out
+
+
+@pytest.mark.parametrize("name", list(REGIMES))
+def test_native_regimes_match_reference_with_constant_and_input_weight(name):
+    case, dtype = REGIMES[name]
+    arrays = case.arrays(seed=1, dtype=NP[dtype])
+    want = reference(case, arrays)
+    results = []
+    for weight_static in (True, False):  # reordered once at creation / per call
+        model, feeds = onnx_model(case, 17, dtype=dtype, weight_static=weight_static, seed=1)
+        one = _run(model, feeds, threads=1)
+        np.testing.assert_allclose(one, want, rtol=0, atol=ATOL[dtype])
+        np.testing.assert_array_equal(_run(model, feeds, threads=2), one)
+        results.append(one)
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_native_library_links_openblas_with_rpath():
+    """graphkit_ops' library finds libscipy_openblas through its rpath, without LD_LIBRARY_PATH."""
+    lib = native.library_path()
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    out = subprocess.run(["ldd", str(lib)], capture_output=True, text=True, env=env, check=True).stdout
+    line = next(x for x in out.splitlines() if "libscipy_openblas" in x)
+    assert "not found" not in line
+
+
+# ---- NativeKernels link options, as any package uses them -------------------------------------------
+
+SCALE_C = """
+extern "C" float demo_scale(float x) { return 3.0f * x; }
+"""
+
+SCALE_H = """
+#pragma once
+extern "C" float demo_scale(float x);
+"""
+
+KERNEL_CC = """
+#include <demo_scale.h>
+#include <graphkit/kernel.h>
+
+namespace {
+struct Scale {
+  static const char* name() { return "scaled"; }
+  static constexpr ONNXTensorElementDataType inputs[] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
+  static constexpr ONNXTensorElementDataType outputs[] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
+  Scale(const gk::Api&, const gk::KernelInfo&) {}
+  void compute(gk::Context& ctx) {
+    const gk::TensorView x = ctx.input(0);
+    float* y = ctx.output<float>(0, x.shape);
+    for (size_t i = 0; i < x.size; ++i) y[i] = demo_scale(x.as<float>()[i]);
+  }
+};
+}  // namespace
+
+GRAPHKIT_OPS(scaled, gk::make_op<Scale>())
+"""
+
+
+def _scaled_package(tmp_path: Path) -> OpPackage:
+    """A package whose kernel calls demo_scale() from libdemoscale.so in another folder."""
+    vendor = tmp_path / "vendor"
+    (vendor / "include").mkdir(parents=True)
+    (vendor / "lib").mkdir()
+    (vendor / "include" / "demo_scale.h").write_text(SCALE_H)
+    (vendor / "scale.cc").write_text(SCALE_C)
+    subprocess.run(["c++", "-shared", "-fPIC", "-o", str(vendor / "lib" / "libdemoscale.so"),
+                    str(vendor / "scale.cc")], check=True)
+    pkg = tmp_path / "scaled_ops"
+    pkg.mkdir()
+    (pkg / "kernels.cc").write_text(textwrap.dedent(KERNEL_CC))
+    op = OpDef(name="scaled", doc="3 * x", domain="scaled", torch_namespace="scaled", inputs=(Param("x", "T"),),
+               outputs=(Param("y", "T"),), type_constraints={"T": ("tensor(float)",)}, reference=lambda x: 3 * x,
+               infer_shapes=lambda s, a: [s[0]], native=True)
+    return OpPackage("scaled_ops", (op,), native=NativeKernels(
+        root=pkg, sources=("kernels.cc",), include_dirs=(vendor / "include",),
+        library_dirs=("../vendor/lib",), libraries=("demoscale",)))  # relative: from root
+
+
+def test_package_links_a_library_found_through_rpath(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHKIT_CACHE_DIR", str(tmp_path / "cache"))
+    package = _scaled_package(tmp_path)
+    registry = OpRegistry([package])
+    lib = native.library_for([package], registry)
+    assert "scaled::scaled" in native.served_ops(lib)
+    node = helper.make_node("scaled", ["x"], ["y"], domain="scaled", name="s0")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17),
+                                                                   helper.make_opsetid("scaled", 1)])
+    lowered, _ = graphkit.rewrite_model(model, lowering=Lowering.NATIVE, registry=registry)
+    x = np.arange(4, dtype=np.float32)
+    (y,) = open_session(lowered, registry=registry).run({"x": x}).values()
+    np.testing.assert_array_equal(y, 3 * x)
+    # A rebuilt library (new size/time) is relinked: a new cache key.
+    (tmp_path / "vendor" / "lib" / "libdemoscale.so").write_bytes(
+        (tmp_path / "vendor" / "lib" / "libdemoscale.so").read_bytes() + b"\0" * 64)
+    assert native.library_for([package], registry) != lib
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"libraries": ("libopenblas.so",)}, "must be a name as passed to -l"),
+    ({"libraries": ("-lopenblas",)}, "must be a name as passed to -l"),
+    ({"libraries": ("openblas.so.0",)}, "must be a name as passed to -l"),
+])
+def test_bad_library_name_is_a_definition_error(kwargs, message):
+    with pytest.raises(OpDefinitionError, match=message):
+        NativeKernels(root=".", sources=("k.cc",), **kwargs)
+
+
+def test_link_options_with_a_prebuilt_library_are_refused(tmp_path):
+    with pytest.raises(OpDefinitionError, match="not to a prebuilt library"):
+        NativeKernels(library=tmp_path / "libx.so", libraries=("m",))
