@@ -57,14 +57,20 @@ def torchvision_op():
         lib._destroy()
 
 
+def _torchvision_stub(tmp_path, monkeypatch) -> None:
+    """An empty ``torchvision`` package on sys.path (for this test only): torch's exporter
+    then registers its own torchvision translations."""
+    (tmp_path / "stub" / "torchvision").mkdir(parents=True)
+    (tmp_path / "stub" / "torchvision" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "stub"))
+
+
 @pytest.fixture(params=[False, True], ids=["no_torchvision", "torchvision_stub"])
 def torchvision_spec(request, tmp_path, monkeypatch):
     """Whether importlib finds a ``torchvision`` module (an empty package on sys.path)."""
     assert "torchvision" not in sys.modules
     if request.param:
-        (tmp_path / "stub" / "torchvision").mkdir(parents=True)
-        (tmp_path / "stub" / "torchvision" / "__init__.py").write_text("")
-        monkeypatch.syspath_prepend(str(tmp_path / "stub"))
+        _torchvision_stub(tmp_path, monkeypatch)
     assert (importlib.util.find_spec("torchvision") is not None) == request.param
     return request.param
 
@@ -92,9 +98,7 @@ def _eager(model, x: torch.Tensor) -> np.ndarray:
 
 def test_torch_alone_writes_deformconv_invalid_at_opset_18(tmp_path, torchvision_op, monkeypatch):
     """What graphkit fixes: with torchvision importable, torch writes DeformConv at opset 18."""
-    (tmp_path / "torchvision").mkdir()
-    (tmp_path / "torchvision" / "__init__.py").write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    _torchvision_stub(tmp_path, monkeypatch)
     torch.manual_seed(0)
     program = torch.onnx.export(TVBlock().eval(), (torch.randn(1, 4, 9, 9),), dynamo=True, opset_version=18,
                                 verbose=False, report=False)
@@ -175,9 +179,7 @@ def test_verify_compares_with_torch(tmp_path, torchvision_op):
 
 
 def test_torch_translation_on_request_at_opset_19(tmp_path, torchvision_op, monkeypatch):
-    (tmp_path / "stub" / "torchvision").mkdir(parents=True)
-    (tmp_path / "stub" / "torchvision" / "__init__.py").write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path / "stub"))
+    _torchvision_stub(tmp_path, monkeypatch)
     torch.manual_seed(0)
     model = TVBlock()
     x = torch.randn(1, 4, 9, 9)
@@ -188,9 +190,7 @@ def test_torch_translation_on_request_at_opset_19(tmp_path, torchvision_op, monk
 
 
 def test_torch_translation_at_opset_18_fails_naming_node_and_fix(tmp_path, torchvision_op, monkeypatch):
-    (tmp_path / "stub" / "torchvision").mkdir(parents=True)
-    (tmp_path / "stub" / "torchvision" / "__init__.py").write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path / "stub"))
+    _torchvision_stub(tmp_path, monkeypatch)
     path = tmp_path / "m.onnx"
     with pytest.raises(ExportError) as info:
         export(TVBlock(), (torch.randn(1, 4, 9, 9),), path, opset=18,
@@ -200,6 +200,16 @@ def test_torch_translation_at_opset_18_fails_naming_node_and_fix(tmp_path, torch
     assert "opset 18 does not have" in err.message and "from opset 19" in err.message
     assert "opset >= 19" in err.hint and "torch_translations" in err.hint
     assert not path.exists()  # an invalid model is never written
+
+
+def test_without_the_mapping_torchs_deformconv_at_18_is_refused(tmp_path, torchvision_op, monkeypatch):
+    """A registry without deform_conv2d leaves the op to torch: still never an invalid file."""
+    _torchvision_stub(tmp_path, monkeypatch)
+    path = tmp_path / "m.onnx"
+    with pytest.raises(ExportError, match=r"wrote DeformConv, which opset 18 does not have") as info:
+        export(TVBlock(), (torch.randn(1, 4, 9, 9),), path, opset=18, registry=OpRegistry([]))
+    assert "opset >= 19" in info.value.hint and "foreign_ops" in info.value.hint
+    assert not path.exists()
 
 
 def test_torch_translation_names_a_foreign_op(tmp_path):
@@ -301,9 +311,7 @@ def test_cli_export_and_verify(tmp_path, torchvision_op, monkeypatch, capsys):
         stdout = capsys.readouterr().out
         assert code == 0 and "custom::deform_conv2d x1" in stdout, stdout
         assert [n.op_type for n in _custom(onnx.load(out))] == ["deform_conv2d"]
-    (tmp_path / "stub" / "torchvision").mkdir(parents=True)
-    (tmp_path / "stub" / "torchvision" / "__init__.py").write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path / "stub"))
+    _torchvision_stub(tmp_path, monkeypatch)
     bad = tmp_path / "bad.onnx"
     code = main(["export", f"{TV_MODEL}:build", str(bad), "--input", "x=1x4x9x9",
                  "--torch-translation", "torchvision::deform_conv2d"])

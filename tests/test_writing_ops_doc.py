@@ -76,9 +76,10 @@ def test_the_walk_through_runs_as_written(tmp_path):
     assert {n.domain for n in onnx.load(work / "model.py.onnx").graph.node} >= {"graphkit.python.acme"}
     inspect_out = next(out for cmd, out, _ in outputs if cmd.startswith("graphkit inspect"))
     assert "acme::swish" in inspect_out and "UNKNOWN" not in inspect_out
-    snippet = outputs[-1][1]
+    snippet = next(out for _, out, _ in outputs if "max error vs torch" in out)
     error = float(re.search(r"max error vs torch: (\S+)", snippet).group(1))
     assert np.isfinite(error) and error < 1e-5
+    assert outputs[-1][1].splitlines() == ["acme swish 2.0"] * 2  # step 6: both exporters
 
 
 def test_readme_own_ops_commands_run(tmp_path):

@@ -584,6 +584,9 @@ def _check_standard_ops(model: onnx.ModelProto, model_name: str, torch_translati
             if torch_translations:
                 fix += (f", or let graphkit write its placeholder (drop torch_translations="
                         f"{list(torch_translations)})")
+            else:
+                fix += (", or export the torch op that became it as a placeholder (an op of the "
+                        "registry that lists it in foreign_ops)")
             raise ExportError(
                 f"cannot export {model_name}: the exporter wrote {node.op_type}, which opset {opset} "
                 f"does not have" + (f" (it exists from opset {since})" if since is not None else ""),
