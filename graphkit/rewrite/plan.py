@@ -25,6 +25,7 @@ from graphkit.errors import OpDefinitionError, RewriteError, UnsupportedOpError
 from graphkit.ops import PLACEHOLDER_DOMAIN, Decomposition, OpDef, OpRegistry
 from graphkit.ops._encoding import encode_kernel_attrs, kernel_attr_type
 from graphkit.ops.tensor_types import type_string
+from graphkit.rewrite._selection import Probe, Selection
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 
 __all__ = ["Lowered", "Lowering", "LoweringPlan", "Scope", "Template", "UNKNOWN_OP_HINT", "node_attrs"]
@@ -173,6 +174,7 @@ class LoweringPlan:
         self.emitted: collections.Counter = collections.Counter()
         self.replacements: list[Replacement] = []
         self._checked: set = set()  # kind keys whose replacement is already queued for checking
+        self.selection = Selection(registry, prefer, opset, path)
 
     def fail(self, cls: type, message: str, node: onnx.NodeProto, hint: str) -> Exception:
         return cls(message, path=self.path, node=node.name or "<unnamed>",
@@ -186,33 +188,27 @@ class LoweringPlan:
             raise self.fail(UnsupportedOpError, "no op package defines this op", node, hint=UNKNOWN_OP_HINT)
         return op
 
-    def choose(self, op: OpDef, node: onnx.NodeProto) -> tuple[Lowering, Decomposition | None]:
-        """The first lowering of the preference order that ``op`` has; UnsupportedOpError naming why none."""
-        reasons = []
-        for how in self.prefer:
-            if how is Lowering.DECOMPOSE:
-                dec = op.decomposition_for(self.opset)
-                if dec is not None:
-                    return how, dec
-                ranges = ", ".join(f"{d.name}: opset {d.min_opset}..{d.max_opset or ''}"
-                                   for d in op.decompositions)
-                reasons.append(f"no decomposition valid at opset {self.opset}"
-                               + (f" (has {ranges})" if ranges else ""))
-            elif how is Lowering.NATIVE:
-                if self.registry.has_native(op):
-                    return how, None
-                reasons.append("has no native kernel" if not op.native else
-                               "declares a native kernel but is not registered through an OpPackage "
-                               "with NativeKernels")
-            elif how is Lowering.PYTHON:
-                if op.python_kernel is not None:
-                    return how, None
-                reasons.append("has no Python kernel")
-        others = [h.value for h in (Lowering.DECOMPOSE, Lowering.NATIVE, Lowering.PYTHON) if h not in self.prefer]
-        hint = (f"allow another lowering ({', '.join(others)}) with --prefer, or pick the opset with "
-                "--target-opset" if others else "pick another opset with --target-opset or add a lowering "
-                f"to the definition of {op.name}")
-        raise self.fail(UnsupportedOpError, "; ".join(reasons), node, hint=hint)
+    def choose(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], in_types: tuple[int | None, ...],
+               scope: Scope) -> tuple[Lowering, Decomposition | None]:
+        """The first lowering of the preference order that ONNX Runtime can execute for the
+        node's dtypes at the plan's opset (graphkit.rewrite._selection); UnsupportedOpError
+        naming why none and what would work."""
+        return self.selection.choose(op, node, attrs, in_types, self._probe(op, node, attrs, scope))
+
+    def _probe(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], scope: Scope) -> Probe:
+        """Builds a decomposition of ``node`` at an opset without touching the model or the
+        plan's names (for the selection's check of what ONNX Runtime can run)."""
+        def probe(dec: Decomposition, opset: int) -> tuple[list[onnx.NodeProto], dict[str, int], bool]:
+            inputs = list(node.input) + [""] * (len(op.inputs) - len(node.input))
+            builder = Builder(opset=opset, prefix=node.name or op.name, names=NameGenerator([*inputs, *node.output]),
+                              types=scope.types, node_name=node.name, op_name=op.qualified_name, constants={})
+            nodes = builder.finish(list(dec.build(builder, inputs, attrs)), list(node.output))
+            produced = {o for n in nodes for o in n.output}
+            reads = {i for n in nodes for i in n.input if i and i not in produced}
+            known = {name: t for name in reads if (t := scope.types.elem_type(name))}
+            return nodes, known, builder.used_shapes
+
+        return probe
 
     # -- lowering -----------------------------------------------------------------------
 
@@ -249,7 +245,7 @@ class LoweringPlan:
         self._check_arity(op, node)
         attrs = node_attrs(op, node, self.path)
         in_types = self._check_input_types(op, node, scope.types)
-        how, dec = self.choose(op, node)
+        how, dec = self.choose(op, node, attrs, in_types, scope)
         if how is Lowering.DECOMPOSE:
             lowered = self._decompose(op, node, attrs, dec, in_types, scope)
         else:

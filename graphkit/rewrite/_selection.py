@@ -1,0 +1,274 @@
+"""Which lowering a node gets: the first in preference order that ONNX Runtime can execute.
+
+A decomposition is executable for a node when ONNX Runtime's CPU provider has a kernel
+for every standard node it writes, for the element types that reach that node, at the
+target opset. ORT casts float16 to float around a node that has a float kernel only
+(its InsertCastTransformer), so float16 needs a float kernel. The kernels are ORT's own
+table (``get_all_opkernel_def``), read once per process and kept in :func:`ort_kernels`;
+tests/test_selection.py checks its verdicts against sessions of tiny models of every op,
+lowering, opset and dtype. Native and Python kernels execute every type combination
+their op declares (graphkit registers each combination with ORT).
+
+A node for which nothing in the preference order is executable is an
+:class:`~graphkit.errors.UnsupportedOpError` naming the node, its dtype, why each
+lowering was refused and what would work (another ``--target-opset``, ``--bind``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import onnx
+from onnx import helper
+
+from graphkit.errors import RewriteError, UnsupportedOpError
+from graphkit.ops.tensor_types import type_string
+
+if TYPE_CHECKING:
+    from graphkit.ops import Decomposition, OpDef, OpRegistry
+
+__all__ = ["KernelTable", "Selection", "ort_kernels", "replacement_problem", "MIN_OPSET", "max_opset",
+           "dtype_name"]
+
+PROVIDER = "CPUExecutionProvider"
+# probe(decomposition, opset) -> (nodes, element types of what they read, looked at shapes)
+Probe = Callable[[Any, int], tuple[list[onnx.NodeProto], dict[str, int], bool]]
+_FLOAT16, _FLOAT = "tensor(float16)", "tensor(float)"
+# Nodes ONNX Runtime turns into initializers when it loads a model: no kernel runs them.
+_LOAD_TIME = frozenset({"Constant"})
+# The oldest ai.onnx opset ONNX Runtime loads.
+MIN_OPSET = 7
+
+
+def dtype_name(elem: int | None) -> str:
+    """TensorProto.DOUBLE -> 'double' (the word users see in messages)."""
+    text = type_string(elem) if elem else None
+    return text[len("tensor("):-1] if text else "unknown type"
+
+
+@dataclass(frozen=True)
+class _Kernel:
+    first: int
+    last: int
+    types: Mapping[str, frozenset[str]]  # type parameter -> the tensor types this kernel takes
+
+
+class KernelTable:
+    """One execution provider's kernels: (domain, op type) -> version ranges and types."""
+
+    def __init__(self, kernels: Mapping[tuple[str, str], tuple[_Kernel, ...]], version: str) -> None:
+        self.kernels = kernels
+        self.version = version
+        self.domains = frozenset(d for d, _ in kernels)
+
+    def max_opset(self, domain: str = "") -> int:
+        """The newest opset of ``domain`` any kernel was registered for (ranges left open count
+        as their first version)."""
+        return max(max(k.first, k.last if k.last < 10_000 else k.first)
+                   for (d, _), ks in self.kernels.items() if d == domain for k in ks)
+
+    def problem(self, node: onnx.NodeProto, opset: int, elem: Mapping[str, int]) -> str | None:
+        """Why ORT cannot run ``node`` at ai.onnx ``opset`` with these element types, or None."""
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if domain not in self.domains or (domain == "" and node.op_type in _LOAD_TIME):
+            return None  # not ORT's: a custom domain is the session's business
+        kernels = self.kernels.get((domain, node.op_type))
+        if domain != "":
+            return None if kernels else f"{domain}::{node.op_type} has no ONNX Runtime kernel"
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset, "")
+        except onnx.defs.SchemaError:
+            return None  # unknown to onnx at this opset: the checker reports it
+        since = schema.since_version
+        ranges = [k for k in kernels or () if k.first <= since <= k.last]
+        if not ranges and (schema.has_function or schema.has_context_dependent_function):
+            return None  # ORT expands an op ONNX defines as a function (CastLike) into its body
+        if not ranges:
+            return f"{node.op_type}-{since} has no kernel in ONNX Runtime {self.version}"
+        bound = _bind(schema, node, elem)
+        if any(len(ts) > 1 for ts in bound.values()):
+            return None  # ill-typed: the checker afterwards names the replacement
+        if any(_fits(k, bound) for k in ranges):
+            return None
+        if any(_FLOAT16 in ts for ts in bound.values()):
+            cast = {p: {_FLOAT if t == _FLOAT16 else t for t in ts} for p, ts in bound.items()}
+            if any(_fits(k, cast) for k in ranges):
+                return None
+        got = sorted({t for ts in bound.values() for t in ts})
+        takes = sorted({t for k in ranges for ts in k.types.values() for t in ts
+                        if t.startswith("tensor(") and t in _COMMON})
+        return (f"{node.op_type}-{since} has no {'/'.join(t[7:-1] for t in got)} kernel in ONNX Runtime "
+                f"{self.version}" + (f" (takes {', '.join(t[7:-1] for t in takes)})" if takes else ""))
+
+
+_COMMON = frozenset(f"tensor({t})" for t in ("float16", "float", "double", "int32", "int64", "bool"))
+
+
+def _bind(schema: onnx.defs.OpSchema, node: onnx.NodeProto, elem: Mapping[str, int]) -> dict[str, set[str]]:
+    """Type parameter -> the tensor types the node's inputs and outputs give it."""
+    bound: dict[str, set[str]] = {}
+    for formals, actuals in ((schema.inputs, node.input), (schema.outputs, node.output)):
+        if not formals:
+            continue
+        variadic = formals[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic
+        for i, name in enumerate(actuals):
+            if not name or name not in elem:
+                continue
+            if i >= len(formals) and not variadic:
+                break
+            formal = formals[min(i, len(formals) - 1)]
+            text = type_string(elem[name])
+            if text:
+                bound.setdefault(formal.type_str, set()).add(text)
+    return bound
+
+
+def _fits(kernel: _Kernel, bound: Mapping[str, set[str]]) -> bool:
+    return all(ts <= kernel.types[p] for p, ts in bound.items() if p in kernel.types)
+
+
+@functools.lru_cache(maxsize=1)
+def ort_kernels() -> KernelTable | None:
+    """ONNX Runtime's CPU kernels, read once; None when this ORT build does not list them."""
+    try:
+        import onnxruntime
+        from onnxruntime.capi import _pybind_state
+        defs = _pybind_state.get_all_opkernel_def()
+    except (ImportError, AttributeError):
+        return None
+    table: dict[tuple[str, str], list[_Kernel]] = {}
+    for d in defs:
+        if d.provider != PROVIDER:
+            continue
+        first, last = d.version_range
+        table.setdefault((d.domain, d.op_name), []).append(
+            _Kernel(first, last, {p: frozenset(ts) for p, ts in d.type_constraints.items()}))
+    return KernelTable({k: tuple(v) for k, v in table.items()}, onnxruntime.__version__)
+
+
+def max_opset() -> int:
+    """The newest ai.onnx opset both the onnx version converter and ONNX Runtime support."""
+    newest = onnx.defs.onnx_opset_version()
+    table = ort_kernels()
+    return newest if table is None else min(newest, table.max_opset())
+
+
+def replacement_problem(nodes: list[onnx.NodeProto], input_types: Mapping[str, int], opset: int,
+                        table: KernelTable | None = None) -> str | None:
+    """Why ORT cannot run the replacement ``nodes`` (fed tensors of ``input_types``), or None."""
+    table = ort_kernels() if table is None else table
+    if table is None:
+        return None
+    elem = dict(input_types)
+    graph = helper.make_graph(nodes, "probe", [helper.make_tensor_value_info(n, t, None)
+                                               for n, t in input_types.items()], [])
+    probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, check_type=False, strict_mode=False)
+        for vi in inferred.graph.value_info:
+            if vi.type.tensor_type.elem_type:
+                elem.setdefault(vi.name, vi.type.tensor_type.elem_type)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError, ValueError):
+        pass  # judge with what is known; the strict checks afterwards report a broken replacement
+    for node in nodes:
+        problem = table.problem(node, opset, elem)
+        if problem is not None:
+            return problem
+    return None
+
+
+class Selection:
+    """Per node, the first lowering in ``prefer`` order that ONNX Runtime can execute.
+
+    ``probe(dec, opset)`` builds a decomposition of the node at hand without adding it
+    to the model and returns (nodes, element types of the tensors they read, whether the
+    build looked at shapes); verdicts are cached per op, decomposition, opset, input
+    types and attributes (per node where the build looked at shapes).
+    """
+
+    def __init__(self, registry: OpRegistry, prefer: tuple[Any, ...], opset: int, path: str | None) -> None:
+        self.registry = registry
+        self.prefer = prefer
+        self.opset = opset
+        self.path = path
+        self._verdicts: dict[tuple, str | None] = {}
+
+    def choose(self, op: OpDef, node: onnx.NodeProto, attrs: Mapping[str, Any],
+               in_types: tuple[int | None, ...], probe: Probe) -> tuple[Any, Decomposition | None]:
+        """(lowering, decomposition or None) for ``node``; UnsupportedOpError when none fits."""
+        reasons = []
+        for how in self.prefer:
+            if how.value == "decompose":
+                valid = [d for d in op.decompositions if d.supports(self.opset)]
+                if not valid:
+                    ranges = ", ".join(f"{d.name}: opset {d.min_opset}..{d.max_opset or ''}"
+                                       for d in op.decompositions)
+                    reasons.append(f"no decomposition valid at opset {self.opset}"
+                                   + (f" (has {ranges})" if ranges else ""))
+                for dec in valid:
+                    problem = self.problem(op, node, attrs, in_types, dec, self.opset, probe)
+                    if problem is None:
+                        return how, dec
+                    reasons.append(f"decomposition '{dec.name}' at opset {self.opset}: {problem}")
+            elif how.value == "native":
+                if self.registry.has_native(op):
+                    return how, None
+                reasons.append("has no native kernel" if not op.native else
+                               "declares a native kernel but is not registered through an OpPackage "
+                               "with NativeKernels")
+            elif how.value == "python":
+                if op.python_kernel is not None:
+                    return how, None
+                reasons.append("has no Python kernel")
+        raise self._nothing_fits(op, node, attrs, in_types, probe, reasons)
+
+    def problem(self, op: OpDef, node: onnx.NodeProto, attrs: Mapping[str, Any],
+                in_types: tuple[int | None, ...], dec: Decomposition, opset: int, probe: Probe) -> str | None:
+        """Why ORT cannot run ``dec`` of ``node`` at ``opset``, or None (cached)."""
+        key = (op.qualified_name, dec.name, opset, in_types, repr(sorted(attrs.items())), len(node.input),
+               len(node.output))
+        if key in self._verdicts:
+            return self._verdicts[key]
+        try:
+            nodes, known, used_shapes = probe(dec, opset)
+        except RewriteError:
+            return None  # the real build reports it, with the node's name
+        verdict = replacement_problem(nodes, known, opset)
+        if not used_shapes:
+            self._verdicts[key] = verdict
+        return verdict
+
+    def _nothing_fits(self, op: OpDef, node: onnx.NodeProto, attrs: Mapping[str, Any],
+                      in_types: tuple[int | None, ...], probe: Probe, reasons: list[str]) -> UnsupportedOpError:
+        dtypes = sorted({dtype_name(t) for t in in_types if t})
+        works = []
+        newest = max_opset()
+        for dec in op.decompositions:
+            last = min(dec.max_opset or newest, newest)
+            for opset in _other_opsets(dec.min_opset, last, self.opset):
+                if self.problem(op, node, attrs, in_types, dec, opset, probe) is None:
+                    works.append(f"--target-opset {opset} (decomposition '{dec.name}')")
+                    break
+        if self.registry.has_native(op):
+            works.append("--bind native")
+        if op.python_kernel is not None:
+            works.append("--bind python")
+        in_prefer = {h.value for h in self.prefer}
+        hint = ("would work: " + ", ".join(works) if works else
+                f"no lowering of {op.name} runs in ONNX Runtime for {'/'.join(dtypes)}: add one to its definition")
+        if works and {"decompose", "native", "python"} - in_prefer:
+            hint += " (or allow another lowering with --prefer)"
+        message = "; ".join(reasons)
+        if any("decomposition '" in r for r in reasons):
+            message = f"no lowering ONNX Runtime can execute for {'/'.join(dtypes) or 'its inputs'}: {message}"
+        return UnsupportedOpError(message, path=self.path, node=node.name or "<unnamed>",
+                                  op=f"{node.domain}::{node.op_type}", hint=hint)
+
+
+def _other_opsets(first: int, last: int, current: int) -> Iterable[int]:
+    """Opsets from ``first`` to ``last``, nearest to ``current`` first, ``current`` excluded."""
+    return sorted((o for o in range(max(first, MIN_OPSET), last + 1) if o != current),
+                  key=lambda o: (abs(o - current), o))
