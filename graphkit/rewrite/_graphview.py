@@ -23,25 +23,44 @@ class GraphView:
 
     def __init__(self, nodes: Any, *, protected: set[str] = frozenset(),
                  initializers: Any = (), base_dir: str | None = None) -> None:
-        self.nodes = nodes
+        self.nodes = list(nodes)  # indexing a Python list is much cheaper than a protobuf field
         self.base_dir = base_dir  # where external data lives (None: external tensors are not read)
         self.protected = set(protected)
-        self.producer: dict[str, int] = {}
-        self.consumers: dict[str, list[int]] = {}
-        self.by_op: dict[str, list[int]] = {}
+        producer: dict[str, int] = {}
+        consumers: dict[str, list[int]] = {}
+        by_op: dict[str, list[int]] = {}
         self.outer_used: set[str] = set()  # names read from inside a subgraph of some node
-        for i, node in enumerate(nodes):
-            self.by_op.setdefault(node.op_type, []).append(i)
-            for name in node.output:
-                if name:
-                    self.producer[name] = i
-            for name in node.input:
-                if name:
-                    self.consumers.setdefault(name, []).append(i)
-            for g in subgraphs(node):  # outer-scope uses from subgraphs count as consumers
-                for name in _outer_refs(g):
-                    self.consumers.setdefault(name, []).append(i)
-                    self.outer_used.add(name)
+        # Plain-Python copies of each node's fields: matching reads them many times.
+        self.ops: list[str] = []
+        self.domains: list[str] = []
+        self.inputs: list[tuple[str, ...]] = []
+        self.outputs: list[tuple[str, ...]] = []
+        for i, node in enumerate(self.nodes):
+            op = node.op_type
+            ins, outs = tuple(node.input), tuple(node.output)
+            self.ops.append(op)
+            self.domains.append(node.domain)
+            self.inputs.append(ins)
+            self.outputs.append(outs)
+            if op in by_op:
+                by_op[op].append(i)
+            else:
+                by_op[op] = [i]
+            for name in outs:
+                producer[name] = i
+            for name in ins:
+                if name in consumers:
+                    consumers[name].append(i)
+                else:
+                    consumers[name] = [i]
+            if node.attribute:
+                for g in subgraphs(node):  # outer-scope uses from subgraphs count as consumers
+                    for name in _outer_refs(g):
+                        consumers.setdefault(name, []).append(i)
+                        self.outer_used.add(name)
+        producer.pop("", None)
+        consumers.pop("", None)
+        self.producer, self.consumers, self.by_op = producer, consumers, by_op
         self._initializers = {t.name: t for t in initializers}
         self._const_cache: dict[str, np.ndarray | None] = {}
 

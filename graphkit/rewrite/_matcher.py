@@ -123,13 +123,19 @@ class Matcher:
     def reason(self) -> tuple[str, str]:
         """Why the last anchor did not match: (text, generic) of the failures that came
         closest (most nodes matched), distinct ones joined."""
-        if not self.failures:
+        failures = self.failures
+        if not failures:
             return "no match", "no match"
-        deepest = max(d for d, _, _ in self.failures)
-        best = [(t, g) for d, t, g in self.failures if d == deepest]
-        texts = list(dict.fromkeys(t for t, _ in best))[:3]
-        generics = list(dict.fromkeys(g for _, g in best))[:3]
-        return " / ".join(texts), " / ".join(generics)
+        deepest = max(f[0] for f in failures)
+        texts: dict[str, None] = {}
+        generics: dict[str, None] = {}
+        for depth, text, generic in failures:
+            if depth == deepest:
+                texts[text] = generics[generic] = None
+        return " / ".join(list(texts)[:3]), " / ".join(list(generics)[:3])
+
+    def _label(self, index: int) -> str:
+        return f"node '{self.view.nodes[index].name or self.view.ops[index]}'"
 
     def _fail(self, text: str, generic: str) -> None:
         self.failures.append((self._at, text, generic))
@@ -156,9 +162,9 @@ class Matcher:
         view = self.view
         names = [v for v in st.bindings.values() if isinstance(v, str)]
         for i in st.nodes.values():
-            names.extend(view.nodes[i].output)
+            names.extend(view.outputs[i])
         found = {c for n in names if n for c in view.consumers.get(n, ())
-                 if c not in st.used and view.nodes[c].op_type == pnode.op_type}
+                 if c not in st.used and view.ops[c] == pnode.op_type}
         if not found and not variables(pnode):  # a root sharing nothing: every node of its type
             found = set(view.by_op.get(pnode.op_type, ())) - st.used
         return sorted(found)
@@ -167,29 +173,30 @@ class Matcher:
 
     def _node(self, pat: PNode, index: int, st: _State) -> Iterator[_State]:
         view = self.view
-        node = view.nodes[index]
-        label = f"node '{node.name or node.op_type}'"
+        op = view.ops[index]
         self._at = len(st.used)
         seen = st.nodes.get(id(pat))
         if seen is not None:
             if seen == index:
                 yield st
             else:
-                self._fail(f"{label}: the pattern's shared {pat.op_type} is another node here",
+                self._fail(f"{self._label(index)}: the pattern's shared {pat.op_type} is another node here",
                            f"shared {pat.op_type} is two different nodes")
             return
-        if node.op_type != pat.op_type or node.domain not in (pat.domain, "ai.onnx" if not pat.domain else pat.domain):
-            have = f"{node.domain + '::' if node.domain else ''}{node.op_type}"
-            self._fail(f"{label} is {have}, pattern wants {pat.op_type}",
+        domain = view.domains[index]
+        if op != pat.op_type or (domain != pat.domain and not (domain == "ai.onnx" and not pat.domain)):
+            have = f"{domain + '::' if domain else ''}{op}"
+            self._fail(f"{self._label(index)} is {have}, pattern wants {pat.op_type}",
                        f"{pat.op_type} input is produced by {have}")
             return
         if index in st.used:
-            self._fail(f"{label} would be matched twice", f"{pat.op_type} would be matched twice")
+            self._fail(f"{self._label(index)} would be matched twice", f"{pat.op_type} would be matched twice")
             return
-        captured = self._attrs(pat, node, label, st)
+        node = view.nodes[index]
+        captured = self._attrs(pat, node, index, st)
         if captured is None:
             return
-        names = list(node.input)
+        names = list(view.inputs[index])
         pats = pat.inputs
         many = pats[-1] if pats and isinstance(pats[-1], Many) else None
         fixed = pats[:-1] if many is not None else pats
@@ -198,45 +205,69 @@ class Matcher:
             rest = names[len(fixed):]
             names = names[:len(fixed)]
             if many is None and any(rest):
-                self._fail(f"{label} has {len(node.input)} inputs, pattern wants {len(pats)}",
+                self._fail(f"{self._label(index)} has {len(view.inputs[index])} inputs, pattern wants {len(pats)}",
                            f"{pat.op_type} has more inputs than the pattern")
                 return
         names += [""] * (len(fixed) - len(names))
         if many is not None:
             bound = st.bindings.get(many.name, _MISSING)
             if bound is not _MISSING and bound != rest:
-                self._fail(f"{label}: *{many.name} would be two different lists", "variadic inputs differ")
+                self._fail(f"{self._label(index)}: *{many.name} would be two different lists", "variadic inputs differ")
                 return
             captured[many.name] = list(rest)
         st2 = _State({**st.bindings, **captured}, {**st.nodes, id(pat): index}, st.used | {index})
         commute = pat.commute if pat.commute is not None else (
             self.commute and (pat.domain, pat.op_type) in COMMUTATIVE)
-        yield from self._inputs(fixed, names, st2, label)
-        if commute and len(fixed) == 2 and names[0] != names[1]:
-            yield from self._inputs(fixed, names[::-1], st2, label)
+        first = fixed[0] if fixed else None
+        if not self._quick_fail(first, names[0] if fixed else "", st2, index):
+            yield from self._inputs(fixed, names, st2, index)
+        if commute and len(fixed) == 2 and names[0] != names[1] and not self._quick_fail(first, names[1], st2, index):
+            yield from self._inputs(fixed, names[::-1], st2, index)
 
-    def _inputs(self, pats: list[Any], names: list[str], st: _State, label: str, k: int = 0) -> Iterator[_State]:
+    def _quick_fail(self, pat: Any, name: str, st: _State, at: int) -> bool:
+        """Would ``_value(pat, name)`` fail at once on the producer's op type? Then record the
+        same failure and say so: most candidates end here, without a chain of generators."""
+        if not isinstance(pat, (PNode, Out)) or not name:
+            return False
+        pnode, out = (pat.node, pat.index) if isinstance(pat, Out) else (pat, 0)
+        if id(pnode) in st.nodes:
+            return False
+        view = self.view
+        producer = view.producer.get(name)
+        if producer is None or out >= len(view.outputs[producer]) or view.outputs[producer][out] != name:
+            return False  # _value says why
+        op, domain = view.ops[producer], view.domains[producer]
+        if op == pnode.op_type and (domain == pnode.domain or (domain == "ai.onnx" and not pnode.domain)):
+            return False
+        self._at = len(st.used)
+        have = f"{domain + '::' if domain else ''}{op}"
+        self._fail(f"{self._label(producer)} is {have}, pattern wants {pnode.op_type}",
+                   f"{pnode.op_type} input is produced by {have}")
+        return True
+
+    def _inputs(self, pats: list[Any], names: list[str], st: _State, at: int, k: int = 0) -> Iterator[_State]:
         if k == len(pats):
             yield st
             return
-        for s in self._value(pats[k], names[k], st, label):
-            yield from self._inputs(pats, names, s, label, k + 1)
+        for s in self._value(pats[k], names[k], st, at):
+            yield from self._inputs(pats, names, s, at, k + 1)
 
-    def _value(self, pat: Any, name: str, st: _State, label: str) -> Iterator[_State]:
+    def _value(self, pat: Any, name: str, st: _State, at: int) -> Iterator[_State]:
+        """Match pattern value ``pat`` against tensor ``name``, an input of node ``at``."""
         self._at = len(st.used)
         if isinstance(pat, Optional):
             if not name:
                 absent = {v: None for v in variables(pat.inner) if v not in st.bindings}
                 yield st.bind(**absent)
             else:
-                yield from self._value(pat.inner, name, st, label)
+                yield from self._value(pat.inner, name, st, at)
             return
         if isinstance(pat, Either):
             for alt in pat.alternatives:
-                yield from self._value(alt, name, st, label)
+                yield from self._value(alt, name, st, at)
             return
         if not name:
-            self._fail(f"{label}: input for {pat!r} is absent", f"input for {pat!r} is absent")
+            self._fail(f"{self._label(at)}: input for {pat!r} is absent", f"input for {pat!r} is absent")
             return
         if isinstance(pat, Var):
             bound = st.bindings.get(pat.name, _MISSING)
@@ -245,18 +276,18 @@ class Matcher:
             elif bound == name:
                 yield st
             else:
-                self._fail(f"{label}: '{pat.name}' would be both '{bound}' and '{name}'",
+                self._fail(f"{self._label(at)}: '{pat.name}' would be both '{bound}' and '{name}'",
                            f"'{pat.name}' would be two different tensors")
             return
         if isinstance(pat, (Number, Const)):
             value = self.view.constant_value(name)
             if value is None:
-                self._fail(f"{label}: input '{name}' is not a constant", f"input for {pat!r} is not a constant")
+                self._fail(f"{self._label(at)}: input '{name}' is not a constant", f"input for {pat!r} is not a constant")
                 return
             if isinstance(pat, Number):
                 if value.size == 0 or not np.all(value == pat.value):
                     shown = value.reshape(-1)[:3].tolist()
-                    self._fail(f"{label}: constant '{name}' is {shown}, pattern wants {pat.value:g}",
+                    self._fail(f"{self._label(at)}: constant '{name}' is {shown}, pattern wants {pat.value:g}",
                                f"constant is not {pat.value:g}")
                     return
                 yield st
@@ -267,23 +298,23 @@ class Matcher:
             elif _same(bound, value):
                 yield st
             else:
-                self._fail(f"{label}: const({pat.var.name}) would be two different values",
+                self._fail(f"{self._label(at)}: const({pat.var.name}) would be two different values",
                            f"const({pat.var.name}) would be two different values")
             return
         pnode, out = (pat.node, pat.index) if isinstance(pat, Out) else (pat, 0)
         producer = self.view.producer.get(name)
         if producer is None:
-            self._fail(f"{label}: input '{name}' is not produced by a {pnode.op_type} node",
+            self._fail(f"{self._label(at)}: input '{name}' is not produced by a {pnode.op_type} node",
                        f"input is not produced by a {pnode.op_type} node")
             return
-        outs = self.view.nodes[producer].output
+        outs = self.view.outputs[producer]
         if out >= len(outs) or outs[out] != name:
-            self._fail(f"{label}: input '{name}' is not output {out} of its producer",
+            self._fail(f"{self._label(at)}: input '{name}' is not output {out} of its producer",
                        f"{pnode.op_type} output {out} is not the one used")
             return
         yield from self._node(pnode, producer, st)
 
-    def _attrs(self, pat: PNode, node: onnx.NodeProto, label: str, st: _State) -> dict[str, Any] | None:
+    def _attrs(self, pat: PNode, node: onnx.NodeProto, at: int, st: _State) -> dict[str, Any] | None:
         """Check the attribute constraints; returns the captured values (None: no match)."""
         if not pat.attrs:
             return {}
@@ -298,7 +329,7 @@ class Matcher:
             if isinstance(want, Var):
                 bound = st.bindings.get(want.name, captured.get(want.name, _MISSING))
                 if bound is not _MISSING and not _same(have, bound):
-                    self._fail(f"{label}: attribute {key}={have!r} differs from {want.name}={bound!r}",
+                    self._fail(f"{self._label(at)}: attribute {key}={have!r} differs from {want.name}={bound!r}",
                                f"attribute {key} differs from {want.name}")
                     return None
                 captured[want.name] = have
@@ -315,7 +346,7 @@ class Matcher:
             else:
                 ok = _same(have, want)
             if not ok:
-                self._fail(f"{label}: attribute {key}={have!r} does not match",
+                self._fail(f"{self._label(at)}: attribute {key}={have!r} does not match",
                            f"attribute {key} does not match")
                 return None
         return captured
@@ -330,19 +361,18 @@ class Matcher:
                 outputs.append(st.bindings.get(root.name) or "")
                 continue
             pnode, out = (root.node, root.index) if isinstance(root, Out) else (root, 0)
-            node_outs = view.nodes[st.nodes[id(pnode)]].output
+            node_outs = view.outputs[st.nodes[id(pnode)]]
             outputs.append(node_outs[out] if out < len(node_outs) else "")
         keep = set(outputs)
         matched = st.used
         self._at = len(matched) + 1
         for i in matched:
-            node = view.nodes[i]
-            for name in node.output:
+            for name in view.outputs[i]:
                 if not name or name in keep:
                     continue
                 if name in view.protected or any(c not in matched for c in view.consumers.get(name, ())):
-                    self._fail(f"node '{node.name or node.op_type}' output '{name}' has other consumers",
-                               f"{node.op_type} output has other consumers")
+                    self._fail(f"{self._label(i)} output '{name}' has other consumers",
+                               f"{view.ops[i]} output has other consumers")
                     return None
         bindings = {name: st.bindings.get(name) for name in self.vars}
         anchor = st.nodes[id(self.roots[0].node if isinstance(self.roots[0], Out) else self.roots[0])]

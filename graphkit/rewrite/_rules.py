@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -167,22 +168,39 @@ def _compile(name: str, pattern: Callable[..., Any]) -> list[_Compiled]:
     return compiled
 
 
-def _call(fn: Callable[..., Any], first: Any, bindings: dict[str, Any]) -> Any:
-    """``fn(first, ...)`` with the bindings its parameters name (``*xs`` gets a variadic list)."""
+@functools.lru_cache(maxsize=1024)
+def _call_plan(fn: Callable[..., Any]) -> tuple[tuple[str, str], ...]:
+    """How ``_call`` passes bindings to ``fn``: (kind, name) per parameter after the first."""
     params = list(inspect.signature(fn).parameters.values())[1:]
-    args, kwargs = [first], {}
+    plan = []
     positional = any(p.kind is p.VAR_POSITIONAL for p in params)
     for p in params:
         if p.kind is p.VAR_POSITIONAL:
-            args.extend(bindings.get(p.name) or ())
+            plan.append(("star", p.name))
             positional = False  # what follows is keyword-only
         elif p.kind is p.VAR_KEYWORD:
-            named = {q.name for q in params}
-            kwargs.update({k: v for k, v in bindings.items() if k not in named})
+            plan.append(("rest", ""))
         elif positional:
-            args.append(bindings.get(p.name))
-        elif p.name in bindings or p.default is p.empty:
-            kwargs[p.name] = bindings.get(p.name)
+            plan.append(("arg", p.name))
+        else:
+            plan.append(("kw" if p.default is p.empty else "kw?", p.name))
+    return tuple(plan)
+
+
+def _call(fn: Callable[..., Any], first: Any, bindings: dict[str, Any]) -> Any:
+    """``fn(first, ...)`` with the bindings its parameters name (``*xs`` gets a variadic list)."""
+    args, kwargs = [first], {}
+    plan = _call_plan(fn)
+    for kind, name in plan:
+        if kind == "arg":
+            args.append(bindings.get(name))
+        elif kind == "star":
+            args.extend(bindings.get(name) or ())
+        elif kind == "kw" or (kind == "kw?" and name in bindings):
+            kwargs[name] = bindings.get(name)
+        elif kind == "rest":
+            named = {n for _, n in plan}
+            kwargs.update({k: v for k, v in bindings.items() if k not in named})
     return fn(*args, **kwargs)
 
 
@@ -381,17 +399,19 @@ def apply_rule_set(model: onnx.ModelProto, rules: RuleSet, *, make_builder: Call
     active = [r for r in rules if isinstance(r, (Rule, GraphPass))]
     if not active:
         return 0
-    before = _referenced(model)
-    emitted: set[str] = set()
+    # Names a rewrite stopped reading (or initializers it made): the only initializers that
+    # can have become unused. A graph pass may drop any read: then compare with a full count.
+    released: set[str] = set()
+    before = _referenced(model) if any(isinstance(r, GraphPass) for r in active) else None
     total = 0
     for scope in reversed(_scopes(model, types, make_builder, base_dir)):
-        total += _apply_scope(scope, active, rules.max_rounds, report, emitted, path)
+        total += _apply_scope(scope, active, rules.max_rounds, report, released, path)
     if total:
-        _prune_initializers(model, before, emitted)
+        _prune_initializers(model, released if before is None else released | before)
     return total
 
 
-def _apply_scope(scope: Scope, rules: list[Any], max_rounds: int, report: RuleReport, emitted: set[str],
+def _apply_scope(scope: Scope, rules: list[Any], max_rounds: int, report: RuleReport, released: set[str],
                  path: str | None) -> int:
     """Rules round after round until a round changes nothing; graph passes in the first round.
 
@@ -408,7 +428,7 @@ def _apply_scope(scope: Scope, rules: list[Any], max_rounds: int, report: RuleRe
             if isinstance(rule, GraphPass):
                 n = _apply_pass(scope, rule, mine, path)
             else:
-                n = _apply_rule(scope, rule, mine, emitted, path)
+                n = _apply_rule(scope, rule, mine, released, path)
             report.merge(mine, reasons=False)
             if n:
                 changed_by[rule.name] = n
@@ -438,7 +458,7 @@ def _apply_pass(scope: Scope, gpass: GraphPass, report: RuleReport, path: str | 
     return result
 
 
-def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, emitted: set[str], path: str | None) -> int:
+def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str], path: str | None) -> int:
     nodes = scope.nodes
     anchors = {op for _, op in (p.anchor for p in rule._patterns)}
     if not any(n.op_type in anchors for n in nodes):
@@ -477,7 +497,7 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, emitted: set[str],
                          f"(output '{match.outputs[0]}' keeps its name)", "the replacement is the matched node itself")
             continue
         if builder.initializers:
-            emitted.update(t.name for t in builder.initializers)
+            released.update(t.name for t in builder.initializers)
             new_nodes = scope.add_initializers(builder.initializers) + new_nodes
         aliases.update(builder.aliases)
         used.update(match.nodes)
@@ -488,15 +508,19 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, emitted: set[str],
     if not replacements:
         return 0
     # Producers that fed only the replaced nodes (constants, typically) die with them.
-    orphans = {name for i in (*removed, *replacements) for name in nodes[i].input if name}
+    gone = removed | set(replacements)
+    orphans = {name for i in gone for name in view.inputs[i] if name}
+    released |= orphans
+    read = {name for new in replacements.values() for n in new for name in n.input} | set(aliases.values())
+    gone |= _dead_producers(view, orphans, gone, read, scope.protected)
     rebuilt = []
     for index, node in enumerate(nodes):
-        if index in removed:
-            continue
-        rebuilt.extend(replacements.get(index, (node,)))
+        if index in replacements:
+            rebuilt.extend(replacements[index])
+        elif index not in gone:
+            rebuilt.append(node)
     if aliases:
         _rename_inputs(rebuilt, aliases)
-    rebuilt = _drop_dead(rebuilt, orphans, scope.protected)
     if reorder:
         rebuilt = _toposort(rebuilt)
     del nodes[:]
@@ -593,28 +617,28 @@ def _outer_names(graph: onnx.GraphProto) -> list[str]:
     return [name for g in graphs(graph) for n in g.node for name in n.input]
 
 
-def _drop_dead(nodes: list[onnx.NodeProto], candidates: set[str], protected: set[str]) -> list[onnx.NodeProto]:
-    """Remove producers of ``candidates`` that nothing uses any more, transitively."""
-    if not candidates:
-        return nodes
-    view = GraphView(nodes, protected=protected)
+def _dead_producers(view: GraphView, candidates: set[str], gone: set[int], read: set[str],
+                    protected: set[str]) -> set[int]:
+    """Producers of ``candidates`` that nothing reads once the ``gone`` nodes are gone (and the
+    new nodes read ``read``), transitively; indices into ``view``."""
     dead: set[int] = set()
     work = [name for name in candidates if name in view.producer]
     while work:
         index = view.producer[work.pop()]
-        if index in dead:
+        if index in dead or index in gone:
             continue
-        node = nodes[index]
-        if any(out in protected or any(c not in dead for c in view.consumers.get(out, ()))
-               for out in node.output if out):
+        if any(out in protected or out in read
+               or any(c not in dead and c not in gone for c in view.consumers.get(out, ()))
+               for out in view.outputs[index] if out):
             continue
         dead.add(index)
-        work.extend(n for n in node.input if n in view.producer)
-    return [n for i, n in enumerate(nodes) if i not in dead] if dead else nodes
+        work.extend(n for n in view.inputs[index] if n in view.producer)
+    return dead
 
 
-def _prune_initializers(model: onnx.ModelProto, before: set[str], emitted: set[str]) -> None:
-    """Drop initializers that were read before the rewrite (or made by it) and are read no more.
+def _prune_initializers(model: onnx.ModelProto, released: set[str]) -> None:
+    """Drop the initializers named in ``released`` (read before a rewrite, or made by one) that
+    are read no more.
 
     Graph inputs of the same name stay (they may be fed). A dropped initializer stored as
     external data is only removed from the model; its file is left as it is.
@@ -623,7 +647,7 @@ def _prune_initializers(model: onnx.ModelProto, before: set[str], emitted: set[s
     for g in graphs(model.graph):
         inputs = {i.name for i in g.input}
         dead = [k for k, t in enumerate(g.initializer)
-                if t.name not in after and t.name not in inputs and (t.name in before or t.name in emitted)]
+                if t.name in released and t.name not in after and t.name not in inputs]
         for k in reversed(dead):
             del g.initializer[k]
 
