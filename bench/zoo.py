@@ -13,7 +13,7 @@ at the model's tolerance. The table says, per cell, whether the model exported, 
 matched torch (max abs error), with the first line of the reason for each failure.
 
 ``tests/test_zoo.py`` runs a bounded part of the grid (``GRAPHKIT_ZOO=1``: all of it).
-Exit status 0 when every cell matches torch.
+Exit status 0 when every cell matches torch or fails as :data:`KNOWN_FAILURES` says.
 """
 
 from __future__ import annotations
@@ -297,7 +297,9 @@ class RetinaNetLike(nn.Module):
         pcx, pcy = deltas[..., 0] * widths + cx, deltas[..., 1] * heights + cy
         pw, ph = torch.exp(dw) * widths, torch.exp(dh) * heights
         boxes = torch.stack([pcx - 0.5 * pw, pcy - 0.5 * ph, pcx + 0.5 * pw, pcy + 0.5 * ph], dim=-1)
-        boxes = boxes.clamp(min=0, max=float(x.shape[-1]))
+        # clamp(min=0, max=64.0) (int and float bounds) is a torch 2.13 dynamo-exporter failure
+        # ("Cannot find a compatible OpOverload for aten.clamp", before any translation).
+        boxes = boxes.clamp(min=0.0, max=float(x.shape[-1]))
         scores, labels = torch.sigmoid(logits).max(dim=-1)
         top, index = scores.topk(self.topk, dim=1)
         picked = torch.gather(boxes, 1, index.unsqueeze(-1).expand(-1, -1, 4))
@@ -326,6 +328,26 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in [
 ]}
 
 
+# Cells that fail for reasons graphkit does not fix (yet): (model or "*", exporter, opset or
+# None for all) -> words of the failure reason, and why.
+KNOWN_FAILURES: dict[tuple[str, str, int | None], tuple[str, str]] = {
+    ("*", "dynamo", 17): ("the dynamo exporter writes opset >= 18",
+                          "graphkit refuses dynamo=True below opset 18 (torch's exporter builds opset 18 "
+                          "and converts down with onnx's version converter)"),
+    ("t5", "dynamo", None): ("Cannot view a tensor with shape",
+                             "torch 2.13's dynamo exporter fails on T5's sdpa attention with a float "
+                             "position bias (ConversionError); attn_implementation='eager' exports"),
+}
+
+
+def known_failure(model: str, exporter: str, opset: int) -> str | None:
+    """The words a known failure's reason holds, None for a cell expected to match torch."""
+    for key in ((model, exporter, opset), (model, exporter, None), ("*", exporter, opset), ("*", exporter, None)):
+        if key in KNOWN_FAILURES:
+            return KNOWN_FAILURES[key][0]
+    return None
+
+
 # --------------------------------------------------------------------------- the grid
 
 
@@ -340,7 +362,9 @@ class Cell:
     ran: bool = False
     matched: bool = False
     max_abs: float | None = None
-    seconds: float = 0.0  # the export's
+    seconds: float = 0.0  # the export's, ONNX Runtime load check included
+    check_seconds: float = 0.0  # the load check's alone (measured again on the written model)
+    gap_fillers: tuple[str, ...] = ()
     reason: str = ""
 
     @property
@@ -359,9 +383,12 @@ def _first_line(exc: BaseException) -> str:
 
 def run_cell(zoo: ZooModel, exporter: str, opset: int, folder: Path, **export_kwargs) -> Cell:
     """Export ``zoo`` with graphkit, run it in ONNX Runtime and compare with torch eager."""
+    import onnx
+
     from graphkit.errors import GraphkitError
     from graphkit.export import export
     from graphkit.export._loading import silenced_output
+    from graphkit.export._runtime_check import check_loads
     from graphkit.runtime import open_session
     from graphkit.verify import compare_arrays
 
@@ -376,13 +403,18 @@ def run_cell(zoo: ZooModel, exporter: str, opset: int, folder: Path, **export_kw
     try:
         with silenced_output(True), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            export(model, args, path, dynamo=exporter == "dynamo", opset=opset, **export_kwargs)
+            report = export(model, args, path, dynamo=exporter == "dynamo", opset=opset, **export_kwargs)
     except GraphkitError as exc:
         cell.reason = _first_line(exc)
         return cell
     finally:
         cell.seconds = time.perf_counter() - start
     cell.exported = True
+    cell.gap_fillers = report.gap_fillers
+    written = onnx.load(path)
+    start = time.perf_counter()
+    check_loads(written, report.registry, model_name=zoo.name, exporter=exporter, path=str(path))
+    cell.check_seconds = time.perf_counter() - start
     try:
         session = open_session(path)
         got = session.run({i.name: a.numpy() for i, a in zip(session.inputs, args)})
@@ -430,11 +462,20 @@ def format_table(cells: Sequence[Cell]) -> str:
     lines += ["", f"{ok} of {len(cells)} cells export, run and match torch"]
     failures = [c for c in cells if not c.matched]
     if failures:
-        lines.append("failures:")
-        lines += [f"  {c.model} {c.exporter} opset {c.opset}: {c.reason}" for c in failures]
-    slow = max(cells, key=lambda c: c.seconds, default=None)
-    if slow is not None:
-        lines.append(f"slowest export: {slow.model} {slow.exporter} opset {slow.opset}, {slow.seconds:.1f} s")
+        lines.append("failures (known: listed in KNOWN_FAILURES):")
+        lines += [f"  {c.model} {c.exporter} opset {c.opset}{' (known)' if _as_known(c) else ''}: {c.reason}"
+                  for c in failures]
+    fillers = sorted({f for c in cells for f in c.gap_fillers})
+    if fillers:
+        lines.append(f"gap fillers used: {', '.join(fillers)}")
+    exported = [c for c in cells if c.exported]
+    if exported:
+        slow = max(exported, key=lambda c: c.seconds)
+        share = max(exported, key=lambda c: c.check_seconds / c.seconds)
+        lines.append(f"slowest export: {slow.model} {slow.exporter} opset {slow.opset}, {slow.seconds:.1f} s; "
+                     f"ONNX Runtime load check: at most {share.check_seconds / share.seconds:.0%} of an "
+                     f"export's time ({share.model} {share.exporter} {share.opset}: "
+                     f"{share.check_seconds * 1e3:.0f} ms of {share.seconds:.2f} s)")
     return "\n".join(lines)
 
 
@@ -455,7 +496,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cells = run_grid(args.models, args.exporters, args.opsets)
     print(format_table(cells))
-    return 0 if all(c.matched for c in cells) else 1
+    unexpected = [c for c in cells if not c.matched and not _as_known(c)]
+    fixed = [c for c in cells if c.matched and known_failure(c.model, c.exporter, c.opset)]
+    for c in unexpected:
+        print(f"UNEXPECTED: {c.model} {c.exporter} opset {c.opset} fails", file=sys.stderr)
+    for c in fixed:
+        print(f"FIXED: {c.model} {c.exporter} opset {c.opset} is listed in KNOWN_FAILURES", file=sys.stderr)
+    return 1 if unexpected or fixed else 0
+
+
+def _as_known(cell: Cell) -> bool:
+    words = known_failure(cell.model, cell.exporter, cell.opset)
+    return words is not None and words in cell.reason
 
 
 if __name__ == "__main__":

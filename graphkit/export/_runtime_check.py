@@ -28,6 +28,7 @@ _STANDARD = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
 _PROTOBUF_LIMIT = 2**31 - 1
 # Where ORT names the node it refused, across its error formats.
 _NODE_PATTERNS = (re.compile(r"node with name '([^']*)'"), re.compile(r"in node \(([^)]*)\)"),
+                  re.compile(r'In Node, \("([^"]*)"'),
                   re.compile(r"Node \(([^)]*)\)"), re.compile(r"Name:'([^']*)'"),
                   re.compile(r"node '([^']*)'"))
 

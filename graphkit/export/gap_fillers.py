@@ -302,9 +302,9 @@ def _diff(g, x, n, dim, prepend, append):
 
 @symbolic_helper.parse_args("v", "i", "none")
 def _cumsum(g, x, dim, dtype=None):
-    """torch.cumsum: bool and integer inputs sum in int64 (ONNX Runtime has no bool CumSum,
-    torch's symbolic writes one), ``dtype=`` is honoured (torch's symbolic drops a constant
-    one), float16 accumulates in float32."""
+    """torch.cumsum: bool and integer inputs sum in int64 as torch's do (torch's symbolic
+    writes a bool or int8 CumSum, which ONNX Runtime has no kernel for, and sums int32 in
+    int32), ``dtype=`` is honoured, float16 accumulates in float32."""
     have = _dtype(x)
     if dtype is not None and not symbolic_helper._is_none(dtype):
         want = _SCALAR_TYPES.get(symbolic_helper._get_const(dtype, "i", "dtype"))
@@ -491,6 +491,6 @@ GAP_FILLERS = GapFillerTable([
               _diff_examples()),
     GapFiller("aten::cumsum", 11, _cumsum, "CumSum(Cast(x)) in int64 for bool and integers",
               _cumsum_examples(),
-              replaces="torch writes CumSum of bool (ONNX Runtime has no kernel for it) and of "
-                       "int32 (torch returns int64), and drops a constant dtype="),
+              replaces="torch writes CumSum of bool and int8 (ONNX Runtime has no kernel for "
+                       "them) and of int32 (torch returns int64)"),
 ])
