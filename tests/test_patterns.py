@@ -410,3 +410,28 @@ def test_graph_pass_runs_in_every_scope_and_reports():
         feeds = {"x": x, "cond": np.array(cond)}
         for want, got in zip(run_ort(m, feeds), run_ort(out, feeds)):
             np.testing.assert_allclose(got, want)
+
+
+def test_shapes_from_shape_inference_are_computed_once_per_rewrite(monkeypatch):
+    """Three Transpose pairs; check asks the undeclared shape of each inner tensor: ONNX shape
+    inference runs once for the whole rewrite, not once per match."""
+    nodes, prev = [], "x"
+    for i in range(3):
+        nodes += [node("Transpose", [prev], [f"a{i}"], perm=[1, 0]), node("Transpose", [f"a{i}"], [f"b{i}"], perm=[1, 0]),
+                  node("Relu", [f"b{i}"], [f"r{i}"])]
+        prev = f"r{i}"
+    m = model(nodes, [("x", [2, 5])], [(prev, [2, 5])])
+    calls, shapes = [], []
+    real = onnx.shape_inference.infer_shapes
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def check(ctx, x):
+        shapes.append(ctx.shape(ctx.nodes[1].output[0]))
+        return MatchResult()
+
+    rule = Rule("cancel", lambda op, x: op.Transpose(op.Transpose(x, perm=(1, 0)), perm=(1, 0)), lambda op, x: x,
+                check=check)
+    out, report = rewrite_model(m, rules=[rule], lowering=Lowering.KEEP, check=False)
+    assert report.rules.applied == {"cancel": 3} and ops(out) == ["Relu"] * 3
+    assert shapes == [[5, 2]] * 3 and len(calls) == 1
+    check_numbers(m, out)

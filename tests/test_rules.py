@@ -158,6 +158,8 @@ def test_rule_inside_loop_body():
 def test_bad_pattern_and_duplicate_names_are_errors():
     with pytest.raises(RewriteError, match="pattern must return an op"):
         Rule("bad", lambda op, x: x, lambda op, x: x)
+    with pytest.raises(RewriteError, match="pattern must return an op"):  # every root is an op
+        Rule("bad", lambda op, x: (op.Relu(x), x), lambda op, x: (x, x))
     with pytest.raises(RewriteError, match="unique"):
         RuleSet([fuse_rule(), fuse_rule()])
 
@@ -215,8 +217,10 @@ def test_graphsurgeon_rule_rewrites_and_reports():
     assert report.rules.applied == {"relu_to_clip": 1}
     x = np.float32([-1, 3, 9])
     np.testing.assert_allclose(run_ort(out, {"x": x})[0], -np.clip(x, 0, 6))
+    assert report.rules.explain() == "rule relu_to_clip: applied 1x (1 matched, 0 not)"
     again, report = rewrite_model(out, rules=[rule])
     assert report.rules.reasons["relu_to_clip"] == ["no Relu"]
+    assert report.rules.explain() == "rule relu_to_clip: applied 0x (0 matched, 1 not)\n  1x no match: no Relu"
     assert again.SerializeToString() == out.SerializeToString()
 
 

@@ -52,14 +52,13 @@ def apply_graphsurgeon_rules(model: onnx.ModelProto, rules: list[GraphSurgeonRul
             raise RewriteError(f"rule '{rule.name}' raised {type(exc).__name__}: {exc}", path=path,
                                hint="fix the rule (rerun with --debug for the traceback)") from exc
         if isinstance(result, bool) or not isinstance(result, int):
-            reason = getattr(result, "reason", "") or "returned no count"
-            report.reasons.setdefault(rule.name, []).append(reason)
+            report.fail(rule.name, getattr(result, "reason", "") or "returned no count")
             continue
         if result:
-            report.applied[rule.name] = report.applied.get(rule.name, 0) + result
+            report.apply(rule.name, result)
             changed += result
         else:
-            report.reasons.setdefault(rule.name, []).append("rewrote nothing")
+            report.fail(rule.name, "rewrote nothing")
     if not changed:
         return model
     graph.cleanup().toposort()

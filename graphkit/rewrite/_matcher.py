@@ -148,9 +148,6 @@ class Matcher:
             return
         root = self.roots[k]
         pnode = root.node if isinstance(root, Out) else root
-        if not isinstance(pnode, PNode):
-            yield from self._more_roots(k + 1, st)  # a root that is a variable: nothing to find
-            return
         if id(pnode) in st.nodes:
             yield from self._more_roots(k + 1, st)
             return
@@ -357,9 +354,6 @@ class Matcher:
         view = self.view
         outputs = []
         for root in self.roots:
-            if isinstance(root, Var):
-                outputs.append(st.bindings.get(root.name) or "")
-                continue
             pnode, out = (root.node, root.index) if isinstance(root, Out) else (root, 0)
             node_outs = view.outputs[st.nodes[id(pnode)]]
             outputs.append(node_outs[out] if out < len(node_outs) else "")

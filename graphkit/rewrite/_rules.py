@@ -161,7 +161,7 @@ def _compile(name: str, pattern: Callable[..., Any]) -> list[_Compiled]:
         roots = list(alt) if isinstance(alt, tuple) else [alt]
         first = roots[0] if roots else None
         head = first.node if isinstance(first, Out) else first
-        if not isinstance(head, PNode) or any(not isinstance(r, (PNode, Out, Var)) for r in roots):
+        if not isinstance(head, PNode) or any(not isinstance(r, (PNode, Out)) for r in roots):
             raise RewriteError(f"rule '{name}': pattern must return an op, got {result!r}",
                                hint="return op.Something(...) (or a tuple of them) from the pattern function")
         compiled.append(_Compiled(roots, (head.domain, head.op_type)))
@@ -282,9 +282,16 @@ class RuleReport:
     reasons: dict[str, list[str]] = field(default_factory=dict)
     failures: dict[str, collections.Counter] = field(default_factory=dict)
 
-    def _fail(self, rule: str, text: str, generic: str) -> None:
+    def fail(self, rule: str, text: str, generic: str | None = None) -> None:
+        """Record why ``rule`` did not apply somewhere: ``text`` names the place, ``generic``
+        (default ``text``) is what the summary counts."""
         self.reasons.setdefault(rule, []).append(text)
-        self.failures.setdefault(rule, collections.Counter())[generic] += 1
+        self.failures.setdefault(rule, collections.Counter())[text if generic is None else generic] += 1
+
+    def apply(self, rule: str, count: int = 1) -> None:
+        """Record that ``rule`` matched and rewrote ``count`` places."""
+        self.applied[rule] = self.applied.get(rule, 0) + count
+        self.matched[rule] = self.matched.get(rule, 0) + count
 
     def merge(self, other: "RuleReport", *, reasons: bool) -> None:
         for name, n in other.applied.items():
@@ -448,13 +455,12 @@ def _apply_pass(scope: Scope, gpass: GraphPass, report: RuleReport, path: str | 
         result = gpass.run(scope)
     if isinstance(result, bool) or not isinstance(result, int):
         reason = getattr(result, "reason", "") or "returned no count"
-        report._fail(gpass.name, reason, reason)
+        report.fail(gpass.name, reason, reason)
         return 0
     if result:
-        report.applied[gpass.name] = report.applied.get(gpass.name, 0) + result
-        report.matched[gpass.name] = report.matched.get(gpass.name, 0) + result
+        report.apply(gpass.name, result)
     else:
-        report._fail(gpass.name, "rewrote nothing", "rewrote nothing")
+        report.fail(gpass.name, "rewrote nothing", "rewrote nothing")
     return result
 
 
@@ -481,7 +487,7 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
         if structural:
             report.matched[rule.name] = report.matched.get(rule.name, 0) + 1
         if match is None:
-            report._fail(rule.name, *failure)
+            report.fail(rule.name, *failure)
             continue
         builder = scope.builder(node, rule.name)
         builder._lookup = view.constant_value
@@ -493,7 +499,7 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
             results, match.outputs,
             alias=lambda name: name not in protected and name not in view.outer_used)
         if not builder.aliases and _same_nodes(new_nodes, [nodes[i] for i in match.nodes]):
-            report._fail(rule.name, f"{label}: the replacement is the matched node itself "
+            report.fail(rule.name, f"{label}: the replacement is the matched node itself "
                          f"(output '{match.outputs[0]}' keeps its name)", "the replacement is the matched node itself")
             continue
         if builder.initializers:
