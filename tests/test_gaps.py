@@ -129,4 +129,5 @@ def test_export_without_fillers_names_the_op(tmp_path):
                gap_fillers=GAP_FILLERS.without("hypot"))
     report = export(Call(torch.hypot), (x, x), tmp_path / "m.onnx", dynamo=False, opset=17)
     assert report.gap_fillers == ("aten::hypot",)
-    assert [n.op_type for n in onnx.load(tmp_path / "m.onnx").graph.node] == ["Mul", "Mul", "Add", "Sqrt"]
+    ops = [n.op_type for n in onnx.load(tmp_path / "m.onnx").graph.node]
+    assert {"Sqrt", "IsInf"} <= set(ops) and ops[-1] == "Cast"  # computed in float64, rounded once

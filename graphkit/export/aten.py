@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +73,12 @@ class GapFiller:
     it writes, for reports. ``replaces`` (empty for a gap) says why the row is registered
     over torch's own symbolic: torch exports the op, but writes a model ONNX Runtime refuses
     or that differs from torch for some inputs.
+
+    ``tolerance``: (rtol, atol) by dtype name over :data:`graphkit.ops.DEFAULT_TOLERANCE`,
+    how close the filler is to torch on every input (tests/test_edges.py checks edge
+    values). ``unsupported``: dtype name -> why the exported model cannot run on ONNX
+    Runtime's CPU provider for that dtype (checked: it must fail). ``semantics``: where the
+    filler departs from torch on purpose, and why.
     """
 
     aten: str
@@ -81,6 +87,9 @@ class GapFiller:
     onnx: str
     examples: tuple[Example, ...] = ()
     replaces: str = ""
+    tolerance: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    unsupported: Mapping[str, str] = field(default_factory=dict)
+    semantics: str = ""
 
     def __post_init__(self) -> None:
         if not self.aten.startswith("aten::") or len(self.aten) <= len("aten::"):

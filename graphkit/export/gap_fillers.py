@@ -17,6 +17,7 @@ provider implements Asinh, Acosh, Atanh, Sinh, Cosh and Erf for float and float1
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -44,6 +45,13 @@ def _dtype(v) -> torch.dtype | None:
         return None
 
 
+def _rank(v) -> int | None:
+    try:
+        return v.type().dim()
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def _is_float(v) -> bool:
     return _dtype(v) in _ONNX_TYPES
 
@@ -56,22 +64,99 @@ def _const(g, value, like):
     return g.op("Constant", value_t=torch.tensor(value, dtype=dtype or torch.float32))
 
 
-def _like(g, v, like):
-    """``v`` cast to ``like``'s floating type when they differ (ONNX ops do not promote)."""
-    want, have = _dtype(like), _dtype(v)
-    if want in _ONNX_TYPES and have != want:
-        return g.op("Cast", v, to_i=_ONNX_TYPES[want])
-    return v
+def _result_dtype(g, values) -> torch.dtype | None:
+    """torch's type promotion over ``values`` (the ATen op's tensor arguments), made
+    floating (integers and bool promote to the default float dtype, as torch's float ops
+    do). A 0-dim constant argument counts as a Python scalar, like torch's wrapped numbers:
+    ``xlogy(2.0, float32 y)`` is float32."""
+    node = getattr(g, "original_node", None)
+    kinds = []
+    if node is not None:
+        kinds = [i.node().kind() for i in node.inputs()]
+    dummies = []
+    for i, v in enumerate(values):
+        dtype = _dtype(v)
+        if dtype is None:
+            return None
+        rank = _rank(v)
+        if rank == 0 and i < len(kinds) and kinds[i] == "prim::Constant":
+            dummies.append(True if dtype == torch.bool else (1.0 if dtype.is_floating_point else 1))
+        else:
+            dummies.append(torch.empty((1,) * (1 if rank is None else rank), dtype=dtype))
+    result = dummies[0] if isinstance(dummies[0], torch.Tensor) else torch.tensor(dummies[0])
+    dtype = result.dtype
+    for other in dummies[1:]:
+        dtype = torch.result_type(torch.empty(result.shape, dtype=dtype), other)
+    return dtype if dtype.is_floating_point else torch.get_default_dtype()
+
+
+def _floating(fn, *, tensors: int = 1, promote: int | None = None, exact_float32: bool = False):
+    """``fn`` computed in the floating dtype torch gives (promoting the first ``promote``
+    arguments, default ``tensors``; the first ``tensors`` are cast to it), the way torch's
+    CPU kernels compute it: float16 and bfloat16 in float32, rounded once at the end.
+    ``exact_float32``: float16/bfloat16/float32 computed in float64 (correctly rounded on
+    the way back; for compositions whose float32 steps each round)."""
+    promote = tensors if promote is None else promote
+
+    @functools.wraps(fn)
+    def symbolic(g, *args):
+        out = _result_dtype(g, args[:promote])
+        if out is None:  # unknown types (scripted code): as written
+            return fn(g, *args)
+        work = torch.float32 if out in (torch.float16, torch.bfloat16) else out
+        if exact_float32 and work == torch.float32:
+            work = torch.float64
+        cast = [_cast(g, a, work) for a in args[:tensors]]
+        return _cast(g, fn(g, *cast, *args[tensors:]), out)
+
+    return symbolic
+
+
+def _sign_bit(g, x):
+    """Bool: x < 0, or x is -0.0 (1 / -0.0 is -inf). A NaN's sign is not visible to ONNX
+    ops before opset 26's BitCast: NaNs count as positive."""
+    zero = _const(g, 0.0, x)
+    return g.op("Or", g.op("Less", x, zero), g.op("Less", g.op("Div", _const(g, 1.0, x), x), zero))
+
+
+def _unit_sign(g, x):
+    """+1 or -1 by ``x``'s sign bit, in ``x``'s type (never 0, so it carries -0.0 safely)."""
+    negative = g.op("Cast", _sign_bit(g, x), to_i=_ONNX_TYPES[_dtype(x)])
+    return g.op("Sub", _const(g, 1.0, x), g.op("Mul", _const(g, 2.0, x), negative))
+
+
+def _with_sign(g, magnitude, sign_source):
+    """|magnitude| with ``sign_source``'s sign bit, by a multiplication: ONNX Runtime's
+    Where returns +0.0 for a -0.0 taken from its true branch (and its optimizer swaps the
+    branches of Where(Not(c), ...)), so Where cannot carry signs."""
+    return g.op("Mul", g.op("Abs", magnitude), _unit_sign(g, sign_source))
+
+
+def _select(g, cond, a, b):
+    """Where(cond, a, b) that keeps the sign of a zero taken from either branch."""
+    signs = g.op("Where", cond, _unit_sign(g, a), _unit_sign(g, b))
+    return g.op("Mul", g.op("Abs", g.op("Where", cond, a, b)), signs)
 
 
 def _where_equal(g, x, value):
     return g.op("Equal", x, _const(g, value, x))
 
 
+def _log1p(g, u):
+    """log(1 + u) without cancellation: u * log(w) / (w - 1) with w = 1 + u rounded
+    (exact to a few ulps, Goldberg 1991); u where w - 1 == 0 (tiny u, keeps -0.0)."""
+    w = g.op("Add", _const(g, 1.0, u), u)
+    d = g.op("Sub", w, _const(g, 1.0, u))
+    exact = g.op("Mul", u, g.op("Div", g.op("Log", w), d))
+    value = _select(g, _where_equal(g, d, 0.0), u, exact)
+    return g.op("Where", _where_equal(g, u, math.inf), u, value)  # inf / inf
+
+
 def _trunc(g, x):
     if not _is_float(x) and _dtype(x) is not None:
         return g.op("Identity", x)  # integers are already whole
-    return g.op("Where", g.op("Less", x, _const(g, 0.0, x)), g.op("Ceil", x), g.op("Floor", x))
+    # floor(|x|) with x's sign: trunc(-0.5) is -0.0
+    return _with_sign(g, g.op("Floor", g.op("Abs", x)), x)
 
 
 def _reduce(g, x, reduction: int):
@@ -111,9 +196,9 @@ def _expm1(g, x):
     d = g.op("Sub", u, _const(g, 1.0, x))
     # Near 0, e^x - 1 cancels: Kahan's (e^x - 1) * x / log(e^x) cancels the rounding error
     # of e^x (x itself where e^x rounds to 1). Elsewhere e^x - 1 is accurate as it is (and
-    # Kahan's form is not where e^x is denormal).
-    kahan = g.op("Where", _where_equal(g, u, 1.0), x, g.op("Div", g.op("Mul", d, x), g.op("Log", u)))
-    return g.op("Where", g.op("Less", g.op("Abs", x), _const(g, 1.0, x)), kahan, d)
+    # Kahan's form is not where e^x is denormal). expm1(-0.0) is -0.0: _select.
+    kahan = _select(g, _where_equal(g, u, 1.0), x, g.op("Div", g.op("Mul", d, x), g.op("Log", u)))
+    return _select(g, g.op("Less", g.op("Abs", x), _const(g, 1.0, x)), kahan, d)
 
 
 def _exp2(g, x):
@@ -127,45 +212,74 @@ def _scale(factor: float):
     return symbolic
 
 
+# erfc(|x|) = t exp(-x^2 + P(t)), t = 1 / (1 + |x| / 2): Numerical Recipes' erfcc (Chebyshev
+# fit, relative error < 1.2e-7 everywhere, no cancellation in the tail: erfc(4) = 1.54e-8
+# where 1 - erf(4) is 0 in float32). ONNX Runtime has no double Erf, so this also serves
+# float64 inputs, at that precision (the row's declared float64 tolerance).
+_ERFC_COEFFS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807,
+                -1.13520398, 1.48851587, -0.82215223, 0.17087277)
+
+
+def _erfc_value(g, x):
+    a = g.op("Abs", x)
+    t = g.op("Div", _const(g, 1.0, x), g.op("Add", _const(g, 1.0, x), g.op("Mul", _const(g, 0.5, x), a)))
+    poly = _const(g, _ERFC_COEFFS[-1], x)
+    for c in reversed(_ERFC_COEFFS[:-1]):
+        poly = g.op("Add", _const(g, c, x), g.op("Mul", t, poly))
+    tail = g.op("Mul", t, g.op("Exp", g.op("Sub", poly, g.op("Mul", a, a))))
+    # erfc(-x) = 2 - erfc(x); the NaN of x goes through tail
+    return g.op("Where", g.op("Less", x, _const(g, 0.0, x)), g.op("Sub", _const(g, 2.0, x), tail), tail)
+
+
 def _erfc(g, x):
-    return g.op("Sub", _const(g, 1.0, x), g.op("Erf", x))
+    return _erfc_value(g, x)
 
 
 def _sinc(g, x):
     pix = g.op("Mul", x, _const(g, math.pi, x))
-    return g.op("Where", _where_equal(g, x, 0.0), _const(g, 1.0, x),
-                g.op("Div", g.op("Sin", pix), pix))
+    return _select(g, _where_equal(g, x, 0.0), _const(g, 1.0, x), g.op("Div", g.op("Sin", pix), pix))
 
 
 def _ndtr(g, x):
+    # torch's own formula, tail included: torch.special.ndtr(-6.0) is 0 in float32
     half = _const(g, 0.5, x)
     erf = g.op("Erf", g.op("Mul", x, _const(g, math.sqrt(0.5), x)))
     return g.op("Mul", half, g.op("Add", _const(g, 1.0, x), erf))
 
 
 def _entr(g, x):
-    value = g.op("Neg", g.op("Mul", x, g.op("Log", x)))
+    value = g.op("Neg", g.op("Mul", x, g.op("Log", x)))  # entr(1) is -0.0: _select
     nonpositive = g.op("Where", _where_equal(g, x, 0.0), _const(g, 0.0, x), _const(g, -math.inf, x))
-    out = g.op("Where", g.op("Greater", x, _const(g, 0.0, x)), value, nonpositive)
+    out = _select(g, g.op("Greater", x, _const(g, 0.0, x)), value, nonpositive)
     return g.op("Where", g.op("IsNaN", x), x, out)
 
 
 def _hypot(g, x, y):
-    y = _like(g, y, x)
-    return g.op("Sqrt", g.op("Add", g.op("Mul", x, x), g.op("Mul", y, y)))
+    ax, ay = g.op("Abs", x), g.op("Abs", y)
+    if _dtype(x) == torch.float64:
+        # m * sqrt(1 + (n / m)^2): no overflow or underflow in the squares
+        m, n = g.op("Max", ax, ay), g.op("Min", ax, ay)
+        q = g.op("Div", n, m)
+        value = g.op("Mul", m, g.op("Sqrt", g.op("Add", _const(g, 1.0, x), g.op("Mul", q, q))))
+        value = g.op("Where", g.op("Greater", m, _const(g, 0.0, m)), value, m)  # 0 / 0
+        nan = g.op("Or", g.op("IsNaN", x), g.op("IsNaN", y))
+        value = g.op("Where", nan, g.op("Add", x, y), value)
+    else:  # float32 and float16 inputs arrive as float64 (_floating): the squares fit
+        value = g.op("Sqrt", g.op("Add", g.op("Mul", x, x), g.op("Mul", y, y)))
+    # hypot(inf, nan) is inf
+    infinite = g.op("Or", g.op("IsInf", x), g.op("IsInf", y))
+    return g.op("Where", infinite, _const(g, math.inf, x), value)
 
 
 def _logaddexp_base(base2: bool):
     def symbolic(g, x, y):
-        y = _like(g, y, x)
         d = g.op("Abs", g.op("Sub", x, y))
         if base2:
-            tail = g.op("Div", g.op("Log", g.op("Add", _const(g, 1.0, x),
-                                                g.op("Pow", _const(g, 2.0, x), g.op("Neg", d)))),
+            tail = g.op("Div", _log1p(g, g.op("Pow", _const(g, 2.0, x), g.op("Neg", d))),
                         _const(g, math.log(2.0), x))
             same = g.op("Add", x, _const(g, 1.0, x))
         else:
-            tail = g.op("Log", g.op("Add", _const(g, 1.0, x), g.op("Exp", g.op("Neg", d))))
+            tail = _log1p(g, g.op("Exp", g.op("Neg", d)))
             same = g.op("Add", x, _const(g, math.log(2.0), x))
         # x == y: the formula's x - y is NaN for infinities of the same sign.
         return g.op("Where", g.op("Equal", x, y), same, g.op("Add", g.op("Max", x, y), tail))
@@ -175,40 +289,56 @@ def _logaddexp_base(base2: bool):
 
 def _xlogy_base(log1p: bool):
     def symbolic(g, x, y):
-        y = _like(g, y, x)
-        arg = g.op("Add", y, _const(g, 1.0, y)) if log1p else y
+        log = _log1p(g, y) if log1p else g.op("Log", y)
         zero_case = g.op("Where", g.op("IsNaN", y), y, _const(g, 0.0, x))
-        return g.op("Where", _where_equal(g, x, 0.0), zero_case, g.op("Mul", x, g.op("Log", arg)))
+        # x * log(y) may be -0.0 (xlogy(-2, 1)): _select
+        return _select(g, _where_equal(g, x, 0.0), zero_case, g.op("Mul", x, log))
 
     return symbolic
 
 
 def _copysign(g, x, y):
-    y = _like(g, y, x)
-    # The sign bit of y: y < 0, or y is -0.0 (1 / -0.0 is -inf).
-    zero = _const(g, 0.0, y)
-    negative = g.op("Or", g.op("Less", y, zero), g.op("Less", g.op("Div", _const(g, 1.0, y), y), zero))
-    magnitude = g.op("Abs", x)
-    return g.op("Where", negative, g.op("Neg", magnitude), magnitude)
+    return _with_sign(g, x, y)
+
+
+def _sgn(g, x):
+    if not _is_float(x) and _dtype(x) is not None:
+        return g.op("Sign", x)
+    return g.op("Where", g.op("IsNaN", x), _const(g, 0.0, x), g.op("Sign", x))  # sgn(nan) is 0
 
 
 def _nan_ignoring(onnx_op: str):
     def symbolic(g, x, y):
-        y = _like(g, y, x)
         both = g.op(onnx_op, x, y)
-        return g.op("Where", g.op("IsNaN", x), y, g.op("Where", g.op("IsNaN", y), x, both))
+        return _select(g, g.op("IsNaN", x), y, _select(g, g.op("IsNaN", y), x, both))
 
     return symbolic
 
 
 def _heaviside(g, x, values):
-    values = _like(g, values, x)
-    step = g.op("Where", g.op("Greater", x, _const(g, 0.0, x)), _const(g, 1.0, x), _const(g, 0.0, x))
-    return g.op("Where", _where_equal(g, x, 0.0), values, step)
+    step = g.op("Cast", g.op("Greater", x, _const(g, 0.0, x)), to_i=_ONNX_TYPES[_dtype(x)])
+    return _select(g, _where_equal(g, x, 0.0), values, step)  # values may be -0.0
 
 
 def _ldexp(g, x, other):
-    return g.op("Mul", x, g.op("Pow", _const(g, 2.0, x), _like(g, other, x)))
+    """x * 2^other, correctly rounded over the whole range: float16/float32 arrive as
+    float64 (_floating) where one product is exact; float64 splits 2^other in three factors
+    (each in range). The exponent is clipped first: 0 * 2^5000 is 0, not NaN."""
+    double = torch.float64
+    e = _cast(g, other, double)
+    limit = 2200.0 if _dtype(x) == torch.float64 else 400.0
+    e = g.op("Min", g.op("Max", e, g.op("Constant", value_t=torch.tensor(-limit, dtype=double))),
+             g.op("Constant", value_t=torch.tensor(limit, dtype=double)))
+    two = g.op("Constant", value_t=torch.tensor(2.0, dtype=double))
+    if _dtype(x) != torch.float64:
+        return g.op("Mul", x, g.op("Pow", two, e))
+    third = g.op("Floor", g.op("Div", e, g.op("Constant", value_t=torch.tensor(3.0, dtype=double))))
+    rest = g.op("Sub", e, third)
+    half = g.op("Floor", g.op("Div", rest, g.op("Constant", value_t=torch.tensor(2.0, dtype=double))))
+    out = x
+    for part in (third, half, g.op("Sub", rest, half)):
+        out = g.op("Mul", out, g.op("Pow", two, part))
+    return out
 
 
 def _positive(g, x):
@@ -221,12 +351,12 @@ def _ravel(g, x):
 
 @symbolic_helper.parse_args("v", "v", "i")
 def _l1_loss(g, x, target, reduction):
-    return _reduce(g, g.op("Abs", g.op("Sub", x, _like(g, target, x))), reduction)
+    return _reduce(g, g.op("Abs", g.op("Sub", x, target)), reduction)
 
 
 @symbolic_helper.parse_args("v", "v", "i", "f")
 def _smooth_l1_loss(g, x, target, reduction, beta):
-    d = g.op("Abs", g.op("Sub", x, _like(g, target, x)))
+    d = g.op("Abs", g.op("Sub", x, target))
     if beta == 0.0:
         return _reduce(g, d, reduction)
     quadratic = g.op("Div", g.op("Mul", _const(g, 0.5, x), g.op("Mul", d, d)), _const(g, beta, x))
@@ -236,7 +366,7 @@ def _smooth_l1_loss(g, x, target, reduction, beta):
 
 @symbolic_helper.parse_args("v", "v", "i", "f")
 def _huber_loss(g, x, target, reduction, delta):
-    d = g.op("Abs", g.op("Sub", x, _like(g, target, x)))
+    d = g.op("Abs", g.op("Sub", x, target))
     quadratic = g.op("Mul", _const(g, 0.5, x), g.op("Mul", d, d))
     linear = g.op("Mul", _const(g, delta, x), g.op("Sub", d, _const(g, 0.5 * delta, x)))
     return _reduce(g, g.op("Where", g.op("Less", d, _const(g, delta, x)), quadratic, linear), reduction)
@@ -244,7 +374,7 @@ def _huber_loss(g, x, target, reduction, delta):
 
 @symbolic_helper.parse_args("v", "v", "i")
 def _soft_margin_loss(g, x, target, reduction):
-    return _reduce(g, g.op("Softplus", g.op("Neg", g.op("Mul", x, _like(g, target, x)))), reduction)
+    return _reduce(g, g.op("Softplus", g.op("Neg", g.op("Mul", x, target))), reduction)
 
 
 # ---------------------------------------------- found by exporting real architectures (bench/zoo.py)
@@ -413,76 +543,104 @@ def _cumsum_examples() -> tuple[Example, ...]:
     )
 
 
+_NO_DOUBLE = "ONNX Runtime's CPU provider implements {op} for float and float16 only"
+
+
+def _no_double(op: str) -> dict[str, str]:
+    return {"float64": _NO_DOUBLE.format(op=op)}
+
+
+# float64 erfc/ndtr: Numerical Recipes' erfcc in float64 (ONNX Runtime has no double Erf)
+_ERFC_TOLERANCE = {"float64": (1.5e-7, 1e-300)}
+_NAN_SIGN = ("a NaN's sign bit is invisible to ONNX ops before opset 26 (BitCast): a NaN y "
+             "counts as positive, copysign(1, -nan) is 1 (torch -1)")
+
 GAP_FILLERS = GapFillerTable([
-    # inverse and hyperbolic trigonometry: one standard op each
-    GapFiller("aten::asinh", 9, _unary("Asinh"), "Asinh",
-              (_ex(torch.asinh, _unary_inputs(-50, 50, (0.0, -1e4, 1e4))),)),
-    GapFiller("aten::acosh", 9, _unary("Acosh"), "Acosh", (_ex(torch.acosh, _unary_inputs(1, 20, (1.0,))),)),
-    GapFiller("aten::atanh", 9, _unary("Atanh"), "Atanh",
-              (_ex(torch.atanh, _unary_inputs(-0.99, 0.99, (0.0,))),)),
-    GapFiller("aten::sinh", 9, _unary("Sinh"), "Sinh", (_ex(torch.sinh, _unary_inputs(-5, 5)),)),
-    GapFiller("aten::cosh", 9, _unary("Cosh"), "Cosh", (_ex(torch.cosh, _unary_inputs(-5, 5)),)),
+    # inverse and hyperbolic trigonometry: one standard op each (integers promote to float)
+    GapFiller("aten::asinh", 9, _floating(_unary("Asinh")), "Asinh",
+              (_ex(torch.asinh, _unary_inputs(-50, 50, (0.0, -1e4, 1e4))),), unsupported=_no_double("Asinh")),
+    GapFiller("aten::acosh", 9, _floating(_unary("Acosh")), "Acosh",
+              (_ex(torch.acosh, _unary_inputs(1, 20, (1.0,))),), unsupported=_no_double("Acosh")),
+    GapFiller("aten::atanh", 9, _floating(_unary("Atanh")), "Atanh",
+              (_ex(torch.atanh, _unary_inputs(-0.99, 0.99, (0.0,))),), unsupported=_no_double("Atanh")),
+    GapFiller("aten::sinh", 9, _floating(_unary("Sinh")), "Sinh", (_ex(torch.sinh, _unary_inputs(-5, 5)),),
+              unsupported=_no_double("Sinh")),
+    GapFiller("aten::cosh", 9, _floating(_unary("Cosh")), "Cosh", (_ex(torch.cosh, _unary_inputs(-5, 5)),),
+              unsupported=_no_double("Cosh")),
     # rounding
-    GapFiller("aten::trunc", 9, _trunc, "Where(x < 0, Ceil, Floor)",
+    GapFiller("aten::trunc", 9, _trunc, "Floor(|x|) with x's sign",
               (_ex(torch.trunc, _edges([-2.5, -0.5, 0.5, 2.5, -0.0, _INF, -_INF, _NAN])),
-               _ex(torch.fix, _unary_inputs(-9, 9), "torch.fix"))),
+               _ex(torch.fix, _unary_inputs(-9, 9, (-0.5, -0.0)), "torch.fix"))),
     GapFiller("aten::frac", 9, _frac, "x - trunc(x)", (_ex(torch.frac, _edges([-2.5, -0.5, 0.5, 3.0, _NAN])),)),
     # exponentials, logs, error functions
-    GapFiller("aten::expm1", 11, _expm1, "Kahan near 0: (Exp - 1) * x / Log(Exp)",
-              (_ex(torch.expm1, _edges([0.0, 1e-8, -1e-8, 1e-4, -100.0, 100.0, -_INF, _INF])),)),
-    GapFiller("aten::exp2", 7, _exp2, "Pow(2, x)", (_ex(torch.exp2, _unary_inputs(-10, 10)),)),
-    GapFiller("aten::erfc", 9, _erfc, "1 - Erf", (_ex(torch.erfc, _unary_inputs(-4, 4)),)),
-    GapFiller("aten::special_ndtr", 9, _ndtr, "0.5 * (1 + Erf(x / sqrt 2))",
-              (_ex(torch.special.ndtr, _unary_inputs(-6, 6)),)),
-    GapFiller("aten::special_entr", 11, _entr, "Where(x > 0, -x Log x, 0 or -inf)",
+    GapFiller("aten::expm1", 11, _floating(_expm1, exact_float32=True), "Kahan near 0: (Exp - 1) * x / Log(Exp)",
+              (_ex(torch.expm1, _edges([0.0, -0.0, 1e-8, -1e-8, 1e-4, -100.0, 100.0, -_INF, _INF])),)),
+    GapFiller("aten::exp2", 7, _floating(_exp2, exact_float32=True), "Pow(2, x)",
+              (_ex(torch.exp2, _unary_inputs(-10, 10)),)),
+    GapFiller("aten::erfc", 9, _floating(_erfc, exact_float32=True), "t Exp(-x^2 + P(t)), t = 1 / (1 + |x| / 2)",
+              (_ex(torch.erfc, _unary_inputs(-4, 4, (4.0, 9.0, -_INF, _INF))),), tolerance=_ERFC_TOLERANCE),
+    GapFiller("aten::special_ndtr", 9, _floating(_ndtr), "0.5 * (1 + Erf(x / sqrt 2))",
+              (_ex(torch.special.ndtr, _unary_inputs(-6, 6, (-6.0, -12.0))),), unsupported=_no_double("Erf"),
+              semantics="torch's formula: 1 + erf cancels below x ~ -5.5 in float32 (0, as torch)"),
+    GapFiller("aten::special_entr", 11, _floating(_entr), "Where(x > 0, -x Log x, 0 or -inf)",
               (_ex(torch.special.entr, _edges([0.0, -1.0, 1.0, _NAN, 1e-30])),)),
-    GapFiller("aten::sinc", 11, _sinc, "Where(x == 0, 1, Sin(pi x) / (pi x))",
+    GapFiller("aten::sinc", 11, _floating(_sinc), "Where(x == 0, 1, Sin(pi x) / (pi x))",
               (_ex(torch.sinc, _edges([0.0, -0.0, 1.0, -2.0, 0.5])),)),
     # scaling, sign, identity, shape
-    GapFiller("aten::deg2rad", 7, _scale(math.pi / 180.0), "Mul(pi / 180)",
+    GapFiller("aten::deg2rad", 7, _floating(_scale(math.pi / 180.0)), "Mul(pi / 180)",
               (_ex(torch.deg2rad, _unary_inputs(-720, 720)),)),
-    GapFiller("aten::rad2deg", 7, _scale(180.0 / math.pi), "Mul(180 / pi)",
+    GapFiller("aten::rad2deg", 7, _floating(_scale(180.0 / math.pi)), "Mul(180 / pi)",
               (_ex(torch.rad2deg, _unary_inputs(-7, 7)),)),
-    GapFiller("aten::sgn", 9, _unary("Sign"), "Sign", (_ex(torch.sgn, _edges([0.0, -0.0, -3.0, _INF])),)),
+    GapFiller("aten::sgn", 9, _sgn, "Where(IsNaN, 0, Sign)", (_ex(torch.sgn, _edges([0.0, -0.0, -3.0, _INF, _NAN])),)),
     GapFiller("aten::positive", 7, _positive, "Identity", (_ex(torch.positive, _randn(2, 3)),)),
     GapFiller("aten::ravel", 7, _ravel, "Reshape(-1)", (_ex(torch.ravel, lambda gen: (torch.randn(2, 3, 4, generator=gen),)),)),
     GapFiller("aten::fliplr", 10, _flip(1), "Slice(axis 1, step -1)",
               (_ex(torch.fliplr, lambda gen: (torch.randn(3, 4, 2, generator=gen),)),)),
     GapFiller("aten::flipud", 10, _flip(0), "Slice(axis 0, step -1)",
               (_ex(torch.flipud, lambda gen: (torch.randn(3, 4, generator=gen),)),)),
-    # binary
-    GapFiller("aten::hypot", 7, _hypot, "Sqrt(x*x + y*y)", (_ex(torch.hypot, _binary_inputs()),)),
-    GapFiller("aten::logaddexp", 11, _logaddexp_base(False), "Max + Log(1 + Exp(-|x - y|))",
-              (_ex(torch.logaddexp, _binary_inputs(30, ((_INF, _INF), (-_INF, -_INF), (0.0, -_INF)))),)),
-    GapFiller("aten::logaddexp2", 11, _logaddexp_base(True), "Max + Log2(1 + 2^-|x - y|)",
-              (_ex(torch.logaddexp2, _binary_inputs(30, ((-_INF, -_INF), (1.0, 1.0)))),)),
-    GapFiller("aten::xlogy", 11, _xlogy_base(False), "Where(x == 0, 0, x Log y)",
-              (_ex(torch.xlogy, lambda gen: (torch.tensor([0.0, 0.0, 1.0, 2.5, -1.0, 0.0]),
-                                             torch.tensor([0.0, _NAN, 3.0, 0.5, 2.0, 7.0]))),
+    # binary (torch's type promotion: float32 with float64 is float64)
+    GapFiller("aten::hypot", 10, _floating(_hypot, tensors=2, exact_float32=True),
+              "Sqrt(x*x + y*y) in float64; float64: m Sqrt(1 + (n/m)^2)",
+              (_ex(torch.hypot, _binary_inputs(3, ((1e30, 1e30), (1e-30, 0.0), (_INF, _NAN)))),)),
+    GapFiller("aten::logaddexp", 11, _floating(_logaddexp_base(False), tensors=2, exact_float32=True),
+              "Max + Log1p(Exp(-|x - y|))",
+              (_ex(torch.logaddexp, _binary_inputs(30, ((_INF, _INF), (-_INF, -_INF), (0.0, -_INF), (0.0, -20.0)))),)),
+    GapFiller("aten::logaddexp2", 11, _floating(_logaddexp_base(True), tensors=2, exact_float32=True),
+              "Max + Log1p(2^-|x - y|) / Log 2",
+              (_ex(torch.logaddexp2, _binary_inputs(30, ((-_INF, -_INF), (1.0, 1.0), (0.0, -100.0)))),)),
+    GapFiller("aten::xlogy", 11, _floating(_xlogy_base(False), tensors=2, exact_float32=True),
+              "Where(x == 0, 0, x Log y)",
+              (_ex(torch.xlogy, lambda gen: (torch.tensor([0.0, 0.0, 1.0, 2.5, -1.0, 0.0, -2.0]),
+                                             torch.tensor([0.0, _NAN, 3.0, 0.5, 2.0, 7.0, 1.0]))),
                _ex(torch.xlogy, lambda gen: (torch.randn(4, 5, generator=gen),
                                              torch.rand(4, 5, generator=gen) + 0.1), "random"))),
-    GapFiller("aten::special_xlog1py", 11, _xlogy_base(True), "Where(x == 0, 0, x Log(1 + y))",
-              (_ex(torch.special.xlog1py, lambda gen: (torch.tensor([0.0, 0.0, 1.0, 2.5, -1.0]),
-                                                       torch.tensor([-1.0, _NAN, 3.0, 0.5, 2.0]))),)),
-    GapFiller("aten::copysign", 9, _copysign, "Where(y < 0 or y is -0.0, -|x|, |x|)",
-              (_ex(torch.copysign, _binary_inputs(3, ((1.0, -0.0), (2.0, 0.0), (-1.0, _INF), (-3.0, -_INF)))),)),
-    GapFiller("aten::fmax", 9, _nan_ignoring("Max"), "Max ignoring NaN",
+    GapFiller("aten::special_xlog1py", 11, _floating(_xlogy_base(True), tensors=2, exact_float32=True),
+              "Where(x == 0, 0, x Log1p(y))",
+              (_ex(torch.special.xlog1py, lambda gen: (torch.tensor([0.0, 0.0, 1.0, 2.5, -1.0, 1.0, _INF]),
+                                                       torch.tensor([-1.0, _NAN, 3.0, 0.5, 2.0, 1e-8, 1e-8]))),)),
+    GapFiller("aten::copysign", 9, _floating(_copysign, tensors=2), "|x| * (+-1 by y's sign bit)",
+              (_ex(torch.copysign, _binary_inputs(3, ((1.0, -0.0), (2.0, 0.0), (-1.0, _INF), (-3.0, -_INF),
+                                                      (0.0, -1.0)))),), semantics=_NAN_SIGN),
+    GapFiller("aten::fmax", 9, _floating(_nan_ignoring("Max"), tensors=2), "Max ignoring NaN",
               (_ex(torch.fmax, _binary_inputs(3, ((_NAN, 1.0), (2.0, _NAN), (_NAN, _NAN)))),)),
-    GapFiller("aten::fmin", 9, _nan_ignoring("Min"), "Min ignoring NaN",
+    GapFiller("aten::fmin", 9, _floating(_nan_ignoring("Min"), tensors=2), "Min ignoring NaN",
               (_ex(torch.fmin, _binary_inputs(3, ((_NAN, 1.0), (2.0, _NAN), (_NAN, _NAN)))),)),
-    GapFiller("aten::heaviside", 11, _heaviside, "Where(x == 0, values, x > 0)",
-              (_ex(torch.heaviside, _binary_inputs(3, ((0.0, 0.5), (-0.0, 7.0), (1e-30, 3.0)))),)),
-    GapFiller("aten::ldexp", 7, _ldexp, "x * Pow(2, other)",
+    GapFiller("aten::heaviside", 11, _floating(_heaviside, tensors=2), "Where(x != 0, x > 0, values)",
+              (_ex(torch.heaviside, _binary_inputs(3, ((0.0, 0.5), (-0.0, 7.0), (1e-30, 3.0), (0.0, -0.0)))),)),
+    GapFiller("aten::ldexp", 8, _floating(_ldexp, promote=2, exact_float32=True), "x * Pow(2, other) in float64",
               (_ex(torch.ldexp, lambda gen: (torch.randn(3, 4, generator=gen),
-                                             torch.randint(-8, 8, (3, 4), generator=gen))),)),
+                                             torch.randint(-8, 8, (3, 4), generator=gen))),
+               _ex(torch.ldexp, lambda gen: (torch.tensor([0.0, 0.1, 1e38, 1.0, -3.0]),
+                                             torch.tensor([128, 128, -150, -149, 300])), "range"))),
     # losses (reduction none, mean, sum)
-    GapFiller("aten::l1_loss", 9, _l1_loss, "Abs(x - t), reduced", _loss_examples(F.l1_loss)),
-    GapFiller("aten::smooth_l1_loss", 9, _smooth_l1_loss, "Where(|d| < beta, d^2 / 2 beta, |d| - beta / 2)",
+    GapFiller("aten::l1_loss", 9, _floating(_l1_loss, tensors=2), "Abs(x - t), reduced", _loss_examples(F.l1_loss)),
+    GapFiller("aten::smooth_l1_loss", 9, _floating(_smooth_l1_loss, tensors=2),
+              "Where(|d| < beta, d^2 / 2 beta, |d| - beta / 2)",
               _loss_examples(F.smooth_l1_loss, beta=0.7)
               + (_ex(lambda x, t: F.smooth_l1_loss(x, t, beta=0.0), _binary_inputs(1.5), "beta=0"),)),
-    GapFiller("aten::huber_loss", 9, _huber_loss, "Where(|d| < delta, d^2 / 2, delta (|d| - delta / 2))",
-              _loss_examples(F.huber_loss, delta=0.8)),
-    GapFiller("aten::soft_margin_loss", 9, _soft_margin_loss, "Softplus(-x t), reduced",
+    GapFiller("aten::huber_loss", 9, _floating(_huber_loss, tensors=2),
+              "Where(|d| < delta, d^2 / 2, delta (|d| - delta / 2))", _loss_examples(F.huber_loss, delta=0.8)),
+    GapFiller("aten::soft_margin_loss", 9, _floating(_soft_margin_loss, tensors=2), "Softplus(-x t), reduced",
               tuple(_ex(lambda x, t, r=r: F.soft_margin_loss(x, torch.sign(t), reduction=r),
                         _binary_inputs(1.5), r) for r in _LOSS_REDUCTIONS)),
     # found by exporting real architectures (bench/zoo.py): transformers' masking code looks

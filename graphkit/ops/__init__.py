@@ -14,6 +14,7 @@ from graphkit.ops._discovery import (
     load_package,
 )
 from graphkit.ops._opdef import (
+    DEFAULT_TOLERANCE,
     NATIVE_DOMAIN,
     PLACEHOLDER_DOMAIN,
     PYTHON_DOMAIN,
@@ -27,6 +28,7 @@ from graphkit.ops._opdef import (
     Param,
     kernel_domain,
     split_kernel_domain,
+    tolerance_for,
 )
 from graphkit.ops._package import NativeKernels, OpPackage
 from graphkit.ops._registry import OpRegistry
@@ -35,6 +37,7 @@ from graphkit.ops.shapes import broadcast
 
 __all__ = [
     "BUILTIN_PACKAGE",
+    "DEFAULT_TOLERANCE",
     "ENTRY_POINT_GROUP",
     "ENV_VAR",
     "NATIVE_DOMAIN",
@@ -58,4 +61,5 @@ __all__ = [
     "load_package",
     "onnx_schema",
     "split_kernel_domain",
+    "tolerance_for",
 ]

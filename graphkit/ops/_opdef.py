@@ -29,6 +29,8 @@ __all__ = [
     "PLACEHOLDER_DOMAIN",
     "NATIVE_DOMAIN",
     "PYTHON_DOMAIN",
+    "DEFAULT_TOLERANCE",
+    "tolerance_for",
     "TORCH_NAMESPACE",
     "kernel_domain",
     "split_kernel_domain",
@@ -153,6 +155,24 @@ class Decomposition:
         return opset >= self.min_opset and (self.max_opset is None or opset <= self.max_opset)
 
 
+# (rtol, atol) per floating dtype for "computes the same as its reference": a lowering
+# passes where |got - want| <= atol + rtol * |want| (NaN where the reference is NaN, the
+# same infinities and the same sign bits). About two ulps; atol twice the smallest
+# subnormal. An op declares its own where its lowerings cannot do better.
+DEFAULT_TOLERANCE: Mapping[str, tuple[float, float]] = {
+    "float16": (2e-3, 1.2e-7), "bfloat16": (1.6e-2, 1.9e-40),
+    "float32": (2.4e-7, 2.9e-45), "float64": (4.5e-16, 1e-323),
+}
+
+
+def tolerance_for(declared: Mapping[str, tuple[float, float]], dtype: str) -> tuple[float, float]:
+    """(rtol, atol) for ``dtype`` (a numpy/torch name: "float32"): ``declared`` first, then
+    :data:`DEFAULT_TOLERANCE`; (0, 0) for integer and bool dtypes (exact)."""
+    if dtype in declared:
+        return declared[dtype]
+    return DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
+
+
 @dataclass(frozen=True)
 class ForeignOp:
     """A torch op of another library that the op also stands for, e.g. torchvision's
@@ -196,6 +216,8 @@ class OpDef:
       (``torch.ops.<torch_namespace>.<name>``).
     - ``foreign_ops`` are other libraries' torch ops the op also stands for
       (:class:`ForeignOp`): export writes this op's placeholder for their calls.
+    - ``tolerance`` is how close its lowerings are to ``reference``, per dtype (see
+      :func:`tolerance_for`); the op's doc says where it departs from torch on purpose.
     """
 
     name: str
@@ -214,6 +236,9 @@ class OpDef:
     since_version: int = 1
     torch_namespace: str = TORCH_NAMESPACE
     foreign_ops: tuple[ForeignOp, ...] = ()
+    # (rtol, atol) by dtype name, over DEFAULT_TOLERANCE: how close every lowering is to
+    # ``reference`` (tests/test_edges.py checks it on edge values)
+    tolerance: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     # Filled by __post_init__: attribute lookup by name.
     _attr_index: Mapping[str, Attr] = field(default_factory=dict, repr=False, compare=False)
 
