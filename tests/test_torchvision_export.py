@@ -43,9 +43,13 @@ TV_MODEL = Path(__file__).with_name("tv_deform.py")
 WANT_ATTRS = {"stride": [2, 2], "padding": [1, 1], "dilation": [1, 1], "groups": 2, "offset_groups": 2}
 
 
-def test_the_opdef_declares_torchvisions_real_schema():
+def test_the_opdef_declares_torchvisions_real_schema(capsys):
+    from graphkit.cli import main
+
     (foreign,) = DEFORM_CONV2D.foreign_ops
     assert foreign.name == "torchvision::deform_conv2d" and foreign.schema == TORCHVISION_SCHEMA == REAL_SCHEMA
+    assert main(["ops", "deform_conv2d"]) == 0  # `graphkit ops` says so
+    assert "also for:   torchvision::deform_conv2d (exported as this op)" in capsys.readouterr().out
 
 
 @pytest.fixture
