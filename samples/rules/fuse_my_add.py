@@ -5,6 +5,7 @@ custom::my_add, so it can be bound to the fused kernel.
 """
 
 import numpy as np
+from onnx import helper
 
 from graphkit.rewrite import MatchResult, Rule, RuleSet
 
@@ -16,19 +17,15 @@ def pattern(op, x, y):
 
 
 def same_dtype(ctx, x, y):
-    """Only fuse where x and y are float tensors of one type (my_add's constraint).
-
-    The context holds the matched nodes and constant values, not tensor types. ONNX's Mul
-    and Add give both inputs one type T, so the matched Mul's constant 2 has the element
-    type of x (and of y); a constant x or y is read as well.
-    """
-    mul = next(n for n in ctx.nodes if n.op_type == "Mul")
-    values = [ctx.constant(name) for name in (*mul.input, x, y)]
-    dtypes = sorted({v.dtype.name for v in values if v is not None})
-    if len(dtypes) != 1:
-        return MatchResult().fail(f"x and y have different element types ({', '.join(dtypes)})")
-    if np.dtype(dtypes[0]).type not in FLOATS:
-        return MatchResult().fail(f"my_add takes float16/float/double tensors, x and y are {dtypes[0]}")
+    """Only fuse where x and y are float tensors of one element type (my_add's constraint)."""
+    types = {ctx.dtype(x), ctx.dtype(y)}
+    if None in types:
+        return MatchResult().fail("the element type of x or y is unknown")
+    names = sorted(np.dtype(helper.tensor_dtype_to_np_dtype(t)).name for t in types)
+    if len(names) != 1:
+        return MatchResult().fail(f"x and y have different element types ({', '.join(names)})")
+    if np.dtype(names[0]).type not in FLOATS:
+        return MatchResult().fail(f"my_add takes float16/float/double tensors, x and y are {names[0]}")
     return MatchResult()
 
 
