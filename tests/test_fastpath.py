@@ -581,3 +581,24 @@ def test_cli_report_that_cannot_be_made_writes_nothing(tmp_path):
     src.write_bytes(data.replace(b":\x06custom", b":\x06\xe3ustom"))
     proc = run_cli("rewrite", src, dst, "--json", "--debug", check_rc=3)
     assert "not valid UTF-8" in proc.stderr and not dst.exists(), proc.stderr
+
+
+def test_rewrite_file_is_the_clis_one_entry_point(tmp_path, monkeypatch):
+    """The CLI goes through rewrite_file; its JSON report names the writer and the passes run."""
+    import json
+
+    from graphkit.rewrite import rewrite_file
+
+    src = tmp_path / "in.onnx"
+    onnx.save(_bench_model(20), src)
+    result = rewrite_file(src, tmp_path / "api.onnx")
+    report, sizes = result.report, result.sizes
+    assert result.output == (tmp_path / "api.onnx").read_bytes()
+    assert report.writer == "bytes" and [p for p, _ in report.passes] == ["lower", "fix-imports"]
+    assert sizes["bytes_after"] == (tmp_path / "api.onnx").stat().st_size
+    report = rewrite_file(src, None, target_opset=18).report  # a dry run, by the objects writer
+    assert report.writer == "objects" and "--target-opset" in report.writer_reason
+    assert [p for p, _ in report.passes] == ["convert-opset", "lower", "fix-imports"]
+    proc = run_cli("rewrite", src, tmp_path / "cli.onnx", "--json")
+    assert json.loads(proc.stdout)["writer"]["name"] == "bytes"
+    assert (tmp_path / "cli.onnx").read_bytes() == (tmp_path / "api.onnx").read_bytes()

@@ -65,23 +65,17 @@ def _preference(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
     import sys
     import time
 
     start = time.perf_counter()
 
     from graphkit.cli import op_registry
-    from graphkit.errors import OutputError
-    from graphkit.external_data import check_external_data, external_tensors
-    from graphkit.modelio import check_output_path, load_model, save_model, weights_files
-    from graphkit.rewrite import RuleSet, rewrite_model
+    from graphkit.rewrite import RuleSet, rewrite_file
     from graphkit.rewrite.loader import load_rules
 
     lowering = _preference(args)
     registry = op_registry(args)  # a broken --ops package fails before any model work
-    if not args.dry_run:
-        check_output_path(args.output, args.input)
     if args.diff:
         from graphkit.cli.show import check_target
 
@@ -93,59 +87,20 @@ def run(args: argparse.Namespace) -> int:
         fused = list(fusions.rule_set(args.fuse))  # an unknown name fails before any model work
     rules = RuleSet([*fused, *(r for source in args.rules for r in load_rules(source))])
     show = args.progress if args.progress is not None else sys.stderr.isatty()
-    if not len(rules) and args.target_opset is None and not args.as_functions:
-        # Lowering only: rewrite the serialized model (graphkit.rewrite.serialized.rewrite_bytes).
-        from graphkit.modelio import PROTOBUF_LIMIT, parse_model_bytes, read_model_bytes
-        from graphkit.publish import atomic_write
-        from graphkit.rewrite._fastpath import has_external_data
-        from graphkit.rewrite.serialized import rewrite_bytes
 
-        data = read_model_bytes(args.input)
-        model = parse_model_bytes(data, args.input)
-        if not has_external_data(data, model):
-            out_bytes, report = rewrite_bytes(data, model=model, registry=registry, lowering=lowering,
-                                              check=not args.no_check,
-                                              full_check=args.full_check, path=args.input,
-                                              progress=_progress_bar if show else None)
-            sizes = {"bytes_before": len(data), "bytes_after": len(out_bytes)}
-            del data, model
-            text = _report_text(args, report, sizes, start)  # before writing: a report that cannot be made fails first
-            if not args.dry_run:
-                check_output_path(args.output, args.input)
-                if len(out_bytes) > PROTOBUF_LIMIT:
-                    raise OutputError("model is over protobuf's 2 GiB limit and has inline weights",
-                                      path=args.output, hint="move its weights to external data first")
-                with atomic_write(args.output) as tmp:
-                    tmp.write_bytes(out_bytes)
-                text = _report_text(args, report, sizes, start)  # the wall time with the writing
-            if args.diff:
-                from graphkit.cli.show import draw_rewrite
+    def before_write(report, sizes: dict) -> None:
+        _report_text(args, report, sizes, start)  # a report that cannot be made fails before writing
 
-                text = draw_rewrite(args.diff, args.input, out_bytes, report, text, as_json=args.json)
-            print(text)
-            return 0
-        del data
-    else:
-        model = load_model(args.input)
-    if external_tensors(model):
-        files = check_external_data(model, args.input)
-        if not args.dry_run:  # the weights are input too: refuse before any work
-            check_output_path(args.output, args.input, inputs=weights_files(files, args.output))
-    out, report = rewrite_model(model, registry=registry, lowering=lowering, rules=rules, target_opset=args.target_opset,
-                                as_functions=args.as_functions, check=not args.no_check,
-                                full_check=args.full_check, path=args.input,
-                                progress=_progress_bar if show else None)
-    # the model files' own bytes (external weights are not counted)
-    sizes = {"bytes_before": os.path.getsize(args.input), "bytes_after": out.ByteSize()}
-    text = _report_text(args, report, sizes, start)  # before writing: a report that cannot be made fails first
-    if not args.dry_run:
-        save_model(out, args.output, input_path=args.input, external_data=args.external_data)
-        sizes["bytes_after"] = os.path.getsize(args.output)
-        text = _report_text(args, report, sizes, start)
+    result = rewrite_file(args.input, None if args.dry_run else args.output, registry=registry,
+                          lowering=lowering, rules=rules, target_opset=args.target_opset,
+                          as_functions=args.as_functions, check=not args.no_check,
+                          full_check=args.full_check, external_data=args.external_data,
+                          progress=_progress_bar if show else None, before_write=before_write)
+    text = _report_text(args, result.report, result.sizes, start)
     if args.diff:
         from graphkit.cli.show import draw_rewrite
 
-        text = draw_rewrite(args.diff, args.input, out, report, text, as_json=args.json)
+        text = draw_rewrite(args.diff, args.input, result.output, result.report, text, as_json=args.json)
     print(text)
     return 0
 

@@ -1,8 +1,18 @@
-"""rewrite_model on serialized models, with the byte-level writer for lowering-only rewrites."""
+"""The rewrite of serialized models and of files: the one entry point `graphkit rewrite` uses.
+
+``rewrite_file`` reads, rewrites, checks and publishes a model file; ``rewrite_bytes``
+does the rewrite on a serialized model. Both pick the writer the same way: lowering
+alone (no rules, target opset or functions) splices the replacements into the
+serialized model (graphkit.rewrite._fastpath, the "bytes" writer) where that writer's
+preconditions hold; anything else goes through ``rewrite_model``'s passes (the
+"objects" writer). Both lower through one LoweringPlan; the report says which ran and why.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import onnx
@@ -11,7 +21,18 @@ from graphkit.ops import OpRegistry, default_registry
 from graphkit.rewrite import _fastpath
 from graphkit.rewrite.engine import DEFAULT_PREFERENCE, Lowering, RewriteReport, rewrite_model
 
-__all__ = ["rewrite_bytes"]
+__all__ = ["FileRewrite", "rewrite_bytes", "rewrite_file"]
+
+
+@dataclass
+class FileRewrite:
+    """What ``rewrite_file`` did: the report, the model files' sizes (``bytes_before``,
+    ``bytes_after``; external weights not counted) and the rewritten model (its bytes, or
+    the ModelProto where it has external data)."""
+
+    report: RewriteReport
+    sizes: dict[str, int]
+    output: bytes | onnx.ModelProto
 
 
 def rewrite_bytes(data: bytes, *, registry: OpRegistry | None = None,
@@ -20,11 +41,8 @@ def rewrite_bytes(data: bytes, *, registry: OpRegistry | None = None,
                   **options: Any) -> tuple[bytes, RewriteReport]:
     """``rewrite_model`` on a serialized model: returns the rewritten model's bytes and the report.
 
-    Lowering alone (no rules, target opset or functions) splices the replacements into
-    ``data`` at the protobuf wire level (graphkit.rewrite._fastpath), with the same result
-    as ``rewrite_model``; anything that path does not handle goes through ``rewrite_model``.
-    ``model`` is ``data`` already parsed, if the caller has it; ``options`` are
-    ``rewrite_model``'s other keywords.
+    ``model`` is ``data`` already parsed, if the caller has it; ``fast=False`` turns the
+    byte writer off; ``options`` are ``rewrite_model``'s other keywords.
     """
     registry = default_registry() if registry is None else registry
     prefer = (lowering,) if isinstance(lowering, Lowering) else tuple(lowering)
@@ -46,3 +64,59 @@ def rewrite_bytes(data: bytes, *, registry: OpRegistry | None = None,
     out, report = rewrite_model(model, registry=registry, lowering=prefer, check=check, path=path, **options)
     report.writer_reason = why
     return out.SerializeToString(), report
+
+
+def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None, *,
+                 registry: OpRegistry | None = None,
+                 lowering: Lowering | Sequence[Lowering] = DEFAULT_PREFERENCE,
+                 external_data: str = "auto",
+                 before_write: Callable[[RewriteReport, dict[str, int]], None] | None = None,
+                 **options: Any) -> FileRewrite:
+    """Rewrite the model file ``src`` into ``dst`` (None: a dry run, nothing written).
+
+    Returns a :class:`FileRewrite` (``bytes_after`` of a dry run is the size the output
+    would have). The output path is checked before any work, the weights of a model with
+    external data too; the output is published atomically, its weights made valid from
+    its directory (``external_data``: "auto", "link" or "copy", as ``save_model``).
+    ``before_write(report, sizes)`` runs before anything is written (what raises there
+    leaves nothing behind). ``options`` are ``rewrite_model``'s other keywords.
+    """
+    from graphkit.errors import OutputError
+    from graphkit.external_data import check_external_data
+    from graphkit.modelio import (PROTOBUF_LIMIT, check_output_path, parse_model_bytes, read_model_bytes,
+                                  save_model, weights_files)
+    from graphkit.publish import atomic_write
+
+    src = os.fspath(src)
+    registry = default_registry() if registry is None else registry
+    if dst is not None:
+        check_output_path(dst, src)
+    data = read_model_bytes(src)
+    model = parse_model_bytes(data, src)
+    if _fastpath.has_external_data(data, model):
+        files = check_external_data(model, src)
+        if dst is not None:  # the weights are input too: refuse before any work
+            check_output_path(dst, src, inputs=weights_files(files, dst))
+        size = len(data)
+        del data
+        out, report = rewrite_model(model, registry=registry, lowering=lowering, path=src, **options)
+        report.writer_reason = "external data: the objects writer places the weights with the model"
+        sizes = {"bytes_before": size, "bytes_after": out.ByteSize()}
+        if before_write is not None:
+            before_write(report, sizes)
+        if dst is not None:
+            save_model(out, dst, input_path=src, external_data=external_data)
+            sizes["bytes_after"] = os.path.getsize(dst)
+        return FileRewrite(report, sizes, out)
+    out_bytes, report = rewrite_bytes(data, model=model, registry=registry, lowering=lowering, path=src, **options)
+    sizes = {"bytes_before": len(data), "bytes_after": len(out_bytes)}
+    del data, model
+    if before_write is not None:
+        before_write(report, sizes)
+    if dst is not None:
+        if len(out_bytes) > PROTOBUF_LIMIT:
+            raise OutputError("model is over protobuf's 2 GiB limit and has inline weights",
+                              path=os.fspath(dst), hint="move its weights to external data first")
+        with atomic_write(dst) as tmp:
+            tmp.write_bytes(out_bytes)
+    return FileRewrite(report, sizes, out_bytes)
