@@ -305,3 +305,62 @@ def test_kernel_table_knows_float16_is_cast_and_double_is_not():
     cast_like = helper.make_node("CastLike", ["x", "t"], ["y"])
     assert table.problem(cast_like, 17, {"x": TensorProto.DOUBLE, "t": TensorProto.FLOAT}) is None  # a function
     assert table.problem(helper.make_node("mine", ["x"], ["y"], domain="acme"), 17, {}) is None
+
+
+# --------------------------------------------------------------------------- --target-opset
+
+
+@pytest.mark.parametrize("bad", [99, 6, 0, -1, max_opset() + 1, True, "19", 19.0])
+def test_target_opset_outside_the_supported_range_is_a_usage_error(bad):
+    from conftest import my_add_model
+    from graphkit.errors import UsageError
+
+    with pytest.raises(UsageError) as info:
+        rewrite_model(my_add_model(), target_opset=bad)
+    assert info.value.exit_code == 2
+    assert f"({MIN_OPSET}..{max_opset()})" in info.value.message and repr(bad) in info.value.message
+
+
+def test_supported_range_is_what_the_converter_and_onnxruntime_both_take():
+    assert MIN_OPSET == 7 and max_opset() == min(onnx.defs.onnx_opset_version(), ort_kernels().max_opset())
+    from conftest import my_add_model
+
+    x = np.float32([[1, -2, 3]])
+    for target in (MIN_OPSET, max_opset()):  # down and up
+        out, report = rewrite_model(my_add_model(opset=9), target_opset=target)
+        assert report.conversions == [(9, target, "version converter")]
+        np.testing.assert_allclose(graphkit.open_session(out).run({"a": x, "b": x})["z"], np.maximum(3 * x, 0))
+
+
+def test_cli_refuses_target_opset_99_before_reading_the_model(tmp_path):
+    proc = run_cli("rewrite", tmp_path / "missing.onnx", tmp_path / "o.onnx", "--target-opset", "99", check_rc=2)
+    (line,) = error_lines(proc.stderr)
+    assert "--target-opset 99 is outside the ai.onnx opsets" in line and f"({MIN_OPSET}..{max_opset()})" in line
+
+
+def test_report_says_which_version_conversions_ran(tmp_path):
+    import json
+
+    from conftest import my_add_model
+    from graphkit_ops.my_add import MY_ADD
+
+    onnx.save(my_add_model(opset=13), tmp_path / "m.onnx")
+    text = run_cli("rewrite", tmp_path / "m.onnx", tmp_path / "o.onnx", "--target-opset", "19", check_rc=0).stdout
+    assert "  converted: ai.onnx opset 13 -> 19 (version converter)" in text.splitlines()
+    data = json.loads(run_cli("rewrite", tmp_path / "m.onnx", tmp_path / "o.onnx", "--target-opset", "21",
+                              "--json", check_rc=0).stdout)
+    assert data["conversions"] == [{"domain": "ai.onnx", "from": 13, "to": 21, "how": "version converter"}]
+    assert {"pass": "convert-opset", "changed": "ai.onnx opset 13 -> 21"} in data["passes"]
+    # the same opset: nothing converted, nothing said
+    data = json.loads(run_cli("rewrite", tmp_path / "m.onnx", tmp_path / "o.onnx", "--target-opset", "13",
+                              "--json", check_rc=0).stdout)
+    assert data["conversions"] == []
+    # only placeholders: the import moves, no standard op to convert
+    model, _ = elementwise_model(MY_ADD, TensorProto.FLOAT, 17)
+    _, report = rewrite_model(model, target_opset=20, lowering=Lowering.KEEP)
+    assert report.conversions == [(17, 20, "imports only")]
+    onnx.save(model, tmp_path / "p.onnx")
+    text = run_cli("rewrite", tmp_path / "p.onnx", tmp_path / "q.onnx", "--target-opset", "20", "--keep-custom",
+                   check_rc=0).stdout
+    assert "converted: ai.onnx opset 17 -> 20 (imports only)" in text
+    assert "nothing to rewrite" not in text

@@ -75,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
     from graphkit.rewrite.loader import load_rules
 
     lowering = _preference(args)
+    if args.target_opset is not None:  # a usage error before any model work
+        from graphkit.rewrite._selection import check_target_opset
+
+        check_target_opset(args.target_opset)
     registry = op_registry(args)  # a broken --ops package fails before any model work
     if args.diff:
         from graphkit.cli.show import check_target
@@ -148,11 +152,13 @@ def format_report(report, src: str, dst: str) -> str:
     lines = [f"{src} -> {dst}", f"  {'op':<{width}}  before  after"]
     lines += [f"  {fmt(k):<{width}}  {report.ops_before.get(k, 0):>6}  {report.ops_after.get(k, 0):>5}"
               for k in keys]
+    for before, after, how in report.conversions:
+        lines.append(f"  converted: ai.onnx opset {before if before is not None else '(none)'} -> {after} ({how})")
     if report.actions or report.rules.applied:
         lines.append("  rules applied:")
         lines += [f"    {op}: {how} x{n}" for (op, how), n in sorted(report.actions.items())]
     for name, n in sorted(report.rules.applied.items()):
         lines.append(f"    rule {name}: x{n}")
-    if not report.actions and not report.rules.applied:
+    if not report.actions and not report.rules.applied and not report.conversions:
         lines.append("  nothing to rewrite: model written unchanged")
     return "\n".join(lines)

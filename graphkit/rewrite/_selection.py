@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 import onnx
 from onnx import helper
 
-from graphkit.errors import RewriteError, UnsupportedOpError
+from graphkit.errors import RewriteError, UnsupportedOpError, UsageError
 from graphkit.ops.tensor_types import type_string
 
 if TYPE_CHECKING:
     from graphkit.ops import Decomposition, OpDef, OpRegistry
 
 __all__ = ["KernelTable", "Selection", "ort_kernels", "replacement_problem", "MIN_OPSET", "max_opset",
-           "dtype_name"]
+           "check_target_opset", "dtype_name"]
 
 PROVIDER = "CPUExecutionProvider"
 # probe(decomposition, opset) -> (nodes, element types of what they read, looked at shapes)
@@ -154,6 +154,17 @@ def max_opset() -> int:
     newest = onnx.defs.onnx_opset_version()
     table = ort_kernels()
     return newest if table is None else min(newest, table.max_opset())
+
+
+def check_target_opset(opset: object) -> int:
+    """``opset`` if it is an ai.onnx opset both the onnx version converter and ONNX Runtime
+    support (MIN_OPSET..max_opset()), else a UsageError naming the range."""
+    newest = max_opset()
+    if isinstance(opset, bool) or not isinstance(opset, int) or not MIN_OPSET <= opset <= newest:
+        raise UsageError(f"--target-opset {opset!r} is outside the ai.onnx opsets the onnx version converter "
+                         f"and ONNX Runtime support ({MIN_OPSET}..{newest})",
+                         hint=f"pick one in {MIN_OPSET}..{newest}, or omit it to keep the model's opset")
+    return opset
 
 
 def replacement_problem(nodes: list[onnx.NodeProto], input_types: Mapping[str, int], opset: int,

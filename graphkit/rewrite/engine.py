@@ -23,6 +23,7 @@ from graphkit.errors import ModelLoadError, RewriteError, UnsupportedOpError, Va
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpDef, OpRegistry, default_registry
 from graphkit.rewrite._gsrules import GraphSurgeonRule, apply_graphsurgeon_rules
 from graphkit.rewrite._rules import GraphPass, Rule, RuleReport, RuleSet, apply_rule_set
+from graphkit.rewrite._selection import check_target_opset
 from graphkit.rewrite._walk import ModelIndex, count_ops, graphs, scopes
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 from graphkit.rewrite.plan import UNKNOWN_OP_HINT, Lowering, LoweringPlan, Scope, node_attrs
@@ -44,6 +45,8 @@ class RewriteReport:
     """What a rewrite did: op counts before/after, per-op actions, rules, and the passes run.
 
     ``passes`` lists ``(pass, what it changed)`` for every pass that changed the model;
+    ``conversions`` the ai.onnx version conversions made, ``(from, to, how)`` with ``how``
+    "version converter" or "imports only" (a model without standard ops);
     ``writer`` says which writer made the output and why (``"objects"``: the passes on
     the parsed model; ``"bytes"``: graphkit.rewrite._fastpath on the serialized one).
     """
@@ -53,6 +56,7 @@ class RewriteReport:
     actions: collections.Counter = field(default_factory=collections.Counter)
     rules: RuleReport = field(default_factory=RuleReport)
     passes: list[tuple[str, str]] = field(default_factory=list)
+    conversions: list[tuple[int | None, int, str]] = field(default_factory=list)
     writer: str = "objects"
     writer_reason: str = ""
 
@@ -72,6 +76,7 @@ class RewriteReport:
                              "not_matched": self.rules.reasons.get(name, [])}
                       for name in sorted(set(self.rules.applied) | set(self.rules.reasons))},
             "passes": [{"pass": name, "changed": what} for name, what in self.passes],
+            "conversions": [{"domain": "ai.onnx", "from": a, "to": b, "how": how} for a, b, how in self.conversions],
             "writer": {"name": self.writer, "why": self.writer_reason},
         }
 
@@ -306,6 +311,9 @@ def _convert_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     before = ai_onnx_opset(model)
     out = _convert_opset(model, ctx.target_opset, ctx.path)
     if ctx.converting:
+        standard = any(d in _STANDARD_DOMAINS for d, _ in ctx.report.ops_before)
+        ctx.report.conversions.append((before, ctx.target_opset,
+                                       "version converter" if standard and before is not None else "imports only"))
         ctx.make_plan(out, ModelIndex(out).names)
     else:  # same opset: the imports are rewritten to ai.onnx, the names are the same
         ctx.plan.opset = ai_onnx_opset(out)
@@ -437,6 +445,8 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     most FULL_CHECK_NODES nodes or ``full_check`` is set. The passes run are :data:`PASSES`.
     """
     registry = default_registry() if registry is None else registry
+    if target_opset is not None:
+        check_target_opset(target_opset)
     prefer = (lowering,) if isinstance(lowering, Lowering) else tuple(lowering)
     if as_functions:
         prefer = (Lowering.KEEP,)
