@@ -435,3 +435,44 @@ def test_shapes_from_shape_inference_are_computed_once_per_rewrite(monkeypatch):
     assert report.rules.applied == {"cancel": 3} and ops(out) == ["Relu"] * 3
     assert shapes == [[5, 2]] * 3 and len(calls) == 1
     check_numbers(m, out)
+
+
+# ---------------------------------------------------------------- no silent misses
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+BLOCK = st.tuples(st.sampled_from(["match", "other_tensor", "escapes"]), st.booleans(), st.booleans())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(BLOCK, min_size=1, max_size=10))
+def test_commuted_matches_are_all_found(blocks):
+    """A chain of blocks x*s + x in every input order, among near misses: a second tensor in
+    place of x, or a Mul whose output is also used elsewhere. The commutative rule rewrites
+    exactly the real matches, whatever the orders, and the numbers stay the same."""
+    nodes, extra, cur = [], [], "x"
+    for i, (kind, swap_mul, swap_add) in enumerate(blocks):
+        mul_in = ["s", cur] if swap_mul else [cur, "s"]
+        other = "z" if kind == "other_tensor" else cur
+        nodes.append(node("Mul", mul_in, [f"m{i}"]))
+        nodes.append(node("Add", [other, f"m{i}"] if swap_add else [f"m{i}", other], [f"a{i}"]))
+        if kind == "escapes":
+            extra.append(f"m{i}")
+        cur = f"a{i}"
+    outputs = [(cur, [4])]
+    if extra:
+        nodes.append(helper.make_node("Sum", extra, ["side"], name="side"))
+        outputs.append(("side", [4]))
+    m = model(nodes, [("x", [4]), ("s", [4]), ("z", [4])], outputs)
+
+    def rewrite(op, x, s):
+        return op.Mul(x, op.Add(s, op.initializer(np.float32(1.0), name="one")))
+
+    rule = Rule("scale_plus_self", lambda op, x, s: op.Add(op.Mul(x, s), x), rewrite, commute=True)
+    out, report = rewrite_model(m, rules=[rule], lowering=Lowering.KEEP)
+    want = sum(kind == "match" for kind, _, _ in blocks)
+    assert report.rules.applied.get("scale_plus_self", 0) == want
+    # the final round's candidates: the near misses, and the Add(s, 1) each rewrite made
+    assert len(report.rules.reasons.get("scale_plus_self", [])) == len(blocks)
+    check_numbers(m, out)
