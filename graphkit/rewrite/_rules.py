@@ -90,7 +90,9 @@ class Scope:
                          base_dir=self.base_dir)
 
     def builder(self, node: onnx.NodeProto, name: str) -> Any:
-        """A Builder for nodes replacing ``node``; its initializers go to this scope."""
+        """A Builder for nodes replacing ``node``. In a graph, ``op.initializer()`` collects
+        tensors in its ``initializers`` list (a graph pass hands them to add_initializers());
+        in a function body it makes Constant nodes."""
         b = self.make_builder(node, name)
         if self.graph is not None:
             b.initializers = []
@@ -481,8 +483,8 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
     for index in candidates:
         if index in used:
             continue
-        node = nodes[index]
-        label = f"node '{node.name or node.op_type}'"
+        node = view.nodes[index]
+        label = f"node '{node.name or view.ops[index]}'"
         match, failure, structural = _first_match(rule, matchers, index, view, scope, used, label, path)
         if structural:
             report.matched[rule.name] = report.matched.get(rule.name, 0) + 1
@@ -498,7 +500,7 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
         new_nodes = builder.finish(
             results, match.outputs,
             alias=lambda name: name not in protected and name not in view.outer_used)
-        if not builder.aliases and _same_nodes(new_nodes, [nodes[i] for i in match.nodes]):
+        if not builder.aliases and _same_nodes(new_nodes, [view.nodes[i] for i in match.nodes]):
             report.fail(rule.name, f"{label}: the replacement is the matched node itself "
                          f"(output '{match.outputs[0]}' keeps its name)", "the replacement is the matched node itself")
             continue
