@@ -58,6 +58,7 @@ import numpy as np
 
 from graphkit.errors import GraphkitError, KernelError, UnsupportedOpError
 from graphkit.ops import AttrType, OpDef, kernel_domain
+from graphkit.runtime._blas import one_blas_thread
 from graphkit.rewrite._walk import ModelIndex, graphs
 from graphkit.rewrite.builder import NameGenerator
 from graphkit.ops._encoding import (  # noqa: F401 (re-exported: the kernel attribute encoding)
@@ -545,7 +546,9 @@ class PythonKernelTable:
             args = feed
             if True in decl.in_f16:
                 args = [x.astype(np.float16) if f else x for x, f in zip(feed, decl.in_f16)]
-            return decl.pack(op, op.python_kernel(*args, **kwargs))
+            with one_blas_thread():  # ORT's intra-op threads own the cores (see _blas.py)
+                result = op.python_kernel(*args, **kwargs)
+            return decl.pack(op, result)
         except BaseException as exc:  # noqa: BLE001 - anything escaping aborts the process
             try:
                 failure = KernelFailure(
