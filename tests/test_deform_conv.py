@@ -192,7 +192,7 @@ def test_reference_on_the_sampling_boundaries():
 
 def test_nan_and_far_offsets_read_zero():
     """A sampling point at NaN or far outside reads 0 (no garbage index): the reference and
-    the numpy kernel (each lowering: test_edge_offsets_in_every_lowering)."""
+    the numpy kernel (each lowering: test_hard_offsets_agree_in_every_lowering)."""
     case = Case(n=1, c=2, h=4, w=4, m=2, kh=1, kw=1, padding=(0, 0), mask=False)
     arrays = case.arrays(seed=2)
     arrays["offset"][0, :, 0, :2] = [[np.nan, 1e30], [0.0, -np.inf]]
@@ -580,22 +580,6 @@ def _lower(model: onnx.ModelProto, how: str) -> onnx.ModelProto:
     return lowered
 
 
-@pytest.mark.parametrize("how, opset", EDGE_LOWERINGS, ids=[f"{h}{o}" for h, o in EDGE_LOWERINGS])
-def test_edge_offsets_in_every_lowering(how, opset):
-    """NaN, +-inf and far offsets: the point reads 0, as in the reference (the GridSample
-    decomposition read border pixels for offsets beyond ~4.6e18, inf or NaN)."""
-    case = Case(n=1, c=2, h=4, w=5, m=2, kh=2, kw=2, og=2, padding=(1, 1))
-    model, feeds = onnx_model(case, opset, seed=4)
-    arrays = case.arrays(seed=4)
-    flat = arrays["offset"].reshape(-1)
-    picks = np.random.default_rng(4).choice(flat.size, size=2 * len(EDGE_VALUES), replace=False)
-    flat[picks] = np.tile(EDGE_VALUES, 2)  # dy, dx or both of some taps
-    want = reference(case, arrays)
-    assert np.isfinite(want).all()
-    got = _run(_lower(model, how), dict(feeds, offset=arrays["offset"]))
-    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
-
-
 def test_edge_offsets_read_zero_exactly():
     """Every tap of every point non-finite or far: the output is the bias, exactly."""
     case = Case(n=1, c=2, h=3, w=3, m=2, kh=1, kw=1, padding=(0, 0))
@@ -607,6 +591,50 @@ def test_edge_offsets_read_zero_exactly():
         model, feeds = onnx_model(case, opset, seed=5)
         got = _run(_lower(model, how), dict(feeds, offset=arrays["offset"]))
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6, err_msg=f"{how} at opset {opset}")
+
+
+# Offsets that put a tap exactly on, just inside or just outside -1, 0, H-1 and H (the base
+# points are integral), non-finite or far ones, and signed zeros.
+HARD_OFFSETS = [np.nan, np.inf, -np.inf, 3e38, -3e38, 1e30, 4.7e18, -4.7e18, 5e9, 0.0, -0.0, 1e-30,
+                -1e-7, 1e-7, 0.5, -0.5, 1.0, -1.0, -1.5, 2.0, -2.0, 3.0, 4.0, -4.0, 5.0, 5.5, -5.5, 0.99999994]
+
+
+@pytest.fixture(scope="module")
+def edge_sessions():
+    """One session per lowering of one small model (offsets vary per example)."""
+    case = Case(n=1, c=2, h=4, w=5, m=2, kh=2, kw=2, padding=(1, 1), spread=1.0)
+    sessions = {}
+    for how, opset in EDGE_LOWERINGS:
+        model, feeds = onnx_model(case, opset, seed=8)
+        sessions[f"{how}{opset}"] = graphkit.open_session(_lower(model, how))
+    return case, feeds, sessions
+
+
+def test_hard_offsets_agree_in_every_lowering(edge_sessions):
+    """NaN, +-inf, far and boundary offsets (hypothesis over HARD_OFFSETS and small floats):
+    every lowering gives the reference's output (the GridSample decomposition read border
+    pixels for offsets beyond ~4.6e18, inf or NaN)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    case, feeds, sessions = edge_sessions
+    arrays = case.arrays(seed=8)
+    size = arrays["offset"].size
+    values = st.sampled_from(HARD_OFFSETS) | st.floats(-6, 6, width=32)
+
+    @settings(max_examples=12, derandomize=True, deadline=None, database=None)
+    @given(changes=st.lists(st.tuples(st.integers(0, size - 1), values), min_size=1, max_size=60))
+    def check(changes):
+        offset = arrays["offset"].copy()
+        for index, value in changes:  # dy or dx of one tap at one position
+            offset.flat[index] = value
+        want = reference(case, dict(arrays, offset=offset))
+        assert np.isfinite(want).all()
+        for name, session in sessions.items():
+            (got,) = session.run(dict(feeds, offset=offset)).values()
+            np.testing.assert_allclose(got, want, rtol=0, atol=ATOL, err_msg=name)
+
+    check()
 
 
 BIG_HW = (4097, 4100)  # 16.8M pixels > 2^24: float32 flat indices are inexact there

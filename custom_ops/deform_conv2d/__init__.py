@@ -22,7 +22,7 @@ Edge values. A sampling point reads the image only when -1 < y < H and -1 < x < 
 point whose offset is NaN, +-inf or far outside (any finite value that leaves the image,
 however large) contributes exactly 0, like any point outside: the output there is the
 bias plus the other taps. This holds in the reference and in every lowering
-(tests/test_deform_conv.py::test_edge_offsets_in_every_lowering); torchvision's own kernel
+(tests/test_deform_conv.py::test_hard_offsets_agree_in_every_lowering); torchvision's own kernel
 leaves NaN undefined (it casts the coordinate to an integer index). NaN or inf in the input,
 weight, bias or mask propagate by IEEE arithmetic in the reference (0 * NaN is NaN, so a
 NaN mask gives NaN even at a point outside the image, as in the decompositions and ONNX
