@@ -476,3 +476,38 @@ def test_commuted_matches_are_all_found(blocks):
     # the final round's candidates: the near misses, and the Add(s, 1) each rewrite made
     assert len(report.rules.reasons.get("scale_plus_self", [])) == len(blocks)
     check_numbers(m, out)
+
+
+def test_single_node_rule_with_several_outputs():
+    """Rule.node(..., outputs=2): both outputs of a Split are replaced (two Slices here)."""
+    m = model([node("Split", ["x"], ["lo", "hi"], axis=0, num_outputs=2), node("Sub", ["lo", "hi"], ["y"])],
+              [("x", [4, 3])], [("y", [2, 3])], opset=18)
+
+    def rewrite(op, x0):
+        ints = [op.initializer(np.array([v], np.int64)) for v in (0, 2, 4)]
+        return op.Slice(x0, ints[0], ints[1]), op.Slice(x0, ints[1], ints[2])
+
+    out, report = rewrite_model(m, rules=[Rule.node("split_to_slices", "Split", rewrite, outputs=2)],
+                                lowering=Lowering.KEEP)
+    assert report.rules.applied == {"split_to_slices": 1} and ops(out) == ["Slice", "Slice", "Sub"]
+    check_numbers(m, out)
+    _, report = rewrite_model(m, rules=[Rule.node("split_first", "Split", lambda op, x0: x0)], lowering=Lowering.KEEP)
+    assert "output 'hi' has other consumers" in report.rules.reasons["split_first"][0]
+
+
+def test_optional_inputs_absent_in_the_middle_or_at_the_end():
+    """Clip(x, '', hi), Clip(x, lo) and Clip(x): optional() matches an empty name and a missing input."""
+    m = model([node("Clip", ["x", "", "hi"], ["a"]), node("Clip", ["a", "lo"], ["b"]), node("Clip", ["b"], ["y"])],
+              [("x", [6])], [("y", [6])], [init("lo", -0.5), init("hi", 0.5)])
+    seen = []
+
+    def rewrite(op, x, lo, hi):
+        seen.append((lo, hi))
+        y = x if lo is None else op.Max(x, lo)
+        return y if hi is None else op.Min(y, hi)
+
+    rule = Rule("clip_to_minmax", lambda op, x, lo, hi: op.Clip(x, optional(lo), optional(hi)), rewrite)
+    out, report = rewrite_model(m, rules=[rule], lowering=Lowering.KEEP)
+    assert seen == [(None, "hi"), ("lo", None), (None, None)]
+    assert ops(out) == ["Min", "Max", "Identity"]  # Clip(x) is x, and y is the graph output
+    check_numbers(m, out)

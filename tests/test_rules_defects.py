@@ -135,6 +135,10 @@ def test_check_and_rewrite_errors_are_rule_errors_naming_the_node():
         rewrite_model(m, rules=[Rule.node("c", "Relu", lambda op, x0: x0, check=lambda ctx, x0: {}["k"])])
     with pytest.raises(RuleError, match=r"rule 'w': rewrite\(\) raised ValueError"):
         rewrite_model(m, rules=[Rule.node("w", "Relu", lambda op, x0: int("x"))])
+    with pytest.raises(RuleError, match=r"rule 'none': rewrite\(\) returned None, not tensor names"):
+        rewrite_model(m, rules=[Rule.node("none", "Relu", lambda op, x0: None)])
+    with pytest.raises(RuleError, match=r"rule 'two': rewrite\(\) returned 2 tensors for the pattern's 1 outputs"):
+        rewrite_model(m, rules=[Rule.node("two", "Relu", lambda op, x0: (x0, x0))])
 
 
 def test_rule_that_reproduces_its_pattern_stops_with_an_error_naming_it():

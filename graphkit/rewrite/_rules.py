@@ -241,12 +241,14 @@ class Rule:
 
     @classmethod
     def node(cls, name: str, op_type: str, rewrite: Callable[..., Any], *, domain: str = "",
-             inputs: int = 1, check: Callable[..., Any] | None = None, **attrs: Any) -> "Rule":
-        """A single-node rule: match ``domain::op_type`` (with attribute constraints)."""
+             inputs: int = 1, outputs: int = 1, check: Callable[..., Any] | None = None,
+             **attrs: Any) -> "Rule":
+        """A single-node rule: match ``domain::op_type`` (with attribute constraints) with
+        ``inputs`` inputs; ``rewrite(op, x0, x1, ...)`` returns ``outputs`` tensors."""
         var_names = [f"x{i}" for i in range(inputs)]
 
         def pattern(op, *xs):
-            return getattr(op, op_type)(*xs, _domain=domain, **attrs)
+            return getattr(op, op_type)(*xs, _domain=domain, _outputs=outputs, **attrs)
 
         pattern.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
             [inspect.Parameter("op", inspect.Parameter.POSITIONAL_ONLY)]
@@ -495,7 +497,7 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
         builder._lookup = view.constant_value
         with _user_code(rule.name, "rewrite", node, path):
             results = _call(rule.rewrite, builder, match.bindings)
-        results = [results] if isinstance(results, str) else list(results)
+        results = _results(rule, results, len(match.outputs), node, path)
         protected = scope.protected
         new_nodes = builder.finish(
             results, match.outputs,
@@ -535,6 +537,23 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
     nodes.extend(rebuilt)
     report.applied[rule.name] = report.applied.get(rule.name, 0) + len(replacements)
     return len(replacements)
+
+
+def _results(rule: Rule, results: Any, wanted: int, node: onnx.NodeProto, path: str | None) -> list[str]:
+    """``rewrite``'s return value as a list of one tensor name per pattern output."""
+    if isinstance(results, str):
+        results = [results]
+    elif isinstance(results, (tuple, list)) and all(isinstance(r, str) for r in results):
+        results = list(results)
+    else:
+        raise RuleError(f"rule '{rule.name}': rewrite() returned {results!r}, not tensor names", path=path,
+                        node=node.name or node.op_type, op=node.op_type,
+                        hint="return the name op.X(...) gave (or a tuple of them, one per pattern output)")
+    if len(results) != wanted:
+        raise RuleError(f"rule '{rule.name}': rewrite() returned {len(results)} tensors for the pattern's "
+                        f"{wanted} outputs", path=path, node=node.name or node.op_type, op=node.op_type,
+                        hint="return one tensor per value the pattern function returns")
+    return results
 
 
 def _first_match(rule: Rule, matchers: list[tuple[str, Matcher]], index: int, view: GraphView, scope: Scope,
