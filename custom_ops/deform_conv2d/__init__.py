@@ -24,10 +24,12 @@ however large) contributes exactly 0, like any point outside: the output there i
 bias plus the other taps. This holds in the reference and in every lowering
 (tests/test_deform_conv.py::test_hard_offsets_agree_in_every_lowering); torchvision's own kernel
 leaves NaN undefined (it casts the coordinate to an integer index). NaN or inf in the input,
-weight, bias or mask propagate by IEEE arithmetic in the reference (0 * NaN is NaN, so a
-NaN mask gives NaN even at a point outside the image, as in the decompositions and ONNX
-Runtime's DeformConv); the native kernel skips points outside the image and gives 0 there.
-Finite inputs give finite outputs in every lowering.
+weight, bias or mask propagate by IEEE arithmetic in the reference (0 * NaN is NaN: a NaN
+mask gives NaN even at a point outside the image, and so does a NaN border pixel that a
+corner outside the image is clamped to, with weight 0), as in the decompositions and ONNX
+Runtime's DeformConv; the native kernel never reads a point or corner outside the image,
+so a NaN there does not reach its output (0 instead of NaN). Finite inputs give finite
+outputs, equal to the reference's, in every lowering.
 
 Beside this file: the torch reference (_reference.py), the numpy kernel
 (_numpy_kernel.py), the decompositions (_decompose.py), the C++ core shared by the native
