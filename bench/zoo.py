@@ -331,9 +331,6 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in [
 # Cells that fail for reasons graphkit does not fix (yet): (model or "*", exporter, opset or
 # None for all) -> words of the failure reason, and why.
 KNOWN_FAILURES: dict[tuple[str, str, int | None], tuple[str, str]] = {
-    ("*", "dynamo", 17): ("the dynamo exporter writes opset >= 18",
-                          "graphkit refuses dynamo=True below opset 18 (torch's exporter builds opset 18 "
-                          "and converts down with onnx's version converter)"),
     ("t5", "dynamo", None): ("Cannot view a tensor with shape",
                              "torch 2.13's dynamo exporter fails on T5's sdpa attention with a float "
                              "position bias (ConversionError); attn_implementation='eager' exports"),

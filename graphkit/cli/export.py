@@ -13,10 +13,6 @@ from graphkit.input_specs import InputSpec, parse_dynamic, parse_input
 # Nothing here imports torch at module level: `graphkit export` reports usage errors (exit 2)
 # and output path errors (exit 4) before it imports torch, which takes seconds.
 
-# torch 2.13's dynamo exporter builds opset 18 and its version converter goes no lower
-# (graphkit.export._export._DYNAMO_MIN_OPSET, not imported: it imports torch).
-_DYNAMO_MIN_OPSET = 18
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("factory", metavar="MODULE:FACTORY",
@@ -29,7 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--input ids=2x16:int64")
     p.add_argument("--dynamo", action=argparse.BooleanOptionalAction, default=True,
                    help="torch.export-based exporter (default) or, with --no-dynamo, TorchScript")
-    p.add_argument("--opset", type=int, default=18, metavar="N", help="ai.onnx opset (default 18)")
+    p.add_argument("--opset", type=int, default=18, metavar="N",
+                   help="ai.onnx opset (default 18); below 18 the dynamo exporter converts its opset-18 "
+                        "graph with onnx's version converter, and the export fails if that cannot")
     p.add_argument("--dynamic", action="append", default=[], metavar="NAME:AXIS=DIM",
                    help="a symbolic dimension; repeat for more, share DIM names between inputs. "
                         "For example --dynamic x:0=batch")
@@ -90,9 +88,6 @@ def _check_arguments(args: argparse.Namespace) -> tuple[list[InputSpec], dict[st
         raise UsageError(f"--input names repeat: {names}", hint="give every input its own name")
     if args.opset < 1:
         raise UsageError(f"--opset {args.opset}: an opset is a positive number")
-    if args.dynamo and args.opset < _DYNAMO_MIN_OPSET:
-        raise UsageError(f"--opset {args.opset}: the dynamo exporter writes opset >= {_DYNAMO_MIN_OPSET}",
-                         hint=f"use --opset {_DYNAMO_MIN_OPSET} or higher, or --no-dynamo for older opsets")
     dynamic: dict[str, dict[int, str]] = {}
     for text in args.dynamic:
         name, axis, dim = parse_dynamic(text)

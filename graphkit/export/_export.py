@@ -51,7 +51,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
+import onnx.numpy_helper
 import torch
 
 from graphkit.errors import ExportError, GraphkitError
@@ -70,7 +72,8 @@ __all__ = ["export", "ExportReport", "CustomNode", "MAX_IR_VERSION"]
 # ONNX Runtime 1.31.1 loads ir_version <= 13; graphkit writes at most 10 so older runtimes
 # (ORT >= 1.17 reads 10) load its exports too.
 MAX_IR_VERSION = 10
-# torch 2.13's exporter builds opset 18 and its version converter goes no lower.
+# torch 2.13's dynamo exporter builds opset 18; for a lower opset it runs onnx's version
+# converter, which handles some models (checked: the opset written must be the one asked).
 _DYNAMO_MIN_OPSET = 18
 
 
@@ -201,10 +204,6 @@ def _export(model, args, path, *, dynamo, registry, opset, input_names, output_n
         torch_ops.check_torch_names(registry, registry)
     except ExportError as exc:
         raise _with_model(exc, model_name) from None
-    if dynamo and opset < _DYNAMO_MIN_OPSET:
-        raise ExportError(f"cannot export {model_name}: the dynamo exporter writes opset >= "
-                          f"{_DYNAMO_MIN_OPSET}, {opset} was asked",
-                          hint=f"use opset={_DYNAMO_MIN_OPSET} or higher, or dynamo=False for older opsets")
     if dynamo:
         _require_dynamo_packages(model_name)
     check_output_path(path, None)
@@ -355,7 +354,7 @@ def _export_dynamo(model, args, kwargs, registry, opset, names, output_names, dy
         table.update(placeholder_translations(placeholder_ops))
         table.update(foreign_translations(registry, skip=torch_translations))
         dynamic_shapes = _dynamic_shapes(model, args, kwargs, names, dynamic_dims)
-        with _quiet_dynamo():
+        with _quiet_dynamo() as converter:
             program = torch.onnx.export(
                 model, args, kwargs=kwargs or None, dynamo=True, opset_version=opset,
                 input_names=list(names) if given_names else None,
@@ -364,7 +363,53 @@ def _export_dynamo(model, args, kwargs, registry, opset, names, output_names, dy
                 verbose=False, report=False, verify=False)
         if program is None:  # pragma: no cover - torch returns None only with f= given
             raise ExportError("torch.onnx.export returned no program")
-        return program.model_proto
+        proto = program.model_proto
+        built = next((i.version for i in proto.opset_import if i.domain in ("", "ai.onnx")), None)
+        if built != opset:
+            # torch keeps the opset it built when onnx's version converter fails, and says so
+            # only in a log record.
+            raise ExportError(
+                f"the dynamo exporter builds opset {built} and onnx's version converter could not "
+                f"convert it to opset {opset}" + (f": {converter.failure}" if converter.failure else ""),
+                hint=f"export at opset >= {_DYNAMO_MIN_OPSET}, or with dynamo=False")
+        if opset < _DYNAMO_MIN_OPSET:
+            _split_without_num_outputs(proto)
+        return proto
+
+
+def _split_without_num_outputs(model: onnx.ModelProto) -> None:
+    """onnx's version converter leaves Split-18's ``num_outputs`` attribute on the Split-13 it
+    writes (found by bench/zoo.py: GPT-2 at opset 17; ONNX Runtime refuses the node). Split-13
+    splits evenly into as many parts as the node has outputs: drop the attribute where the
+    axis' length is known and even, else give the sizes opset 18 would (ceil-sized parts, the
+    last one smaller) as the ``split`` input. Unknown lengths are left to the load check."""
+    shapes = {vi.name: vi.type.tensor_type.shape for vi in (*model.graph.value_info, *model.graph.input)
+              if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
+    for node in model.graph.node:
+        if node.op_type != "Split" or node.domain not in ("", "ai.onnx"):
+            continue
+        attrs = {a.name: a for a in node.attribute}
+        if "num_outputs" not in attrs or (len(node.input) > 1 and node.input[1]):
+            continue
+        n = attrs["num_outputs"].i
+        axis = attrs["axis"].i if "axis" in attrs else 0
+        shape = shapes.get(node.input[0])
+        if shape is None or not -len(shape.dim) <= axis < len(shape.dim) or \
+                not shape.dim[axis].HasField("dim_value"):
+            continue
+        length = shape.dim[axis].dim_value
+        chunk = -(-length // n)
+        sizes = [chunk] * (n - 1) + [length - chunk * (n - 1)]
+        if sizes[-1] <= 0:
+            continue
+        keep = [a for a in node.attribute if a.name != "num_outputs"]
+        del node.attribute[:]
+        node.attribute.extend(keep)
+        if length % n:
+            name = f"{node.name or node.output[0]}_split_sizes"
+            model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(sizes, dtype=np.int64), name))
+            del node.input[1:]
+            node.input.append(name)
 
 
 def _export_torchscript(model, args, kwargs, registry, opset, names, output_names,
@@ -453,21 +498,51 @@ def _registry_ops(registry: OpRegistry) -> Iterator[None]:
         ops.close()
 
 
+class _ConverterLog(logging.Handler):
+    """Takes the records of torch's opset conversion (below the opset torch builds, onnx's
+    version converter runs) instead of printing them, keeping the converter's failure."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.failure: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and self.failure is None:
+            self.failure = _first_line(exc)
+
+
+# Loggers whose records say nothing about the user's model: torch's "torchvision is not
+# installed. Skipping torchvision::nms", its opset fallback notice and onnxscript's converter.
+_CONVERSION_LOGGERS = ("torch.onnx._internal.exporter._compat", "onnxscript.version_converter")
+
+
 @contextlib.contextmanager
-def _quiet_dynamo() -> Iterator[None]:
-    """Silence exporter chatter that says nothing about the user's model."""
+def _quiet_dynamo() -> Iterator[_ConverterLog]:
+    """Silence exporter chatter that says nothing about the user's model; yield the
+    version converter's log (its failure, if any)."""
     logger = logging.getLogger("torch.onnx._internal.exporter._registration")
     level = logger.level
-    logger.setLevel(logging.ERROR)  # "torchvision is not installed. Skipping torchvision::nms"
+    logger.setLevel(logging.ERROR)
+    converter = _ConverterLog()
+    saved = []
+    for name in _CONVERSION_LOGGERS:
+        log = logging.getLogger(name)
+        saved.append((log, log.propagate))
+        log.propagate = False
+        log.addHandler(converter)
     try:
         with warnings.catch_warnings():
             # Two inputs sharing one named Dim make torch warn that the name is not reused.
             warnings.filterwarnings("ignore", message=r"# The axis name: .* will not be used")
             # torch's own pytree deprecation, raised inside torch.export.
             warnings.filterwarnings("ignore", category=FutureWarning, message=r".*LeafSpec")
-            yield
+            yield converter
     finally:
         logger.setLevel(level)
+        for log, propagate in saved:
+            log.removeHandler(converter)
+            log.propagate = propagate
 
 
 # --------------------------------------------------------------------------- names and dims
