@@ -232,3 +232,10 @@ def test_graphsurgeon_rule_that_raises_is_named():
 
     with pytest.raises(RewriteError, match="rule 'boom' raised KeyError"):
         rewrite_model(mul_add_model(), rules=[GraphSurgeonRule("boom", boom)])
+
+
+def test_check_that_returns_nothing_says_so():
+    rule = fuse_rule(check=lambda ctx, x, y: None)  # forgot the return
+    out, report = rewrite_model(mul_add_model(), rules=[rule], lowering=Lowering.KEEP)
+    assert len(out.graph.node) == 3
+    assert report.rules.reasons["fuse_my_add"] == ["node 'add': check returned None"]

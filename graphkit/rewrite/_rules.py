@@ -580,7 +580,8 @@ def _first_match(rule: Rule, matchers: list[tuple[str, Matcher]], index: int, vi
                 verdict = _call(rule.check, ctx, match.bindings)
             if verdict:
                 return match, failure, structural
-            reason = getattr(verdict, "reason", "") or "check returned False"
+            reason = (verdict.reason or "check failed") if isinstance(verdict, MatchResult) else \
+                f"check returned {verdict!r}"
             failure = (f"{label}: {reason}", reason)
         if not found and not structural:  # a check's veto on another alternative's match says more
             text, generic = matcher.reason()
