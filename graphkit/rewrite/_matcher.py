@@ -97,7 +97,7 @@ class Matcher:
         self.rule = rule
         self.opset = opset
         self.max_alternatives = max_alternatives
-        self.vars = {}
+        self.vars: dict[str, Var] = {}
         for r in roots:
             variables(r, self.vars)
         self.failures: list[tuple[int, str, str]] = []  # (depth, text, generic) of the current anchor
@@ -106,7 +106,8 @@ class Matcher:
     # -- entry
 
     def matches(self, index: int) -> Iterator[Match]:
-        """Full matches anchored at node ``index`` (the first root), best first."""
+        """Full matches anchored at node ``index`` (the first root), in search order (the
+        pattern's input order first, then commuted orders and later alternatives)."""
         self.failures = []
         first = self.roots[0]
         pnode = first.node if isinstance(first, Out) else first

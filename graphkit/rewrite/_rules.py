@@ -27,7 +27,7 @@ import collections
 import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -344,7 +344,7 @@ class RuleSet:
         if len(names) != len(set(names)):
             raise RewriteError(f"rule names must be unique, got {names}")
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         return iter(self.rules)
 
     def __len__(self) -> int:
