@@ -254,3 +254,25 @@ def test_rule_error_is_documented():
 def test_unknown_rewrite_parameter_is_named():
     with pytest.raises(RewriteError, match="rewrite\\(\\) takes 'z', which the pattern does not bind"):
         Rule("r", lambda op, x: op.Relu(x), lambda op, x, z: x)
+
+
+def test_a_match_vetoed_in_every_round_counts_once():
+    """Two Mul(., 2) + Add blocks; check refuses the second. The first is rewritten in round 1,
+    round 2 confirms: 2 matches (not 3), 1 applied, the veto reason once."""
+    m = model([helper.make_node("Mul", ["x", "two"], ["m1"], name="mul1"),
+               helper.make_node("Add", ["m1", "y"], ["a1"], name="add1"),
+               helper.make_node("Mul", ["a1", "two"], ["m2"], name="mul2"),
+               helper.make_node("Add", ["m2", "y"], ["out"], name="add2")],
+              [("x", [3]), ("y", [3])], [("out", [3])],
+              initializers=[numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    from graphkit.rewrite import MatchResult
+
+    def check(ctx, x, y):
+        return MatchResult().fail("not the second") if ctx.nodes[0].name == "add2" else MatchResult()
+
+    rule = Rule("fuse", lambda op, x, y: op.Add(op.Mul(x, 2.0), y), lambda op, x, y: op.Sub(op.Mul(x, op.initializer(np.float32(2))), op.Neg(y)), check=check)
+    out, report = rewrite_model(m, rules=[rule], lowering=Lowering.KEEP)
+    assert report.rules.applied == {"fuse": 1} and report.rules.matched == {"fuse": 2}
+    assert report.rules.reasons["fuse"] == ["node 'add2': not the second"]
+    assert report.rules.explain().splitlines()[0] == "rule fuse: applied 1x (2 matched, 1 not)"
+    same_numbers(m, out)

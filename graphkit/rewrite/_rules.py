@@ -297,16 +297,21 @@ class RuleReport:
         self.applied[rule] = self.applied.get(rule, 0) + count
         self.matched[rule] = self.matched.get(rule, 0) + count
 
-    def merge(self, other: "RuleReport", *, reasons: bool) -> None:
+    def merge_round(self, other: "RuleReport") -> None:
+        """Add one round's rewrites (each also a match)."""
         for name, n in other.applied.items():
             self.applied[name] = self.applied.get(name, 0) + n
-        for name, n in other.matched.items():
             self.matched[name] = self.matched.get(name, 0) + n
-        if reasons:
-            for name, lines in other.reasons.items():
-                self.reasons.setdefault(name, []).extend(lines)
-            for name, counts in other.failures.items():
-                self.failures.setdefault(name, collections.Counter()).update(counts)
+
+    def merge_final(self, other: "RuleReport") -> None:
+        """Add the last round a rule ran in: its reasons, and the matches it did not rewrite
+        (vetoed by check, overlapping), counted once however many rounds saw them."""
+        for name, n in other.matched.items():
+            self.matched[name] = self.matched.get(name, 0) + n - other.applied.get(name, 0)
+        for name, lines in other.reasons.items():
+            self.reasons.setdefault(name, []).extend(lines)
+        for name, counts in other.failures.items():
+            self.failures.setdefault(name, collections.Counter()).update(counts)
 
     def explain(self, all: bool = False) -> str:
         """One summary per rule (rewrites, matches, top reasons with counts); ``all``: every node."""
@@ -440,13 +445,13 @@ def _apply_scope(scope: Scope, rules: list[Any], max_rounds: int, report: RuleRe
                 n = _apply_pass(scope, rule, mine, path)
             else:
                 n = _apply_rule(scope, rule, mine, released, path)
-            report.merge(mine, reasons=False)
+            report.merge_round(mine)
             if n:
                 changed_by[rule.name] = n
         total += sum(changed_by.values())
         if not changed_by:
             for mine in last.values():
-                report.merge(RuleReport(reasons=mine.reasons, failures=mine.failures), reasons=True)
+                report.merge_final(mine)
             return total
     names = ", ".join(f"'{n}' ({k}x)" for n, k in changed_by.items())
     raise RuleError(f"rules did not converge: after {max_rounds} rounds rule {names} still rewrites", path=path,
