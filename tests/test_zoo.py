@@ -8,6 +8,7 @@ The default suite runs BERT and GPT-2 with both exporters at opset 18 (tiny conf
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 
@@ -249,6 +250,9 @@ def test_cli_export_refused_by_onnxruntime(tmp_path):
     assert "node '/CumSum'" in line and "op CumSum" in line and "ONNX Runtime" in line, line
     assert "cast before it" in line
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["model.py"]
+    proc = run_cli("export", f"{model}:build", out, "--input", "x=2x5", "--no-dynamo", "--json", check_rc=0)
+    assert json.loads(proc.stdout)["runtime_check"] == {"checked": True, "stand_ins": 0, "reason": ""}
+    assert json.loads(proc.stdout)["gap_fillers"] == ["aten::cumsum"]
 
 
 @pytest.mark.parametrize("length,parts,sizes", [(6, 3, [2, 2, 2]), (7, 3, [3, 3, 1])])

@@ -114,7 +114,10 @@ def _report_dict(report) -> dict:
             "outputs": list(report.outputs),
             "custom_nodes": [{"name": n.name, "op": n.op, "known": n.known} for n in report.custom_nodes],
             "lowerings": {k: list(v) for k, v in report.lowerings.items()},
-            "gap_fillers": list(report.gap_fillers), "rewrites": dict(report.rewrites)}
+            "gap_fillers": list(report.gap_fillers), "rewrites": dict(report.rewrites),
+            "runtime_check": None if report.runtime_check is None else {
+                "checked": report.runtime_check.checked, "stand_ins": report.runtime_check.stand_ins,
+                "reason": report.runtime_check.reason}}
 
 
 def _registry(args: argparse.Namespace):
