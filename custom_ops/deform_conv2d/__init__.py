@@ -23,13 +23,15 @@ point whose offset is NaN, +-inf or far outside (any finite value that leaves th
 however large) contributes exactly 0, like any point outside: the output there is the
 bias plus the other taps. This holds in the reference and in every lowering
 (tests/test_deform_conv.py::test_hard_offsets_agree_in_every_lowering); torchvision's own kernel
-leaves NaN undefined (it casts the coordinate to an integer index). NaN or inf in the input,
-weight, bias or mask propagate by IEEE arithmetic in the reference (0 * NaN is NaN: a NaN
-mask gives NaN even at a point outside the image, and so does a NaN border pixel that a
-corner outside the image is clamped to, with weight 0), as in the decompositions and ONNX
-Runtime's DeformConv; the native kernel never reads a point or corner outside the image,
-so a NaN there does not reach its output (0 instead of NaN). Finite inputs give finite
-outputs, equal to the reference's, in every lowering.
+leaves NaN undefined (it casts the coordinate to an integer index). A corner outside the
+image contributes 0 without reading a pixel (torchvision's rule), so a NaN or inf pixel
+reaches exactly the outputs whose sampling points read it, in the reference, both
+sampling decompositions and both kernels (test_nan_pixel_reaches_only_the_outputs_that_read_it);
+ONNX Runtime's DeformConv (the ``onnx_deform_conv`` lowering) spreads it to other outputs
+too. NaN or inf in the weight, bias or mask propagate by IEEE arithmetic: a NaN mask at a
+point outside the image gives NaN (mask * 0, as in torchvision) in every lowering but the
+native kernel, which skips such points (0). Finite inputs give the reference's output in
+every lowering.
 
 Beside this file: the torch reference (_reference.py), the numpy kernel
 (_numpy_kernel.py), the decompositions (_decompose.py), the C++ core shared by the native

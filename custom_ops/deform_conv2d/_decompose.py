@@ -185,19 +185,22 @@ def gather(b, inputs: Sequence[str], attrs: Mapping[str, Any]) -> list[str]:
     scale = b.Cast(inside, to=p.dtype)
     if p.mask:
         scale = b.Mul(scale, b.Reshape(p.mask, b.Concat(_i64(b, [-1, p.kk]), p.ho, p.wo, axis=0)))
-    image = b.Reshape(p.x, b.Concat(_i64(b, [-1, p.cg]), b.Mul(p.h, p.w), axis=0))  # (N*og, C/og, H*W)
+    pixels = b.Mul(p.h, p.w)
+    image = b.Reshape(p.x, b.Concat(_i64(b, [-1, p.cg]), pixels, axis=0))  # (N*og, C/og, H*W)
+    # plus one zero pixel at H*W, which corners outside the image read (never a real pixel)
+    image = b.Pad(image, _i64(b, [0, 0, 0, 0, 0, 1]))
     spread = _i64(b, [1, p.cg, 1])
     total = None
     def clamped(v: str, last: str) -> str:  # integral, in [-1, size]: exact in int64
         return b.Cast(b.Max(b.Min(v, last), zero), to=TensorProto.INT64)
 
     for yc, wy in ((y0, b.Sub(one, ly)), (y1, ly)):
-        valid_y = b.And(b.Greater(yc, minus_one), b.Less(yc, h))  # integral: 0 <= yc <= H-1
+        valid_y = b.And(inside, b.And(b.Greater(yc, minus_one), b.Less(yc, h)))  # integral: 0 <= yc <= H-1
         row = b.Mul(clamped(yc, h_last), p.w)  # flat indices in int64: exact past 2^24 pixels
         for xc, wx in ((x0, b.Sub(one, lx)), (x1, lx)):
             valid = b.And(valid_y, b.And(b.Greater(xc, minus_one), b.Less(xc, w)))
-            weight = b.Mul(b.Mul(wy, wx), b.Mul(scale, b.Cast(valid, to=p.dtype)))
-            index = b.Add(row, clamped(xc, w_last))
+            weight = b.Mul(b.Mul(wy, wx), scale)
+            index = b.Where(valid, b.Add(row, clamped(xc, w_last)), pixels)
             index = b.Expand(b.Reshape(index, flat), spread)
             term = b.Mul(b.GatherElements(image, index, axis=2), b.Reshape(weight, flat))
             total = term if total is None else b.Add(total, term)

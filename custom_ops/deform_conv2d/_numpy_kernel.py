@@ -54,14 +54,16 @@ def python_kernel(input, weight, offset, bias=None, mask=None, *, stride=(1, 1),
         scale = scale * mask.reshape(n, og, kk, ho, wo)
 
     images = input.reshape(n, og, cg, h * w)
+    # one zero pixel at H*W for the corners outside the image (they never read a real one)
+    images = np.concatenate([images, np.zeros((n, og, cg, 1), dtype)], axis=3)
     length = kk * p
     sampled = np.zeros((n, og, cg, length), dtype)  # (n, og, cg, (tap, position))
     for dy, wy in ((0, 1 - ly), (1, ly)):
         for dx, wx in ((0, 1 - lx), (1, lx)):
             yc, xc = y0i + dy, x0i + dx
-            valid = (yc >= 0) & (yc < h) & (xc >= 0) & (xc < w)
+            valid = inside & (yc >= 0) & (yc < h) & (xc >= 0) & (xc < w)
             weight_c = np.where(valid, wy * wx * scale, dtype.type(0)).reshape(n, og, length)
-            index = (np.clip(yc, 0, h - 1) * w + np.clip(xc, 0, w - 1)).reshape(n, og, length)
+            index = np.where(valid, np.clip(yc, 0, h - 1) * w + np.clip(xc, 0, w - 1), h * w).reshape(n, og, length)
             for b in range(n):
                 for g in range(og):  # one gather of whole channel planes per image and group
                     sampled[b, g] += np.take(images[b, g], index[b, g], axis=1) * weight_c[b, g]

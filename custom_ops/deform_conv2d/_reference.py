@@ -53,6 +53,9 @@ def reference(input, weight, offset, bias=None, mask=None, stride=(1, 1), paddin
     ly, lx = y - y0, x - x0
     length = kk * ho * wo
     flat = input.reshape(n, og, cg, h * w)
+    # one zero pixel at flat index H*W, read by every corner outside the image: such a
+    # corner contributes 0 without reading a pixel (a NaN there stays out, as in torchvision)
+    flat = torch.cat([flat, flat.new_zeros(n, og, cg, 1)], dim=3)
     sampled = None
     for dy, wy in ((0, 1 - ly), (1, ly)):
         for dx, wx in ((0, 1 - lx), (1, lx)):
@@ -63,6 +66,7 @@ def reference(input, weight, offset, bias=None, mask=None, stride=(1, 1), paddin
                 weight_c = weight_c * mask.reshape(n, og, kk, ho, wo)
             # flat index in int64: a float32 index is inexact past 2^24 pixels
             index = yc.clamp(0, h - 1).to(torch.int64) * w + xc.clamp(0, w - 1).to(torch.int64)
+            index = torch.where(valid, index, h * w)
             index = index.reshape(n, og, 1, length).expand(n, og, cg, length)
             term = torch.gather(flat, 3, index) * weight_c.reshape(n, og, 1, length)
             sampled = term if sampled is None else sampled + term
