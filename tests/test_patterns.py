@@ -511,3 +511,31 @@ def test_optional_inputs_absent_in_the_middle_or_at_the_end():
     assert seen == [(None, "hi"), ("lo", None), (None, None)]
     assert ops(out) == ["Min", "Max", "Identity"]  # Clip(x) is x, and y is the graph output
     check_numbers(m, out)
+
+
+def test_multi_root_pairs_on_a_wide_fan_out_are_all_found_in_one_pass():
+    """100 pairs of Slices of one tensor: each anchor's second root is looked for among x's
+    consumers that no earlier match took (once, the 17th anchor gave up after 16 taken ones
+    and the set never converged)."""
+    nodes, inits = [], [numpy_helper.from_array(np.array([1], np.int64), "ax")]
+    for k, (a, b) in enumerate(((0, 3), (3, 6))):
+        inits += [numpy_helper.from_array(np.array([a], np.int64), f"s{k}"),
+                  numpy_helper.from_array(np.array([b], np.int64), f"e{k}")]
+    pairs = 100
+    for i in range(pairs):
+        nodes += [node("Slice", ["x", f"s{k}", f"e{k}", "ax"], [f"o{i}_{k}"]) for k in range(2)]
+    nodes.append(node("Sum", [f"o{i}_{k}" for i in range(pairs) for k in range(2)], ["y"]))
+    m = model(nodes, [("x", [4, 6])], [("y", [4, 3])], inits)
+
+    def pattern(op, x, a0, b0, a1, b1, axis):
+        return op.Slice(x, const(a0), const(b0), const(axis)), op.Slice(x, const(a1), const(b1), const(axis))
+
+    def rewrite(op, x, a0, b0, a1, b1, axis):
+        return op.Split(x, op.initializer(np.array([3, 3])), axis=1, _outputs=2)
+
+    rule = Rule("pair", pattern, rewrite, check=lambda ctx, x, a0, b0, a1, b1, axis: MatchResult() if
+                (a0[0], b0[0], a1[0]) == (0, 3, 3) else MatchResult().fail("not the two halves"))
+    out, report = rewrite_model(m, rules=RuleSet([rule], max_rounds=2), lowering=Lowering.KEEP)
+    assert report.rules.applied == {"pair": pairs}
+    assert ops(out).count("Split") == pairs and "Slice" not in ops(out)
+    check_numbers(m, out)

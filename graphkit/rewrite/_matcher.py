@@ -17,7 +17,7 @@ import onnx
 
 from graphkit.errors import RuleError
 from graphkit.rewrite._graphview import GraphView
-from graphkit.rewrite._pattern import Const, Either, Many, Number, Optional, Out, PNode, Var, variables
+from graphkit.rewrite._pattern import Const, Either, Many, Number, Optional, Out, PNode, Var, pattern_nodes, variables
 
 __all__ = ["Match", "Matcher", "attribute_default"]
 
@@ -102,6 +102,8 @@ class Matcher:
             variables(r, self.vars)
         self.failures: list[tuple[int, str, str]] = []  # (depth, text, generic) of the current anchor
         self._at = 0  # how many nodes the partial match being tried holds
+        self._reach: dict[int, tuple[set[str], set[int]]] = {}  # per extra root: its variables and nodes
+        self.taken: set[int] = set()  # nodes earlier matches of this round rewrite (the caller's set)
 
     # -- entry
 
@@ -156,16 +158,25 @@ class Matcher:
             for s in self._node(pnode, cand, st):
                 yield from self._more_roots(k + 1, s)
 
-    def _candidates(self, pnode: PNode, st: _State) -> list[int]:
+    def _candidates(self, pnode: PNode, st: _State) -> Iterator[int]:
+        """Nodes that may be root ``pnode``, lazily and in node order: consumers of the tensors
+        its subtree shares with what is matched (bound variables, outputs of shared pattern
+        nodes), not taken by this match or an earlier one."""
         view = self.view
-        names = [v for v in st.bindings.values() if isinstance(v, str)]
-        for i in st.nodes.values():
-            names.extend(view.outputs[i])
-        found = {c for n in names if n for c in view.consumers.get(n, ())
-                 if c not in st.used and view.ops[c] == pnode.op_type}
-        if not found and not variables(pnode):  # a root sharing nothing: every node of its type
-            found = set(view.by_op.get(pnode.op_type, ())) - st.used
-        return sorted(found)
+        shared_vars, shared_nodes = self._reach.get(id(pnode)) or self._reach.setdefault(
+            id(pnode), (set(variables(pnode)), {id(p) for p in pattern_nodes(pnode)}))
+        names = [v for k, v in st.bindings.items() if k in shared_vars and isinstance(v, str) and v]
+        for pid, i in st.nodes.items():
+            if pid in shared_nodes:
+                names.extend(n for n in view.outputs[i] if n)
+        op, taken, used = pnode.op_type, self.taken, st.used
+        lists = [view.consumers.get(n, ()) for n in names] if names else [view.by_op.get(op, ())]
+        seen: set[int] = set()
+        for consumers in lists:  # a root sharing nothing with the rest: every node of its type
+            for c in consumers:
+                if c not in seen and c not in used and c not in taken and view.ops[c] == op:
+                    seen.add(c)
+                    yield c
 
     # -- nodes and values
 
@@ -189,6 +200,9 @@ class Matcher:
             return
         if index in st.used:
             self._fail(f"{self._label(index)} would be matched twice", f"{pat.op_type} would be matched twice")
+            return
+        if index in self.taken:
+            self._fail(f"{self._label(index)} is part of an earlier match", "overlaps an earlier match")
             return
         node = view.nodes[index]
         captured = self._attrs(pat, node, index, st)

@@ -483,6 +483,8 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
                 for p in rule._patterns]
     candidates = sorted(i for op in anchors for i in view.by_op.get(op, ()))
     used: set[int] = set()
+    for _, matcher in matchers:
+        matcher.taken = used  # later matches skip nodes earlier ones rewrite
     replacements: dict[int, list[onnx.NodeProto]] = {}
     removed: set[int] = set()
     aliases: dict[str, str] = {}
