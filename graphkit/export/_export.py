@@ -658,7 +658,7 @@ def _check_standard_ops(model: onnx.ModelProto, model_name: str, torch_translati
             fix = (f"export at opset >= {since}" if since is not None else "export with another opset")
             if torch_translations:
                 fix += (f", or let graphkit write its placeholder (drop torch_translations="
-                        f"{list(torch_translations)})")
+                        f"{list(torch_translations)}, --torch-translation on the command line)")
             else:
                 fix += (", or export the torch op that became it as a placeholder (an op of the "
                         "registry that lists it in foreign_ops)")
