@@ -2,8 +2,8 @@
 
 - :class:`Encoder`: a small BERT-like encoder: token + position embeddings and LayerNorm,
   post-LN layers of multi-head self-attention and a GELU MLP (even layers ``nn.GELU()``,
-  odd layers ``nn.GELU(approximate="tanh")``), and a classifier on the first token written
-  as ``h @ W + b`` (as hand-written heads are). ``norm="torch"`` uses ``nn.LayerNorm``;
+  odd layers ``nn.GELU(approximate="tanh")``), and a pooler + classifier on the first token
+  written as ``gelu_new(h @ W + b) @ W2 + b2`` (as hand-written heads are). ``norm="torch"`` uses ``nn.LayerNorm``;
   ``norm="manual"`` the hand-written LayerNorm of the original BERT code, which both
   exporters decompose at every opset.
 - :class:`ResNet`: torchvision-style BasicBlocks (3x3 Conv + BatchNorm + ReLU, a 1x1
@@ -32,6 +32,11 @@ class BertLayerNorm(nn.Module):
         s = (x - u).pow(2).mean(-1, keepdim=True)
         x = (x - u) / torch.sqrt(s + self.eps)
         return self.weight * x + self.bias
+
+
+def gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """The tanh GELU as GPT-2 and many BERT ports write it by hand."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
 class SelfAttention(nn.Module):
@@ -73,6 +78,8 @@ class Encoder(nn.Module):
         self.ln = norm_cls(d)
         self.layers = nn.ModuleList(EncoderLayer(d, heads, norm_cls, "tanh" if i % 2 else "none")
                                     for i in range(layers))
+        self.pool_w = nn.Parameter(torch.randn(d, d) / math.sqrt(d))
+        self.pool_b = nn.Parameter(torch.randn(d))
         self.cls_w = nn.Parameter(torch.randn(d, classes) / math.sqrt(d))
         self.cls_b = nn.Parameter(torch.randn(classes))
 
@@ -80,7 +87,8 @@ class Encoder(nn.Module):
         x = self.ln(self.tok(ids) + self.pos.weight[: ids.shape[1]])
         for layer in self.layers:
             x = layer(x)
-        return x, x[:, 0] @ self.cls_w + self.cls_b
+        pooled = gelu_new(x[:, 0] @ self.pool_w + self.pool_b)
+        return x, pooled @ self.cls_w + self.cls_b
 
 
 class BasicBlock(nn.Module):

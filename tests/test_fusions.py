@@ -144,21 +144,21 @@ def test_layernorm_on_encoder(exported, exporter):
 def test_gelu_erf_and_tanh_on_encoder(exported, exporter):
     ex = exported("encoder", exporter)
     fused, report = fuse(ex, "gelu", target_opset=20)
-    # layer 0 has nn.GELU(), layer 1 nn.GELU(approximate="tanh")
-    assert report.rules.applied == {"gelu_erf": LAYERS // 2, "gelu_tanh": LAYERS // 2}
+    # layer 0 has nn.GELU(), layer 1 nn.GELU(approximate="tanh"), the pooler a hand-written tanh GELU
+    assert report.rules.applied == {"gelu_erf": LAYERS // 2, "gelu_tanh": LAYERS // 2 + 1}
     after = ops(fused)
-    assert after["Gelu"] == LAYERS and not after.keys() & {"Erf", "Tanh"}
+    assert after["Gelu"] == LAYERS + 1 and not after.keys() & {"Erf", "Tanh"}
     tanh = [n for n in fused.graph.node if n.op_type == "Gelu"
             and any(a.name == "approximate" and a.s == b"tanh" for a in n.attribute)]
-    assert len(tanh) == LAYERS // 2
+    assert len(tanh) == LAYERS // 2 + 1
 
 
 @BOTH
 def test_gemm_only_on_2d_matmul(exported, exporter):
     ex = exported("encoder", exporter)
     fused, report = fuse(ex, "gemm")
-    assert report.rules.applied == {"matmul_add_gemm": 1}  # the classifier on the first token
-    assert ops(fused)["Gemm"] == 1
+    assert report.rules.applied == {"matmul_add_gemm": 2}  # the pooler and classifier on the first token
+    assert ops(fused)["Gemm"] == 2
     # the 6 Linears of every layer act on [batch, tokens, d]: refused, with the reason
     assert len(re.findall(r"is 3-D, Gemm needs 2-D", reasons(report, "matmul_add_gemm"))) == 6 * LAYERS
 
@@ -207,8 +207,8 @@ def test_fuse_all_on_encoder(exported, exporter):
     ex = exported("encoder", exporter)
     fused, report = fuse(ex, "all", target_opset=20)
     applied = report.rules.applied
-    assert applied["layernorm"] == ENCODER_LAYERNORMS and applied["matmul_add_gemm"] == 1
-    assert applied["gelu_erf"] + applied["gelu_tanh"] == LAYERS
+    assert applied["layernorm"] == ENCODER_LAYERNORMS and applied["matmul_add_gemm"] == 2
+    assert applied["gelu_erf"] + applied["gelu_tanh"] == LAYERS + 1
     onnx.checker.check_model(fused, full_check=True)
 
 
@@ -272,19 +272,24 @@ def test_layernorm_below_opset_17_is_refused():
     assert "needs ai.onnx opset >= 17, the model has 16" in reasons(report, "layernorm")
 
 
-def _gelu_model(sqrt2=np.sqrt(2.0), opset=20):
-    """x -> Div sqrt2 -> Erf -> Add 1 -> Mul x -> Mul 0.5 -> y"""
+def _gelu_model(sqrt2=np.sqrt(2.0), opset=20, half_on_x=False):
+    """x -> Div sqrt2 -> Erf -> Add 1 -> Mul x -> Mul 0.5 -> y
+    (half_on_x: y = (x * 0.5) * (1 + erf(x / sqrt2)), as BERT's hand-written gelu)"""
     c = lambda name, v: numpy_helper.from_array(np.asarray(v, np.float32), name)  # noqa: E731
     nodes = [helper.make_node("Div", ["x", "s2"], ["a"]), helper.make_node("Erf", ["a"], ["b"]),
-             helper.make_node("Add", ["b", "one"], ["c"]), helper.make_node("Mul", ["x", "c"], ["d"]),
-             helper.make_node("Mul", ["d", "half"], ["y"])]
+             helper.make_node("Add", ["b", "one"], ["c"])]
+    if half_on_x:
+        nodes += [helper.make_node("Mul", ["x", "half"], ["d"]), helper.make_node("Mul", ["d", "c"], ["y"])]
+    else:
+        nodes += [helper.make_node("Mul", ["x", "c"], ["d"]), helper.make_node("Mul", ["d", "half"], ["y"])]
     return _model(nodes, [_vi("x", [2, 3, 4])], [_vi("y", [2, 3, 4])],
                   [c("s2", sqrt2), c("one", 1.0), c("half", 0.5)], opset)
 
 
 def test_gelu_inline_and_refusals():
-    fused, report = _fuse_inline(_gelu_model(), "gelu", X)
-    assert report.rules.applied == {"gelu_erf": 1} and ops(fused) == {"Gelu": 1}
+    for half_on_x in (False, True):
+        fused, report = _fuse_inline(_gelu_model(half_on_x=half_on_x), "gelu", X)
+        assert report.rules.applied == {"gelu_erf": 1} and ops(fused) == {"Gelu": 1}
     # another constant than sqrt(2) is not GELU
     fused, report = _fuse_inline(_gelu_model(sqrt2=1.5), "gelu", X)
     assert not report.rules.applied and "Gelu" not in ops(fused) and reasons(report, "gelu_erf")
@@ -411,7 +416,7 @@ def test_cli_fuse_all_on_exported_encoder(exported, tmp_path):
     proc = run_cli("rewrite", src, dst, "--fuse", "all", "--target-opset", "20", check_rc=0)
     assert f"rule layernorm: x{ENCODER_LAYERNORMS}" in proc.stdout
     fused = onnx.load(dst)
-    assert ops(fused)["LayerNormalization"] == ENCODER_LAYERNORMS and ops(fused)["Gelu"] == LAYERS
+    assert ops(fused)["LayerNormalization"] == ENCODER_LAYERNORMS and ops(fused)["Gelu"] == LAYERS + 1
     for got, want in zip(run_ort(fused, ex.feeds), ex.expected):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 

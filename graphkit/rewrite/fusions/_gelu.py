@@ -3,8 +3,9 @@
 erf form:  x * 0.5 * (1 + erf(x / sqrt(2)))                       -> Gelu(x)
 tanh form: x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))  -> Gelu(x, approximate="tanh")
 
-Both in the orders torch's exporters write them (the 0.5 applied first or last; x^3 as
-Pow(x, 3) or x * (x * x)); the constants are compared at the model's precision.
+Both in the orders torch's exporters and hand-written GELUs produce (the 0.5 applied to
+the product, the factor or x; x^3 as Pow(x, 3) or x * (x * x)); the constants are compared
+at the model's precision.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def _tanh_factor(op, x):
     return op.Add(op.Tanh(op.Mul(op.Add(x, op.Mul(cube, 0.044715)), SQRT_2_OVER_PI)), 1.0)
 
 
-# 0.5 * x * factor, with the 0.5 applied last (TorchScript) or first (torch.export)
+# 0.5 * x * factor: the 0.5 applied last (TorchScript's nn.GELU), to the factor first
+# (torch.export's nn.GELU) or to x first (hand-written: GPT-2's gelu_new, BERT's gelu)
 def erf_half_last(op, x):
     return op.Mul(op.Mul(x, _erf_factor(op, x)), 0.5)
 
@@ -36,12 +38,20 @@ def erf_half_first(op, x):
     return op.Mul(x, op.Mul(_erf_factor(op, x), 0.5))
 
 
+def erf_half_x(op, x):
+    return op.Mul(op.Mul(x, 0.5), _erf_factor(op, x))
+
+
 def tanh_half_last(op, x):
     return op.Mul(op.Mul(x, _tanh_factor(op, x)), 0.5)
 
 
 def tanh_half_first(op, x):
     return op.Mul(x, op.Mul(_tanh_factor(op, x), 0.5))
+
+
+def tanh_half_x(op, x):
+    return op.Mul(op.Mul(x, 0.5), _tanh_factor(op, x))
 
 
 def check(ctx: MatchContext, x) -> MatchResult:
@@ -58,5 +68,5 @@ def rewrite_tanh(op, x):
     return op.Gelu(x, approximate="tanh")
 
 
-RULES = (Rule("gelu_erf", [erf_half_last, erf_half_first], rewrite_erf, check=check, commute=True),
-         Rule("gelu_tanh", [tanh_half_last, tanh_half_first], rewrite_tanh, check=check, commute=True))
+RULES = (Rule("gelu_erf", [erf_half_last, erf_half_first, erf_half_x], rewrite_erf, check=check, commute=True),
+         Rule("gelu_tanh", [tanh_half_last, tanh_half_first, tanh_half_x], rewrite_tanh, check=check, commute=True))
