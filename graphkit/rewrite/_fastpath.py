@@ -246,9 +246,11 @@ class _Template:
     prefix)`` with ``values = inputs + outputs`` (inputs padded as the engine pads them):
     the same renaming (a dict of the template's inputs then outputs, later entries
     winning) and the same calls to the name generator in the same order; it returns the
-    node entries' bytes. ``emit_all(values, prefixes)`` does the same for many nodes whose
-    ``fresh(name)`` is ``name``; ``emit_ascii`` is emit_all for ASCII names, working on
-    latin-1 text (one character per byte) and encoding once per node.
+    node entries' bytes. ``emit_all(values, prefixes, tails)`` does the same for many
+    nodes whose ``fresh(prefix + suffix)`` is ``prefix + suffix + tail`` (the tail is
+    ``""`` for the first node of a prefix, ``"_<c>"`` for its c-th repeat: ``plain``
+    templates, see :func:`_grouped`); ``emit_ascii`` is emit_all for ASCII names, working
+    on latin-1 text (one character per byte) and encoding once per node.
 
     The template is turned into a plan once: per node, its name suffix, the suffixes of
     the names it generates, and its fields as fixed bytes or references to name slots
@@ -256,6 +258,8 @@ class _Template:
     """
 
     def __init__(self, template: Template) -> None:
+        if template.constants:
+            raise Unsupported("a template adopted from another scope")
         tpl_nodes, tpl_inputs, tpl_outputs, tpl_prefix = (template.nodes, template.inputs, template.outputs,
                                                           template.prefix)
         self.n_inputs = len(tpl_inputs)
@@ -296,21 +300,28 @@ class _Template:
                             rest.decode("latin-1")) for name, gen, fields, rest in plan]
         # emit_ascii needs ASCII name pieces; fixed bytes of any value survive latin-1.
         self.ascii = all(name.isascii() and all(g.isascii() for g in gen) for name, gen, _, _ in plan)
+        # scoped: every name it makes is '<prefix>/<part without '/'>' (names made for
+        # different prefixes never meet). plain, besides: no part is another's followed by
+        # '_<digits>', so the c-th repeat of a prefix gets each base + '_<c>'.
+        suffixes = [x for name, gen, _, _ in plan for x in (name, *gen)]
+        self.scoped = all(x.startswith("/") and "/" not in x[1:] for x in suffixes)
+        self.plain = self.scoped and len(set(suffixes)) == len(suffixes) and not any(
+            re.fullmatch(re.escape(x) + r"_[0-9]+", y) for x in suffixes for y in suffixes)
 
     def emit(self, v: Any, prefix: str, fresh: Callable[[str], str]) -> bytes:
         return self._emit(v, prefix, fresh)
 
-    def emit_all(self, values: list, prefixes: list) -> list[bytes]:
-        return [self._emit(v, prefix, None) for v, prefix in zip(values, prefixes)]
+    def emit_all(self, values: list, prefixes: list, tails: list) -> list[bytes]:
+        return [self._emit(v, prefix, None, tail) for v, prefix, tail in zip(values, prefixes, tails)]
 
-    def _emit(self, v: Any, prefix: str, fresh: Callable[[str], str] | None) -> bytes:
+    def _emit(self, v: Any, prefix: str, fresh: Callable[[str], str] | None, tail: str = "") -> bytes:
         names = [x.encode() for x in v]
         L = _LENGTHS
         entries = []
         for suffix, generated, fields, rest in self._plan:
-            node_name = (prefix + suffix if fresh is None else fresh(prefix + suffix)).encode()
+            node_name = (prefix + suffix + tail if fresh is None else fresh(prefix + suffix)).encode()
             for g in generated:
-                names.append((prefix + g if fresh is None else fresh(prefix + g)).encode())
+                names.append((prefix + g + tail if fresh is None else fresh(prefix + g)).encode())
             parts = []
             for f in fields:
                 if f.__class__ is int:
@@ -323,17 +334,17 @@ class _Template:
             entries += (b"\x0a", L[len(body)], body)
         return b"".join(entries)
 
-    def emit_ascii(self, values: list, prefixes: list) -> list[bytes]:
+    def emit_ascii(self, values: list, prefixes: list, tails: list) -> list[bytes]:
         LS = _STR_LENGTHS
         plan = self._text_plan
         out = []
-        for v, prefix in zip(values, prefixes):
+        for v, prefix, tail in zip(values, prefixes, tails):
             names = list(v)
             entries = []
             for suffix, generated, fields, rest in plan:
-                node_name = prefix + suffix
+                node_name = prefix + suffix + tail
                 for g in generated:
-                    names.append(prefix + g)
+                    names.append(prefix + g + tail)
                 parts = []
                 for f in fields:
                     if f.__class__ is int:
@@ -618,6 +629,32 @@ def _inference_prefix(model: onnx.ModelProto, names: set[str]) -> onnx.ModelProt
     return model
 
 
+def _grouped(prefixes: list[str], kind_keys: list[tuple]) -> bool:
+    """Whether repeats can be written kind by kind, after every first node: every prefix is
+    of one kind. With ``scoped`` templates (checked as kinds are made) and no input name
+    starting with a '<prefix>/' (the caller's condition), names made for different
+    prefixes never meet, so the name generator's calls for one prefix may be made apart
+    from the others', in their own order; for a ``plain`` template the c-th node of a
+    prefix gets each base + '_<c>' without asking the generator.
+    """
+    if len(set(prefixes)) == len(prefixes):
+        return True
+    kind_of: dict[str, tuple] = {}
+    setdefault = kind_of.setdefault
+    return all(setdefault(p, key) == key for p, key in zip(prefixes, kind_keys))
+
+
+def _tails(prefixes: list[str]) -> list[str]:
+    """'' for the first node of each prefix, '_<c>' for its c-th repeat."""
+    seen: collections.Counter = collections.Counter()
+    out = []
+    for p in prefixes:
+        c = seen[p]
+        seen[p] = c + 1
+        out.append(f"_{c}" if c else "")
+    return out
+
+
 def _padding(n_given: int, n_inputs: int) -> Callable[[tuple], tuple]:
     """values (inputs + outputs) -> the same with the inputs padded to n_inputs, as the engine pads."""
     if n_given >= n_inputs:
@@ -716,9 +753,6 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     if any(f == 15 for f, _, _ in others):
         regions.append((g0, g1))  # sparse initializers: search everything
     seed = _name_seed(data, regions, tensor_names, set(prefixes), model)
-    # Names made for different prefixes never meet (each is '<prefix>/' and a part without
-    # '/'), and no input name starts with a '<prefix>/': then fresh(name) is name.
-    batched = seed is None and len(set(prefixes)) == len(prefixes)
     plan = LoweringPlan(registry, prefer, opset, path=path, names=NameGenerator(seed or ()))
     scope = Scope(types)
     fresh = plan.names.fresh
@@ -739,6 +773,8 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     in_types_of = map(tuple, map(map, itertools.repeat(elem.get), inputs_of))
     kind_keys = list(zip(custom_ops, attr_keys, map(len, inputs_of), map(len, outputs_of), aliasing, in_types_of))
     del attr_keys, aliasing
+    batched = seed is None and _grouped(prefixes, kind_keys)
+    tails = _tails(prefixes) if batched else None
 
     kinds: dict[tuple, Any] = {}  # kind key -> _Template, _Bound, or None: the engine lowers each node
     slots: list[Any] = [None] * len(custom)  # each placeholder's replacement entries
@@ -775,6 +811,8 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                 continue  # shape-dependent: the plan lowers every such node
             made: Any = _Template(lowered.template)
             made.pad = _padding(len(inputs_of[k]), made.n_inputs)
+            if batched and not made.scoped:
+                raise Unsupported("a decomposition makes names with '/' of its own")
         elif len(lowered.nodes) == 1:
             made = _Bound(lowered.nodes[0])
         else:
@@ -791,10 +829,13 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         else:
             values = list(map(kind.pad, map(values_of.__getitem__, members)))
             names_ = list(map(prefixes.__getitem__, members))
-            if kind.ascii and "".join(names_).isascii() and "".join(itertools.chain.from_iterable(values)).isascii():
-                results = kind.emit_ascii(values, names_)
+            tails_ = list(map(tails.__getitem__, members))
+            if not kind.plain and any(tails_):  # the generator's own names, in this prefix's order
+                results = [kind.emit(v, p, fresh) for v, p in zip(values, names_)]
+            elif kind.ascii and "".join(names_).isascii() and "".join(itertools.chain.from_iterable(values)).isascii():
+                results = kind.emit_ascii(values, names_, tails_)
             else:
-                results = kind.emit_all(values, names_)
+                results = kind.emit_all(values, names_, tails_)
         for k, entries in zip(members, results):
             slots[k] = entries
     if progress is not None:

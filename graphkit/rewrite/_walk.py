@@ -23,31 +23,51 @@ def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
             yield from attr.graphs
 
 
-def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """``graph`` and every subgraph nested in its nodes' attributes."""
-    yield graph
-    for node in graph.node:
+def _nested(nodes: Any) -> list[onnx.GraphProto]:
+    """The graphs held directly in the attributes of ``nodes``, in order."""
+    out = []
+    for node in nodes:
         if node.attribute:
-            for g in subgraphs(node):
-                yield from graphs(g)
+            for attr in node.attribute:
+                t = attr.type
+                if t == _GRAPH:
+                    out.append(attr.g)
+                elif t == _GRAPHS:
+                    out.extend(attr.graphs)
+    return out
+
+
+def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph nested in its nodes' attributes (depth first, in order)."""
+    stack = [graph]
+    pop, extend = stack.pop, stack.extend
+    while stack:
+        g = pop()
+        yield g
+        inner = _nested(g.node)
+        if inner:
+            inner.reverse()
+            extend(inner)
 
 
 def scopes(model: onnx.ModelProto) -> Iterator[tuple[Any, set[str], list[onnx.TensorProto]]]:
-    """(node list, protected names, visible initializers) of every graph, subgraph and function."""
+    """(node list, protected names, visible initializers) of every graph, subgraph and function,
+    depth first: a graph before the graphs nested in it, the main graph's before the functions'."""
     def walk(graph: onnx.GraphProto, outer: list[onnx.TensorProto]):
-        visible = [*outer, *graph.initializer]
-        yield graph.node, {o.name for o in graph.output}, visible
-        for node in graph.node:
-            if node.attribute:
-                for g in subgraphs(node):
-                    yield from walk(g, visible)
+        stack = [(graph, outer)]
+        while stack:
+            g, seen = stack.pop()
+            visible = [*seen, *g.initializer] if g.initializer else seen
+            yield g.node, {o.name for o in g.output}, visible
+            inner = _nested(g.node)
+            if inner:
+                stack.extend((sub, visible) for sub in reversed(inner))
 
     yield from walk(model.graph, [])
     for fn in model.functions:
         yield fn.node, set(fn.output), []
-        for node in fn.node:
-            for g in subgraphs(node):
-                yield from walk(g, [])
+        for g in _nested(fn.node):
+            yield from walk(g, [])
 
 
 class ModelIndex:

@@ -84,6 +84,7 @@ class Template:
     inputs: list[str]
     outputs: list[str]
     prefix: str
+    constants: dict[str, str] = field(default_factory=dict)  # another scope's constant -> this scope's
 
     def instantiate(self, inputs: list[str], outputs: list[str], prefix: str,
                     fresh: Callable[[str], str]) -> list[onnx.NodeProto]:
@@ -92,7 +93,8 @@ class Template:
         Names made from the template's prefix are made from ``prefix`` by ``fresh``, in
         node order (each node's name, then the outputs it makes).
         """
-        rename = dict(zip(self.inputs, inputs))
+        rename = dict(self.constants)
+        rename.update(zip(self.inputs, inputs))
         rename.update(zip(self.outputs, outputs))
         tpl_prefix = self.prefix
         cut = len(tpl_prefix)
@@ -122,6 +124,7 @@ class Scope:
     types: TypeTable
     constants: dict = field(default_factory=dict)   # (dtype, shape, bytes) -> constant name
     templates: dict = field(default_factory=dict)   # kind key -> Template
+    constant_nodes: dict = field(default_factory=dict)  # constant name -> its Constant node
 
 
 @dataclass
@@ -174,6 +177,9 @@ class LoweringPlan:
         self.emitted: collections.Counter = collections.Counter()
         self.replacements: list[Replacement] = []
         self._checked: set = set()  # kind keys whose replacement is already queued for checking
+        # kind key -> (template, {constant it reads: (value key or None, Constant node)}): a
+        # template another scope adopts with constants of its own (thousands of If bodies).
+        self._portable: dict = {}
         self.selection = Selection(registry, prefer, opset, path)
 
     def fail(self, cls: type, message: str, node: onnx.NodeProto, hint: str) -> Exception:
@@ -294,9 +300,12 @@ class LoweringPlan:
         key = (op.qualified_name, dec.name, in_types, aliasing, repr(sorted(attrs.items())), len(node.output))
         action = (op.qualified_name, f"decompose:{dec.name}")
         template = scope.templates.get(key)
+        made: list[onnx.NodeProto] = []
+        if template is None and key in self._portable:
+            template, made = self._adopt(key, prefix, scope)
         if template is not None:
             nodes = template.instantiate(inputs, list(node.output), prefix, self.names.fresh)
-            return Lowered(op, Lowering.DECOMPOSE, action, nodes, template)
+            return Lowered(op, Lowering.DECOMPOSE, action, [*made, *nodes], template)
         builder = Builder(opset=self.opset, prefix=prefix, names=self.names, types=scope.types,
                           node_name=node.name, op_name=op.qualified_name, constants=scope.constants)
         shared = set(scope.constants.values())
@@ -310,12 +319,50 @@ class LoweringPlan:
             # with their own names; constants made here are shared by value in this scope.
             reused = [n for n in nodes if not (n.op_type == "Constant" and n.output[0] not in shared)]
             template = scope.templates[key] = Template(reused, inputs, list(node.output), prefix)
+            self._keep_portable(key, template, nodes, scope)
         # One strict check per distinct replacement, in any scope (shape-dependent ones each).
         if builder.used_shapes or key not in self._checked:
             self._checked.add(key)
             self.replacements.append(Replacement(node, list(nodes), f"decomposition '{dec.name}' of "
                                                  f"{op.qualified_name}", scope.types))
         return Lowered(op, Lowering.DECOMPOSE, action, nodes, template)
+
+    def _keep_portable(self, key: tuple, template: Template, nodes: list[onnx.NodeProto], scope: Scope) -> None:
+        """Remember ``template`` for other scopes when the only names it reads from its scope
+        are constants (whose nodes another scope can make for itself)."""
+        for n in nodes:
+            if n.op_type == "Constant" and len(n.output) == 1:
+                scope.constant_nodes[n.output[0]] = n
+        if key in self._portable:
+            return
+        known = {*template.inputs, *template.outputs, *(o for n in template.nodes for o in n.output)}
+        reads = {i for n in template.nodes for i in n.input if i and i not in known}
+        if not all(r in scope.constant_nodes for r in reads):
+            return
+        by_name = {name: value for value, name in scope.constants.items() if name in reads}
+        self._portable[key] = (template, {r: (by_name.get(r), scope.constant_nodes[r]) for r in sorted(reads)})
+
+    def _adopt(self, key: tuple, prefix: str, scope: Scope) -> tuple[Template, list[onnx.NodeProto]]:
+        """Another scope's template for ``scope``: its constants found in ``scope`` by value or
+        made here (returned, to go before the first instance)."""
+        template, reads = self._portable[key]
+        rename: dict[str, str] = {}
+        made = []
+        for name, (value, const) in reads.items():
+            local = scope.constants.get(value) if value is not None else None
+            if local is None:
+                local = self.names.fresh(f"{prefix}/const")
+                copy = onnx.NodeProto()
+                copy.CopyFrom(const)
+                copy.name = copy.output[0] = local
+                made.append(copy)
+                scope.constant_nodes[local] = copy
+                if value is not None:
+                    scope.constants[value] = local
+            rename[name] = local
+        adopted = scope.templates[key] = Template(template.nodes, template.inputs, template.outputs,
+                                                  template.prefix, rename)
+        return adopted, made
 
     def _bind(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], how: Lowering,
               scope: Scope) -> Lowered:
