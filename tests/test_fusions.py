@@ -431,10 +431,12 @@ def test_readme_fusions_example_runs(tmp_path):
 
     section = (REPO / "README.md").read_text().split("### Fusions", 1)[1].split("\n## ", 1)[0]
     script = tmp_path / "example.py"
-    script.write_text(re.search(r"```python\n(.*?)```", section, re.S).group(1))
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    script.write_text(code)
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[:2] == ["{'gelu_erf': 1}", "['Gelu']"]
+    assert proc.stdout.splitlines() == [ln.split("# prints: ", 1)[1] for ln in code.splitlines()
+                                         if ln.startswith("# prints: ")]
     commands = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
     outputs = [run_cli(*shlex.split(line.split("#")[0])[1:], cwd=tmp_path, check_rc=0).stdout
                for line in commands.splitlines() if line.strip()]
