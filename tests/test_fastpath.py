@@ -602,3 +602,77 @@ def test_rewrite_file_is_the_clis_one_entry_point(tmp_path, monkeypatch):
     proc = run_cli("rewrite", src, tmp_path / "cli.onnx", "--json")
     assert json.loads(proc.stdout)["writer"]["name"] == "bytes"
     assert (tmp_path / "cli.onnx").read_bytes() == (tmp_path / "api.onnx").read_bytes()
+
+
+def _unnamed(op: str, n: int, fan_out: bool, mixed: bool = False) -> onnx.ModelProto:
+    """n unnamed custom nodes chained (or all reading x); ``mixed``: every third one of
+    another kind (aliasing x, x), so one prefix has two kinds."""
+    nodes, prev = [], "x"
+    for i in range(n):
+        src = "x" if fan_out else prev
+        args = [src, src] if op == "my_add" and (not mixed or i % 3 == 0) else [src, "x"][:2 if op == "my_add" else 1]
+        nodes.append(helper.make_node(op, args, [f"y{i}"], domain="custom"))
+        prev = f"y{i}"
+    outs = [f"y{i}" for i in range(n)] if fan_out else [prev]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [3])],
+                              [helper.make_tensor_value_info(o, F, [3]) for o in outs])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                             ir_version=10)
+
+
+@pytest.mark.parametrize("op", ["my_add", "asinh"])
+@pytest.mark.parametrize("fan_out", [False, True], ids=["chain", "fan-out"])
+@pytest.mark.parametrize("mixed", [False, True], ids=["one-kind", "two-kinds"])
+def test_unnamed_nodes_repeated_by_kind(op, fan_out, mixed):
+    """Unnamed placeholders share one name prefix: the byte writer numbers their names as the
+    name generator does (asinh's decomposition has names the generator numbers itself)."""
+    same(_unnamed(op, 25, fan_out, mixed and op == "my_add"))
+
+
+def test_if_bodies_share_a_template_with_constants_of_their_own():
+    """Thousands of If bodies: each body gets the decomposition adopted from the first, with
+    its own constants (a body cannot see a sibling's); numerics as each built on its own."""
+    from graphkit.runtime import open_session
+
+    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
+    nodes, prev = [cond], "x"
+    for i in range(6):
+        body = helper.make_graph([helper.make_node("asinh", [prev], [f"t{i}"], domain="custom")], f"b{i}", [],
+                                 [helper.make_tensor_value_info(f"t{i}", F, [3])])
+        nodes.append(helper.make_node("If", ["c"], [f"o{i}"], then_branch=body, else_branch=body))
+        prev = f"o{i}"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [3])],
+                              [helper.make_tensor_value_info(prev, F, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                              ir_version=10)
+    out, report = rewrite_model(model)
+    assert report.actions[("custom::asinh", next(h for _, h in report.actions))] == 12
+    for node in out.graph.node[1:]:
+        for attr in node.attribute:
+            made = {o for n in attr.g.node for o in n.output}
+            assert all(i in made or i.startswith(("x", "o")) for n in attr.g.node for i in n.input)
+    x = np.array([-2.0, 0.5, 3.0], np.float32)
+    got = open_session(out).run({"x": x})[prev]
+    np.testing.assert_allclose(got, np.arcsinh(np.arcsinh(np.arcsinh(np.arcsinh(np.arcsinh(np.arcsinh(x)))))),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_unnamed_nodes_whose_template_the_generator_numbers():
+    """cube(x) = x*x*x names its nodes 'cube/Mul' and 'cube/Mul_1': repeats of one prefix then
+    take the generator's numbering ('cube/Mul_1_1', ...), which the byte writer asks it for."""
+    op = OpDef(name="cube", doc="x*x*x", inputs=(Param("x", "T"),), outputs=(Param("y", "T"),),
+               type_constraints={"T": ("tensor(float)",)}, reference=None, infer_shapes=lambda s, a: [s[0]],
+               decompositions=(Decomposition("mul", lambda b, i, a: [b.Mul(b.Mul(i[0], i[0]), i[0])],
+                                             min_opset=7),))
+    registry = default_registry().with_ops(OpPackage("test_cube", (op,)))
+    for fan_out in (False, True):
+        nodes, prev = [], "x"
+        for i in range(12):
+            nodes.append(helper.make_node("cube", ["x" if fan_out else prev], [f"y{i}"], domain="custom"))
+            prev = f"y{i}"
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [3])],
+                                  [helper.make_tensor_value_info(prev, F, [3])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("custom", 1)], ir_version=10)
+        names = [n.name for n in onnx.ModelProto.FromString(same(model, registry=registry)).graph.node]
+        assert "cube/Mul_1_1" in names and len(set(names)) == len(names)
