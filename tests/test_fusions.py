@@ -15,6 +15,8 @@ import warnings
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import run_cli, run_ort
@@ -365,6 +367,26 @@ def test_transpose_inline_cancel_merge_and_refusal():
     # the first Transpose's output is used elsewhere: nothing is swallowed
     fused, report = _fuse_inline(_transpose_model([1, 2, 0], [2, 0, 1], extra_consumer=True), "transpose", X)
     assert not report.rules.applied and "other consumers" in reasons(report, "transpose_cancel")
+
+
+@given(st.data())
+@settings(max_examples=30, derandomize=True, deadline=None, database=None)
+def test_transpose_pairs_any_permutations(data):
+    """Any two permutations of rank 1-5 (perm omitted = reversed): the fused model computes
+    the same, with no Transpose left when they cancel and one otherwise."""
+    rank = data.draw(st.integers(1, 5))
+    perms = [data.draw(st.one_of(st.none(), st.permutations(range(rank)))) for _ in range(2)]
+    attrs = [{} if p is None else {"perm": list(p)} for p in perms]
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], **attrs[0]),
+             helper.make_node("Transpose", ["t"], ["y"], **attrs[1]), helper.make_node("Relu", ["y"], ["z"])]
+    shape = [2, 3, 4, 5, 6][:rank]
+    model = _model(nodes, [_vi("x", shape)], [_vi("z", None)])
+    x = {"x": np.random.default_rng(rank).standard_normal(shape).astype(np.float32)}
+    fused, report = _fuse_inline(model, "transpose", x)
+    full = [list(p) if p is not None else list(range(rank))[::-1] for p in perms]
+    cancels = [full[0][a] for a in full[1]] == list(range(rank))
+    assert report.rules.applied == ({"transpose_cancel": 1} if cancels else {"transpose_merge": 1})
+    assert ops(fused)["Transpose"] == (0 if cancels else 1)
 
 
 def test_identity_to_graph_output_keeps_the_name():
