@@ -138,20 +138,67 @@ inline std::string check(const Attributes& a, const std::vector<int64_t>& input,
   return "";
 }
 
+// Copies the pixels [p0, p1) x channels [c0, c1) of a (C, H * W) image to channels-last
+// `pixels` ((H * W + 1) x C), in blocks whose rows stay in L1.
+template <class T>
+void to_channels_last_scalar(const Geometry& g, const T* image, T* pixels, int64_t p0, int64_t p1, int64_t c0,
+                             int64_t c1) {
+  const int64_t hw = g.h * g.w, c = g.c;
+  constexpr int64_t kBlock = 32;
+  for (int64_t b0 = p0; b0 < p1; b0 += kBlock) {
+    const int64_t b1 = std::min(b0 + kBlock, p1);
+    for (int64_t ch = c0; ch < c1; ++ch) {
+      const T* src = image + ch * hw;
+      for (int64_t p = b0; p < b1; ++p) pixels[p * c + ch] = src[p];
+    }
+  }
+}
+
 // Copies image rows [y0, y1) (C, H, W) to channels-last `pixels` ((H * W + 1) x C; the
 // caller zeroes the last pixel once).
 template <class T>
 void to_channels_last(const Geometry& g, const T* image, T* pixels, int64_t y0, int64_t y1) {
-  const int64_t hw = g.h * g.w, c = g.c;
-  constexpr int64_t kBlock = 32;  // pixels per block: the block's rows stay in L1
-  for (int64_t p0 = y0 * g.w; p0 < y1 * g.w; p0 += kBlock) {
-    const int64_t p1 = std::min(p0 + kBlock, y1 * g.w);
-    for (int64_t ch = 0; ch < c; ++ch) {
-      const T* src = image + ch * hw;
-      for (int64_t p = p0; p < p1; ++p) pixels[p * c + ch] = src[p];
-    }
-  }
+  to_channels_last_scalar(g, image, pixels, y0 * g.w, y1 * g.w, 0, g.c);
 }
+
+#if defined(__AVX512F__)
+// dst[j * ldd + i] = src[i * lds + j] for a 16 x 16 block of floats.
+inline void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4)
+    for (int j = 0; j < 2; ++j) {
+      const __m512d a = _mm512_castps_pd(t[i + j]), b = _mm512_castps_pd(t[i + j + 2]);
+      r[i + 2 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+      r[i + 2 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    }
+  for (int i = 0; i < 16; i += 8)
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
+      t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+  }
+  for (int k = 0; k < 16; ++k) _mm512_storeu_ps(dst + k * ldd, r[k]);
+}
+
+// float with AVX-512: 16 x 16 blocks transposed in registers, the edges scalar.
+template <>
+inline void to_channels_last<float>(const Geometry& g, const float* image, float* pixels, int64_t y0, int64_t y1) {
+  const int64_t hw = g.h * g.w, c = g.c, p0 = y0 * g.w, p1 = y1 * g.w;
+  const int64_t c16 = c / 16 * 16, p16 = p0 + (p1 - p0) / 16 * 16;
+  for (int64_t p = p0; p < p16; p += 16)
+    for (int64_t ch = 0; ch < c16; ch += 16) transpose16(image + ch * hw + p, hw, pixels + p * c + ch, c);
+  if (c16 < c) to_channels_last_scalar(g, image, pixels, p0, p16, c16, c);
+  if (p16 < p1) to_channels_last_scalar(g, image, pixels, p16, p1, 0, c);
+}
+#endif
 
 // dst[i] = w00 * a[i] + w01 * b[i] + w10 * c[i] + w11 * d[i] over one run of channels.
 template <class T>
