@@ -89,17 +89,24 @@ def runner(sess: ort.InferenceSession, feeds: dict) -> Callable[[], np.ndarray]:
     return lambda: sess.run(None, bound)[0]
 
 
-def interleaved(runners: dict[str, Callable[[], object]], seconds: float, min_rounds: int = 5) -> dict[str, float]:
-    """Median ms of each runner, run once per round in turn until ``seconds`` have passed."""
+def interleaved(runners: dict[str, Callable[[], object]], seconds: float, min_rounds: int = 5,
+                cpu: dict[str, float] | None = None) -> dict[str, float]:
+    """Median ms of each runner, run once per round in turn until ``seconds`` have passed.
+    ``cpu``, when given, receives each runner's median CPU time of this thread (ms): all of
+    a 1-thread session's work, and unlike wall time not stretched by other processes."""
     times: dict[str, list[float]] = {k: [] for k in runners}
+    cpu_times: dict[str, list[float]] = {k: [] for k in runners}
     deadline = time.perf_counter() + seconds
     rounds = 0
     while time.perf_counter() < deadline or rounds < min_rounds:
         for label, run in runners.items():
-            t0 = time.perf_counter()
+            c0, t0 = time.thread_time(), time.perf_counter()
             run()
             times[label].append(time.perf_counter() - t0)
+            cpu_times[label].append(time.thread_time() - c0)
         rounds += 1
+    if cpu is not None:
+        cpu.update({k: statistics.median(v) * 1e3 for k, v in cpu_times.items()})
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
@@ -124,7 +131,10 @@ def layer_row(channels: int, size: int, stride: int, batch: int, mask: bool, og:
             if err > 1e-3:
                 raise SystemExit(f"{label} ({threads} threads) disagrees with native: max abs err {err:.3g}")
             runners[f"{label}{threads}"] = run
-    return interleaved(runners, seconds)
+    cpu: dict[str, float] = {}
+    ms = interleaved(runners, seconds, cpu=cpu)
+    ms["cpu_ratio"] = cpu["native1"] / cpu["ort1"]
+    return ms
 
 
 def layer_table(args: argparse.Namespace) -> int:
@@ -133,11 +143,12 @@ def layer_table(args: argparse.Namespace) -> int:
     masks = {"both": (False, True), "yes": (True,), "no": (False,)}[args.mask]
     ogs = [int(v) for v in args.offset_groups.split(",")]
     print("median ms per run, interleaved rounds; nat/ORT = native ms / DeformConv-19 ms (<= 1: native at "
-          "least as fast); 2t/1t = 1-thread ms / 2-thread ms")
+          "least as fast); 2t/1t = 1-thread ms / 2-thread ms; cpu 1t = the same ratio of 1-thread CPU time "
+          "(immune to other processes taking the cores)")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    print("| N | C | out | stride | mask | og | native 1t | ORT 1t | nat/ORT 1t | native 2t | ORT 2t | nat/ORT 2t "
-          "| native 2t/1t | ORT 2t/1t |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| N | C | out | stride | mask | og | native 1t | ORT 1t | nat/ORT 1t | cpu 1t | native 2t | ORT 2t "
+          "| nat/ORT 2t | native 2t/1t | ORT 2t/1t |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     worst = 0.0
     for batch in batches:
         for channels, size, stride in stages:
@@ -147,7 +158,8 @@ def layer_table(args: argparse.Namespace) -> int:
                     r1, r2 = ms["native1"] / ms["ort1"], ms["native2"] / ms["ort2"]
                     worst = max(worst, r1, r2)
                     print(f"| {batch} | {channels} | {size}x{size} | {stride} | {'yes' if mask else 'no'} | {og} "
-                          f"| {ms['native1']:.2f} | {ms['ort1']:.2f} | {r1:.2f} | {ms['native2']:.2f} "
+                          f"| {ms['native1']:.2f} | {ms['ort1']:.2f} | {r1:.2f} | {ms['cpu_ratio']:.2f} "
+                          f"| {ms['native2']:.2f} "
                           f"| {ms['ort2']:.2f} | {r2:.2f} | {ms['native1'] / ms['native2']:.2f} "
                           f"| {ms['ort1'] / ms['ort2']:.2f} |", flush=True)
     print(f"worst native/DeformConv-19: {worst:.2f}")
