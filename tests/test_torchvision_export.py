@@ -38,6 +38,8 @@ from graphkit_ops.deform_conv2d import DEFORM_CONV2D, TORCHVISION_SCHEMA  # noqa
 from tv_deform import REAL_SCHEMA, TVBlock, declare  # noqa: E402
 
 ATOL = 1e-4
+# torch's own pytree deprecation, raised inside torch.export when torch.onnx.export is called directly
+pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")
 TV_MODEL = Path(__file__).with_name("tv_deform.py")
 
 WANT_ATTRS = {"stride": [2, 2], "padding": [1, 1], "dilation": [1, 1], "groups": 2, "offset_groups": 2}
@@ -176,6 +178,25 @@ def test_verify_compares_with_torch(tmp_path, torchvision_op):
         result = verify_export(model, tmp_path / "m.onnx", seed=3, atol=ATOL, rtol=1e-4, bind=bind)
         result.raise_for_mismatch()
         assert result.passed and result.outputs[0].max_abs < ATOL
+
+
+def test_direct_torch_export_with_graphkits_hooks(tmp_path, torchvision_op, monkeypatch):
+    """Calling torch.onnx.export directly: the same entries from graphkit.export."""
+    from graphkit.export import foreign_translations, scoped_foreign_symbolics
+
+    _torchvision_stub(tmp_path, monkeypatch)
+    torch.manual_seed(0)
+    model, x = TVBlock().eval(), torch.randn(1, 4, 9, 9)
+    program = torch.onnx.export(model, (x,), dynamo=True, opset_version=18, verbose=False, report=False,
+                                custom_translation_table=foreign_translations(default_registry()))
+    with scoped_foreign_symbolics(default_registry()) as names:
+        assert names == ["torchvision::deform_conv2d"]
+        path = tmp_path / "ts.onnx"
+        torch.onnx.export(model, (x,), path, dynamo=False, opset_version=18, input_names=["x"])
+    for proto in (program.model_proto, onnx.load(path)):
+        assert [n.op_type for n in _custom(proto)] == ["deform_conv2d"]
+        lowered, _ = graphkit.rewrite_model(proto, lowering=Lowering.NATIVE)
+        np.testing.assert_allclose(_run(lowered, x.numpy()), _eager(model, x), rtol=0, atol=ATOL)
 
 
 # --------------------------------------------------------------------------- torch's own, on request

@@ -109,7 +109,7 @@ def torchvision_symbolic():
     """The tutorial's symbolic for ``torchvision::deform_conv2d``, writing every input and
     attribute onto ``custom::deform_conv2d`` (the tutorial kept only input and offset).
     Derived from the op's ``foreign_ops`` entry, as :func:`graphkit.export.export` does."""
-    from graphkit.export._foreign import foreign_symbolic
+    from graphkit.export import foreign_symbolic
 
     (foreign,) = [f for f in DEFORM_CONV2D.foreign_ops if f.name == TORCHVISION_OP]
     return foreign_symbolic(DEFORM_CONV2D, foreign)

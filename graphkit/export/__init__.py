@@ -11,6 +11,9 @@ OpDef (``graphkit`` and ``custom`` by default).
 - :class:`TorchOps` - a registry's ops as torch ops (C++ forward, fake kernel from the
   reference), usable in models exported either way.
 - :func:`autograd_function` - the tutorial's ``torch.autograd.Function`` + ``symbolic``.
+- :func:`foreign_translations` / :func:`scoped_foreign_symbolics` - other libraries' torch
+  ops an op stands for (``OpDef.foreign_ops``, e.g. ``torchvision::deform_conv2d``) written
+  as its placeholder, for a direct ``torch.onnx.export`` call (``export`` uses them itself).
 - :data:`GAP_FILLERS` - symbolics for ATen ops torch's TorchScript exporter lacks
   (:mod:`graphkit.export.aten`; ``python -m graphkit.export.gaps`` finds the gaps).
 - :class:`RewriteRegistry` - export-time rewrites of torch functions and module forwards,
@@ -19,6 +22,7 @@ OpDef (``graphkit`` and ``custom`` by default).
 """
 
 from graphkit.export._export import MAX_IR_VERSION, CustomNode, ExportReport, export
+from graphkit.export._foreign import foreign_symbolic, foreign_translations, scoped_foreign_symbolics
 from graphkit.export.aten import (
     Example,
     GapFiller,
@@ -68,9 +72,12 @@ __all__ = [
     "autograd_function",
     "custom_translation_table",
     "export",
+    "foreign_symbolic",
+    "foreign_translations",
     "library_schema",
     "load_extension",
     "onnxscript_translation",
+    "scoped_foreign_symbolics",
     "scoped_gap_fillers",
     "scoped_placeholders",
     "scoped_symbolics",
