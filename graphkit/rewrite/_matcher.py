@@ -29,9 +29,9 @@ _MISSING = object()
 @functools.lru_cache(maxsize=4096)
 def attribute_default(domain: str, op_type: str, opset: int, name: str) -> Any:
     """The ONNX schema's default for an absent attribute (None when it has none)."""
-    try:
-        schema = onnx.defs.get_schema(op_type, opset, domain)
-    except onnx.defs.SchemaError:
+    try:  # a hostile model's opset may be past what a C int holds: any opset that high is the newest
+        schema = onnx.defs.get_schema(op_type, max(1, min(opset, 2**31 - 1)), domain)
+    except (onnx.defs.SchemaError, TypeError, ValueError):
         return None
     attr = schema.attributes.get(name)
     if attr is None or not attr.default_value.type:
