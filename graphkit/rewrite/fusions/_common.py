@@ -36,6 +36,3 @@ def scalar(value: Any) -> float | None:
     array = np.asarray(value)
     return float(array.reshape(-1)[0]) if array.size == 1 else None
 
-
-def first_failure(*results: MatchResult) -> MatchResult:
-    return next((r for r in results if not r), MatchResult())
