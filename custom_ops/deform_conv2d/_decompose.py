@@ -9,7 +9,10 @@
   size) and blended with their (masked) weights, then the same 1x1 ``Conv``.
 
 Both sampling decompositions give a point outside the image (far, infinite or NaN
-coordinates) 0 before it reaches GridSample or an index, as the reference does.
+coordinates) 0 before it reaches GridSample or an index, as the reference does, and a
+corner outside the image never reads a pixel. GridSample's grid is normalized to [-1, 1]
+in the model's float type, which costs about size * 2^-24 pixel of position in float32
+(2.4e-4 px at 4100 wide): gather and the kernels are exact at any size.
 
 The two sampling decompositions need the weight's shape (kernel size, channels) to be
 static; batch, height and width may be dynamic (computed with Shape/Slice in the graph).
