@@ -245,3 +245,37 @@ def test_unknown_domain_left_to_ort_with_callers_options(no_ort):
     assert exc.value.hint.startswith("pass --ops PACKAGE or install the package that defines it")
     with pytest.raises(KernelError, match="ONNX Runtime was touched"):  # reached ORT
         open_session(model, options=ort.SessionOptions())
+
+
+def _deform_model(domain: str, **attrs) -> onnx.ModelProto:
+    """x[1,2,5,5] * w[3,2,3,3] deformed by offset[1,18,3,3], bias and mask given."""
+    node = helper.make_node("deform_conv2d", ["x", "w", "off", "b", "m"], ["y"], domain=domain, name="dcn", **attrs)
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in
+           (("x", [1, 2, 5, 5]), ("w", [3, 2, 3, 3]), ("off", [1, 18, 3, 3]), ("b", [3]), ("m", [1, 9, 3, 3]))]
+    return _model([node], ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                  opsets=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)])
+
+
+def test_python_binding_is_the_rewrites(rng):
+    """One binding: a model `rewrite --bind python` bound is ready for the session's binding
+    (which changes nothing), and a graphkit.python node written by hand in the natural
+    encoding gets, from the session's binding, exactly the rewrite's attributes."""
+    from graphkit.rewrite import Lowering, rewrite_model
+    from graphkit.rewrite.binding import PythonNode, bind_python_nodes
+
+    registry = default_registry()
+    bound, _ = rewrite_model(_deform_model("custom", stride=[2, 2], padding=[1, 1]), lowering=Lowering.PYTHON)
+    again = onnx.ModelProto()
+    again.CopyFrom(bound)
+    ref = PythonNode(again.graph.node[-1], again.graph, len(again.graph.node) - 1, 0, "dcn")
+    assert not bind_python_nodes(again, registry, [ref])
+    assert again.SerializeToString() == bound.SerializeToString()
+
+    by_hand = _deform_model("graphkit.python", stride=[2, 2], padding=[1, 1])
+    ref = PythonNode(by_hand.graph.node[0], by_hand.graph, 0, 0, "dcn")
+    assert bind_python_nodes(by_hand, registry, [ref])
+    assert list(by_hand.graph.node[0].attribute) == list(bound.graph.node[-1].attribute)
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in
+             (("x", (1, 2, 5, 5)), ("w", (3, 2, 3, 3)), ("off", (1, 18, 3, 3)), ("b", (3,)), ("m", (1, 9, 3, 3)))}
+    hand = open_session(_deform_model("graphkit.python", stride=[2, 2], padding=[1, 1])).run(feeds)["y"]
+    np.testing.assert_array_equal(hand, open_session(bound).run(feeds)["y"])

@@ -18,6 +18,12 @@ __all__ = ["encode_list_attr", "decode_list_attr", "encode_kernel_attr", "decode
            "encode_kernel_attrs", "kernel_attr_type"]
 
 
+# Op types of the float16-wrapped Python-kernel declarations:
+# f"{name}{F16_TAG}{'+'.join(type vars)}" (graphkit.rewrite.binding writes them,
+# graphkit.runtime.python_kernels declares them).
+F16_TAG = "@f16:"
+
+
 def kernel_attr_type(attr_type: AttrType) -> AttrType:
     """The ONNX attribute type a graphkit.python node uses for ``attr_type``."""
     return attr_type if attr_type in (AttrType.INT, AttrType.STRING) else AttrType.STRING

@@ -17,15 +17,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import onnx
 from onnx import helper
 
 from graphkit.errors import OpDefinitionError, RewriteError, UnsupportedOpError
 from graphkit.ops import PLACEHOLDER_DOMAIN, Decomposition, OpDef, OpRegistry
-from graphkit.ops._encoding import encode_kernel_attrs, kernel_attr_type
 from graphkit.ops.tensor_types import type_string
 from graphkit.rewrite._selection import Probe, Selection
+from graphkit.rewrite.binding import bind_node
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 
 __all__ = ["Lowered", "Lowering", "LoweringPlan", "Scope", "Template", "UNKNOWN_OP_HINT", "node_attrs"]
@@ -61,15 +60,6 @@ def node_attrs(op: OpDef, node: onnx.NodeProto, path: str | None) -> dict[str, A
         return op.resolve_attrs(given, where=node.name)
     except OpDefinitionError as exc:
         raise RewriteError(exc.message, hint=exc.hint or "fix the node", **where) from exc
-
-
-def make_attribute(op: OpDef, name: str, value: Any, how: Lowering) -> onnx.AttributeProto:
-    """An attribute of the declared type (an empty list has no type of its own); a Python
-    kernel's in its kernel encoding."""
-    attr_type = op.attr(name).type
-    if how is Lowering.PYTHON:
-        attr_type = kernel_attr_type(attr_type)
-    return helper.make_attribute(name, value, attr_type=getattr(onnx.AttributeProto, attr_type.onnx_name))
 
 
 @dataclass
@@ -366,32 +356,13 @@ class LoweringPlan:
 
     def _bind(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], how: Lowering,
               scope: Scope) -> Lowered:
-        domain = self.registry.kernel_domain(op, how.value)
-        values = attrs if how is Lowering.NATIVE else encode_kernel_attrs(op, attrs)
-        bound = onnx.NodeProto()
-        bound.CopyFrom(node)
-        bound.domain = domain
-        del bound.attribute[:]
-        # Every attribute is written out: kernels read them without knowing defaults.
-        bound.attribute.extend(make_attribute(op, k, v, how) for k, v in values.items())
-        extra = self._empty_optional_inputs(op, bound, scope) if how is Lowering.PYTHON else []
-        return Lowered(op, how, (op.qualified_name, f"bind:{how.value}"), [*extra, bound])
+        def make_builder() -> Builder:
+            return Builder(opset=self.opset, prefix=node.name or op.name, names=self.names, types=scope.types,
+                           node_name=node.name, op_name=op.qualified_name, constants=scope.constants)
 
-    def _empty_optional_inputs(self, op: OpDef, node: onnx.NodeProto, scope: Scope) -> list[onnx.NodeProto]:
-        """onnxruntime-extensions needs every input: an omitted optional one becomes an empty
-        tensor, which Python kernels read as absent."""
-        missing = [k for k, p in enumerate(op.inputs) if p.optional and (k >= len(node.input) or not node.input[k])]
-        if not missing:
-            return []
-        bound_types = {p.type: scope.types.elem_type(name) for p, name in zip(op.inputs, node.input) if name}
-        builder = Builder(opset=self.opset, prefix=node.name or op.name, names=self.names, types=scope.types,
-                          node_name=node.name, op_name=op.qualified_name, constants=scope.constants)
-        while len(node.input) < len(op.inputs):
-            node.input.append("")
-        for k in missing:
-            elem = bound_types.get(op.inputs[k].type)
-            if elem is None:
-                raise self.fail(RewriteError, f"cannot tell the element type of omitted input "
-                                f"'{op.inputs[k].name}'", node, hint="give the model's inputs a type")
-            node.input[k] = builder.constant(np.zeros((0,), helper.tensor_dtype_to_np_dtype(elem)), dtype=elem)
-        return builder.nodes
+        def fail(message: str) -> Exception:
+            return self.fail(RewriteError, message, node, hint="give the model's inputs a type")
+
+        nodes = bind_node(op, node, attrs, how.value, domain=self.registry.kernel_domain(op, how.value),
+                          types=scope.types, make_builder=make_builder, fail=fail)
+        return Lowered(op, how, (op.qualified_name, f"bind:{how.value}"), nodes)

@@ -19,12 +19,12 @@ gets wrong (all measured with onnxruntime-extensions 0.15.2 / ONNX Runtime 1.31.
   kernel's C-contiguous arrays as they are.
 - **float16 tensors abort** (the C++ side has no float16 numpy mapping, for inputs or
   outputs). graphkit declares float16 combinations as separate ops (``my_add@f16:T``) taking
-  float32, and :func:`bind_python_nodes` wraps such nodes in exact Casts (float16 -> float32
+  float32, and :func:`graphkit.rewrite.binding.bind_python_nodes` wraps such nodes in exact Casts (float16 -> float32
   -> float16 is lossless); the handler casts back so the kernel sees and returns float16.
 - **FLOAT attributes are printed with 6 digits** (``std::stringstream``). graphkit passes
   FLOAT, INTS and FLOATS attributes as strings (:func:`encode_kernel_attrs`) and decodes them
   exactly; INT and STRING pass natively. ort-extensions requires every declared attribute on
-  the node; :func:`bind_python_nodes` fills defaults in and converts natural encodings.
+  the node; :func:`graphkit.rewrite.binding.bind_python_nodes` fills defaults in and converts natural encodings.
 - **Declaring an op after a session exists can crash that session.** ort-extensions keeps
   declarations per domain in a ``std::vector`` whose elements ONNX Runtime references for the
   session's lifetime; growing it past its capacity moves them (use after free: measured
@@ -56,12 +56,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from graphkit.errors import GraphkitError, KernelError, UnsupportedOpError
+from graphkit.errors import KernelError, UnsupportedOpError
 from graphkit.ops import AttrType, OpDef, kernel_domain
 from graphkit.runtime._blas import one_blas_thread
-from graphkit.rewrite._walk import ModelIndex, graphs
-from graphkit.rewrite.builder import NameGenerator
 from graphkit.ops._encoding import (  # noqa: F401 (re-exported: the kernel attribute encoding)
+    F16_TAG,
     decode_kernel_attr,
     decode_list_attr,
     encode_kernel_attr,
@@ -70,10 +69,7 @@ from graphkit.ops._encoding import (  # noqa: F401 (re-exported: the kernel attr
 )
 
 if TYPE_CHECKING:
-    import onnx
     import onnxruntime as ort
-
-    from graphkit.ops import OpRegistry
 
 __all__ = [
     "F16_TAG",
@@ -84,7 +80,6 @@ __all__ = [
     "decode_kernel_attr",
     "encode_kernel_attrs",
     "kernel_problem",
-    "bind_python_nodes",
     "python_kernel_table",
     "PythonKernelTable",
     "KernelFailure",
@@ -92,8 +87,6 @@ __all__ = [
     "kernel_run",
 ]
 
-# Op types of the float16-wrapped declarations: f"{name}{F16_TAG}{'+'.join(type vars)}".
-F16_TAG = "@f16:"
 # Domains served by the onnxruntime-extensions library itself (its C++ ops, foreign PyOps).
 EXTENSIONS_DOMAINS = frozenset({"ai.onnx.contrib", "com.microsoft.extensions"})
 
@@ -621,174 +614,3 @@ def python_kernel_table() -> PythonKernelTable:
             if _table is None:
                 _table = PythonKernelTable()
     return _table
-
-
-# ---------------------------------------------------------------------------------------
-# Preparing a model's graphkit.python nodes
-# ---------------------------------------------------------------------------------------
-
-@dataclass
-class PythonNode:
-    """A graphkit.python node and where it lives.
-
-    ``graph`` is None inside a model-local function; ``index`` is the node's position in
-    ``graph.node`` and ``depth`` the graph's nesting depth (0 for the main graph).
-    """
-
-    node: "onnx.NodeProto"
-    graph: "onnx.GraphProto | None"
-    index: int
-    depth: int
-    display: str
-
-
-def _given_attrs(op: OpDef, node: "onnx.NodeProto") -> dict[str, Any]:
-    """The node's attributes as Python values, accepting the kernel and the natural encodings."""
-    from onnx import AttributeProto, helper
-
-    given: dict[str, Any] = {}
-    for a in node.attribute:
-        decl = op._attr_index.get(a.name)
-        if decl is None:
-            given[a.name] = None  # resolve_attrs names it as unknown
-            continue
-        if a.type == AttributeProto.STRING and decl.type is not AttrType.STRING:
-            given[a.name] = decode_kernel_attr(a.s, decl.type)
-        elif a.type == AttributeProto.STRING:
-            given[a.name] = a.s.decode()
-        else:
-            if decl.type is AttrType.FLOAT and a.type == AttributeProto.INT:
-                raise TypeError(f"attribute '{a.name}' is an INT, expected FLOAT")
-            value = helper.get_attribute_value(a)
-            given[a.name] = list(value) if isinstance(value, (list, tuple)) else value
-    return given
-
-
-def _resolve_node_attrs(op: OpDef, ref: PythonNode) -> dict[str, Any]:
-    try:
-        return op.resolve_attrs(_given_attrs(op, ref.node), where=ref.display)
-    except GraphkitError as exc:
-        raise KernelError(exc.message, node=ref.display, op=f"{ref.node.domain}::{op.name}",
-                          hint=exc.hint) from exc
-    except (TypeError, ValueError, UnicodeDecodeError) as exc:
-        raise KernelError(f"bad attribute: {exc}", node=ref.display, op=f"{ref.node.domain}::{op.name}",
-                          hint="re-run `graphkit rewrite --bind python` on the original model") from exc
-
-
-def _set_attrs(node: "onnx.NodeProto", op: OpDef, values: Mapping[str, Any], *, kernel: bool) -> None:
-    from onnx import AttributeProto, helper
-
-    del node.attribute[:]
-    for a in op.attributes:
-        if kernel:
-            node.attribute.append(helper.make_attribute(a.name, encode_kernel_attr(values[a.name], a.type)))
-        else:
-            node.attribute.append(helper.make_attribute(
-                a.name, values[a.name], attr_type=getattr(AttributeProto, a.type.onnx_name)))
-
-
-def _elem_types(model: "onnx.ModelProto", registry: "OpRegistry") -> dict[str, int]:
-    """Element type of every value ONNX shape inference can type (all graphs, best effort)."""
-    import onnx
-
-    try:
-        with registry.onnx_schemas():
-            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
-    except Exception:  # noqa: BLE001 - inference is an optimisation, never a requirement
-        inferred = model
-    types: dict[str, int] = {}
-    for g in graphs(inferred.graph):
-        for init in g.initializer:
-            types.setdefault(init.name, init.data_type)
-        for vi in (*g.input, *g.value_info, *g.output):
-            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-                types.setdefault(vi.name, vi.type.tensor_type.elem_type)
-    return types
-
-
-def _f16_vars(op: OpDef, node: "onnx.NodeProto", types: Mapping[str, int]) -> list[str]:
-    from onnx import TensorProto
-
-    bound: dict[str, int] = {}
-    for p, name in zip(op.inputs, node.input):
-        if name and name in types:
-            bound.setdefault(p.type, types[name])
-    return sorted(v for v, t in bound.items() if t == TensorProto.FLOAT16)
-
-
-def _wrap_f16(node: "onnx.NodeProto", op: OpDef, f16: list[str], names: NameGenerator) -> tuple[list, list]:
-    """Point a float16 node at its float32 declaration; return the Casts to put around it."""
-    from onnx import TensorProto, helper
-
-    fresh = names.fresh
-
-    tag = node.name or node.output[0]
-    before, after = [], []
-    for i, p in enumerate(op.inputs):
-        if i < len(node.input) and node.input[i] and p.type in f16:
-            cast_out = fresh(f"{node.input[i]}/graphkit_f32")
-            before.append(helper.make_node("Cast", [node.input[i]], [cast_out], to=TensorProto.FLOAT,
-                                           name=fresh(f"{tag}/graphkit_cast_in{i}")))
-            node.input[i] = cast_out
-    for i, p in enumerate(op.outputs):
-        if i < len(node.output) and node.output[i] and p.type in f16:
-            raw = fresh(f"{node.output[i]}/graphkit_f32")
-            after.append(helper.make_node("Cast", [raw], [node.output[i]], to=TensorProto.FLOAT16,
-                                          name=fresh(f"{tag}/graphkit_cast_out{i}")))
-            node.output[i] = raw
-    node.op_type = f"{op.name}{F16_TAG}{'+'.join(f16)}"
-    return before, after
-
-
-def bind_python_nodes(model: "onnx.ModelProto", registry: "OpRegistry",
-                      nodes: Sequence[PythonNode]) -> bool:
-    """Make ``model``'s graphkit.python nodes runnable by the declared kernels, in place.
-
-    Attributes are brought to the kernel encoding (defaults filled in, FLOAT/INTS/FLOATS as
-    strings) and float16 nodes (element types from ONNX shape inference) are pointed at their
-    float32 declaration with exact Casts around them. Returns whether the model changed.
-    Raises KernelError for a node whose attributes are wrong.
-    """
-    changed = False
-    resolved = []
-    wants_types = False
-    for ref in nodes:
-        op = registry.lookup(ref.node.domain, ref.node.op_type)
-        assert op is not None
-        values = _resolve_node_attrs(op, ref)
-        original = [a.SerializeToString() for a in ref.node.attribute]
-        resolved.append((ref, op, values, original))
-        if ref.graph is not None and any(_F16 in op.type_constraints[p.type] for p in op.inputs):
-            wants_types = True
-    types: dict[str, int] = {}
-    if wants_types:
-        # Shape inference wants the attributes in their ONNX types.
-        for ref, op, values, _ in resolved:
-            _set_attrs(ref.node, op, values, kernel=False)
-        types = _elem_types(model, registry)
-    for ref, op, values, original in resolved:
-        _set_attrs(ref.node, op, values, kernel=True)
-        if [a.SerializeToString() for a in ref.node.attribute] != original:
-            changed = True
-    # Wrap float16 nodes; rebuild the deepest graphs first (rebuilding copies the nodes).
-    wraps: dict[int, tuple["onnx.GraphProto", int, dict[int, tuple[list, list]]]] = {}
-    names: NameGenerator | None = None
-    for ref, op, _, _ in resolved:
-        if ref.graph is None:
-            continue
-        f16 = _f16_vars(op, ref.node, types)
-        if f16:
-            names = NameGenerator(ModelIndex(model).names) if names is None else names
-            entry = wraps.setdefault(id(ref.graph), (ref.graph, ref.depth, {}))
-            entry[2][ref.index] = _wrap_f16(ref.node, op, f16, names)
-    for graph, _, around in sorted(wraps.values(), key=lambda w: -w[1]):
-        new = []
-        for i, n in enumerate(graph.node):
-            before, after = around.get(i, ((), ()))
-            new.extend(before)
-            new.append(n)
-            new.extend(after)
-        del graph.node[:]
-        graph.node.extend(new)
-        changed = True
-    return changed

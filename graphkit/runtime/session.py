@@ -505,8 +505,10 @@ def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
             libraries = plan.libraries
             plan = _plan(work, registry, path, foreign_ok=foreign_ok, build=False)
             plan.libraries = libraries
-        refs = [pk.PythonNode(r.node, r.graph, r.index, r.depth, r.display) for r in plan.python]
-        if pk.bind_python_nodes(work, registry, refs) or path is None:
+        from graphkit.rewrite.binding import PythonNode, bind_python_nodes
+
+        refs = [PythonNode(r.node, r.graph, r.index, r.depth, r.display) for r in plan.python]
+        if bind_python_nodes(work, registry, refs) or path is None:
             source = work.SerializeToString()
     elif path is None:
         source = proto.SerializeToString()
