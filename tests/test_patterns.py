@@ -302,7 +302,8 @@ def test_attribute_capture_and_shape_dtype_in_check():
         return op.Transpose(op.Transpose(x, perm=p1), perm=p2)
 
     def check(ctx, x, p1, p2):
-        seen.update(dtype=ctx.dtype(x), rank=ctx.rank(x), inner=ctx.shape(ctx.nodes[1].output[0]), opset=ctx.opset)
+        seen.update(dtype=ctx.dtype(x), rank=ctx.rank(x), inner=ctx.shape(ctx.nodes[1].output[0]), opset=ctx.opset,
+                    producer=ctx.producer(ctx.nodes[1].output[0]).name, x_producer=ctx.producer(x))
         if [p1[i] for i in p2] != list(range(len(p1))):
             return MatchResult().fail(f"perm {p1} then {p2} is no identity")
         return MatchResult()
@@ -310,7 +311,8 @@ def test_attribute_capture_and_shape_dtype_in_check():
     out, report = rewrite_model(m, rules=[Rule("cancel_transposes", pattern, lambda op, x, p1, p2: x, check=check)],
                                 lowering=Lowering.KEEP)
     assert report.rules.applied == {"cancel_transposes": 1}
-    assert seen == {"dtype": F, "rank": 3, "inner": [2, 4, 3], "opset": 17}
+    assert seen == {"dtype": F, "rank": 3, "inner": [2, 4, 3], "opset": 17, "producer": "transpose_t1",
+                    "x_producer": None}
     assert ops(out) == ["Relu"] and list(out.graph.node[0].input) == ["x"]  # removed for real: no Identity
     check_numbers(m, out)
 

@@ -132,8 +132,14 @@ class MatchContext:
         return self.types.shape(name)
 
     def rank(self, name: str) -> int | None:
+        """The number of dimensions of ``name``; None if unknown."""
         shape = self.shape(name)
         return None if shape is None else len(shape)
+
+    def producer(self, name: str) -> onnx.NodeProto | None:
+        """The node that produces tensor ``name`` in this scope (None for inputs and initializers)."""
+        index = self.view.producer.get(name)
+        return None if index is None else self.view.nodes[index]
 
 
 def _param_names(fn: Callable[..., Any], skip: int) -> list[tuple[str, bool]]:
