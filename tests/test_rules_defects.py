@@ -244,13 +244,6 @@ def test_reasons_are_not_repeated_across_rounds():
     assert report.to_dict()["rules"]["fuse"]["top_reasons"] == {"Mul input is produced by Relu": 5}
 
 
-def test_rule_error_is_documented():
-    from conftest import REPO
-
-    readme = (REPO / "README.md").read_text()
-    assert "| 14 |" in readme
-
-
 def test_unknown_rewrite_parameter_is_named():
     with pytest.raises(RewriteError, match="rewrite\\(\\) takes 'z', which the pattern does not bind"):
         Rule("r", lambda op, x: op.Relu(x), lambda op, x, z: x)
