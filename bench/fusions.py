@@ -1,4 +1,4 @@
-"""LayerNorm and GELU fusions on a 24-layer BERT-like encoder: graphkit vs onnxscript's rewriter.
+"""LayerNorm and GELU fusions on a 24-layer BERT-like encoder: graphkit vs onnxscript.
 
 The encoder (tests/fusion_models.py: hand-written BERT LayerNorm, nn.GELU() and
 nn.GELU(approximate="tanh") in alternate layers, a hand-written tanh GELU in the pooler) is exported by torch.export at opset 18

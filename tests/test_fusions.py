@@ -274,11 +274,15 @@ def test_layernorm_below_opset_17_is_refused():
     assert "needs ai.onnx opset >= 17, the model has 16" in reasons(report, "layernorm")
 
 
-def _gelu_model(sqrt2=np.sqrt(2.0), opset=20, half_on_x=False):
+def _gelu_model(sqrt2=np.sqrt(2.0), opset=20, half_on_x=False, times_inverse=False):
     """x -> Div sqrt2 -> Erf -> Add 1 -> Mul x -> Mul 0.5 -> y
-    (half_on_x: y = (x * 0.5) * (1 + erf(x / sqrt2)), as BERT's hand-written gelu)"""
+    (half_on_x: y = (x * 0.5) * (1 + erf(x / sqrt2)), as BERT's hand-written gelu;
+    times_inverse: x * (1 / sqrt2) instead of x / sqrt2)"""
     c = lambda name, v: numpy_helper.from_array(np.asarray(v, np.float32), name)  # noqa: E731
-    nodes = [helper.make_node("Div", ["x", "s2"], ["a"]), helper.make_node("Erf", ["a"], ["b"]),
+    scaled = helper.make_node("Mul" if times_inverse else "Div", ["x", "s2"], ["a"])
+    if times_inverse:
+        sqrt2 = 1.0 / sqrt2
+    nodes = [scaled, helper.make_node("Erf", ["a"], ["b"]),
              helper.make_node("Add", ["b", "one"], ["c"])]
     if half_on_x:
         nodes += [helper.make_node("Mul", ["x", "half"], ["d"]), helper.make_node("Mul", ["d", "c"], ["y"])]
@@ -289,8 +293,8 @@ def _gelu_model(sqrt2=np.sqrt(2.0), opset=20, half_on_x=False):
 
 
 def test_gelu_inline_and_refusals():
-    for half_on_x in (False, True):
-        fused, report = _fuse_inline(_gelu_model(half_on_x=half_on_x), "gelu", X)
+    for half_on_x, times_inverse in ((False, False), (True, False), (False, True)):
+        fused, report = _fuse_inline(_gelu_model(half_on_x=half_on_x, times_inverse=times_inverse), "gelu", X)
         assert report.rules.applied == {"gelu_erf": 1} and ops(fused) == {"Gelu": 1}
     # another constant than sqrt(2) is not GELU
     fused, report = _fuse_inline(_gelu_model(sqrt2=1.5), "gelu", X)

@@ -1,6 +1,6 @@
 """GELU written with elementary ops -> Gelu (opset >= 20).
 
-erf form:  x * 0.5 * (1 + erf(x / sqrt(2)))                       -> Gelu(x)
+erf form:  x * 0.5 * (1 + erf(x / sqrt(2)))  (or x * 0.7071...)    -> Gelu(x)
 tanh form: x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))  -> Gelu(x, approximate="tanh")
 
 Both in the orders torch's exporters and hand-written GELUs produce (the 0.5 applied to
@@ -20,7 +20,7 @@ SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 def _erf_factor(op, x):
-    return op.Add(op.Erf(op.Div(x, SQRT_2)), 1.0)
+    return op.Add(op.Erf(either(op.Div(x, SQRT_2), op.Mul(x, 1.0 / SQRT_2))), 1.0)
 
 
 def _tanh_factor(op, x):
