@@ -310,6 +310,15 @@ def test_scoped_symbolics_unregister_on_exit_and_error(ops):
     assert not torch_ops.symbolic_registered("my_add")
 
 
+@pytest.mark.parametrize("opset", [7, 8, 9, 20])
+def test_scoped_symbolics_serve_every_torchscript_opset(ops, opset):
+    """torch serves opsets 7-8 only from a registration in [target, 9] (its legacy rule):
+    symbolics registered at opset 1 left graphkit's library ops unexportable there."""
+    ops.my_add  # noqa: B018
+    with scoped_symbolics([MY_ADD]):
+        assert torch_ops.symbolic_registered("my_add", opset)
+
+
 def test_import_graphkit_does_not_import_torch():
     code = "import graphkit, sys; assert 'torch' not in sys.modules, 'torch imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

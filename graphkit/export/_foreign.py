@@ -28,12 +28,10 @@ import torch
 
 from graphkit.errors import ExportError
 from graphkit.export._placeholder import emit_placeholder, placeholder_call
-from graphkit.export._symbolic_registry import forget_empty_group, symbolic_registry
+from graphkit.export._symbolic_registry import SYMBOLIC_OPSET, forget_empty_group, symbolic_registry
 from graphkit.ops import ForeignOp, OpDef
 
 __all__ = ["foreign_ops", "foreign_symbolic", "foreign_translations", "scoped_foreign_symbolics"]
-
-_SYMBOLIC_OPSET = 1  # register_custom_op_symbolic's "from this opset on"
 
 
 def foreign_ops(ops: Iterable[OpDef], skip: Iterable[str] = ()) -> list[tuple[OpDef, ForeignOp]]:
@@ -200,13 +198,13 @@ def scoped_foreign_symbolics(ops: Iterable[OpDef], skip: Iterable[str] = ()) -> 
         for op, f in foreign_ops(ops, skip):
             if _checked(op, f) is None:
                 continue
-            if reg is not None and reg.is_registered_op(f.name, _SYMBOLIC_OPSET):
+            if reg is not None and reg.is_registered_op(f.name, SYMBOLIC_OPSET):
                 continue
             existed = reg is not None and reg.get_function_group(f.name) is not None
-            torch.onnx.register_custom_op_symbolic(f.name, foreign_symbolic(op, f), _SYMBOLIC_OPSET)
+            torch.onnx.register_custom_op_symbolic(f.name, foreign_symbolic(op, f), SYMBOLIC_OPSET)
             added.append((f.name, existed))
         yield [name for name, _ in added]
     finally:
         for name, existed in reversed(added):
-            torch.onnx.unregister_custom_op_symbolic(name, _SYMBOLIC_OPSET)
+            torch.onnx.unregister_custom_op_symbolic(name, SYMBOLIC_OPSET)
             forget_empty_group(name, existed)

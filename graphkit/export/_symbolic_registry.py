@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["symbolic_registry", "forget_empty_group"]
+__all__ = ["SYMBOLIC_OPSET", "symbolic_registry", "forget_empty_group"]
+
+# The opset custom symbolics are registered at ("from this opset on"). torch serves a target
+# opset >= 9 from the highest registration <= it, and (legacy rule) 7 and 8 only from a
+# registration in [target, 9]: 9 is the one value that covers every opset it exports.
+SYMBOLIC_OPSET = 9
 
 
 def symbolic_registry() -> Any:

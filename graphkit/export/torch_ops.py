@@ -39,6 +39,7 @@ from graphkit.export._placeholder import bind as _bind
 from graphkit.export._placeholder import emit_placeholder as _emit_placeholder
 from graphkit.export._placeholder import onnxscript_translation
 from graphkit.export._placeholder import params as _params
+from graphkit.export._symbolic_registry import SYMBOLIC_OPSET as _SYMBOLIC_OPSET
 from graphkit.export._symbolic_registry import forget_empty_group, symbolic_registry
 from graphkit.ops import TORCH_NAMESPACE, AttrType, OpDef, OpPackage, OpRegistry
 
@@ -60,7 +61,6 @@ __all__ = [
 
 # The torch namespace of ops that do not name their own (OpDef.torch_namespace's default).
 LIBRARY_NAMESPACE = TORCH_NAMESPACE
-_SYMBOLIC_OPSET = 1  # register_custom_op_symbolic's "from this opset on"
 
 
 def torch_name(op: OpDef) -> str:
