@@ -1,10 +1,10 @@
 """LayerNorm and GELU fusions on a 24-layer BERT-like encoder: graphkit vs onnxscript.
 
 The encoder (tests/fusion_models.py: hand-written BERT LayerNorm, nn.GELU() and
-nn.GELU(approximate="tanh") in alternate layers, a hand-written tanh GELU in the pooler) is exported by torch.export at opset 18
-and converted to opset 20 (Gelu) before any timing. Each contender then fuses the same
-file in this process, file to file (load, fuse, save); the time is the process's CPU time,
-the least of --repeat runs:
+nn.GELU(approximate="tanh") in alternate layers, a hand-written tanh GELU in the pooler)
+is exported by torch.export at opset 18 and converted to opset 20 (Gelu) before any timing.
+Each contender then fuses the same file in this process, file to file (load, fuse, save);
+the time is the process's CPU time, the least of --repeat runs:
 
 - graphkit: ``rewrite_model(model, rules=fusions.rule_set(...), lowering=Lowering.KEEP)``
   (``check=False``, as onnxscript checks nothing; the checked time is printed too);
@@ -17,7 +17,7 @@ the least of --repeat runs:
 Prints the times, the ratio and the number of fused nodes each produced, and checks both
 results against the original in ONNX Runtime.
 
-    python bench/fusions.py [--layers 24] [--repeat 5]
+    python bench/fusions.py [--layers 24] [--repeat 7]
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def ort_outputs(path: Path, feeds: dict) -> list:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=24)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "encoder.onnx"
