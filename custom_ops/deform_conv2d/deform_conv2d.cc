@@ -14,7 +14,10 @@
 //   - few positions (late layers: 512 channels at 7x7): the columns of a chunk of
 //     positions (several images together when they are small) are sampled in parallel,
 //     then the GEMM is split into blocks of output channels or of positions, whichever
-//     repacks less (BLAS packs both operands of each call).
+//     repacks less (BLAS packs both operands of each call);
+//   - under 128 positions in a chunk (batch 1 at 7x7) the GEMM is bound by reading the
+//     weight, which BLAS would also copy on every call: there a register-blocked kernel
+//     (Strips) multiplies the columns by the weight packed once per kernel.
 // The weight is reordered to the columns' k order once, when ORT creates the kernel, if it
 // is a constant initializer (the usual case); otherwise on every call.
 #include <algorithm>
@@ -27,6 +30,10 @@
 #include <new>
 #include <thread>
 #include <vector>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
 
 #include <cblas.h>  // scipy-openblas32: the same API with scipy_-prefixed names
 
@@ -74,6 +81,127 @@ class Aligned {
   size_t capacity_ = 0;
 };
 
+// ---- SIMD vectors along output channels ------------------------------------------------
+
+template <class T>
+struct Simd;
+
+#if defined(__AVX512F__)
+template <>
+struct Simd<float> {
+  using V = __m512;
+  static constexpr int L = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+};
+template <>
+struct Simd<double> {
+  using V = __m512d;
+  static constexpr int L = 8;
+  static V zero() { return _mm512_setzero_pd(); }
+  static V load(const double* p) { return _mm512_loadu_pd(p); }
+  static void store(double* p, V v) { _mm512_storeu_pd(p, v); }
+  static V set1(double x) { return _mm512_set1_pd(x); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
+};
+constexpr int kMR = 12, kNV = 2;  // 24 accumulators of 32 registers
+#elif defined(__AVX2__) && defined(__FMA__)
+template <>
+struct Simd<float> {
+  using V = __m256;
+  static constexpr int L = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+};
+template <>
+struct Simd<double> {
+  using V = __m256d;
+  static constexpr int L = 4;
+  static V zero() { return _mm256_setzero_pd(); }
+  static V load(const double* p) { return _mm256_loadu_pd(p); }
+  static void store(double* p, V v) { _mm256_storeu_pd(p, v); }
+  static V set1(double x) { return _mm256_set1_pd(x); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
+};
+constexpr int kMR = 6, kNV = 2;  // 12 accumulators of 16 registers
+#else
+// Portable fallback: GCC/Clang vector extensions (SSE2 on baseline x86-64, NEON on ARM).
+template <class T>
+struct Simd {
+  static constexpr int L = 16 / sizeof(T);
+  typedef T V __attribute__((vector_size(16)));
+  typedef T VU __attribute__((vector_size(16), aligned(sizeof(T))));  // unaligned access
+  static V zero() { return V{}; }
+  static V load(const T* p) { return *reinterpret_cast<const VU*>(p); }
+  static void store(T* p, V v) { *reinterpret_cast<VU*>(p) = v; }
+  static V set1(T x) { return V{} + x; }
+  static V fma(V a, V b, V c) { return a * b + c; }
+};
+constexpr int kMR = 4, kNV = 2;  // 8 accumulators of 16 registers
+#endif
+
+
+// The weight-bound GEMM of few positions (batch 1 at 7x7: 49) and many output channels.
+// OpenBLAS packs both operands on every call; there, repacking the weight is ~18% of the
+// call (perf: sgemm_oncopy at 512 channels, 7x7). So the weight is packed once per kernel
+// into strips of NR output channels (k-major) and multiplied by a register-blocked
+// micro-kernel, K in blocks of kKC so that a block of the columns and of a strip stay in
+// L2: the weight is read once per call, as ORT's MLAS does.
+constexpr int64_t kFewPositions = 128;  // fewer positions per chunk: the strips path
+constexpr int64_t kKC = 384;
+
+template <class T>
+struct Strips {
+  using S = Simd<T>;
+  using V = typename S::V;
+  static constexpr int MR = kMR, NV = kNV, NR = NV * S::L;
+
+  // tile (MR x NR) = [tile +] a (MR rows, row stride lda; rows past `rows` repeat the
+  // last) * b (K x NR, one packed strip).
+  static void micro(int64_t K, const T* a, int64_t lda, int64_t rows, const T* b, T* tile, bool add) {
+    const T* ar[MR];
+    for (int r = 0; r < MR; ++r) ar[r] = a + std::min<int64_t>(r, rows - 1) * lda;
+    V acc[MR][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = add ? S::load(tile + r * NR + v * S::L) : S::zero();
+    for (int64_t k = 0; k < K; ++k) {
+      V bv[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) bv[v] = S::load(b + k * NR + v * S::L);
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        const V av = S::set1(ar[r][k]);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[r][v] = S::fma(av, bv[v], acc[r][v]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) S::store(tile + r * NR + v * S::L, acc[r][v]);
+  }
+
+  // Strip `st` of group `gw` from the reordered weight (M, K): out[gw][st][k][NR], zero past
+  // the group's last output channel.
+  static void pack(int64_t K, int64_t mg, const T* wr, T* out, int64_t gw, int64_t st) {
+    const int64_t strips = (mg + NR - 1) / NR, m0 = gw * mg + st * NR, count = std::min<int64_t>(NR, mg - st * NR);
+    T* dst = out + (gw * strips + st) * K * NR;
+    if (count < NR) std::fill_n(dst, K * NR, T(0));
+    for (int64_t i = 0; i < count; ++i) {
+      const T* src = wr + (m0 + i) * K;
+      for (int64_t k = 0; k < K; ++k) dst[k * NR + i] = src[k];
+    }
+  }
+};
+
 // c (m x n, row stride ldc) = a (m x k, row-major) * b^T, b being n x k row-major.
 inline void gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
                     float* c, int64_t ldc) {
@@ -109,7 +237,7 @@ void reorder_weight(const dcn::Geometry& g, const T* weight, T* out, int64_t m0,
 // rest by the thread that called Compute (read by the others meanwhile).
 template <class T>
 struct Scratch {
-  Aligned<T> cols, pixels, weight, chunk, product;
+  Aligned<T> cols, pixels, weight, chunk, product, tiles, strips;
 };
 
 template <class T>
@@ -147,9 +275,11 @@ class Concurrency {
   std::atomic<int64_t> seen_{1};
 };
 
-template <class T>
-void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T* x, const T* wp, const T* offset,
-         const T* bias, const T* mask, T* y) {
+// `wp`: the weight in the columns' k order; `strip_weight()`: the same packed in strips
+// (Strips<T>), asked for only when a chunk has fewer than kFewPositions positions.
+template <class T, class StripWeight>
+void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T* x, const T* wp,
+         StripWeight&& strip_weight, const T* offset, const T* bias, const T* mask, T* y) {
   single_threaded_blas();
   const int64_t K = g.group_k(), mg = g.mg(), np = g.positions(), hw = g.h * g.w, kg = K * g.groups;
   const int64_t kk = g.taps(), og = g.offset_groups;
@@ -222,6 +352,40 @@ void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T
       const int64_t n = a / np;
       dcn::sample(g, image(n), offsets(n), masks(n), a - n * np, b - n * np, cols + (a - j0) * K, K, len * K);
     });
+    if (len < kFewPositions) {  // Phase 2, weight-bound: strips of output channels per task
+      using SG = Strips<T>;
+      constexpr int64_t MR = SG::MR, NR = SG::NR;
+      const T* pk = strip_weight();
+      const int64_t strips = cdiv(mg, NR), rows_padded = cdiv(len, MR) * MR;
+      const int64_t want = cdiv(std::clamp<int64_t>(concurrency.threads(), 2, kMaxBlocks), g.groups);
+      const int64_t sb = cdiv(strips, std::min(want, strips)), sblocks = cdiv(strips, sb);
+      ctx.parallel_for(size_t(g.groups * sblocks), [&](size_t task) {
+        const int64_t gw = int64_t(task) / sblocks, s0 = (int64_t(task) % sblocks) * sb;
+        const int64_t s1 = std::min(strips, s0 + sb);
+        Aligned<T>& tiles = scratch<T>().tiles;
+        tiles.reserve(size_t((s1 - s0) * rows_padded * NR));
+        const T* a = cols + gw * len * K;
+        for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+          const int64_t kc = std::min(kKC, K - k0);
+          for (int64_t st = s0; st < s1; ++st) {
+            const T* b = pk + ((gw * strips + st) * K + k0) * NR;
+            T* tile = tiles.data() + (st - s0) * rows_padded * NR;
+            for (int64_t r0 = 0; r0 < len; r0 += MR)
+              SG::micro(kc, a + r0 * K + k0, K, std::min(MR, len - r0), b, tile + r0 * NR, k0 > 0);
+          }
+        }
+        for (int64_t st = s0; st < s1; ++st) {  // (positions x channels) tiles -> (N, M, P)
+          const T* tile = tiles.data() + (st - s0) * rows_padded * NR;
+          const int64_t m0 = gw * mg + st * NR, count = std::min<int64_t>(NR, mg - st * NR);
+          for (int64_t r = 0; r < len; ++r) {
+            const int64_t n = (j0 + r) / np, p = j0 + r - n * np;
+            T* dst = y + (n * g.m + m0) * np + p;
+            for (int64_t i = 0; i < count; ++i) dst[i * np] = tile[r * NR + i] + (bias ? bias[m0 + i] : T(0));
+          }
+        }
+      });
+      continue;
+    }
     // Phase 2: blocks of output channels (mb per group) x positions (cb); split the larger
     // side, which duplicates the least packing.
     const bool one_image = j0 / np == (j1 - 1) / np;
@@ -279,6 +443,9 @@ struct DeformConv2d {
   const void* constant = nullptr;
   Shape constant_shape;
   Concurrency concurrency;
+  // The constant weight packed in strips (Strips<T>::pack), made on first need.
+  Aligned<T> strips;
+  std::once_flag strips_once;
 
   DeformConv2d(const Api&, const KernelInfo& info) {
     if (info.has("stride")) attrs.stride = info.get_ints("stride");
@@ -333,7 +500,28 @@ struct DeformConv2d {
     if (!problem.empty()) api.fail(ORT_INVALID_ARGUMENT, problem);
     T* y = ctx.output<T>(0, {g.n, g.m, g.ho, g.wo});
     if (g.n == 0 || g.m == 0) return;
-    run<T>(ctx, concurrency, g, x.as<T>(), weight(ctx, g, w), off.as<T>(), has_bias ? b.as<T>() : nullptr, has_mask ? m.as<T>() : nullptr,
+    const T* wr = weight(ctx, g, w);
+    auto strip_weight = [&]() -> const T* {
+      const int64_t nr = Strips<T>::NR, count = cdiv(g.mg(), nr), K = g.group_k();
+      auto fill = [&](T* out) {
+        ctx.parallel_for(size_t(g.groups * count), [&](size_t i) {
+          Strips<T>::pack(K, g.mg(), wr, out, int64_t(i) / count, int64_t(i) % count);
+        });
+      };
+      const size_t size = size_t(g.groups * count * K * nr);
+      if (wr == reordered.data()) {  // the constant weight: packed once
+        std::call_once(strips_once, [&] {
+          strips.reserve(size);
+          fill(strips.data());
+        });
+        return strips.data();
+      }
+      Aligned<T>& buffer = scratch<T>().strips;
+      buffer.reserve(size);
+      fill(buffer.data());
+      return buffer.data();
+    };
+    run<T>(ctx, concurrency, g, x.as<T>(), wr, strip_weight, off.as<T>(), has_bias ? b.as<T>() : nullptr, has_mask ? m.as<T>() : nullptr,
            y);
   }
 
