@@ -26,7 +26,11 @@ PACKAGE = OpPackage(
                          # deform_conv2d's GEMM: OpenBLAS from the scipy-openblas32 wheel
                          include_dirs=(scipy_openblas32.get_include_dir(),),
                          library_dirs=(scipy_openblas32.get_lib_dir(),),
-                         libraries=(scipy_openblas32.get_library(),)),
+                         libraries=(scipy_openblas32.get_library(),),
+                         # one rounding per operation, as in the torch references: gcc's
+                         # default fma contraction (with -march=native) keeps 2 * max + -inf
+                         # from overflowing (-inf where torch gives NaN)
+                         cxx_flags=("-ffp-contract=off",)),
     version=__version__,
     doc="graphkit's built-in ops: my_add, deform_conv2d, asinh",
 )

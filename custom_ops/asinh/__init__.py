@@ -84,7 +84,7 @@ def _log1p(builder, u: str, like: str) -> str:
 
 
 def log_sqrt(builder, inputs: Sequence[str], attrs: Mapping[str, Any]) -> list[str]:
-    """asinh with ops every runtime has (opset 7 and later; float64 needs opset 8's Max),
+    """asinh with ops every runtime has (opset 7 and later, every float type),
     exact to a few ulps over the whole range, for every float type:
 
     - |x| < 1: log1p(|x| + x^2 / (1 + sqrt(1 + x^2))) (no cancellation; asinh(1e-20) is
@@ -100,14 +100,17 @@ def log_sqrt(builder, inputs: Sequence[str], attrs: Mapping[str, Any]) -> list[s
     one = builder.constant(1, like=x)
     zero = builder.constant(0, like=x)
     magnitude = builder.op("Abs", x)
-    small, large = builder.op("Min", magnitude, one), builder.op("Max", magnitude, one)
+    is_small = _as_type_of(builder, builder.op("Less", magnitude, one), x)
+    # min(|x|, 1) and max(|x|, 1) as |x|^w with w in {0, 1} (pow(v, 0) is 1 even for inf and
+    # NaN): finite in the branch not taken, and opset 7 has no double Min, Max or Clip
+    small = builder.op("Pow", magnitude, is_small)
+    large = builder.op("Pow", magnitude, builder.op("Sub", one, is_small))
     square = builder.op("Mul", small, small)
     root = builder.op("Add", one, builder.op("Sqrt", builder.op("Add", one, square)))
     below = _log1p(builder, builder.op("Add", small, builder.op("Div", square, root)), x)
     inverse = builder.op("Div", one, large)
     tail = builder.op("Sqrt", builder.op("Add", one, builder.op("Mul", inverse, inverse)))
     above = builder.op("Add", builder.op("Log", large), builder.op("Log", builder.op("Add", one, tail)))
-    is_small = _as_type_of(builder, builder.op("Less", magnitude, one), x)
     value = builder.op("Add", builder.op("Mul", is_small, below),
                        builder.op("Mul", builder.op("Sub", one, is_small), above))
     # the sign bit: x < 0, or 1 / x < 0 for -0.0 (a NaN's sign is not visible: NaN stays NaN)

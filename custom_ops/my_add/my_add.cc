@@ -80,39 +80,48 @@ inline uint16_t float_to_half(float f) {
 
 // ---- inner loops: y[i] = 2 * a[i] + b[i] over one contiguous run ----------------------
 // `__restrict` + -O3 lets gcc vectorize the float/double loops; the output never
-// aliases an input (the op declares no in-place outputs).
+// aliases an input (the op declares no in-place outputs). 2a is written a + a: exact like
+// torch's 2 * a, and never contracted into an fma (which would not overflow where torch's
+// 2 * a does: my_add(max, -inf) is NaN in torch, -inf with an fma).
 
 template <class T>
 struct Loops {
   static void both(const T* __restrict a, const T* __restrict b, T* __restrict y, size_t n) {
-    for (size_t i = 0; i < n; ++i) y[i] = T(2) * a[i] + b[i];
+    for (size_t i = 0; i < n; ++i) y[i] = (a[i] + a[i]) + b[i];
   }
   static void scalar_b(const T* __restrict a, T b, T* __restrict y, size_t n) {
-    for (size_t i = 0; i < n; ++i) y[i] = T(2) * a[i] + b;
+    for (size_t i = 0; i < n; ++i) y[i] = (a[i] + a[i]) + b;
   }
   static void scalar_a(T a, const T* __restrict b, T* __restrict y, size_t n) {
-    const T a2 = T(2) * a;
+    const T a2 = a + a;
     for (size_t i = 0; i < n; ++i) y[i] = a2 + b[i];
   }
-  static void fill(T a, T b, T* __restrict y, size_t n) { std::fill(y, y + n, T(2) * a + b); }
+  static void fill(T a, T b, T* __restrict y, size_t n) { std::fill(y, y + n, (a + a) + b); }
 };
 
 template <>
 struct Loops<Half> {
-  // Computed in float and rounded once to half: the same result as numpy's float16.
+  // Computed in float, rounded to half after 2a and after the sum, as torch and numpy
+  // round each float16 op (2a overflows at |a| > 32752: my_add(65504, -65504) is inf).
+  static float twice(float f) { return half_to_float(float_to_half(f + f)); }
+#if defined(__F16C__)
+  static __m256 twice(__m256 v) {
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_add_ps(v, v), _MM_FROUND_TO_NEAREST_INT));
+  }
+#endif
   static void both(const Half* __restrict a, const Half* __restrict b, Half* __restrict y, size_t n) {
     size_t i = 0;
 #if defined(__F16C__)
     for (; i + 8 <= n; i += 8) {
       const __m256 va = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
       const __m256 vb = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
-      const __m256 r = _mm256_add_ps(_mm256_add_ps(va, va), vb);
+      const __m256 r = _mm256_add_ps(twice(va), vb);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
     }
 #endif
     for (; i < n; ++i) {
       const float fa = half_to_float(a[i].bits);
-      y[i].bits = float_to_half(fa + fa + half_to_float(b[i].bits));
+      y[i].bits = float_to_half(twice(fa) + half_to_float(b[i].bits));
     }
   }
   static void scalar_b(const Half* __restrict a, Half b, Half* __restrict y, size_t n) {
@@ -122,18 +131,18 @@ struct Loops<Half> {
     const __m256 vb = _mm256_set1_ps(fb);
     for (; i + 8 <= n; i += 8) {
       const __m256 va = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
-      const __m256 r = _mm256_add_ps(_mm256_add_ps(va, va), vb);
+      const __m256 r = _mm256_add_ps(twice(va), vb);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT));
     }
 #endif
     for (; i < n; ++i) {
       const float fa = half_to_float(a[i].bits);
-      y[i].bits = float_to_half(fa + fa + fb);
+      y[i].bits = float_to_half(twice(fa) + fb);
     }
   }
   static void scalar_a(Half a, const Half* __restrict b, Half* __restrict y, size_t n) {
     const float fa = half_to_float(a.bits);
-    const float a2 = fa + fa;
+    const float a2 = twice(fa);
     size_t i = 0;
 #if defined(__F16C__)
     const __m256 va2 = _mm256_set1_ps(a2);
@@ -147,7 +156,7 @@ struct Loops<Half> {
   }
   static void fill(Half a, Half b, Half* __restrict y, size_t n) {
     const float fa = half_to_float(a.bits);
-    const Half v{float_to_half(fa + fa + half_to_float(b.bits))};
+    const Half v{float_to_half(twice(fa) + half_to_float(b.bits))};
     std::fill(y, y + n, v);
   }
 };

@@ -78,7 +78,9 @@ class GapFiller:
     how close the filler is to torch on every input (tests/test_edges.py checks edge
     values). ``unsupported``: dtype name -> why the exported model cannot run on ONNX
     Runtime's CPU provider for that dtype (checked: it must fail). ``semantics``: where the
-    filler departs from torch on purpose, and why.
+    filler departs from torch on purpose, and why. ``tolerance_scale``: what rtol is relative
+    to, ``"result"`` (|torch's value|) or ``"inputs"`` (the largest input magnitude, for
+    results that cancel in torch as much as here: logaddexp near 0).
     """
 
     aten: str
@@ -90,6 +92,7 @@ class GapFiller:
     tolerance: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     unsupported: Mapping[str, str] = field(default_factory=dict)
     semantics: str = ""
+    tolerance_scale: str = "result"
 
     def __post_init__(self) -> None:
         if not self.aten.startswith("aten::") or len(self.aten) <= len("aten::"):

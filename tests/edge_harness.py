@@ -1,0 +1,626 @@
+"""Edge-value harness: every op graphkit defines and every ATen gap filler, in every
+lowering, against torch eager on a grid of hard values, per dtype.
+
+The grid (per dtype): +-0, the smallest and largest subnormals, the smallest normal, +-1
+and small integers and halves, values near the dtype's overflow (max, sqrt(max)) and
+underflow (sqrt(tiny)), huge and tiny magnitudes, +-inf, NaN of both signs, integer
+extremes for integer dtypes, then ``examples`` random draws (log-uniform magnitudes, both
+signs). Binary inputs get the cross product of the special values plus random pairs.
+
+A case passes when the lowering's output has torch's dtype and shape, NaN exactly where
+torch has NaN, torch's sign bit elsewhere (zeros and infinities included) and
+|got - want| <= atol + rtol * scale, with (rtol, atol) the op's declared tolerance for the
+dtype (:func:`graphkit.ops.tolerance_for`) and scale = |want| (for graphkit's ops, the
+larger of |want| and |reference(|inputs|)|, the sum of the magnitudes a sum of products
+rounds against).
+
+Each lowered model is built once per (op, lowering, opset, dtype) and fed the whole grid:
+in one batch for graphkit's elementwise ops, in runs of the example's shape for a gap
+filler (whose examples fix the shapes the symbolic sees) and for deform_conv2d.
+
+``python bench/edges.py`` prints the table; tests/test_edges.py asserts it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import os
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+ENV_EXAMPLES = "GRAPHKIT_EDGE_EXAMPLES"
+DEFAULT_EXAMPLES = 32
+FLOAT_DTYPES = ("float16", "float32", "float64")
+INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
+LATEST_OPSET = 21  # newest opset the custom-op lowerings are tried at
+
+
+def budget() -> int:
+    """Random draws per dtype: GRAPHKIT_EDGE_EXAMPLES (default 32). A budget above the
+    default also tries every opset and every example (nightly-style)."""
+    return int(os.environ.get(ENV_EXAMPLES, DEFAULT_EXAMPLES))
+
+
+def thorough() -> bool:
+    return budget() > DEFAULT_EXAMPLES
+
+
+# --------------------------------------------------------------------------- the grid
+
+
+def _seed(*parts: object) -> int:
+    """A fixed seed per case (``hash`` of a str changes from process to process)."""
+    return zlib.crc32(repr(parts).encode())
+
+
+def special_values(dtype: str) -> np.ndarray:
+    """The hand-picked hard values of ``dtype`` (floats: signed, ordered by interest)."""
+    dt = np.dtype(dtype)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        values = [0, 1, 2, 7, 100, info.max, info.max - 1, info.min, info.min + 1]
+        values += [-1, -2, -7, -100] if dt.kind == "i" else [3, 255]
+        return np.array([v for v in values if info.min <= v <= info.max], dtype=dt)
+    info = np.finfo(dt)
+    sub = float(info.smallest_subnormal)
+    tiny, big = float(info.tiny), float(info.max)
+    magnitudes = [0.0, 1.0, 0.5, 1.5, 2.0, 2.5, 3.0, 7.25, 20.0, 100.0, 1e-3, 1e-8, 1e4,
+                  sub, tiny - sub, tiny, math.sqrt(tiny), float(info.eps), 1.0 - float(info.eps) / 2,
+                  math.sqrt(big), big / 2, big, math.pi, 1e10, 1e-20, 1e20, 1e38, 1e-30, 1e300, 1e-300]
+    with np.errstate(over="ignore", under="ignore"):
+        mags = np.array(magnitudes, np.float64).astype(dt)
+    mags = mags[np.isfinite(mags) & ((mags != 0) | (np.arange(len(mags)) == 0))]
+    mags = np.array(list(dict.fromkeys(mags.tolist())), dt)
+    signed = np.concatenate([mags, -mags])
+    nan = np.array([np.nan], dt)
+    return np.concatenate([signed, np.array([np.inf, -np.inf], dt), nan, -nan])
+
+
+def random_values(dtype: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    dt = np.dtype(dtype)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        small = rng.integers(max(info.min, -1000), min(info.max, 1000), n // 2, endpoint=True)
+        wide = rng.integers(info.min, info.max, n - n // 2, endpoint=True, dtype=np.int64 if dt.kind == "i" else np.uint64)
+        return np.concatenate([small, wide]).astype(dt)
+    info = np.finfo(dt)
+    top = math.log10(float(info.max))
+    exponent = rng.uniform(-top, top, n)
+    exponent[: n // 2] = rng.uniform(-3, 3, n // 2)  # half of them near 1
+    sign = rng.choice([-1.0, 1.0], n)
+    with np.errstate(over="ignore"):
+        return (sign * 10.0 ** exponent).astype(dt)
+
+
+def grid(dtype: str, examples: int, rng: np.random.Generator) -> np.ndarray:
+    return np.concatenate([special_values(dtype), random_values(dtype, examples, rng)])
+
+
+def pairs(a_dtype: str, b_dtype: str, examples: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Cross product of the special values, then random pairs."""
+    sa, sb = special_values(a_dtype), special_values(b_dtype)
+    a = np.repeat(sa, len(sb))
+    b = np.tile(sb, len(sa))
+    ga, gb = grid(a_dtype, examples, rng), grid(b_dtype, examples, rng)
+    n = max(len(ga), len(gb), examples * 4)
+    ra = ga[rng.integers(0, len(ga), n)]
+    rb = gb[rng.integers(0, len(gb), n)]
+    return np.concatenate([a, ra]), np.concatenate([b, rb])
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+@dataclass
+class Outcome:
+    """What one (op, lowering, dtype) did over its grid."""
+
+    op: str
+    lowering: str
+    dtype: str
+    cases: int = 0
+    worst: float = 0.0  # max |got - want| / max(|scale|, smallest normal), finite expected values
+    failures: list[str] = field(default_factory=list)
+    status: str = "ok"  # ok, failed, unsupported (declared), refused (by graphkit's selection)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.op, self.lowering, self.dtype
+
+    deliberate: int = 0          # cases left out as a documented difference
+    deliberate_differs: int = 0  # ... of which really differ from torch
+
+    def note_deliberate(self, got: np.ndarray, want: np.ndarray, skip: np.ndarray) -> None:
+        g, w = got.astype(np.float64).ravel()[skip.ravel()], want.astype(np.float64).ravel()[skip.ravel()]
+        self.deliberate += int(g.size)
+        same = ((g == w) & (np.signbit(g) == np.signbit(w))) | (np.isnan(g) & np.isnan(w))
+        self.deliberate_differs += int(np.count_nonzero(~same))
+
+    def fail(self, text: str) -> None:
+        self.status = "failed"
+        if len(self.failures) < 5:
+            self.failures.append(text)
+
+
+def compare(out: Outcome, got: np.ndarray, want: np.ndarray, tolerance: tuple[float, float],
+            scale: np.ndarray | None = None, inputs: Sequence[np.ndarray] = (),
+            skip: np.ndarray | None = None) -> None:
+    """Check ``got`` against ``want`` (see the module docstring); record into ``out``.
+    ``skip``: cases (a bool mask like ``want``) left out as deliberate differences."""
+    out.cases += int(np.size(want)) - (0 if skip is None else int(np.count_nonzero(skip)))
+    if got.dtype != want.dtype:
+        out.fail(f"dtype {got.dtype}, torch {want.dtype}")
+        return
+    if got.shape != want.shape:
+        out.fail(f"shape {got.shape}, torch {want.shape}")
+        return
+    g = got.astype(np.float64).ravel()
+    w = want.astype(np.float64).ravel()
+    s = np.abs(w) if scale is None else np.maximum(np.abs(w), np.abs(np.broadcast_to(scale, want.shape).astype(np.float64).ravel()))
+    rtol, atol = tolerance
+    nan_w, nan_g = np.isnan(w), np.isnan(g)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(g - w)
+        close = (g == w) | (diff <= atol + rtol * s)
+        # sign bits: of zeros and infinities (a tiny value of either sign within tolerance is fine)
+        signed = (w == 0) | np.isinf(w)
+        bad = (nan_w != nan_g) | (~nan_w & ((signed & (np.signbit(g) != np.signbit(w))) | ~close))
+        if skip is not None:
+            bad &= ~np.asarray(skip).ravel()
+        finite = np.isfinite(w) & np.isfinite(g)
+        if skip is not None:
+            finite &= ~np.asarray(skip).ravel()
+        if finite.any():
+            tiny = float(np.finfo(want.dtype).tiny) if want.dtype.kind == "f" else 1.0
+            rel = diff[finite] / np.maximum(s[finite], tiny)
+            out.worst = max(out.worst, float(rel.max()))
+    if bad.any():
+        for i in np.flatnonzero(bad)[:3]:
+            at = ", ".join(f"{np.asarray(x).ravel()[i % max(np.size(x), 1)]!r}" for x in inputs
+                           if np.size(x) == np.size(want)) if inputs else ""
+            out.fail(f"[{i}] got {got.ravel()[i]!r}, torch {want.ravel()[i]!r}" + (f" at ({at})" if at else ""))
+
+
+# --------------------------------------------------------------------------- gap fillers
+
+# Where a gap filler departs from torch on purpose (its row's ``semantics`` says why):
+# filler name -> (inputs, torch's output -> bool mask of the cases left out, the reason).
+# tests/test_edges.py checks that the cases left out do differ from torch.
+def _negative_nan_sign(inputs, want):
+    y = np.broadcast_to(inputs[1], want.shape).astype(np.float64)
+    return np.isnan(y) & np.signbit(y)
+
+
+def _equal_finite(inputs, want):
+    x, y = (np.broadcast_to(a, want.shape).astype(np.float64) for a in inputs[:2])
+    return (x == y) & np.isfinite(x)
+
+
+DELIBERATE: dict[str, tuple[Callable[[list[np.ndarray], np.ndarray], np.ndarray], str]] = {
+    "copysign": (_negative_nan_sign, "copysign(x, -nan): a NaN's sign bit is invisible to ONNX ops before "
+                 "opset 26 (BitCast); graphkit gives |x|, torch -|x|"),
+    "logaddexp2": (_equal_finite, "logaddexp2(x, x) = x + 1 exactly; torch rounds m + log1p(1) / ln 2"),
+}
+
+
+class _Call:
+    @staticmethod
+    def module(fn):
+        import torch
+
+        class Call(torch.nn.Module):
+            def forward(self, *args):
+                return fn(*args)
+
+        return Call()
+
+
+def _slots(args) -> list[tuple[int, str]]:
+    """(argument index, dtype name) of the tensor arguments that carry values."""
+    out = []
+    for i, a in enumerate(args):
+        name = str(a.dtype).replace("torch.", "")
+        if a.dtype.is_floating_point or name in INT_DTYPES:
+            out.append((i, name))
+    return out
+
+
+def _variants(slots: list[tuple[int, str]]) -> Iterator[tuple[str, dict[int, str]]]:
+    """(label, argument index -> dtype): each float dtype, each integer dtype for the float
+    arguments, and float32 with float64 for two float arguments."""
+    floats = [i for i, d in slots if d in FLOAT_DTYPES or d == "bfloat16"]
+    fixed = {i: d for i, d in slots if i not in floats}
+    if not floats:
+        yield (slots[0][1] if slots else "none"), dict(fixed)
+        return
+    for d in FLOAT_DTYPES:
+        yield d, {**fixed, **{i: d for i in floats}}
+    for d in (INT_DTYPES if thorough() else INT_DTYPES[:1]):
+        yield d, {**fixed, **{i: d for i in floats}}
+    if len(floats) >= 2:
+        yield "float32+float64", {**fixed, floats[0]: "float32", floats[1]: "float64"}
+
+
+def _streams(kinds: dict[int, str], examples: int, rng) -> dict[int, np.ndarray]:
+    idx = sorted(kinds)
+    if len(idx) == 1:
+        return {idx[0]: grid(kinds[idx[0]], examples, rng)}
+    a, b = pairs(kinds[idx[0]], kinds[idx[1]], examples, rng)
+    out = {idx[0]: a, idx[1]: b}
+    for i in idx[2:]:
+        g = grid(kinds[i], examples, rng)
+        out[i] = g[rng.integers(0, len(g), len(a))]
+    return out
+
+
+def _batchable(template, kinds: dict[int, str], example) -> bool:
+    """Whether the value arguments share one shape (rank >= 1) that the output keeps: then
+    the model is exported with a dynamic first dimension and fed the whole grid at once."""
+    import torch
+
+    shapes = {tuple(template[i].shape) for i in kinds}
+    if len(shapes) != 1 or not next(iter(shapes)):
+        return False
+    try:
+        with torch.no_grad():
+            y = example.fn(*template)
+    except Exception:  # noqa: BLE001
+        return False
+    return isinstance(y, torch.Tensor) and tuple(y.shape) == next(iter(shapes))
+
+
+def _runs(template, kinds: dict[int, str], streams: dict[int, np.ndarray], batch: bool = False) -> Iterator[list]:
+    """The template arguments refilled with the streams, chunk by chunk (``batch``: in one
+    run, the first dimension grown to hold every value)."""
+    import torch
+
+    length = max(len(s) for s in streams.values())
+    if batch:
+        shape = tuple(template[next(iter(kinds))].shape)
+        inner = int(np.prod(shape[1:], dtype=np.int64))
+        rows = -(-length // inner)
+        template = list(template)
+        for i in kinds:
+            template[i] = torch.empty((rows, *shape[1:]), dtype=template[i].dtype)
+    sizes = {i: max(template[i].numel(), 1) for i in kinds}
+    step = max(sizes.values())
+    for start in range(0, length, step):
+        args = list(template)
+        for i, dtype in kinds.items():
+            n, s = sizes[i], streams[i]
+            values = s[(start + np.arange(n)) % len(s)]
+            args[i] = torch.from_numpy(values.reshape(tuple(template[i].shape)).copy())
+        yield args
+
+
+def _elementwise(example, args) -> bool:
+    import torch
+
+    try:
+        with torch.no_grad():
+            y = example.fn(*args)
+    except Exception:  # noqa: BLE001
+        return False
+    return isinstance(y, torch.Tensor) and any(a.shape == y.shape for a in args)
+
+
+def _examples(filler) -> list:
+    import torch
+
+    if thorough():
+        return list(filler.examples)
+    # the suite: the first example that maps values elementwise (else the first)
+    for i, ex in enumerate(filler.examples):
+        if _elementwise(ex, ex.inputs(torch.Generator().manual_seed(i))):
+            return [ex]
+    return list(filler.examples[:1])
+
+
+def _export(fn, args, opset: int, table, dynamic: Iterable[int] = ()) -> bytes:
+    import torch
+
+    from graphkit.export._loading import silenced_output
+    from graphkit.export.aten import scoped_gap_fillers
+
+    buf = io.BytesIO()
+    with silenced_output(), scoped_gap_fillers(table, opset):
+        torch.onnx.export(_Call.module(fn), tuple(args), buf, dynamo=False, opset_version=opset,
+                          input_names=[f"in{i}" for i in range(len(args))],
+                          dynamic_axes={f"in{i}": {0: "n"} for i in dynamic} or None)
+    return buf.getvalue()
+
+
+def check_gap_filler(filler, table=None, examples: int | None = None) -> list[Outcome]:
+    """Every (opset, dtype variant) of ``filler`` on the edge grid; one Outcome each
+    (lowering ``filler@<opset>``), plus the opsets tried at the end of the label."""
+    import onnxruntime as ort
+    import torch
+
+    from graphkit.export import GAP_FILLERS
+    from graphkit.ops import tolerance_for
+
+    table = GAP_FILLERS if table is None else table
+    examples = budget() if examples is None else examples
+    outcomes: dict[tuple[str, str], Outcome] = {}
+    for k, ex in enumerate(_examples(filler)):
+        template = list(ex.inputs(torch.Generator().manual_seed(k)))
+        slots = _slots(template)
+        for label, kinds in _variants(slots):
+            rng = np.random.default_rng(_seed(filler.aten, label, k))
+            args0 = list(template)
+            for i, d in kinds.items():
+                args0[i] = template[i].to(getattr(torch, d))
+            try:
+                with torch.no_grad():
+                    ex.fn(*args0)
+            except Exception:  # noqa: BLE001 - torch does not take this dtype: not a case
+                continue
+            opsets = (range(filler.min_opset, 21) if thorough() else
+                      sorted({filler.min_opset, 17}) if label == "float32" else [17])
+            streams = _streams(kinds, examples, rng)
+            batch = _batchable(args0, kinds, ex)
+            for opset in opsets:
+                out = outcomes.setdefault((f"filler@{opset}", label), Outcome(filler.name, f"filler@{opset}", label))
+                unsupported = next((why for d, why in filler.unsupported.items() if d in kinds.values()), None)
+                try:
+                    model = _export(ex.fn, args0, opset, table, kinds if batch else ())
+                    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+                except Exception as exc:  # noqa: BLE001
+                    if unsupported is not None:
+                        out.status = "unsupported"
+                    else:
+                        out.fail(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                    continue
+                if unsupported is not None:
+                    out.fail(f"declared unsupported ({unsupported}) but ONNX Runtime runs it: update the row")
+                    continue
+                names = {i.name for i in sess.get_inputs()}
+                for args in _runs(args0, kinds, streams, batch):
+                    with torch.no_grad():
+                        want = ex.fn(*args)
+                    feeds = {f"in{i}": a.numpy() for i, a in enumerate(args) if f"in{i}" in names}
+                    got = sess.run(None, feeds)[0]
+                    w = want.numpy()
+                    inputs = [a.numpy() for a in args]
+                    skip = None
+                    if filler.name in DELIBERATE:
+                        skip = DELIBERATE[filler.name][0](inputs, w)
+                        out.note_deliberate(got, w, skip)
+                    scale = None
+                    if filler.tolerance_scale == "inputs":
+                        scale = np.maximum.reduce([np.abs(np.broadcast_to(a, w.shape).astype(np.float64))
+                                                   for a in inputs if a.dtype.kind == "f"])
+                    compare(out, got, w, tolerance_for(filler.tolerance, str(w.dtype)), scale=scale,
+                            inputs=inputs, skip=skip)
+    return list(outcomes.values())
+
+
+# --------------------------------------------------------------------------- graphkit's ops
+
+
+@dataclass
+class OpCase:
+    """Inputs for one run of a graphkit op: arrays by input name (None: absent)."""
+
+    feeds: dict[str, np.ndarray | None]
+    attrs: dict[str, Any]
+    label: str = "grid"
+
+
+def _elementwise_cases(op, dtype: str, examples: int, rng) -> list[OpCase]:
+    names = [p.name for p in op.inputs]
+    if len(names) == 1:
+        return [OpCase({names[0]: grid(dtype, examples, rng)}, {})]
+    a, b = pairs(dtype, dtype, examples, rng)
+    return [OpCase({names[0]: a, names[1]: b}, {})]
+
+
+def _deform_cases(op, dtype: str, examples: int, rng) -> list[OpCase]:
+    """Modest shapes; edge values in the input, the offsets (far, inf, NaN, subnormal,
+    integer and half-integer positions) and the mask, the other inputs random."""
+    dt = np.dtype(dtype)
+    n, c, h, w, m, k = 1, 2, 5, 5, 3, 3
+    shapes = {"input": (n, c, h, w), "weight": (m, c, k, k), "offset": (n, 2 * k * k, 3, 3),
+              "bias": (m,), "mask": (n, k * k, 3, 3)}
+
+    def normal(name):
+        return rng.standard_normal(shapes[name]).astype(dt)
+
+    def base():
+        return {"input": normal("input"), "weight": normal("weight"),
+                "offset": (rng.standard_normal(shapes["offset"]) * 1.5).astype(dt),
+                "bias": normal("bias"), "mask": rng.uniform(0, 1, shapes["mask"]).astype(dt)}
+
+    def filled(name, values):
+        size = int(np.prod(shapes[name]))
+        out = []
+        for start in range(0, len(values), size):
+            chunk = values[(start + np.arange(size)) % len(values)]
+            rng.shuffle(chunk)
+            out.append(chunk.reshape(shapes[name]).astype(dt))
+        return out
+
+    offsets = np.array([0.0, -0.0, 0.5, -0.5, 1.0, -1.0, 2.5, -1.5, 4.0, -4.0, 1e-3, 0.999, -0.999, 5.0, -5.0,
+                        1e4, -1e4, 1e30, -1e30, np.inf, -np.inf, np.nan, float(np.finfo(dt).smallest_subnormal)])
+    masks = np.array([0.0, -0.0, 1.0, 0.5, -1.0, 2.0, 1e-30, 1e30, np.inf, -np.inf, np.nan])
+    cases = []
+    # finite image values small enough that 18-term sums of products do not overflow in
+    # one summation order and not another
+    image = grid(dtype, examples, rng)
+    limit = math.sqrt(float(np.finfo(dt).max)) / 1e3
+    image = image[~np.isfinite(image) | (np.abs(image) < limit)]
+    weights = special_values(dtype)
+    weights = weights[~np.isfinite(weights) | (np.abs(weights) < limit)]
+    for name, values in (("input", image), ("offset", offsets), ("mask", masks), ("weight", weights)):
+        for chunk in filled(name, np.asarray(values, np.float64)):
+            feeds = base()
+            feeds[name] = chunk
+            cases.append(OpCase(feeds, {}, f"edge values in {name}"))
+    return cases
+
+
+def op_cases(op, dtype: str, examples: int, rng) -> list[OpCase]:
+    if op.name == "deform_conv2d":
+        return _deform_cases(op, dtype, examples, rng)
+    return _elementwise_cases(op, dtype, examples, rng)
+
+
+def _model(op, case: OpCase, dtype: str, opset: int):
+    import onnx
+    from onnx import helper
+
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    names = [p.name if case.feeds.get(p.name) is not None else "" for p in op.inputs]
+    while names and not names[-1]:
+        names.pop()
+    node = helper.make_node(op.name, names, [p.name + "_out" for p in op.outputs], domain=op.domain,
+                            name="n0", **case.attrs)
+    shapes = {k: list(v.shape) for k, v in case.feeds.items() if v is not None}
+    inputs = [helper.make_tensor_value_info(n, elem, shapes[n]) for n in names if n]
+    outputs = [helper.make_tensor_value_info(p.name + "_out", elem, None) for p in op.outputs]
+    graph = helper.make_graph([node], "edges", inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(op.domain, 1)],
+                             ir_version=8 if opset < 21 else 10)
+
+
+def _torch_reference(op, case: OpCase, magnitudes: bool = False) -> list[np.ndarray]:
+    import torch
+
+    args = []
+    for p in op.inputs:
+        v = case.feeds.get(p.name)
+        if v is not None and magnitudes and p.name != "offset":  # offsets are positions
+            v = np.abs(v)
+        args.append(None if v is None else torch.from_numpy(np.ascontiguousarray(v)))
+    while args and args[-1] is None:
+        args.pop()
+    with torch.no_grad():
+        out = op.reference(*args, **case.attrs)
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    return [o.numpy() for o in outs]
+
+
+def lowerings(op) -> list[tuple[str, Any, int, Any]]:
+    """(label, Lowering, opset, registry): each decomposition alone at every opset it
+    supports (up to LATEST_OPSET), the native kernel, the Python kernel."""
+    from graphkit.ops import OpRegistry, discover
+    from graphkit.rewrite import Lowering
+
+    out = []
+    for dec in op.decompositions:
+        only = OpRegistry([dataclasses.replace(op, decompositions=(dec,))])
+        top = min(dec.max_opset or LATEST_OPSET, LATEST_OPSET)
+        opsets = (range(dec.min_opset, top + 1) if thorough() else
+                  sorted({dec.min_opset, max(dec.min_opset, min(17, top)), top}))
+        for opset in opsets:
+            out.append((f"{dec.name}@{opset}", Lowering.DECOMPOSE, opset, only))
+    kernels = discover(entry_points=False, environment=False)
+    if op.native:
+        out.append(("native", Lowering.NATIVE, 17, kernels))
+    if op.python_kernel is not None:
+        out.append(("python", Lowering.PYTHON, 17, kernels))
+    return out
+
+
+def check_op(op, examples: int | None = None) -> list[Outcome]:
+    """Every lowering of graphkit op ``op`` in every float dtype it declares, on the grid."""
+    import graphkit
+    from graphkit.errors import GraphkitError
+    from graphkit.ops import tolerance_for
+    from graphkit.rewrite import rewrite_model
+
+    from graphkit.ops import discover
+
+    examples = budget() if examples is None else examples
+    kernels = discover(entry_points=False, environment=False)
+    dtypes = sorted({_np_name(t) for ts in op.type_constraints.values() for t in ts})
+    results = []
+    for dtype in dtypes:
+        rng = np.random.default_rng(_seed(op.name, dtype))
+        cases = op_cases(op, dtype, examples, rng)
+        wants = [(_torch_reference(op, c), _torch_reference(op, c, magnitudes=True)) for c in cases]
+        tol = tolerance_for(op.tolerance, dtype)
+        for label, lowering, opset, registry in lowerings(op):
+            out = Outcome(op.name, label, dtype)
+            results.append(out)
+            try:
+                lowered, _ = rewrite_model(_model(op, cases[0], dtype, opset), registry=registry, lowering=lowering)
+                sess = graphkit.open_session(lowered, registry=kernels)
+            except GraphkitError as exc:  # graphkit's selection: nothing executable for this dtype
+                out.status = "refused"
+                out.failures.append(str(exc).splitlines()[0][:200])
+                continue
+            for case, (want, scale) in zip(cases, wants):
+                feeds = {k: v for k, v in case.feeds.items() if v is not None}
+                try:
+                    got = sess.run(feeds)
+                except GraphkitError as exc:
+                    out.fail(f"run: {str(exc).splitlines()[0][:200]}")
+                    break
+                for p, w, s in zip(op.outputs, want, scale):
+                    before = len(out.failures)
+                    compare(out, got[p.name + "_out"], w, tol, scale=s, inputs=list(feeds.values()))
+                    out.failures[before:] = [f"{case.label}: {f}" for f in out.failures[before:]]
+    return results
+
+
+def _np_name(type_str: str) -> str:
+    from onnx import TensorProto, helper
+
+    elem = getattr(TensorProto, type_str[len("tensor("):-1].upper())
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem)).name
+
+
+# --------------------------------------------------------------------------- report
+
+
+def format_table(outcomes: Iterable[Outcome]) -> str:
+    """Cases per op, and the worst relative error per lowering and dtype."""
+    outcomes = list(outcomes)
+    per_op: dict[str, int] = {}
+    for o in outcomes:
+        per_op[o.op] = per_op.get(o.op, 0) + o.cases
+    lines = [f"{'op':<20} {'lowering':<22} {'dtype':<16} {'cases':>7} {'worst rel err':>13}  status"]
+    for o in sorted(outcomes, key=lambda o: (o.op, o.lowering, o.dtype)):
+        worst = f"{o.worst:.3g}" if o.cases else "-"
+        lines.append(f"{o.op:<20} {o.lowering:<22} {o.dtype:<16} {o.cases:>7} {worst:>13}  {o.status}")
+    lines += ["", "cases checked per op:"]
+    lines += [f"  {op:<20} {n:>8}" for op, n in sorted(per_op.items())]
+    lines.append(f"  {'total':<20} {sum(per_op.values()):>8}")
+    return "\n".join(lines)
+
+
+def collapse(outcomes: Iterable[Outcome]) -> list[Outcome]:
+    """One row per (op, lowering kind, dtype): opsets folded (``log_sqrt@7-21``)."""
+    groups: dict[tuple[str, str, str], list[Outcome]] = {}
+    for o in outcomes:
+        base, _, opset = o.lowering.partition("@")
+        groups.setdefault((o.op, base, o.dtype), []).append(o)
+    rows = []
+    for (op, base, dtype), group in groups.items():
+        opsets = sorted(int(o.lowering.partition("@")[2]) for o in group if "@" in o.lowering)
+        label = base + (f"@{opsets[0]}-{opsets[-1]}" if len(opsets) > 1 else f"@{opsets[0]}" if opsets else "")
+        statuses = sorted({o.status for o in group})
+        row = Outcome(op, label, dtype, sum(o.cases for o in group), max(o.worst for o in group),
+                      [f for o in group for f in o.failures][:5], "/".join(statuses))
+        rows.append(row)
+    return rows
+
+
+def run_all(examples: int | None = None, fillers: Callable[[Any], bool] = lambda f: True) -> list[Outcome]:
+    from graphkit.export import GAP_FILLERS
+    from graphkit.ops import discover
+
+    out = []
+    for op in discover(entry_points=False, environment=False):
+        out += check_op(op, examples)
+    for f in GAP_FILLERS:
+        if fillers(f):
+            out += check_gap_filler(f, examples=examples)
+    return out
