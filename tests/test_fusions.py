@@ -24,15 +24,14 @@ from graphkit.errors import UsageError
 from graphkit.rewrite import Lowering, rewrite_model
 from graphkit.rewrite import fusions
 
-torch = pytest.importorskip("torch")
-import fusion_models as fm  # noqa: E402
-
 LAYERS = 2
 ENCODER_LAYERNORMS = 1 + 2 * LAYERS  # the embeddings' and two per layer
 TOKENS = 8
 
 
 def _export(model, args, path, dynamo: bool, opset: int, **kw) -> None:
+    import torch
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, args, str(path), dynamo=dynamo, opset_version=opset, **kw)
@@ -46,6 +45,10 @@ class Exported:
 
 
 def _encoder(tmp, exporter: str) -> Exported:
+    import torch
+
+    import fusion_models as fm
+
     ids = torch.randint(0, 40, (2, TOKENS), generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     if exporter == "torchscript":
@@ -65,6 +68,10 @@ def _encoder(tmp, exporter: str) -> Exported:
 
 
 def _resnet(tmp, exporter: str) -> Exported:
+    import torch
+
+    import fusion_models as fm
+
     x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
     torch.manual_seed(1)
     if exporter == "torchscript":
@@ -85,7 +92,9 @@ def _resnet(tmp, exporter: str) -> Exported:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """``exported("encoder", "dynamo")``: exported on first use, once per module."""
+    """``exported("encoder", "dynamo")``: exported on first use, once per module (needs torch;
+    the inline-model tests below do not)."""
+    pytest.importorskip("torch")
     cache: dict = {}
     tmp = tmp_path_factory.mktemp("fusions")
 
@@ -167,7 +176,10 @@ def test_gemm_only_on_2d_matmul(exported, exporter):
 
 @BOTH
 def test_conv_bn_folded_on_resnet(exported, exporter):
+    import fusion_models as fm  # torch is there: the fixture skipped otherwise
+
     ex = exported("resnet", exporter)
+
     assert ops(ex.model)["BatchNormalization"] == fm.ResNet.CONV_BN
     fused, report = fuse(ex, "conv_bn")
     assert report.rules.applied == {"conv_bn": fm.ResNet.CONV_BN}
