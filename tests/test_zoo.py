@@ -277,3 +277,21 @@ def test_split_num_outputs_dropped_below_opset_18(length, parts, sizes):
                            [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], opset=17)
     _split_without_num_outputs(unknown)
     assert [a.name for a in unknown.graph.node[0].attribute] == ["axis", "num_outputs"]  # left as it was
+
+
+def test_noop_with_empty_axes_dropped_below_opset_18():
+    """onnx's version converter keeps ReduceMean-18's noop_with_empty_axes=0 on ReduceMean-13
+    (Llama, DeepLab with dynamo=True at opset 17); 0 is ReduceMean-13's behaviour, 1 is not."""
+    from graphkit.export._export import _drop_default_attributes
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    for value, kept in ((0, []), (1, ["noop_with_empty_axes"])):
+        node = helper.make_node("ReduceMean", ["x"], ["y"], axes=[1], keepdims=1, noop_with_empty_axes=value)
+        model = _graph_model([node], [x], [y], opset=17)
+        _drop_default_attributes(model, 17)
+        assert [a.name for a in model.graph.node[0].attribute if a.name not in ("axes", "keepdims")] == kept
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    got = ort.InferenceSession(_graph_model([helper.make_node("ReduceMean", ["x"], ["y"], axes=[1])], [x], [y],
+                                            opset=17).SerializeToString()).run(None, {"x": data})[0]
+    assert np.array_equal(got, data.mean(axis=1, keepdims=True))

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx.numpy_helper
+import onnx.version_converter
 import torch
 
 from graphkit.errors import ExportError, GraphkitError
@@ -72,8 +73,8 @@ __all__ = ["export", "ExportReport", "CustomNode", "MAX_IR_VERSION"]
 # ONNX Runtime 1.31.1 loads ir_version <= 13; graphkit writes at most 10 so older runtimes
 # (ORT >= 1.17 reads 10) load its exports too.
 MAX_IR_VERSION = 10
-# torch 2.13's dynamo exporter builds opset 18; for a lower opset it runs onnx's version
-# converter, which handles some models (checked: the opset written must be the one asked).
+# torch 2.13's dynamo exporter builds opset 18; graphkit converts lower ones with onnx's
+# version converter (see _convert_down).
 _DYNAMO_MIN_OPSET = 18
 
 
@@ -354,9 +355,10 @@ def _export_dynamo(model, args, kwargs, registry, opset, names, output_names, dy
         table.update(placeholder_translations(placeholder_ops))
         table.update(foreign_translations(registry, skip=torch_translations))
         dynamic_shapes = _dynamic_shapes(model, args, kwargs, names, dynamic_dims)
-        with _quiet_dynamo() as converter:
+        with _quiet_dynamo():
             program = torch.onnx.export(
-                model, args, kwargs=kwargs or None, dynamo=True, opset_version=opset,
+                model, args, kwargs=kwargs or None, dynamo=True,
+                opset_version=max(opset, _DYNAMO_MIN_OPSET),
                 input_names=list(names) if given_names else None,
                 output_names=list(output_names) if output_names else None,
                 dynamic_shapes=dynamic_shapes, custom_translation_table=table,
@@ -364,17 +366,62 @@ def _export_dynamo(model, args, kwargs, registry, opset, names, output_names, dy
         if program is None:  # pragma: no cover - torch returns None only with f= given
             raise ExportError("torch.onnx.export returned no program")
         proto = program.model_proto
-        built = next((i.version for i in proto.opset_import if i.domain in ("", "ai.onnx")), None)
-        if built != opset:
-            # torch keeps the opset it built when onnx's version converter fails, and says so
-            # only in a log record.
-            raise ExportError(
-                f"the dynamo exporter builds opset {built} and onnx's version converter could not "
-                f"convert it to opset {opset}" + (f": {converter.failure}" if converter.failure else ""),
-                hint=f"export at opset >= {_DYNAMO_MIN_OPSET}, or with dynamo=False")
-        if opset < _DYNAMO_MIN_OPSET:
-            _split_without_num_outputs(proto)
-        return proto
+        return _convert_down(proto, opset) if opset < _DYNAMO_MIN_OPSET else proto
+
+
+def _convert_down(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """The dynamo exporter's opset-18 model converted to ``opset`` by onnx's version converter.
+
+    graphkit converts the finished model itself: torch's own conversion (asked for through
+    ``opset_version``) fails on axes it does not see as constants yet, and then keeps opset
+    18 silently. The converter has no adapter for Split-18, which differs from Split-13 only
+    by ``num_outputs``: Split nodes are hidden from it in a domain of their own and fixed
+    after, as is ReduceX-18's ``noop_with_empty_axes`` that it leaves behind.
+    """
+    splits = [n for n in _all_nodes(model.graph) if n.op_type == "Split" and n.domain in ("", "ai.onnx")]
+    for node in splits:
+        node.domain = _HIDDEN_DOMAIN
+    model.opset_import.append(onnx.helper.make_opsetid(_HIDDEN_DOMAIN, 1))
+    try:
+        converted = onnx.version_converter.convert_version(model, opset)
+    except Exception as exc:  # noqa: BLE001 - the converter raises RuntimeError or its own
+        raise ExportError(f"the dynamo exporter builds opset {_DYNAMO_MIN_OPSET} and onnx's version "
+                          f"converter could not convert it to opset {opset}: {_first_line(exc)}",
+                          hint=f"export at opset >= {_DYNAMO_MIN_OPSET}, or with dynamo=False") from exc
+    for node in _all_nodes(converted.graph):
+        if node.domain == _HIDDEN_DOMAIN:
+            node.domain = ""
+    imports = [i for i in converted.opset_import if i.domain != _HIDDEN_DOMAIN]
+    del converted.opset_import[:]
+    converted.opset_import.extend(imports)
+    _split_without_num_outputs(converted)
+    _drop_default_attributes(converted, opset)
+    return converted
+
+
+_HIDDEN_DOMAIN = "graphkit.hidden_from_converter"
+
+
+# Attributes newer opsets added whose value here means what the older op always does.
+_NO_OP_ATTRIBUTES = {"noop_with_empty_axes": 0}
+
+
+def _drop_default_attributes(model: onnx.ModelProto, opset: int) -> None:
+    """Remove attributes the node's schema at ``opset`` lacks when their value is the
+    behaviour of the older op (ReduceMean-18's ``noop_with_empty_axes=0`` on ReduceMean-13:
+    onnx's converter keeps it and ONNX Runtime refuses the node)."""
+    for node in _all_nodes(model.graph):
+        if node.domain not in ("", "ai.onnx") or not node.attribute:
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset, "")
+        except onnx.defs.SchemaError:
+            continue
+        keep = [a for a in node.attribute if a.name in schema.attributes
+                or _NO_OP_ATTRIBUTES.get(a.name, object()) != onnx.helper.get_attribute_value(a)]
+        if len(keep) != len(node.attribute):
+            del node.attribute[:]
+            node.attribute.extend(keep)
 
 
 def _split_without_num_outputs(model: onnx.ModelProto) -> None:
@@ -498,51 +545,21 @@ def _registry_ops(registry: OpRegistry) -> Iterator[None]:
         ops.close()
 
 
-class _ConverterLog(logging.Handler):
-    """Takes the records of torch's opset conversion (below the opset torch builds, onnx's
-    version converter runs) instead of printing them, keeping the converter's failure."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.failure: str | None = None
-
-    def emit(self, record: logging.LogRecord) -> None:
-        exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None and self.failure is None:
-            self.failure = _first_line(exc)
-
-
-# Loggers whose records say nothing about the user's model: torch's "torchvision is not
-# installed. Skipping torchvision::nms", its opset fallback notice and onnxscript's converter.
-_CONVERSION_LOGGERS = ("torch.onnx._internal.exporter._compat", "onnxscript.version_converter")
-
-
 @contextlib.contextmanager
-def _quiet_dynamo() -> Iterator[_ConverterLog]:
-    """Silence exporter chatter that says nothing about the user's model; yield the
-    version converter's log (its failure, if any)."""
+def _quiet_dynamo() -> Iterator[None]:
+    """Silence exporter chatter that says nothing about the user's model."""
     logger = logging.getLogger("torch.onnx._internal.exporter._registration")
     level = logger.level
-    logger.setLevel(logging.ERROR)
-    converter = _ConverterLog()
-    saved = []
-    for name in _CONVERSION_LOGGERS:
-        log = logging.getLogger(name)
-        saved.append((log, log.propagate))
-        log.propagate = False
-        log.addHandler(converter)
+    logger.setLevel(logging.ERROR)  # "torchvision is not installed. Skipping torchvision::nms"
     try:
         with warnings.catch_warnings():
             # Two inputs sharing one named Dim make torch warn that the name is not reused.
             warnings.filterwarnings("ignore", message=r"# The axis name: .* will not be used")
             # torch's own pytree deprecation, raised inside torch.export.
             warnings.filterwarnings("ignore", category=FutureWarning, message=r".*LeafSpec")
-            yield converter
+            yield
     finally:
         logger.setLevel(level)
-        for log, propagate in saved:
-            log.removeHandler(converter)
-            log.propagate = propagate
 
 
 # --------------------------------------------------------------------------- names and dims

@@ -22,7 +22,6 @@ from graphkit.rewrite._walk import graphs
 
 __all__ = ["RuntimeCheck", "check_loads"]
 
-_STANDARD = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
 # Over protobuf's limit a model cannot be handed to ORT from memory (nor saved: save_model
 # says so right after).
 _PROTOBUF_LIMIT = 2**31 - 1
@@ -66,6 +65,8 @@ def _infer(model: onnx.ModelProto, registry: OpRegistry) -> dict[str, onnx.TypeP
 def _stand_ins(model: onnx.ModelProto, registry: OpRegistry) -> tuple[onnx.ModelProto | None, int, str]:
     """A copy of ``model`` whose placeholder nodes are replaced by graph inputs of their
     outputs' types; (None, 0, reason) when a placeholder sits where that cannot be done."""
+    from graphkit.runtime.session import STANDARD_DOMAINS as _STANDARD  # ONNX Runtime's own domains
+
     functions = {(f.domain, f.name) for f in model.functions}
     if any(n.domain not in _STANDARD and (n.domain, n.op_type) not in functions
            for f in model.functions for n in f.node):
