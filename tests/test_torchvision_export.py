@@ -124,7 +124,7 @@ def test_torch_alone_without_torchvision_has_no_translation(torchvision_op):
 
 # --------------------------------------------------------------------------- graphkit's export
 
-OPSETS = [(True, 18), (False, 7), (False, 11), (False, 16), (False, 20)]
+OPSETS = [(True, 18), (True, 16), (False, 7), (False, 11), (False, 20)]  # dynamo 16: via onnx's converter
 
 
 @pytest.mark.parametrize("dynamo, opset", OPSETS, ids=[f"{'dynamo' if d else 'torchscript'}{o}" for d, o in OPSETS])
