@@ -18,7 +18,8 @@ def _perms(ctx: MatchContext, x, first, second) -> tuple[list[int], list[int]] |
                 return MatchResult().fail(f"a Transpose without perm on '{x}' of unknown rank")
             perm = list(range(rank))[::-1]
         perms.append([int(p) for p in perm])
-    if len(perms[0]) != len(perms[1]) or sorted(perms[0]) != list(range(len(perms[0]))):
+    axes = list(range(len(perms[0])))
+    if sorted(perms[0]) != axes or sorted(perms[1]) != axes:
         return MatchResult().fail(f"perms {perms[0]} and {perms[1]} are not permutations of one rank")
     return perms[0], perms[1]
 
