@@ -3,7 +3,7 @@ the NativeKernels link options it relies on (include_dirs, library_dirs, librari
 
 Regimes (deform_conv2d.cc): fused tiles of positions (many positions per image), or two
 phases (few positions: sample a chunk of positions, possibly across images, then split the
-GEMM into blocks of output channels or positions; under 128 positions, the strips GEMM on a
+GEMM into blocks of output channels or positions; under 256 positions, the strips GEMM on a
 weight packed once); the weight reordered once when it is a constant initializer, else per
 call. Every case is compared with the torch reference, and 2
 threads with 1 thread bit for bit (the blocking never changes a sum's order).
@@ -38,15 +38,17 @@ ATOL = {TensorProto.FLOAT: 2e-4, TensorProto.DOUBLE: 1e-10}
 REGIMES = {
     # 64 channels: a tile of 227 positions > 64/2 output channels -> fused tiles, 3 images
     "fused": (Case(n=3, c=64, h=20, w=17, m=64, og=4, spread=3.0), TensorProto.FLOAT),
-    # 256 channels at 7x7: two phases, one chunk spanning 3 images (product + scatter)
-    "two_phase_across_images": (Case(n=3, c=256, h=7, w=7, m=256, spread=3.0), TensorProto.FLOAT),
+    # 256 channels at 7x7, 6 images (294 positions): two phases, BLAS, one chunk spanning the
+    # images (product + scatter)
+    "two_phase_across_images": (Case(n=6, c=256, h=7, w=7, m=256, spread=3.0), TensorProto.FLOAT),
     # one image, stride 2 (input 14x14 -> 7x7): 49 positions, the weight-bound strips GEMM
     "strips_one_image_stride2": (Case(n=1, c=256, h=14, w=14, m=256, stride=(2, 2), og=4, mask=False),
                                  TensorProto.FLOAT),
     # strips across 2 images (60 positions), 2 weight groups of 40 channels (a partial strip)
     "strips_groups_double": (Case(n=2, c=256, h=5, w=6, m=80, groups=2, og=4, spread=3.0), TensorProto.DOUBLE),
-    # double: 455 positions per chunk -> 2 chunks over 3 images of 14x10, M split in 2 groups
-    "two_phase_chunks_groups_double": (Case(n=3, c=256, h=14, w=10, m=128, groups=2, og=2, spread=3.0),
+    # double: 455 positions per chunk -> 3 images of 14x14 in 2 chunks crossing an image
+    # boundary, 455 (BLAS) then 133 (strips); 2 weight groups
+    "two_phase_chunks_groups_double": (Case(n=3, c=256, h=14, w=14, m=128, groups=2, og=2, spread=3.0),
                                        TensorProto.DOUBLE),
     # more positions than output channels: the GEMM split into blocks of positions
     "two_phase_position_blocks": (Case(n=2, c=192, h=12, w=12, m=96, bias=False), TensorProto.FLOAT),

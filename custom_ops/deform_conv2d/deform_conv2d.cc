@@ -15,7 +15,7 @@
 //     positions (several images together when they are small) are sampled in parallel,
 //     then the GEMM is split into blocks of output channels or of positions, whichever
 //     repacks less (BLAS packs both operands of each call);
-//   - under 128 positions in a chunk (batch 1 at 7x7) the GEMM is bound by reading the
+//   - under 256 positions in a chunk (batch 1 at 7x7, 14x14) the GEMM is bound by reading the
 //     weight, which BLAS would also copy on every call: there a register-blocked kernel
 //     (Strips) multiplies the columns by the weight packed once per kernel.
 // The weight is reordered to the columns' k order once, when ORT creates the kernel, if it
@@ -153,7 +153,7 @@ constexpr int kMR = 4, kNV = 2;  // 8 accumulators of 16 registers
 // into strips of NR output channels (k-major) and multiplied by a register-blocked
 // micro-kernel, K in blocks of kKC so that a block of the columns and of a strip stay in
 // L2: the weight is read once per call, as ORT's MLAS does.
-constexpr int64_t kFewPositions = 128;  // fewer positions per chunk: the strips path
+constexpr int64_t kFewPositions = 256;  // fewer positions per chunk: the strips path
 constexpr int64_t kKC = 384;
 
 template <class T>
