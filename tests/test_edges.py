@@ -38,21 +38,19 @@ KNOWN: dict[tuple[str, str, str], str] = {
         "ONNX Runtime runs float16 Mul and Add in float32 between the casts it inserts (no float16 "
         "kernels), so 2a is not rounded to float16: my_add(65504, -inf) is -inf, torch NaN (2a "
         "overflows first). Not fixable in the decomposition: ORT removes any Cast pair put there",
-    ("deform_conv2d", "onnx_deform_conv", "float32"):
-        "helper dcnexport: an infinite mask gives +-inf in ONNX Runtime's DeformConv where the torch "
-        "reference gives NaN (0 * inf for a zero bilinear weight or an out-of-image tap)",
-    ("deform_conv2d", "grid_sample", "float32"):
-        "helper dcnexport: an infinite mask gives +-inf where the torch reference gives NaN (0 * inf)",
-    ("deform_conv2d", "onnx_deform_conv", "float64"):
-        "helper dcnexport: an infinite image value gives +-inf in DeformConv where the torch "
-        "reference gives NaN (its bilinear weights multiply the inf by 0 at the other corners)",
     ("deform_conv2d", "native", "float32"):
-        "helper dcnexport/dcnkernel: inf or NaN in the mask or image: the native kernel skips taps "
-        "outside the image (documented in the op) and gives +-inf or a number where the reference "
-        "gives NaN",
+        "helper dcnexport/dcnkernel: an infinite or NaN mask at a tap outside the image: the native "
+        "kernel skips the tap (documented in the op) and gives a number, the torch reference NaN "
+        "(mask * 0)",
+    ("deform_conv2d", "python", "float32"):
+        "helper dcnexport: an infinite mask at a tap outside the image: the numpy kernel's weight "
+        "there is 0 (np.where before the mask multiplies), the torch reference's is mask * 0 = NaN",
+    ("deform_conv2d", "python", "float64"):
+        "helper dcnexport: an infinite mask at a tap outside the image: the numpy kernel gives a "
+        "number, the torch reference NaN (mask * 0)",
     ("deform_conv2d", "native", "float64"):
-        "helper dcnexport/dcnkernel: an infinite image value gives +-inf in the native kernel where "
-        "the torch reference gives NaN (0 * inf at zero-weight corners)",
+        "helper dcnexport/dcnkernel: an infinite or NaN mask at a tap outside the image: the native "
+        "kernel gives a number, the torch reference NaN (mask * 0)",
 }
 
 _RESULTS: dict[str, list[h.Outcome]] = {}
