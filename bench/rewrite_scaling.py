@@ -6,10 +6,15 @@
 For each shape and size it writes a model, then times, in the same run:
 - the floor: a Python process that only does onnx.load + onnx.save of that file;
 - `graphkit rewrite` (load, rewrite, check, save) as a whole process, with its peak RSS;
-- `rewrite_model` in this process (the API, parse and serialization excluded).
-It prints time per node, the growth factor per 10x nodes (1.0 = linear), and the CLI's
-ratio to the floor (time and peak memory). Goal: growth <= 1.1 everywhere; CLI within 3x
-of the floor at 100k and 1M nodes.
+- in this process, `rewrite_bytes` with each writer: "objects" (parse, rewrite_model's
+  passes, serialize) and "bytes" (the wire-level writer where its preconditions hold,
+  else the objects writer: the CLI's choice).
+Processes are timed by CPU seconds (user + system, from wait4) as well as wall seconds:
+on a shared machine the CPU time is what the work costs; the ratios use it. It prints
+CPU microseconds per node, the growth factor per 10x nodes (1.0 = linear), and the CLI's
+ratio to the floor (CPU, wall, peak memory). Goal: growth <= 1.1 everywhere; CLI within
+3x of the floor at 100k and 1M nodes. `nodes` counts every node, subgraphs and functions
+included.
 """
 
 from __future__ import annotations
@@ -104,20 +109,26 @@ SHAPES = {
 FLOOR = "import onnx, sys; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])"
 
 
-def _process(argv: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (KiB) of one child process."""
+def _process(argv: list[str]) -> tuple[float, float, int]:
+    """CPU seconds, wall seconds and peak RSS (KiB) of one child process."""
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed: {' '.join(argv)}: {proc.stderr.read().decode()[-500:]}")
-    return seconds, usage.ru_maxrss
+    return usage.ru_utime + usage.ru_stime, seconds, usage.ru_maxrss
 
 
 def _best(fn, repeat: int):
     results = [fn() for _ in range(repeat)]
     return min(results, key=lambda r: r[0] if isinstance(r, tuple) else r)
+
+
+def _all_nodes(model: onnx.ModelProto) -> int:
+    from graphkit.rewrite._walk import count_ops
+
+    return sum(count_ops(model).values())
 
 
 def main() -> None:
@@ -126,13 +137,17 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
     ap.add_argument("--flags", default="", help="extra `graphkit rewrite` flags, e.g. '--bind native'")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--writers", nargs="*", choices=("objects", "bytes"), default=["objects", "bytes"],
+                    help="in-process writers to time (none: the processes only)")
     args = ap.parse_args()
-    from graphkit.rewrite import Lowering, rewrite_model
+    from graphkit.ops import default_registry
+    from graphkit.rewrite import Lowering, rewrite_bytes
 
     lowering = {"--bind native": Lowering.NATIVE, "--bind python": Lowering.PYTHON}.get(args.flags.strip(),
                                                                                       Lowering.DECOMPOSE)
-    print(f"{'shape':13} {'nodes':>8} {'floor s':>8} {'cli s':>7} {'cli/floor':>9} {'rss/floor':>9} "
-          f"{'cli us/node':>11} {'growth':>6} {'api s':>7} {'api growth':>10}")
+    registry = default_registry()
+    print(f"{'shape':13} {'nodes':>8} {'floor cpu':>9} {'cli cpu':>8} {'cli/floor':>9} {'wall ratio':>10} "
+          f"{'rss/floor':>9} {'cli us/node':>11} {'growth':>6} {'objects s':>9} {'bytes s':>8} {'writer':>7}")
     with tempfile.TemporaryDirectory() as tmp:
         for shape in args.shapes:
             previous = None
@@ -140,27 +155,32 @@ def main() -> None:
                 src, out = Path(tmp) / f"{shape}{size}.onnx", Path(tmp) / "out.onnx"
                 model = SHAPES[shape](size)
                 onnx.save(model, src)
-                nodes = sum(1 for _ in model.graph.node)
-                floor, floor_rss = _best(lambda: _process([sys.executable, "-c", FLOOR, str(src), str(out)]),
-                                         args.repeat)
-                cli, cli_rss = _best(lambda: _process([sys.executable, "-m", "graphkit", "rewrite", str(src),
-                                                       str(out), *args.flags.split()]), args.repeat)
+                nodes = _all_nodes(model)
+                del model
+                floor, floor_wall, floor_rss = _best(
+                    lambda: _process([sys.executable, "-c", FLOOR, str(src), str(out)]), args.repeat)
+                cli, cli_wall, cli_rss = _best(lambda: _process([sys.executable, "-m", "graphkit", "rewrite", str(src),
+                                                                 str(out), *args.flags.split()]), args.repeat)
+                data = src.read_bytes()
+                timed = {}
+                writer = ""
+                for name in args.writers:
+                    def api() -> float:
+                        nonlocal writer
+                        start = time.process_time()
+                        _, report = rewrite_bytes(data, registry=registry, lowering=lowering, fast=name == "bytes")
+                        writer = report.writer if name == "bytes" else writer
+                        return time.process_time() - start
 
-                def api() -> float:
-                    start = time.perf_counter()
-                    rewrite_model(model, lowering=lowering)
-                    return time.perf_counter() - start
-
-                api_s = _best(api, args.repeat)
-                growth = api_growth = ""
+                    timed[name] = _best(api, args.repeat)
+                growth = ""
                 if previous is not None:
-                    scale = size / previous[0]
-                    growth = f"{(cli / previous[1]) / scale:.2f}"
-                    api_growth = f"{(api_s / previous[2]) / scale:.2f}"
-                print(f"{shape:13} {nodes:>8} {floor:>8.2f} {cli:>7.2f} {cli / floor:>9.2f} "
-                      f"{cli_rss / floor_rss:>9.2f} {cli / size * 1e6:>11.2f} {growth:>6} {api_s:>7.2f} "
-                      f"{api_growth:>10}", flush=True)
-                previous = (size, cli, api_s)
+                    growth = f"{(cli / previous[1]) / (nodes / previous[0]):.2f}"
+                print(f"{shape:13} {nodes:>8} {floor:>9.2f} {cli:>8.2f} {cli / floor:>9.2f} "
+                      f"{cli_wall / floor_wall:>10.2f} {cli_rss / floor_rss:>9.2f} {cli / nodes * 1e6:>11.2f} "
+                      f"{growth:>6} {timed.get('objects', float('nan')):>9.2f} {timed.get('bytes', float('nan')):>8.2f} "
+                      f"{writer:>7}", flush=True)
+                previous = (nodes, cli)
 
 
 if __name__ == "__main__":
