@@ -8,7 +8,7 @@ from typing import Any
 
 import onnx
 
-__all__ = ["graphs", "scopes", "ModelIndex"]
+__all__ = ["graphs", "node_lists", "scopes", "ModelIndex"]
 
 _GRAPH = onnx.AttributeProto.GRAPH
 _GRAPHS = onnx.AttributeProto.GRAPHS
@@ -71,22 +71,40 @@ def scopes(model: onnx.ModelProto) -> Iterator[tuple[Any, set[str], list[onnx.Te
 
 
 class ModelIndex:
-    """One pass over a model: op counts and every name in use (nodes and tensors)."""
+    """One pass over a model: op counts, every name in use (nodes and tensors), and every
+    node list (``node_lists``: (nodes, in a function body), the main graph's first, each
+    graph before the graphs nested in it)."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.op_counts: collections.Counter = collections.Counter()
         self.names: set[str] = set()
-        for nodes, _, _ in scopes(model):
-            self._nodes(nodes)
+        self.node_lists: list[tuple[Any, bool]] = []
+        update = self.names.update
         for g in graphs(model.graph):
-            self.names.update(i.name for i in g.input)
-            self.names.update(o.name for o in g.output)
-            self.names.update(t.name for t in g.initializer)
-            self.names.update(t.values.name for t in g.sparse_initializer)
-            self.names.update(v.name for v in g.value_info)
+            self._nodes(g.node)
+            self.node_lists.append((g.node, False))
+            update(i.name for i in g.input)
+            update(o.name for o in g.output)
+            if g.initializer:
+                update(t.name for t in g.initializer)
+            if g.sparse_initializer:
+                update(t.values.name for t in g.sparse_initializer)
+            if g.value_info:
+                update(v.name for v in g.value_info)
         for fn in model.functions:
-            self.names.update(fn.input)
-            self.names.update(fn.output)
+            update(fn.input)
+            update(fn.output)
+            self._nodes(fn.node)
+            self.node_lists.append((fn.node, True))
+            for sub in _nested(fn.node):
+                for g in graphs(sub):
+                    self._nodes(g.node)
+                    self.node_lists.append((g.node, True))
+                    update(i.name for i in g.input)
+                    update(o.name for o in g.output)
+                    update(t.name for t in g.initializer)
+                    update(t.values.name for t in g.sparse_initializer)
+                    update(v.name for v in g.value_info)
 
     def _nodes(self, nodes: Any) -> None:
         counts = self.op_counts
@@ -101,6 +119,15 @@ class ModelIndex:
     @property
     def domains(self) -> set[str]:
         return {d for d, _ in self.op_counts}
+
+
+def node_lists(model: onnx.ModelProto) -> list[tuple[Any, bool]]:
+    """(nodes, in a function body) of every graph, subgraph and function, in ModelIndex's order."""
+    out = [(g.node, False) for g in graphs(model.graph)]
+    for fn in model.functions:
+        out.append((fn.node, True))
+        out.extend((g.node, True) for sub in _nested(fn.node) for g in graphs(sub))
+    return out
 
 
 def count_ops(model: onnx.ModelProto) -> collections.Counter:

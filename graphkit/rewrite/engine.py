@@ -24,7 +24,7 @@ from graphkit.ops import PLACEHOLDER_DOMAIN, OpDef, OpRegistry, default_registry
 from graphkit.rewrite._gsrules import GraphSurgeonRule, apply_graphsurgeon_rules
 from graphkit.rewrite._rules import GraphPass, Rule, RuleReport, RuleSet, apply_rule_set
 from graphkit.rewrite._selection import check_target_opset
-from graphkit.rewrite._walk import ModelIndex, count_ops, graphs, scopes
+from graphkit.rewrite._walk import ModelIndex, count_ops, graphs, node_lists, scopes
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 from graphkit.rewrite.plan import UNKNOWN_OP_HINT, Lowering, LoweringPlan, Scope, node_attrs
 
@@ -111,9 +111,43 @@ def _fix_opset_imports(model: onnx.ModelProto, opset: int, used: set[str],
     _fix_imports(model.opset_import, used, opset, placeholders)
 
 
-def _shapeless_io(model: onnx.ModelProto) -> list[onnx.TypeProto.Tensor]:
-    return [vi.type.tensor_type for g in graphs(model.graph) for vi in (*g.input, *g.output)
-            if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")]
+def _check_scan(model: onnx.ModelProto) -> tuple[list[onnx.TypeProto.Tensor], bool]:
+    """One walk for the check: the graph inputs/outputs (every graph) whose tensor type has no
+    shape, and whether any tensor (initializers, sparse ones, attributes, any scope) is
+    stored externally (graphkit.external_data.external_tensors)."""
+    external = onnx.TensorProto.EXTERNAL
+    tensor, tensors = onnx.AttributeProto.TENSOR, onnx.AttributeProto.TENSORS
+    g_one, g_many = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
+    shapeless: list[onnx.TypeProto.Tensor] = []
+    found = False
+    stack = [model.graph]
+    lists = [fn.node for fn in model.functions]
+    while stack or lists:
+        if stack:
+            g = stack.pop()
+            for vi in (*g.input, *g.output):
+                tt = vi.type.tensor_type
+                if vi.type.HasField("tensor_type") and not tt.HasField("shape"):
+                    shapeless.append(tt)
+            found = found or any(t.data_location == external for t in g.initializer) or any(
+                t.values.data_location == external or t.indices.data_location == external
+                for t in g.sparse_initializer)
+            nodes = g.node
+        else:
+            nodes = lists.pop()
+        for node in nodes:
+            if node.attribute:
+                for attr in node.attribute:
+                    t = attr.type
+                    if t == tensor:
+                        found = found or attr.t.data_location == external
+                    elif t == g_one:
+                        stack.append(attr.g)
+                    elif t == g_many:
+                        stack.extend(attr.graphs)
+                    elif t == tensors:
+                        found = found or any(x.data_location == external for x in attr.tensors)
+    return shapeless, found
 
 
 def _without_external_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -144,13 +178,12 @@ def check_model(model: onnx.ModelProto, registry: OpRegistry, *, path: str | Non
 
     Custom ops are known to both through their schemas.
     """
-    from graphkit.external_data import external_tensors
-
-    if external_tensors(model):
+    shapeless, external = _check_scan(model)
+    if external:
         model = _without_external_initializers(model)
+        shapeless = _check_scan(model)[0]
     # onnx's checker insists on a shape field in graph inputs/outputs; ONNX Runtime and
     # exporters do not. Give shapeless ones an empty shape during the check only.
-    shapeless = _shapeless_io(model)
     with registry.onnx_schemas():
         try:
             for tt in shapeless:
@@ -289,6 +322,7 @@ class RewriteContext:
     converting: bool = False
     has_placeholders: bool = False   # in the input (rules may add some)
     plan: LoweringPlan | None = None
+    index: ModelIndex | None = None  # of the input's copy
     types: TypeTable | None = None   # the main graph's (and its subgraphs') tensor types
 
     def make_plan(self, model: onnx.ModelProto, names: set[str]) -> None:
@@ -344,20 +378,20 @@ def _graphsurgeon_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResul
 
 def _lower_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     plan = ctx.plan
-    every = list(scopes(model))  # the main graph's scopes first, then the functions'
-    in_main = sum(1 for _ in graphs(model.graph))
+    # Every node list: the input's index while no pass before changed the model.
+    lists = ctx.index.node_lists if not ctx.report.passes else node_lists(model)
     total = sum(ctx.report.ops_before.values())
     progress = ctx.progress if total > PROGRESS_MIN_NODES else None
+    domains = plan.domains
     done = 0
     count = 0
-    for k in reversed(range(len(every))):  # inner scopes first, as in the rules pass
-        nodes = every[k][0]
-        if not any(n.domain in plan.domains for n in nodes):
+    for nodes, in_function in reversed(lists):  # inner scopes first, as in the rules pass
+        if not any(n.domain in domains for n in nodes):
             done += len(nodes)
             continue
         # A function body's tensor types are its callers': nothing is looked up in the
         # model's table (which would also run whole-model shape inference per call site).
-        scope = Scope(TypeTable() if k >= in_main else ctx.types)
+        scope = Scope(TypeTable() if in_function else ctx.types)
         tick = None if progress is None else _ticker(progress, done, total)
         done += len(nodes)
         count += plan.lower_nodes(nodes, scope, progress=tick)
@@ -463,6 +497,7 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
                          registry.placeholder_domains() | {PLACEHOLDER_DOMAIN})
     ctx.converting = target_opset is not None and target_opset != ai_onnx_opset(out)
     ctx.has_placeholders = bool(ctx.placeholders & index.domains)
+    ctx.index = index
     ctx.make_plan(out, index.names)
     modified = False
     for p in PASSES:

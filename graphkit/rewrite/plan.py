@@ -170,6 +170,7 @@ class LoweringPlan:
         # kind key -> (template, {constant it reads: (value key or None, Constant node)}): a
         # template another scope adopts with constants of its own (thousands of If bodies).
         self._portable: dict = {}
+        self._kinds: dict = {}  # kind of node -> (op, attrs, lowering, decomposition, template key)
         self.selection = Selection(registry, prefer, opset, path)
 
     def fail(self, cls: type, message: str, node: onnx.NodeProto, hint: str) -> Exception:
@@ -236,14 +237,35 @@ class LoweringPlan:
         return count
 
     def lower(self, node: onnx.NodeProto, scope: Scope) -> Lowered:
-        """Lower one placeholder in ``scope``; the result is counted in this plan."""
-        op = self.op_of(node)
-        self._check_arity(op, node)
-        attrs = node_attrs(op, node, self.path)
-        in_types = self._check_input_types(op, node, scope.types)
-        how, dec = self.choose(op, node, attrs, in_types, scope)
+        """Lower one placeholder in ``scope``; the result is counted in this plan.
+
+        What to do is decided once per kind of node (op, attributes, arity, input types,
+        which inputs and outputs are the same tensor): checks, attributes, the lowering
+        chosen and the template key are the first node's for every later one.
+        """
+        types = scope.types
+        values = (*node.input, *node.output)
+        kind = (node.domain, node.op_type, b"".join(a.SerializeToString() for a in node.attribute),
+                len(node.input), tuple(map(values.index, values)),
+                tuple(types.elem_type(i) if i else None for i in node.input))
+        decided = self._kinds.get(kind)
+        if decided is None:
+            op = self.op_of(node)
+            self._check_arity(op, node)
+            attrs = node_attrs(op, node, self.path)
+            in_types = self._check_input_types(op, node, types)
+            how, dec = self.choose(op, node, attrs, in_types, scope)
+            key = None
+            if how is Lowering.DECOMPOSE:
+                inputs = list(node.input) + [""] * (len(op.inputs) - len(node.input))
+                # Which inputs are the same tensor matters: my_add(x, x) is no template for my_add(y, x).
+                aliasing = tuple(inputs.index(i) for i in inputs)
+                key = (op.qualified_name, dec.name, in_types, aliasing, repr(sorted(attrs.items())),
+                       len(node.output))
+            decided = self._kinds[kind] = (op, attrs, how, dec, key)
+        op, attrs, how, dec, key = decided
         if how is Lowering.DECOMPOSE:
-            lowered = self._decompose(op, node, attrs, dec, in_types, scope)
+            lowered = self._decompose(op, node, attrs, dec, key, scope)
         else:
             lowered = self._bind(op, node, attrs, how, scope)
         self.count(lowered, node.domain, node.op_type)
@@ -282,12 +304,9 @@ class LoweringPlan:
         return in_types
 
     def _decompose(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], dec: Decomposition,
-                   in_types: tuple[int | None, ...], scope: Scope) -> Lowered:
+                   key: tuple, scope: Scope) -> Lowered:
         inputs = list(node.input) + [""] * (len(op.inputs) - len(node.input))
         prefix = node.name or op.name
-        # Which inputs are the same tensor matters: my_add(x, x) is no template for my_add(y, x).
-        aliasing = tuple(inputs.index(i) for i in inputs)
-        key = (op.qualified_name, dec.name, in_types, aliasing, repr(sorted(attrs.items())), len(node.output))
         action = (op.qualified_name, f"decompose:{dec.name}")
         template = scope.templates.get(key)
         made: list[onnx.NodeProto] = []
