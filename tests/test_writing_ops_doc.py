@@ -83,19 +83,14 @@ def test_the_walk_through_runs_as_written(tmp_path):
 
 
 def test_readme_own_ops_commands_run(tmp_path):
-    """The README's "Your own ops" commands, with a one-op package file as ./my_ops.py."""
+    """The README's "Your own ops" commands, with its one-op package file ./my_ops.py."""
     from conftest import run_cli
 
     text = (REPO / "README.md").read_text()
     block = re.search(r"## Your own ops.*?```sh\n(.*?)```", text, re.S).group(1)
     commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
-    (tmp_path / "my_ops.py").write_text(
-        "from graphkit.ops import OpDef, OpPackage, Param\n"
-        "HALF = OpDef(name='half', doc='x / 2', domain='mine', inputs=(Param('x', 'T'),),\n"
-        "             outputs=(Param('y', 'T'),), type_constraints={'T': ('tensor(float)',)},\n"
-        "             reference=lambda x: x / 2, infer_shapes=lambda s, a: [s[0]],\n"
-        "             python_kernel=lambda x: x / 2)\n"
-        "PACKAGE = OpPackage('my_ops', (HALF,))\n")
+    my_ops = re.search(r"## Your own ops.*?```python file=my_ops.py\n(.*?)```", text, re.S).group(1)
+    (tmp_path / "my_ops.py").write_text(my_ops)
     outputs = [run_cli(*command.split()[1:], cwd=tmp_path, check_rc=0, env={"GRAPHKIT_OPS": ""}).stdout
                for command in commands]
     assert "my_add" in outputs[0] and "graphkit_ops" in outputs[0]

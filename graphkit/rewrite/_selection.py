@@ -79,7 +79,7 @@ class KernelTable:
         if domain != "":
             return None if kernels else f"{domain}::{node.op_type} has no ONNX Runtime kernel"
         try:
-            schema = onnx.defs.get_schema(node.op_type, opset, "")
+            schema = onnx.defs.get_schema(node.op_type, max(1, min(opset, 2**31 - 1)), "")  # a C int
         except onnx.defs.SchemaError:
             return None  # unknown to onnx at this opset: the checker reports it
         since = schema.since_version
