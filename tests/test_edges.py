@@ -180,3 +180,18 @@ def test_harness_catches_a_wrong_filler():
     f32 = [o for o in outcomes if o.dtype == "float32"]
     assert f32 and all(o.status == "failed" for o in f32)
     assert any("torch" in f for o in f32 for f in o.failures)
+
+
+def test_bench_script_prints_the_table(capsys, monkeypatch):
+    import importlib.util
+
+    monkeypatch.setenv(h.ENV_EXAMPLES, "8")  # main sets it: put back after the test
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("bench_edges", REPO / "bench" / "edges.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--only", "hypot", "--examples", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "hypot                filler@" in out and "cases checked per op:" in out
+    assert "worst rel err" in out and "float32+float64" in out

@@ -6,13 +6,27 @@ Runtime). A row is: the ATen op, the first opset holding every ONNX op it writes
 symbolic, what it writes, and examples. Symbolics take the ATen op's arguments in the
 order of ``torch/_C/_VariableFunctions.pyi`` (the tutorial's recipe for ``asinh``).
 
-Precision notes (float32; tests compare at 1e-5 absolute, 1e-5 relative unless noted):
-``expm1`` uses Kahan's ``(e^x - 1) * x / log(e^x)``, accurate near 0; ``erfc``, ``ndtr``
-and ``xlog1py`` lose relative (not absolute) precision where the result underflows toward 0
-(``erfc(5)`` is 1.5e-12, ``1 - erf(5)`` is 0); ``hypot`` overflows for |x| > ~1.8e19.
-The standard ops written are valid ONNX for every float type, but ONNX Runtime's CPU
-provider implements Asinh, Acosh, Atanh, Sinh, Cosh and Erf for float and float16 only
-(as for torch's own Erf symbolic): a float64 model with them does not run there.
+Dtypes and exactness (tests/test_edges.py checks every row on a grid of hard values in
+float16, float32, float64, int64 and float32 with float64, against torch eager):
+
+- the result has torch's dtype: integer inputs promote to float32 (``exp2(arange(8))``),
+  float32 with float64 to float64, a 0-dim constant counts as a Python scalar
+  (``xlogy(2.0, float32)`` is float32); integer-valued ops stay integer (``l1_loss``,
+  ``fmax``, ``heaviside`` of int64);
+- float16 is computed in float32 and rounded once, as torch's CPU kernels do (``sinc``);
+  compositions whose float32 steps would each round (``hypot``, ``expm1``, ``logaddexp``,
+  ``xlogy``, ``ldexp``, ``erfc``...) run in float64 and are rounded once;
+- range: ``hypot`` has no overflow or underflow, ``ldexp`` covers every exponent,
+  ``log1p`` is exact (``xlog1py``, ``logaddexp``), ``erfc`` has its tail (``erfc(4)`` is
+  1.54e-8 in float32);
+- signed zeros survive: ONNX Runtime's Where returns +0.0 for a -0.0 from its true branch,
+  so signs are set by multiplication (:func:`_with_sign`, :func:`_select`).
+
+A row's ``tolerance`` says how close it is where the default (two ulps) is not met, its
+``semantics`` where it departs from torch on purpose (``copysign(1, -nan)``: a NaN's sign
+bit is invisible to ONNX before opset 26), and ``unsupported`` the dtypes ONNX Runtime's CPU
+provider cannot run (Asinh, Acosh, Atanh, Sinh, Cosh and Erf exist for float and float16
+only: a float64 model with them does not run there).
 """
 
 from __future__ import annotations
