@@ -65,6 +65,19 @@ def _signature(node: onnx.NodeProto) -> tuple:
             tuple(a.SerializeToString(deterministic=True) for a in node.attribute))
 
 
+def _unmatched(nodes: Iterable[onnx.NodeProto], others: Iterable[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """The nodes of ``nodes`` with no identical node left in ``others`` (as multisets)."""
+    left = collections.Counter(_signature(n) for n in others)
+    out = []
+    for node in nodes:
+        sig = _signature(node)
+        if left[sig]:
+            left[sig] -= 1
+        else:
+            out.append(node)
+    return out
+
+
 def diff_regions(before: onnx.GraphProto, after: onnx.GraphProto, *,
                  lowerings: Mapping[str, str] | None = None, rules: Iterable[str] = ()) -> list[Region]:
     """The regions in which ``after`` differs from ``before`` (main graphs, not subgraph bodies).
@@ -72,22 +85,7 @@ def diff_regions(before: onnx.GraphProto, after: onnx.GraphProto, *,
     ``lowerings`` maps an op (``domain::name``) to how the rewrite lowered it, ``rules`` names
     the rules that applied; both only label the regions. Identical regions are folded.
     """
-    remaining = collections.Counter(_signature(n) for n in after.node)
-    removed = []
-    for node in before.node:
-        sig = _signature(node)
-        if remaining[sig]:
-            remaining[sig] -= 1
-        else:
-            removed.append(node)
-    kept = collections.Counter(_signature(n) for n in before.node)
-    added = []
-    for node in after.node:
-        sig = _signature(node)
-        if kept[sig]:
-            kept[sig] -= 1
-        else:
-            added.append(node)
+    removed, added = _unmatched(before.node, after.node), _unmatched(after.node, before.node)
 
     # Nodes without inputs (Constants) are shared by many regions: they join none, and are
     # drawn in every region that reads them.
