@@ -254,7 +254,7 @@ def test_no_executable_lowering_names_node_dtype_reason_and_what_works():
     assert err.exit_code == 6 and err.node == "n0" and err.op == "custom::arsinh"
     assert err.message == ("no lowering ONNX Runtime can execute for double: decomposition 'standard' at "
                            f"opset 13: Asinh-9 has no double kernel in ONNX Runtime {ort.__version__} (takes float)")
-    assert err.hint == "would work: --bind python (or allow another lowering with --prefer)"
+    assert err.hint == "would work: --bind python; allow another lowering (native, python) with --prefer"
 
 
 def test_double_deform_conv2d_decompose_only_names_the_opset_and_kernels_that_work():

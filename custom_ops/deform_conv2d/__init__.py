@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from graphkit.ops import Attr, AttrType, Decomposition, ForeignOp, OpDef, Param
+from graphkit.ops import Attr, AttrType, Decomposition, ForeignOp, OpDef, Param, StandardOp
 
 from . import _decompose, _shapes
 from ._numpy_kernel import python_kernel
@@ -79,6 +79,27 @@ def _from_torchvision(a: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
     return inputs, {"stride": [a["stride_h"], a["stride_w"]], "padding": [a["pad_h"], a["pad_w"]],
                     "dilation": [a["dilation_h"], a["dilation_w"]], "groups": a["groups"],
                     "offset_groups": a["offset_groups"]}
+
+
+def _from_onnx_deform_conv(a: Mapping[str, Any]) -> dict[str, Any]:
+    """ai.onnx DeformConv's attributes -> this op's (its inputs are in this op's order).
+    ``kernel_shape`` is the weight's and needs no attribute; pads must be the same on both
+    sides (deform_conv2d pads symmetrically); 2-D only."""
+    unknown = sorted(set(a) - {"strides", "pads", "dilations", "group", "offset_group", "kernel_shape"})
+    if unknown:
+        raise ValueError(f"DeformConv attribute(s) {unknown} are not DeformConv-19's")
+    pads = list(a.get("pads", [0, 0, 0, 0]))
+    if len(pads) != 4 or pads[:2] != pads[2:]:
+        raise ValueError(f"pads {pads} differ between the two sides of an axis (or are not 2-D); "
+                         "deform_conv2d pads both sides alike")
+    out = {"stride": list(a.get("strides", [1, 1])), "padding": pads[:2],
+           "dilation": list(a.get("dilations", [1, 1])), "group": a.get("group", 1),
+           "offset_groups": a.get("offset_group", 1)}
+    for key in ("stride", "dilation"):
+        if len(out[key]) != 2:
+            raise ValueError(f"{key} {out[key]} is not 2-D")
+    out["groups"] = out.pop("group")
+    return out
 
 
 DEFORM_CONV2D = OpDef(
@@ -117,6 +138,8 @@ DEFORM_CONV2D = OpDef(
     ),
     # torchvision.ops.deform_conv2d calls torch.ops.torchvision.deform_conv2d
     foreign_ops=(ForeignOp("torchvision::deform_conv2d", TORCHVISION_SCHEMA, _from_torchvision),),
+    # torch's dynamo exporter writes torchvision::deform_conv2d as DeformConv (any opset)
+    standard_ops=(StandardOp("DeformConv", 19, _from_onnx_deform_conv, decomposition="onnx_deform_conv"),),
 )
 
 __all__ = ["DEFORM_CONV2D", "TORCHVISION_SCHEMA", "infer_shapes", "python_kernel", "reference"]

@@ -95,6 +95,7 @@ def op_dict(registry, op) -> dict[str, Any]:
         "torch_op": f"torch.ops.{op.torch_namespace}.{op.name}",
         "torch_namespace": op.torch_namespace,
         "foreign_torch_ops": [f.name for f in op.foreign_ops],
+        "standard_onnx_ops": [{"op": str(std), "since_opset": std.since_opset} for std in op.standard_ops],
         "doc": op.doc,
         "inputs": [{"name": p.name, "type": p.type, "optional": p.optional, "doc": p.doc} for p in op.inputs],
         "outputs": [{"name": p.name, "type": p.type, "optional": p.optional, "doc": p.doc} for p in op.outputs],
@@ -158,6 +159,9 @@ def format_ops(registry, ops=None) -> str:
         lines.append(f"  domain {d['domain']}, since_version {d['since_version']}, torch op {d['torch_op']}")
         if d["foreign_torch_ops"]:
             lines.append(f"  also for:   {', '.join(d['foreign_torch_ops'])} (exported as this op)")
+        if d.get("standard_onnx_ops"):
+            lines.append("  computes:   " + ", ".join(f"{s['op']}-{s['since_opset']}" for s in d["standard_onnx_ops"])
+                         + " (rewrite lowers those nodes as this op)")
         lines.append(f"  inputs:     {_params(d['inputs'])}")
         lines.append(f"  outputs:    {_params(d['outputs'])}")
         lines.append("  types:      " + "; ".join(f"{k} in {', '.join(v)}" for k, v in d["type_constraints"].items()))

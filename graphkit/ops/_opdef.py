@@ -25,6 +25,7 @@ __all__ = [
     "Decomposition",
     "ForeignOp",
     "OpDef",
+    "StandardOp",
     "Shape",
     "PLACEHOLDER_DOMAIN",
     "NATIVE_DOMAIN",
@@ -200,6 +201,33 @@ class ForeignOp:
 
 
 @dataclass(frozen=True)
+class StandardOp:
+    """A standard ONNX op that computes what the op does, e.g. ai.onnx ``DeformConv`` (opset
+    19 on) for graphkit's ``deform_conv2d``: ``graphkit rewrite`` treats its nodes as the
+    op's placeholders, so ``--bind``/``--prefer`` apply to them and a node the model's opset
+    lacks is repaired (lowered like a placeholder).
+
+    ``to_op(attrs)`` maps the standard node's attributes (by name, as Python values) to the
+    op's; it raises ValueError where the node has no equivalent (the message says why).
+    ``inputs`` orders the standard node's inputs as the op's (op input ``i`` is standard
+    input ``inputs[i]``; None: the same order). ``decomposition`` names the op's
+    decomposition that writes this standard op: where the lowering choice picks it at an
+    opset the standard op exists in, the node is left as it is (a copy of the op without
+    that decomposition simply never keeps one).
+    """
+
+    op_type: str
+    since_opset: int
+    to_op: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+    decomposition: str | None = None
+    inputs: tuple[int, ...] | None = None
+    domain: str = ""
+
+    def __str__(self) -> str:
+        return self.op_type if self.domain in ("", "ai.onnx") else f"{self.domain}::{self.op_type}"
+
+
+@dataclass(frozen=True)
 class OpDef:
     """Everything graphkit knows about one custom op.
 
@@ -214,6 +242,8 @@ class OpDef:
     - ``domain`` is the ONNX domain of the op's placeholder node (``custom::<name>``), and
       ``torch_namespace`` the ``torch.library`` namespace of its torch op
       (``torch.ops.<torch_namespace>.<name>``).
+    - ``standard_ops`` are standard ONNX ops that compute the op (:class:`StandardOp`):
+      ``graphkit rewrite`` treats their nodes as the op's placeholders.
     - ``foreign_ops`` are other libraries' torch ops the op also stands for
       (:class:`ForeignOp`): export writes this op's placeholder for their calls.
     - ``tolerance`` is how close its lowerings are to ``reference``, per dtype (see
@@ -236,6 +266,7 @@ class OpDef:
     since_version: int = 1
     torch_namespace: str = TORCH_NAMESPACE
     foreign_ops: tuple[ForeignOp, ...] = ()
+    standard_ops: tuple[StandardOp, ...] = ()
     # (rtol, atol) by dtype name, over DEFAULT_TOLERANCE: how close every lowering is to
     # ``reference`` (tests/test_edges.py checks it on edge values)
     tolerance: Mapping[str, tuple[float, float]] = field(default_factory=dict)
@@ -276,6 +307,15 @@ class OpDef:
                 problems.append(f"foreign op {f.name}: to_op is not callable")
         if len({f.name for f in self.foreign_ops}) != len(self.foreign_ops):
             problems.append("a foreign op is listed twice")
+        for std in self.standard_ops:
+            if std.domain not in ("", "ai.onnx", "ai.onnx.ml", "com.microsoft"):
+                problems.append(f"standard op {std}: domain {std.domain!r} is not a standard one")
+            if not callable(std.to_op):
+                problems.append(f"standard op {std}: to_op is not callable")
+            if std.inputs is not None and sorted(std.inputs) != list(range(len(std.inputs))):
+                problems.append(f"standard op {std}: inputs {std.inputs} is not an order of 0..{len(std.inputs) - 1}")
+        if len({(s.domain or "ai.onnx", s.op_type) for s in self.standard_ops}) != len(self.standard_ops):
+            problems.append("a standard op is listed twice")
         seen_opt = False
         for p in self.inputs:
             if seen_opt and not p.optional:

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 import onnx.defs
 
 from graphkit.errors import OpDefinitionError, OpPackageError, UsageError
-from graphkit.ops._opdef import OpDef, kernel_domain, split_kernel_domain
+from graphkit.ops._opdef import OpDef, StandardOp, kernel_domain, split_kernel_domain
 from graphkit.ops._package import OpPackage
 from graphkit.ops._schema import build_schema
 
@@ -28,6 +28,8 @@ class OpRegistry:
 
     def __init__(self, items: Iterable[OpDef | OpPackage] = ()) -> None:
         self._ops: dict[tuple[str, str], OpDef] = {}
+        # (domain, op type) -> the ops that compute that standard op (two: an error when used)
+        self._standard: dict[tuple[str, str], list[tuple[OpDef, StandardOp]]] = {}
         self._package: dict[tuple[str, str], OpPackage | None] = {}
         self._packages: list[OpPackage] = []
         for item in items:
@@ -56,6 +58,9 @@ class OpRegistry:
                 op=op.qualified_name,
                 hint="remove one of them (uninstall it, or drop it from --ops / $GRAPHKIT_OPS), "
                      "or give one op another domain")
+        for std in op.standard_ops:
+            for domain in (("", "ai.onnx") if std.domain in ("", "ai.onnx") else (std.domain,)):
+                self._standard.setdefault((domain, std.op_type), []).append((op, std))
         self._ops[key] = op
         self._package[key] = package
 
@@ -111,6 +116,23 @@ class OpRegistry:
     def placeholder_domains(self) -> frozenset[str]:
         """Every domain that holds an op of this registry."""
         return frozenset(domain for domain, _ in self._ops)
+
+    def standard_op(self, domain: str, op_type: str) -> tuple[OpDef, StandardOp] | None:
+        """(op, its StandardOp) if nodes ``domain::op_type`` are a standard op an op of this
+        registry computes (``OpDef.standard_ops``), else None; OpPackageError if two ops claim it."""
+        found = self._standard.get((domain, op_type)) if self._standard else None
+        if not found:
+            return None
+        if len(found) > 1:
+            (a, std), (b, _) = found[:2]
+            raise OpPackageError(f"standard op {std} is claimed by two ops: {a.qualified_name} and "
+                                 f"{b.qualified_name}", op=b.qualified_name,
+                                 hint="drop it from the standard_ops of one of them, or leave one package out")
+        return found[0]
+
+    def standard_op_types(self) -> frozenset[tuple[str, str]]:
+        """Every (domain, op type) of a standard op an op here computes ("" and "ai.onnx" both)."""
+        return frozenset(self._standard)
 
     def has_native(self, op: OpDef) -> bool:
         """True if ``op`` has a native kernel here: it declares one and its package brings

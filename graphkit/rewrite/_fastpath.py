@@ -720,6 +720,10 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     if len(placeholders) > 1 and (placeholders - {PLACEHOLDER_DOMAIN}) & (
             set(domains) | {d for d, _ in sub_counts}):
         raise Unsupported("placeholders in op domains other than 'custom'")
+    standard = registry.standard_op_types()
+    if standard and prefer != (Lowering.KEEP,) and not standard.isdisjoint(report.ops_before):
+        raise Unsupported("standard ops lowered as graphkit ops (" + ", ".join(
+            sorted({o for d, o in standard & set(report.ops_before)})) + ")")
     custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
     if not custom or prefer == (Lowering.KEEP,):
         report.ops_after = report.ops_before.copy()

@@ -257,7 +257,12 @@ class Selection:
         dtypes = sorted({dtype_name(t) for t in in_types if t})
         works = []
         newest = max_opset()
+        in_prefer = {h.value for h in self.prefer}
         for dec in op.decompositions:
+            if "decompose" not in in_prefer and dec.supports(self.opset) and \
+                    self.problem(op, node, attrs, in_types, dec, self.opset, probe) is None:
+                works.append(f"--prefer decompose (decomposition '{dec.name}')")
+                continue
             last = min(dec.max_opset or newest, newest)
             for opset in _other_opsets(dec.min_opset, last, self.opset):
                 if self.problem(op, node, attrs, in_types, dec, opset, probe) is None:
@@ -267,11 +272,11 @@ class Selection:
             works.append("--bind native")
         if op.python_kernel is not None:
             works.append("--bind python")
-        in_prefer = {h.value for h in self.prefer}
+        others = [h for h in ("decompose", "native", "python") if h not in in_prefer]
         hint = ("would work: " + ", ".join(works) if works else
                 f"no lowering of {op.name} runs in ONNX Runtime for {'/'.join(dtypes)}: add one to its definition")
-        if works and {"decompose", "native", "python"} - in_prefer:
-            hint += " (or allow another lowering with --prefer)"
+        if works and others:
+            hint += f"; allow another lowering ({', '.join(others)}) with --prefer"
         message = "; ".join(reasons)
         if any("decomposition '" in r for r in reasons):
             message = f"no lowering ONNX Runtime can execute for {'/'.join(dtypes) or 'its inputs'}: {message}"

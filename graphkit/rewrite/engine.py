@@ -24,6 +24,7 @@ from graphkit.ops import PLACEHOLDER_DOMAIN, OpDef, OpRegistry, default_registry
 from graphkit.rewrite._gsrules import GraphSurgeonRule, apply_graphsurgeon_rules
 from graphkit.rewrite._rules import GraphPass, Rule, RuleReport, RuleSet, apply_rule_set
 from graphkit.rewrite._selection import check_target_opset
+from graphkit.rewrite._standard_ops import recognise
 from graphkit.rewrite._walk import ModelIndex, count_ops, graphs, node_lists, scopes
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 from graphkit.rewrite.plan import UNKNOWN_OP_HINT, Lowering, LoweringPlan, Scope, node_attrs
@@ -320,7 +321,8 @@ class RewriteContext:
     report: RewriteReport
     placeholders: frozenset[str]
     converting: bool = False
-    has_placeholders: bool = False   # in the input (rules may add some)
+    has_placeholders: bool = False   # in the input (rules may add some), standard ops an op computes included
+    has_standard: bool = False       # standard ops an op computes (ai.onnx DeformConv) in the input
     plan: LoweringPlan | None = None
     index: ModelIndex | None = None  # of the input's copy
     types: TypeTable | None = None   # the main graph's (and its subgraphs') tensor types
@@ -339,6 +341,13 @@ class Pass:
     name: str
     applies: Callable[[RewriteContext, onnx.ModelProto], bool]
     run: Callable[[RewriteContext, onnx.ModelProto], PassResult]
+
+
+def _recognise_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+    """Standard nodes an op computes become its placeholders before the version converter
+    sees them (it has no adapter for DeformConv across opset 19, nor for one under 19)."""
+    made = recognise(model, ctx.registry, ctx.path)
+    return PassResult(model, bool(made), ", ".join(f"{n} {what}" for what, n in sorted(made.items())))
 
 
 def _convert_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
@@ -382,11 +391,12 @@ def _lower_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     lists = ctx.index.node_lists if not ctx.report.passes else node_lists(model)
     total = sum(ctx.report.ops_before.values())
     progress = ctx.progress if total > PROGRESS_MIN_NODES else None
-    domains = plan.domains
+    domains, standard = plan.domains, plan.standard
     done = 0
     count = 0
     for nodes, in_function in reversed(lists):  # inner scopes first, as in the rules pass
-        if not any(n.domain in domains for n in nodes):
+        if not any(n.domain in domains for n in nodes) and not (
+                standard and any((n.domain, n.op_type) in standard for n in nodes)):
             done += len(nodes)
             continue
         # A function body's tensor types are its callers': nothing is looked up in the
@@ -443,6 +453,8 @@ def _ops_after(ctx: RewriteContext, model: onnx.ModelProto) -> collections.Count
 
 # The rewrite, in order. The last two run only when an earlier pass changed the model.
 PASSES: tuple[Pass, ...] = (
+    Pass("recognise-standard-ops", lambda ctx, m: ctx.converting and ctx.has_standard and
+         ctx.prefer != (Lowering.KEEP,), _recognise_pass),
     Pass("convert-opset", lambda ctx, m: ctx.target_opset is not None, _convert_pass),
     Pass("rules", lambda ctx, m: any(isinstance(r, (Rule, GraphPass)) for r in ctx.rules), _rules_pass),
     Pass("graphsurgeon-rules", lambda ctx, m: any(isinstance(r, GraphSurgeonRule) for r in ctx.rules),
@@ -496,7 +508,8 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
                          RewriteReport(ops_before=index.op_counts),
                          registry.placeholder_domains() | {PLACEHOLDER_DOMAIN})
     ctx.converting = target_opset is not None and target_opset != ai_onnx_opset(out)
-    ctx.has_placeholders = bool(ctx.placeholders & index.domains)
+    ctx.has_standard = bool(registry.standard_op_types() & set(index.op_counts))
+    ctx.has_placeholders = bool(ctx.placeholders & index.domains) or ctx.has_standard
     ctx.index = index
     ctx.make_plan(out, index.names)
     modified = False

@@ -25,6 +25,7 @@ from graphkit.ops import PLACEHOLDER_DOMAIN, Decomposition, OpDef, OpRegistry
 from graphkit.ops.tensor_types import type_string
 from graphkit.rewrite._selection import Probe, Selection
 from graphkit.rewrite.binding import bind_node
+from graphkit.rewrite._standard_ops import as_placeholder, label
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 
 __all__ = ["Lowered", "Lowering", "LoweringPlan", "Scope", "Template", "UNKNOWN_OP_HINT", "node_attrs"]
@@ -162,6 +163,8 @@ class LoweringPlan:
         # Domains whose nodes are placeholders to lower: every op domain of the registry,
         # and "custom" even when no op of the registry is there (unknown ops are errors).
         self.domains = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
+        # Standard ops an op computes (ai.onnx DeformConv): lowered like its placeholders.
+        self.standard = registry.standard_op_types()
         self.actions: collections.Counter = collections.Counter()
         self.lowered: collections.Counter = collections.Counter()
         self.emitted: collections.Counter = collections.Counter()
@@ -209,10 +212,13 @@ class LoweringPlan:
 
     # -- lowering -----------------------------------------------------------------------
 
+    def is_placeholder(self, node: onnx.NodeProto) -> bool:
+        """A node this plan lowers: a placeholder, or a standard op an op computes."""
+        return node.domain in self.domains or (bool(self.standard) and (node.domain, node.op_type) in self.standard)
+
     def placeholders(self, nodes: Any) -> Iterator[int]:
         """Indices of the placeholders in a node list."""
-        domains = self.domains
-        return (i for i, n in enumerate(nodes) if n.domain in domains)
+        return (i for i, n in enumerate(nodes) if self.is_placeholder(n))
 
     def lower_nodes(self, nodes: Any, scope: Scope, *,
                     progress: Callable[[int], None] | None = None) -> int:
@@ -220,15 +226,16 @@ class LoweringPlan:
 
         ``progress(i)`` is called before node ``i`` every so often.
         """
-        domains = self.domains
+        domains, standard = self.domains, self.standard
         new_nodes: list[onnx.NodeProto] = []
         count = 0
         for i, n in enumerate(nodes):
             if progress is not None:
                 progress(i)
-            if n.domain in domains:
-                new_nodes.extend(self.lower(n, scope).nodes)
-                count += 1
+            if n.domain in domains or (standard and (n.domain, n.op_type) in standard):
+                made = self.lower(n, scope).nodes
+                new_nodes.extend(made)
+                count += not (len(made) == 1 and made[0] is n)  # a standard node kept as it is
             else:
                 new_nodes.append(n)
         if count:
@@ -237,12 +244,24 @@ class LoweringPlan:
         return count
 
     def lower(self, node: onnx.NodeProto, scope: Scope) -> Lowered:
-        """Lower one placeholder in ``scope``; the result is counted in this plan.
+        """Lower one placeholder (or standard node an op computes) in ``scope``; the result is
+        counted in this plan. A standard node whose chosen lowering is the decomposition that
+        writes that standard op comes back as it is, uncounted.
 
         What to do is decided once per kind of node (op, attributes, arity, input types,
         which inputs and outputs are the same tensor): checks, attributes, the lowering
         chosen and the template key are the first node's for every later one.
         """
+        original, std = node, None
+        if self.standard and (node.domain, node.op_type) in self.standard:
+            op, std = self.registry.standard_op(node.domain, node.op_type)
+            try:
+                node = as_placeholder(node, op, std, self.path)
+            except RewriteError:
+                if self.opset >= std.since_opset and Lowering.DECOMPOSE in self.prefer:
+                    # valid as it is, and the op has no form for it: the standard op is its decomposition
+                    return Lowered(op, Lowering.DECOMPOSE, (label(op, std), f"keep:{std}"), [original])
+                raise
         types = scope.types
         values = (*node.input, *node.output)
         kind = (node.domain, node.op_type, b"".join(a.SerializeToString() for a in node.attribute),
@@ -264,11 +283,15 @@ class LoweringPlan:
                        len(node.output))
             decided = self._kinds[kind] = (op, attrs, how, dec, key)
         op, attrs, how, dec, key = decided
+        if std is not None and dec is not None and dec.name == std.decomposition and self.opset >= std.since_opset:
+            return Lowered(op, how, (label(op, std), f"keep:{std}"), [original])
         if how is Lowering.DECOMPOSE:
             lowered = self._decompose(op, node, attrs, dec, key, scope)
         else:
             lowered = self._bind(op, node, attrs, how, scope)
-        self.count(lowered, node.domain, node.op_type)
+        if std is not None:
+            lowered.action = (label(op, std), lowered.action[1])
+        self.count(lowered, original.domain, original.op_type)
         return lowered
 
     def count(self, lowered: Lowered, domain: str, op_type: str, times: int = 1, *,
