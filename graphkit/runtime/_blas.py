@@ -8,6 +8,11 @@ wheels) would start one thread per core for a matmul, while ONNX Runtime's intra
 its block (threadpoolctl) and
 puts the previous counts back when the last overlapping block (any thread) ends, so kernels
 of sessions running at once never restore each other's setting halfway.
+
+Known limit (measured, numpy 2.4's OpenBLAS 0.3.31): once the main thread has changed
+OpenBLAS's thread count, a change made from another thread is ignored. Kernels of sessions
+run from the main thread (the usual case), or only from other threads, are limited;
+a process mixing both keeps BLAS's own count in the other threads' kernels.
 """
 
 from __future__ import annotations
