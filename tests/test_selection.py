@@ -364,3 +364,32 @@ def test_report_says_which_version_conversions_ran(tmp_path):
                    check_rc=0).stdout
     assert "converted: ai.onnx opset 17 -> 20 (imports only)" in text
     assert "nothing to rewrite" not in text
+
+
+def test_kernel_table_is_cached_per_ort_version_and_rebuilt_when_bad(tmp_path, monkeypatch):
+    """The table is read from ORT once and kept as JSON in graphkit's cache: the same table,
+    without importing ORT; a corrupt file or another version's is replaced."""
+    import subprocess
+    import sys
+
+    from graphkit.rewrite import _selection
+
+    monkeypatch.setenv("GRAPHKIT_CACHE_DIR", str(tmp_path))
+    _selection.ort_kernels.cache_clear()
+    try:
+        live = _selection._live_table()
+        first = _selection.ort_kernels()
+        (cached,) = (tmp_path / "ort-kernels").iterdir()
+        assert first.kernels == live.kernels and first.version == ort.__version__
+        code = ("import sys; from graphkit.rewrite._selection import ort_kernels; t = ort_kernels(); "
+                "print('onnxruntime' in sys.modules, len(t.kernels))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**__import__("os").environ, "GRAPHKIT_CACHE_DIR": str(tmp_path)}).stdout.split()
+        assert out == ["False", str(len(live.kernels))]
+        for bad in ("{not json", '{"format": 1, "version": "0.0.1", "kernels": []}', '{"format": 1}'):
+            cached.write_text(bad)
+            _selection.ort_kernels.cache_clear()
+            assert _selection.ort_kernels().kernels == live.kernels
+            assert _selection._read_table(cached, ort.__version__).kernels == live.kernels  # rewritten
+    finally:
+        _selection.ort_kernels.cache_clear()

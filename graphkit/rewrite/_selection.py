@@ -132,7 +132,33 @@ def _fits(kernel: _Kernel, bound: Mapping[str, set[str]]) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def ort_kernels() -> KernelTable | None:
-    """ONNX Runtime's CPU kernels, read once; None when this ORT build does not list them."""
+    """ONNX Runtime's CPU kernels, read once per process; None when this ORT build does not
+    list them. The table is kept in graphkit's cache per ORT version (plain JSON data), so a
+    rewrite does not import ORT (~50 ms) to read it again."""
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("onnxruntime")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    cached = None
+    if version is not None:
+        from graphkit.build_cache import cache_root, hash_key
+
+        cached = cache_root() / "ort-kernels" / f"{hash_key(version, PROVIDER, _CACHE_FORMAT)}.json"
+        table = _read_table(cached, version)
+        if table is not None:
+            return table
+    table = _live_table()
+    if table is not None and cached is not None:
+        _write_table(cached, table)
+    return table
+
+
+_CACHE_FORMAT = 1
+
+
+def _live_table() -> KernelTable | None:
     try:
         import onnxruntime
         from onnxruntime.capi import _pybind_state
@@ -147,6 +173,40 @@ def ort_kernels() -> KernelTable | None:
         table.setdefault((d.domain, d.op_name), []).append(
             _Kernel(first, last, {p: frozenset(ts) for p, ts in d.type_constraints.items()}))
     return KernelTable({k: tuple(v) for k, v in table.items()}, onnxruntime.__version__)
+
+
+def _read_table(path: Any, version: str) -> KernelTable | None:
+    """The cached table, or None when it is missing, unreadable or not this version's."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+        if data["version"] != version or data["format"] != _CACHE_FORMAT:
+            return None
+        kernels = {(d, o): tuple(_Kernel(int(a), int(b), {p: frozenset(ts) for p, ts in types.items()})
+                                 for a, b, types in entries)
+                   for d, o, entries in data["kernels"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return KernelTable(kernels, version)
+
+
+def _write_table(path: Any, table: KernelTable) -> None:
+    """Best effort: a cache that cannot be written is read from ORT next time."""
+    import json
+
+    from graphkit.errors import GraphkitError
+    from graphkit.publish import atomic_write
+
+    data = {"format": _CACHE_FORMAT, "version": table.version,
+            "kernels": [[d, o, [[k.first, k.last, {p: sorted(ts) for p, ts in k.types.items()}] for k in ks]]
+                        for (d, o), ks in sorted(table.kernels.items())]}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(path) as tmp:
+            tmp.write_text(json.dumps(data, separators=(",", ":")))
+    except (OSError, GraphkitError):
+        pass
 
 
 def max_opset() -> int:
