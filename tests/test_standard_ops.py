@@ -153,6 +153,7 @@ def test_double_deform_conv_decompose_only_at_18_names_what_works():
     with pytest.raises(UnsupportedOpError) as info:
         rewrite_model(model, lowering=Lowering.DECOMPOSE)
     assert info.value.node == "dcn0" and "for double" in info.value.message
+    assert info.value.op == "DeformConv as custom::deform_conv2d"
     assert info.value.hint.startswith("would work: --target-opset 19 (decomposition 'onnx_deform_conv'), "
                                       "--bind native, --bind python")
 

@@ -273,7 +273,13 @@ class LoweringPlan:
             self._check_arity(op, node)
             attrs = node_attrs(op, node, self.path)
             in_types = self._check_input_types(op, node, types)
-            how, dec = self.choose(op, node, attrs, in_types, scope)
+            try:
+                how, dec = self.choose(op, node, attrs, in_types, scope)
+            except UnsupportedOpError as exc:
+                if std is None:
+                    raise
+                raise UnsupportedOpError(exc.message, hint=exc.hint, path=exc.path, node=exc.node,
+                                         op=label(op, std)) from exc
             key = None
             if how is Lowering.DECOMPOSE:
                 inputs = list(node.input) + [""] * (len(op.inputs) - len(node.input))
