@@ -170,6 +170,28 @@ def test_verdict_matches_an_onnxruntime_session(op, dtype, dec, opset):
     assert runs_in_ort(lowered, feeds) == (verdict is None), verdict
 
 
+def _kernel_grid():
+    registry = default_registry()
+    for op in registry:
+        if registry.package_of(op).name != "graphkit_ops":
+            continue
+        for type_str in op.type_constraints[op.inputs[0].type]:
+            for how in (Lowering.NATIVE, Lowering.PYTHON):
+                if (how is Lowering.NATIVE and registry.has_native(op)) or (
+                        how is Lowering.PYTHON and op.python_kernel is not None):
+                    yield pytest.param(op, elem_type(type_str), how, id=f"{op.name}-{how.value}-{type_str[7:-1]}")
+
+
+@pytest.mark.parametrize("op, dtype, how", list(_kernel_grid()))
+def test_kernels_run_every_type_their_op_declares(op, dtype, how):
+    """What the selection assumes of native and Python kernels: every declared type runs."""
+    model, feeds = example(op, dtype, 17)
+    out, report = rewrite_model(model, lowering=how)
+    assert report.actions == {(op.qualified_name, f"bind:{how.value}"): 1}
+    (got,) = graphkit.open_session(out).run(feeds).values()
+    assert got.dtype == NP[dtype]
+
+
 def test_the_grid_covers_every_op_of_graphkits_package():
     covered = {p.values[0].name for p in _grid()}
     assert covered == {"my_add", "asinh", "deform_conv2d"}
