@@ -55,6 +55,8 @@ def inspect_model(model: onnx.ModelProto, *, path: str | os.PathLike[str] | None
     opset = ai_onnx_opset(model) or 0
     functions = {(f.domain, f.name) for f in model.functions}
     where: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
+    standard_types = registry.standard_op_types()
+    standard: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
     nodes = 0
     for node_list, _, _ in scopes(model):
         for n in node_list:
@@ -63,6 +65,8 @@ def inspect_model(model: onnx.ModelProto, *, path: str | os.PathLike[str] | None
                 raise ModelLoadError(f"node '{n.name!s}' has an op type or domain that is not valid UTF-8",
                                      path=None if path is None else str(path), hint="re-export the model")
             if n.domain in STANDARD_DOMAINS:
+                if standard_types and (n.domain, n.op_type) in standard_types:
+                    standard[(n.domain, n.op_type)].append(n.name or "<unnamed>")
                 continue
             if (n.domain, n.op_type) in functions and registry.lookup(n.domain, n.op_type) is None:
                 continue  # a call of a model-local function the model itself defines
@@ -84,6 +88,12 @@ def inspect_model(model: onnx.ModelProto, *, path: str | os.PathLike[str] | None
             entry["lowerings"] = [kernel[0]] if kernel is not None else lowerings_of(op, opset, registry)
             entry["function"] = (domain, op_type) in functions
         custom.append(entry)
+    computed = []
+    for (domain, op_type), names in sorted(standard.items(), key=str):
+        op, std = registry.standard_op(domain, op_type)
+        computed.append({"op": str(std), "as": op.qualified_name, "count": len(names), "nodes": names,
+                         "since_opset": std.since_opset, "valid": opset >= std.since_opset,
+                         "package": package_info(registry, op), "lowerings": lowerings_of(op, opset, registry)})
     tensors = external_tensors(model)
     files: dict[str, int] = {}
     if tensors and path is not None:
@@ -97,5 +107,6 @@ def inspect_model(model: onnx.ModelProto, *, path: str | os.PathLike[str] | None
         "nodes": nodes,
         "functions": [f"{f.domain}::{f.name}" for f in model.functions],
         "custom_ops": custom,
+        "standard_ops_of_graphkit_ops": computed,
         "external_data": {"tensors": len(tensors), "files": sorted(files), "bytes": sum(files.values())},
     }

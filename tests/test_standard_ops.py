@@ -223,3 +223,15 @@ def test_bad_standard_op_declarations_are_definition_errors():
         dataclasses.replace(DEFORM_CONV2D, standard_ops=(StandardOp("X", 1, dict, inputs=(0, 0)),))
     with pytest.raises(OpDefinitionError, match="listed twice"):
         dataclasses.replace(DEFORM_CONV2D, standard_ops=(StandardOp("X", 1, dict), StandardOp("X", 2, dict)))
+
+
+def test_inspect_names_deform_conv_nodes_and_whether_the_opset_has_them(tmp_path):
+    for opset, state in ((18, "INVALID at this opset (needs 19): `graphkit rewrite` lowers it"), (19, "valid here")):
+        onnx.save(deform_model(TensorProto.FLOAT, opset, standard=True)[0], tmp_path / "m.onnx")
+        text = run_cli("inspect", tmp_path / "m.onnx", check_rc=0).stdout
+        assert f"DeformConv x1 (dcn0) is custom::deform_conv2d: {state}" in text.splitlines()
+        (entry,) = json.loads(run_cli("inspect", tmp_path / "m.onnx", "--json", check_rc=0).stdout)[
+            "standard_ops_of_graphkit_ops"]
+        assert (entry["op"], entry["as"], entry["valid"], entry["nodes"]) == (
+            "DeformConv", "custom::deform_conv2d", opset >= 19, ["dcn0"])
+        assert entry["lowerings"][-2:] == ["native", "python"]

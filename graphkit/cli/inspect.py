@@ -64,6 +64,13 @@ def format_summary(s: dict) -> str:
             lines.append(f"{unknown} unknown op(s): `graphkit ops` lists the known ones")
     else:
         lines.append("custom ops: none")
+    for std in s.get("standard_ops_of_graphkit_ops", ()):
+        where = ", ".join(map(str, std["nodes"][:5])) + (f", ... ({len(std['nodes']) - 5} more)"
+                                                         if len(std["nodes"]) > 5 else "")
+        state = ("valid here" if std["valid"] else
+                 f"INVALID at this opset (needs {std['since_opset']}): `graphkit rewrite` lowers it")
+        lines.append(f"{std['op']} x{std['count']} ({where}) is {std['as']}: {state}")
+        lines.append(f"    lowerings: {', '.join(std['lowerings']) or 'none at this opset'}")
     ext = s["external_data"]
     lines.append(f"external data: {ext['tensors']} tensors in {len(ext['files'])} file(s), "
                  f"{ext['bytes'] / 2**20:.1f} MiB" if ext["tensors"] else "external data: none")
