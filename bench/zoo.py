@@ -360,11 +360,6 @@ KNOWN_FAILURES: dict[tuple[str, str, int | None], tuple[str, str]] = {
     ("t5", "dynamo", None): ("Cannot view a tensor with shape",
                              "torch 2.13's dynamo exporter fails on T5's sdpa attention with a float "
                              "position bias (ConversionError); attn_implementation='eager' exports"),
-    ("gpt2_padded", "dynamo", None): ("differs only at padding positions",
-                                      "fully masked query rows (left padding): torch's sdpa and the "
-                                      "exported attention disagree there; real tokens match"),
-    ("llama_padded", "dynamo", None): ("differs only at padding positions",
-                                       "as gpt2_padded"),
 }
 
 

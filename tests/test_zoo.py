@@ -295,3 +295,34 @@ def test_noop_with_empty_axes_dropped_below_opset_18():
     got = ort.InferenceSession(_graph_model([helper.make_node("ReduceMean", ["x"], ["y"], axes=[1])], [x], [y],
                                             opset=17).SerializeToString()).run(None, {"x": data})[0]
     assert np.array_equal(got, data.mean(axis=1, keepdims=True))
+
+
+class _Attention(torch.nn.Module):
+    def forward(self, q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_sdpa_fully_masked_rows_are_zero_like_torch(tmp_path):
+    """torch's dynamo translation of scaled_dot_product_attention gives a query row whose
+    bool mask is all False uniform weights; torch eager gives zeros (left-padded GPT-2 and
+    Llama differ from torch at their padding positions). graphkit's translation fix agrees
+    with torch; float masks and no mask are torch's translation as before."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 4, 8, generator=gen) for _ in range(3))
+    mask = torch.ones(2, 1, 4, 4, dtype=torch.bool)
+    mask[1, :, :2] = False  # two fully masked query rows
+    args = (q, k, v, mask)
+    want = _Attention()(*args).numpy()
+    assert not want[1, :, :2].any()
+    plain = torch.onnx.export(_Attention(), args, dynamo=True, verbose=False, report=False).model_proto
+    sess = ort.InferenceSession(plain.SerializeToString())
+    torch_own = sess.run(None, {i.name: a.numpy() for i, a in zip(sess.get_inputs(), args)})[0]
+    assert np.abs(torch_own[1, :, :2]).max() > 0.01  # the defect fixed here
+    export(_Attention(), args, tmp_path / "a.onnx", dynamo=True)
+    got = _run(tmp_path / "a.onnx", *args)
+    assert compare_arrays("y", want, got, atol=1e-6, rtol=1e-5).passed
+    assert not np.signbit(got[1, :, :2]).any() and not got[1, :, :2].any()
+    float_mask = torch.where(mask, 0.0, -1e4)
+    export(_Attention(), (q, k, v, float_mask), tmp_path / "f.onnx", dynamo=True)
+    got = _run(tmp_path / "f.onnx", q, k, v, float_mask)
+    assert compare_arrays("y", _Attention()(q, k, v, float_mask).numpy(), got, atol=1e-6, rtol=1e-5).passed

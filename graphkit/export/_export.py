@@ -62,6 +62,7 @@ from graphkit.export import torch_ops
 from graphkit.export._foreign import foreign_translations, scoped_foreign_symbolics
 from graphkit.export._model_ops import merge, registry_for
 from graphkit.export._runtime_check import RuntimeCheck, check_loads
+from graphkit.export._translation_fixes import translation_fixes
 from graphkit.export.aten import GapFillerTable, placeholder_translations, scoped_gap_fillers, scoped_placeholders
 from graphkit.export.gap_fillers import GAP_FILLERS
 from graphkit.export.rewrites import ExportTarget, RewriteRegistry, activate_rewrites
@@ -351,7 +352,8 @@ def _export_dynamo(model, args, kwargs, registry, opset, names, output_names, dy
                    *, given_names: bool, placeholder_ops: Sequence[OpDef] = (),
                    torch_translations: Sequence[str] = ()) -> onnx.ModelProto:
     with _registry_ops(registry):
-        table = torch_ops.custom_translation_table()
+        table = translation_fixes()  # graphkit's own ops, placeholders and foreign ops win
+        table.update(torch_ops.custom_translation_table())
         table.update(placeholder_translations(placeholder_ops))
         table.update(foreign_translations(registry, skip=torch_translations))
         dynamic_shapes = _dynamic_shapes(model, args, kwargs, names, dynamic_dims)

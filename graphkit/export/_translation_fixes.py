@@ -1,0 +1,52 @@
+"""Corrections to torch's own dynamo translations, active for every ``dynamo=True`` export.
+
+Each entry replaces one ATen op's translation in ``custom_translation_table`` where torch
+2.13's (onnxscript's torchlib) disagrees with torch eager; each was found by
+``bench/zoo.py`` and is tested against torch in ``tests/test_zoo.py``.
+
+- ``aten::scaled_dot_product_attention`` with a bool mask: a query row whose mask is all
+  False (a padding position of a left-padded batch, GPT-2 and Llama with an attention
+  mask) gives zeros in torch; torchlib masks with the dtype's lowest value instead of -inf,
+  so its softmax is uniform there, not NaN, and its NaN-to-zero step never fires. The fix
+  keeps torchlib's graph and zeroes the rows whose mask holds no True.
+"""
+
+# No `from __future__ import annotations`: torch's exporter reads the translation's type
+# hints (inputs vs attributes), which name types imported inside _sdpa.
+import typing
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["translation_fixes"]
+
+
+def _sdpa() -> Callable[..., Any]:
+    import onnx_ir as ir
+    from onnxscript import opset18 as op
+    from onnxscript.function_libs.torch_lib.ops import nn as torchlib
+    from onnxscript.function_libs.torch_lib.tensor_typing import TFloat
+    from onnxscript.onnx_types import TensorType
+
+    base = torchlib.aten_scaled_dot_product_attention
+
+    def scaled_dot_product_attention(query: TFloat, key: TFloat, value: TFloat,
+                                     attn_mask: typing.Optional[TensorType] = None,
+                                     dropout_p: float = 0.0, is_causal: bool = False,
+                                     scale: typing.Optional[float] = None,
+                                     enable_gqa: bool = False) -> TFloat:
+        out = base(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        if attn_mask is None or attn_mask.dtype != ir.DataType.BOOL:
+            return out
+        attends = op.ReduceMax(op.Cast(attn_mask, to=ir.DataType.INT32), op.Constant(value_ints=[-1]),
+                               keepdims=1)
+        zero = op.CastLike(op.Constant(value_float=0.0), out)
+        return op.Where(op.Cast(attends, to=ir.DataType.BOOL), out, zero)
+
+    return scaled_dot_product_attention
+
+
+def translation_fixes() -> dict[Any, Callable[..., Any]]:
+    """``custom_translation_table`` entries correcting torch's translations (see above)."""
+    import torch
+
+    return {torch.ops.aten.scaled_dot_product_attention.default: _sdpa()}
