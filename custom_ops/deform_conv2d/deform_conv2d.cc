@@ -54,6 +54,9 @@ constexpr int64_t kTasks = 4;
 constexpr int64_t kMaxBlocks = 64;
 // Fewest positions a sampling task handles (the corner math runs 16 positions per step).
 constexpr int64_t kMinSamplePositions = 16;
+// Fewest elements a copying or sampling task handles: below, waking another thread (tens of
+// microseconds, milliseconds on a busy machine) costs more than it saves.
+constexpr int64_t kMinTaskElements = 1 << 18;
 
 // A 64-byte aligned array, grown on demand.
 template <class T>
@@ -288,7 +291,7 @@ void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T
   // Channels-last images, each followed by one zero pixel.
   Aligned<T>& pixels = own.pixels;
   pixels.reserve(size_t(g.n * (hw + 1) * g.c));
-  const int64_t row_chunk = std::max<int64_t>(1, cdiv(16384, std::max<int64_t>(1, g.w * g.c)));
+  const int64_t row_chunk = std::max<int64_t>(1, cdiv(kMinTaskElements, std::max<int64_t>(1, g.w * g.c)));
   const int64_t chunks_per_image = cdiv(g.h, row_chunk);
   for (int64_t n = 0; n < g.n; ++n) std::fill_n(pixels.data() + (n * (hw + 1) + hw) * g.c, g.c, T(0));
   ctx.parallel_for(size_t(g.n * chunks_per_image), [&](size_t task) {
@@ -339,8 +342,9 @@ void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T
   T* cols = own.chunk.data();
   for (int64_t j0 = 0; j0 < total; j0 += chunk) {
     const int64_t j1 = std::min(total, j0 + chunk), len = j1 - j0;
-    // Phase 1: sample pieces of at least kMinSamplePositions, never across images.
-    const int64_t piece = std::max<int64_t>(kMinSamplePositions, cdiv(len, 2 * kTasks));
+    // Phase 1: sample pieces of at least kMinSamplePositions and kMinTaskElements, never
+    // across images.
+    const int64_t piece = std::max({kMinSamplePositions, cdiv(kMinTaskElements, kg), cdiv(len, 2 * kTasks)});
     std::vector<std::pair<int64_t, int64_t>> pieces;  // [j, j_end)
     for (int64_t j = j0; j < j1;) {
       const int64_t end = std::min({j1, j + piece, (j / np + 1) * np});
