@@ -104,6 +104,9 @@ def _result_dtype(g, values, *, floating: bool = True) -> torch.dtype | None:
     return dtype if dtype.is_floating_point or not floating else torch.get_default_dtype()
 
 
+_SMALL_INTEGERS = (torch.int8, torch.uint8, torch.int16)
+
+
 def _floating(fn, *, tensors: int = 1, promote: int | None = None, exact_float32: bool = False,
               integers: bool = False, result: int | None = None):
     """``fn`` computed in the floating dtype torch gives (promoting the first ``promote``
@@ -119,6 +122,9 @@ def _floating(fn, *, tensors: int = 1, promote: int | None = None, exact_float32
     @functools.wraps(fn)
     def symbolic(g, *args):
         out = _result_dtype(g, args[:promote], floating=not integers)
+        if out in _SMALL_INTEGERS:  # ONNX Runtime lacks most 8- and 16-bit integer kernels
+            cast = [_cast(g, a, torch.int64) for a in args[:tensors]]
+            return _cast(g, fn(g, *cast, *args[tensors:]), out)
         if out is None or not out.is_floating_point:  # unknown types (scripted code): as written
             return fn(g, *args)
         work = torch.float32 if out in (torch.float16, torch.bfloat16) else out
@@ -183,6 +189,8 @@ def _reduce(g, x, reduction: int):
     """torch's loss reduction: 0 none, 1 mean, 2 sum (over every element, to a scalar)."""
     if reduction == 0:
         return x
+    if _dtype(x) in (torch.int32, *_SMALL_INTEGERS):  # torch sums integers in int64
+        x = _cast(g, x, torch.int64)
     return g.op("ReduceMean" if reduction == 1 else "ReduceSum", x, keepdims_i=0)
 
 
@@ -329,8 +337,8 @@ def _sgn(g, x):
 
 def _nan_ignoring(larger: bool):
     def symbolic(g, x, y):
-        if not _is_float(x) and _dtype(x) is not None:  # integers: no NaN
-            return g.op("Max" if larger else "Min", x, y)
+        if not _is_float(x) and _dtype(x) is not None:  # integers: no NaN (no integer Max before 12)
+            return g.op("Where", g.op("Less", x, y) if larger else g.op("Less", y, x), y, x)
         # torch keeps x when x and y compare equal: fmax(0.0, -0.0) is 0.0, fmax(-0.0, 0.0) -0.0
         both = _select(g, g.op("Less", x, y) if larger else g.op("Less", y, x), y, x)
         return _select(g, g.op("IsNaN", x), y, _select(g, g.op("IsNaN", y), x, both))
@@ -394,6 +402,22 @@ def _ravel(g, x):
 @symbolic_helper.parse_args("v", "v", "i")
 def _l1_loss(g, x, target, reduction):
     return _reduce(g, g.op("Abs", g.op("Sub", x, target)), reduction)
+
+
+def _l1_loss_any(g, x, target, reduction):
+    """l1_loss; 8- and 16-bit integers computed in int64 with torch's wrap-around after the
+    subtraction and the absolute value (ONNX Runtime has no such Sub or Abs kernels)."""
+    out = _result_dtype(g, (x, target), floating=False)
+    if out not in _SMALL_INTEGERS:
+        return _floating(_l1_loss, tensors=2, integers=True)(g, x, target, reduction)
+
+    def wrapped(v):
+        return _cast(g, g.op("Cast", v, to_i=_ELEMENT_TYPES[out]), torch.int64)
+
+    d = wrapped(g.op("Sub", _cast(g, x, torch.int64), _cast(g, target, torch.int64)))
+    value = _reduce(g, wrapped(g.op("Abs", d)), symbolic_helper._maybe_get_const(reduction, "i"))
+    return value if _dtype(value) != torch.int64 or symbolic_helper._maybe_get_const(reduction, "i") \
+        else g.op("Cast", value, to_i=_ELEMENT_TYPES[out])
 
 
 @symbolic_helper.parse_args("v", "v", "i", "f")
@@ -698,7 +722,7 @@ GAP_FILLERS = GapFillerTable([
                _ex(torch.ldexp, lambda gen: (torch.tensor([0.0, 0.1, 1e38, 1.0, -3.0]),
                                              torch.tensor([128, 128, -150, -149, 300])), "range"))),
     # losses (reduction none, mean, sum)
-    GapFiller("aten::l1_loss", 9, _floating(_l1_loss, tensors=2, integers=True), "Abs(x - t), reduced", _loss_examples(F.l1_loss)),
+    GapFiller("aten::l1_loss", 9, _l1_loss_any, "Abs(x - t), reduced", _loss_examples(F.l1_loss)),
     GapFiller("aten::smooth_l1_loss", 9, _floating(_smooth_l1_loss, tensors=2),
               "Where(|d| < beta, d^2 / 2 beta, |d| - beta / 2)",
               _loss_examples(F.smooth_l1_loss, beta=0.7)
