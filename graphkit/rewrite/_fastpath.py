@@ -12,18 +12,19 @@ element types of the placeholders' inputs, the placeholders themselves.
 The result is the object path's, field for field (tests/test_fastpath.py compares both):
 
 * The lowering chosen, decompositions, templates, constants and first-instance names
-  come from the engine's own ``_Lowerer.lower_node``. A later node of the same kind
-  (op, attributes, arity, input/output aliasing, input types: finer than the engine's
-  template key) reuses the engine's template as ``_Lowerer._instantiate`` would (same
-  renaming, same names), compiled to code that writes the serialized nodes; a bound
-  node reuses the first one's attributes.
+  come from the public plan both writers use: ``LoweringPlan.lower`` (graphkit.rewrite.plan)
+  lowers the first node of each kind. A later node of the same kind (op, attributes,
+  arity, input/output aliasing, input types: finer than the plan's template key) repeats
+  the ``Template`` it returned as ``Template.instantiate`` would (same renaming, same
+  names), compiled to code that writes the serialized nodes; a bound node reuses the
+  first one's attributes; ``LoweringPlan.count`` counts the repeats.
 * Generated names: the engine makes them unique against every name of the model, and
   all of them start with ``<prefix>/`` (``prefix``: a placeholder's name, else its op).
   When no ``<prefix>/`` occurs where the input keeps names, no input name can be taken,
   so the generator starts empty; otherwise it gets the model's full name index, as the
-  engine's. When, besides, every placeholder has its own prefix, names made for
-  different placeholders cannot meet, so ``fresh(name)`` is ``name`` and template
-  instances are written in batches.
+  engine's. When, besides, every prefix belongs to one kind, names made for different
+  prefixes cannot meet, so template instances are written kind by kind, their names made
+  by the generator's own rule (see ``_grouped``).
 * Element types: ``TypeTable``'s forward pass (same declarations, rules and order), run
   over pre-read fields and stopped at the last placeholder.
 * Check: ``_check_replacement`` per replacement built, then the ONNX checker on the
@@ -33,10 +34,11 @@ The result is the object path's, field for field (tests/test_fastpath.py compare
   over the whole rewritten model; here over its nodes up to where those names are made,
   which gives them the same types (inference goes through the nodes in order).
 
-Anything else is left to the object path (``Unsupported``): custom nodes in subgraphs,
-model-local functions, training info, a type the forward pass leaves unknown (the engine
-would run ONNX shape inference), any error while lowering (reported by the object path
-in its own words).
+Its preconditions, each an ``Unsupported`` naming it (the report's ``writer_reason``
+when the object path runs instead): custom nodes only in the main graph, no model-local
+functions or training info, every placeholder input typed by the forward pass (else the
+engine would run ONNX shape inference). An error while lowering is the plan's, raised as
+it is: both writers report it in the same words.
 """
 
 from __future__ import annotations
@@ -240,10 +242,10 @@ def has_external_data(data: bytes, model: onnx.ModelProto) -> bool:
 # -- lowerings repeated -------------------------------------------------------------------
 
 class _Template:
-    """An engine template (a ``_Lowerer._templates`` value) that writes serialized nodes.
+    """A plan ``Template`` that writes serialized nodes.
 
-    ``emit(values, prefix, fresh)`` is ``_Lowerer._instantiate(template, inputs, outputs,
-    prefix)`` with ``values = inputs + outputs`` (inputs padded as the engine pads them):
+    ``emit(values, prefix, fresh)`` is ``template.instantiate(inputs, outputs, prefix,
+    fresh)`` with ``values = inputs + outputs`` (inputs padded as the engine pads them):
     the same renaming (a dict of the template's inputs then outputs, later entries
     winning) and the same calls to the name generator in the same order; it returns the
     node entries' bytes. ``emit_all(values, prefixes, tails)`` does the same for many
