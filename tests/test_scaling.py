@@ -73,3 +73,23 @@ def test_rewrite_cost_grows_linearly(shape, n, lowering):
     _seconds(small, lowering)  # warm caches (schemas, imports)
     ratio = _seconds(big, lowering) / _seconds(small, lowering)
     assert ratio < 20, f"{shape.__name__}: 8x the nodes took {ratio:.1f}x the time (linear is ~8x)"
+
+
+@pytest.mark.parametrize("shape, n", [(unnamed_chain, 2000), (fan_out, 2000)], ids=["unnamed-chain", "fan-out"])
+def test_byte_writer_cost_grows_linearly(shape, n):
+    """The byte writer (what `graphkit rewrite` runs on these) on the serialized model."""
+    from graphkit.rewrite import rewrite_bytes
+
+    def seconds(data: bytes) -> float:
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            _, report = rewrite_bytes(data)
+            best = min(best, time.perf_counter() - start)
+        assert report.writer == "bytes", report.writer_reason
+        return best
+
+    small, big = shape(n).SerializeToString(), shape(8 * n).SerializeToString()
+    seconds(small)
+    ratio = seconds(big) / seconds(small)
+    assert ratio < 20, f"{shape.__name__}: 8x the nodes took {ratio:.1f}x the time (linear is ~8x)"
