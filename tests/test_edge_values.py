@@ -20,19 +20,11 @@ from graphkit.export import GAP_FILLERS, export  # noqa: E402
 from graphkit.ops import tolerance_for  # noqa: E402
 from graphkit.rewrite import rewrite_model  # noqa: E402
 from graphkit.rewrite.loader import load_rules  # noqa: E402
+from torch_call import Call  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 
 INF, NAN = math.inf, math.nan
-
-
-class Call(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 def assert_same(got: np.ndarray, want: np.ndarray, tolerance=(0.0, 0.0), what: str = "") -> None:
@@ -55,7 +47,7 @@ def exported(tmp_path, fn, *args, opset: int = 17) -> np.ndarray:
     path = tmp_path / f"m{opset}.onnx"
     report = export(Call(fn), args, path, dynamo=False, opset=opset)
     assert report.gap_fillers, "the call reaches a gap filler"
-    outs = graphkit.open_session(path).run({f"args_{i}" if False else n: a.numpy() for n, a in
+    outs = graphkit.open_session(path).run({n: a.numpy() for n, a in
                                             zip(_input_names(path), args)})
     return next(iter(outs.values()))
 

@@ -19,21 +19,13 @@ from graphkit.export import GAP_FILLERS, Example, GapFiller, GapFillerTable, exp
 from graphkit.export import gaps  # noqa: E402
 from graphkit.export.aten import scoped_gap_fillers, torch_symbolic_exists  # noqa: E402
 from graphkit.verify import compare_arrays  # noqa: E402
+from torch_call import Call  # noqa: E402
 
 # torch's loss functions compare shapes in Python while tracing: not ours to fix
 pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 
 # Rows for ATen ops torch has no symbolic for (the others replace a wrong one of torch's).
 GAPS = [f for f in GAP_FILLERS if not f.replaces]
-
-
-class Call(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 def _ort(path, args) -> np.ndarray:

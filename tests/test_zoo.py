@@ -27,6 +27,7 @@ from graphkit.export import GAP_FILLERS, TorchOps, export  # noqa: E402
 from graphkit.export._runtime_check import check_loads  # noqa: E402
 from graphkit.ops import default_registry  # noqa: E402
 from graphkit.verify import compare_arrays  # noqa: E402
+from torch_call import Call  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 
@@ -45,15 +46,6 @@ DEFAULT_CELLS = [("bert", "torchscript", 18), ("bert", "dynamo", 18),
                  ("gpt2", "torchscript", 18), ("gpt2", "dynamo", 18)]
 ALL_CELLS = [(m, e, o) for m in zoo.ZOO for e in zoo.EXPORTERS for o in zoo.OPSETS]
 TRANSFORMERS = {"bert", "gpt2", "t5", "vit", "whisper", "llama"}
-
-
-class Call(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 def _run(path, *args) -> np.ndarray:
