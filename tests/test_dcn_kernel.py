@@ -153,9 +153,11 @@ def test_package_links_a_library_found_through_rpath(tmp_path, monkeypatch):
     x = np.arange(4, dtype=np.float32)
     (y,) = open_session(lowered, registry=registry).run({"x": x}).values()
     np.testing.assert_array_equal(y, 3 * x)
-    # A rebuilt library (new size/time) is relinked: a new cache key.
-    (tmp_path / "vendor" / "lib" / "libdemoscale.so").write_bytes(
-        (tmp_path / "vendor" / "lib" / "libdemoscale.so").read_bytes() + b"\0" * 64)
+    # A rebuilt library (new size/time) is relinked: a new cache key. It is replaced by a
+    # rename, as installers do: rewriting a loaded .so in place crashes this process at exit.
+    so = tmp_path / "vendor" / "lib" / "libdemoscale.so"
+    (so.parent / "new.so").write_bytes(so.read_bytes() + b"\0" * 64)
+    os.replace(so.parent / "new.so", so)
     assert native.library_for([package], registry) != lib
 
 
