@@ -168,9 +168,9 @@ def test_export_onnxruntime_refuses_fails_naming_node_op_and_fix(tmp_path):
 
 
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
-def test_load_check_stands_in_for_placeholders(tmp_path, dynamo):
-    """A custom::my_add node is not ORT's to load: it is cut out for the check (no kernel
-    library is built), and the nodes after it are still checked."""
+def test_load_check_binds_placeholders_to_python_kernels(tmp_path, dynamo):
+    """custom::my_add is checked bound to its Python kernel (registered through
+    onnxruntime-extensions; no kernel library is built), and the nodes after it too."""
     ops = TorchOps(default_registry())
 
     class M(torch.nn.Module):
@@ -180,12 +180,76 @@ def test_load_check_stands_in_for_placeholders(tmp_path, dynamo):
     args = (torch.randn(2, 3), torch.randn(2, 3))
     report = export(M(), args, tmp_path / "ok.onnx", dynamo=dynamo)
     assert report.count("my_add") == 1
-    assert report.runtime_check.checked and report.runtime_check.stand_ins == 1
+    check = report.runtime_check
+    assert check.checked and check.stand_ins == 0 and check.reason == ""
+    assert check.lowerings == {"custom::my_add": "python"}
     if not dynamo:
         with pytest.raises(ExportError, match="CumSum") as info:
             export(M(), args, tmp_path / "bad.onnx", dynamo=False, gap_fillers=GAP_FILLERS.without("cumsum"))
         assert info.value.op == "CumSum" and not (tmp_path / "bad.onnx").exists()
+        assert "custom::my_add: python" in info.value.hint
     ops.close()
+
+
+def _halve_op(name: str, out_types: tuple[str, ...], **fields):
+    """x / 2 in float; its output-only type variable U makes the Python kernel declare
+    ``out_types[0]`` as its output type (onnxruntime-extensions picks kernels by inputs)."""
+    from graphkit.ops import OpDef, Param
+
+    fields.setdefault("python_kernel", lambda x: x / 2)
+    return OpDef(name=name, doc="x / 2", domain="gkcheck", torch_namespace="gkcheck",
+                 inputs=(Param("x", "T"),), outputs=(Param("y", "U"),),
+                 type_constraints={"T": ("tensor(float)",), "U": out_types},
+                 reference=lambda x: x / 2, infer_shapes=lambda s, a: [s[0]], **fields)
+
+
+def _export_halve(op, path):
+    registry = default_registry().with_ops(op)
+    ops = TorchOps(registry)
+
+    class M(torch.nn.Module):
+        def forward(self, a):
+            return getattr(ops, op.name)(a) + a
+
+    try:
+        return export(M(), (torch.randn(2, 3),), path, dynamo=False, registry=registry)
+    finally:
+        ops.close()
+
+
+def test_load_check_sees_the_types_a_python_kernel_declares(tmp_path):
+    """The check runs with the Python kernel registered: a kernel declaring int64 where
+    the exported graph (and torch) has float fails the export, naming the node, the op
+    and the fix in one line. With the placeholder cut out instead, the exported float
+    type would have been all ORT saw, and the export would have passed."""
+    good = _export_halve(_halve_op("gkcheck_halve_ok", ("tensor(float)", "tensor(int64)")), tmp_path / "ok.onnx")
+    assert good.runtime_check.checked and good.runtime_check.lowerings == {"gkcheck::gkcheck_halve_ok": "python"}
+    path = tmp_path / "bad.onnx"
+    with pytest.raises(ExportError) as info:
+        _export_halve(_halve_op("gkcheck_halve_int", ("tensor(int64)", "tensor(float)")), path)
+    err = info.value
+    assert err.exit_code == 11 and err.node == "/gkcheck_halve_int" and err.op == "gkcheck::gkcheck_halve_int"
+    assert "bound to its python kernel" in err.message and "tensor(int64)" in err.message
+    assert "type_constraints" in err.hint
+    assert "\n" not in str(err) and not path.exists()
+
+
+def test_load_check_falls_back_to_decomposition_then_stands_in(tmp_path):
+    """No Python kernel: the decomposition is checked; no lowering at all: the node is cut
+    out and the report says which op was not checked and why."""
+    from graphkit.ops import Decomposition
+
+    halve = Decomposition("div", lambda b, i, a: [b.op("Div", i[0], b.constant(np.float32(2), like=i[0]))], min_opset=7)
+    report = _export_halve(_halve_op("gkcheck_halve_dec", ("tensor(float)",), python_kernel=None,
+                                     decompositions=(halve,)), tmp_path / "dec.onnx")
+    assert report.runtime_check.lowerings == {"gkcheck::gkcheck_halve_dec": "decompose:div"}
+    assert report.runtime_check.stand_ins == 0 and report.runtime_check.reason == ""
+    report = _export_halve(_halve_op("gkcheck_halve_none", ("tensor(float)",), python_kernel=None),
+                           tmp_path / "none.onnx")
+    check = report.runtime_check
+    assert check.checked and check.stand_ins == 1 and check.lowerings == {"gkcheck::gkcheck_halve_none": "stand-in"}
+    assert check.reason == ("gkcheck::gkcheck_halve_none not checked: it has no Python kernel, decomposition "
+                            "or native kernel")
 
 
 def _graph_model(nodes, inputs, outputs, value_info=(), opset=18):
@@ -214,8 +278,30 @@ def test_load_check_on_handmade_models():
     typed = _graph_model(list(untyped.graph.node), list(untyped.graph.input), list(untyped.graph.output),
                          [helper.make_tensor_value_info("t", TensorProto.FLOAT, [3])])
     result = check_loads(typed, registry, model_name="Handmade", exporter="dynamo=True", path="h.onnx")
-    assert result.checked and result.stand_ins == 1
+    assert result.checked and result.stand_ins == 1 and result.lowerings == {"custom::no_such_op": "stand-in"}
+    assert result.reason == "custom::no_such_op not checked: no op package defines it"
     assert len(typed.graph.node) == 2  # the caller's model is not modified
+
+
+def test_load_check_stands_in_for_a_kernel_graphkit_refuses():
+    """A Python kernel this process cannot register (an op of that name declared with
+    another signature earlier: onnxruntime-extensions' registry is process-wide) is cut out
+    of the check, which says so, instead of failing the export."""
+    first = _halve_op("gkcheck_dup", ("tensor(float)",))
+    second = _halve_op("gkcheck_dup", ("tensor(float)", "tensor(double)"))
+    graph = helper.make_graph([helper.make_node("gkcheck_dup", ["x"], ["t"], domain="gkcheck", name="dup"),
+                               helper.make_node("Relu", ["t"], ["y"], name="relu")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+                              value_info=[helper.make_tensor_value_info("t", TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("gkcheck", 1)],
+                              ir_version=10)
+    kw = {"model_name": "Handmade", "exporter": "dynamo=False", "path": "h.onnx"}
+    result = check_loads(model, default_registry().with_ops(first), **kw)
+    assert result.checked and result.lowerings == {"gkcheck::gkcheck_dup": "python"}
+    result = check_loads(model, default_registry().with_ops(second), **kw)
+    assert result.checked and result.stand_ins == 1 and result.lowerings == {"gkcheck::gkcheck_dup": "stand-in"}
+    assert result.reason.startswith("gkcheck::gkcheck_dup not checked: ") and "already declared" in result.reason
 
 
 _CLI_MODEL = '''
@@ -243,7 +329,8 @@ def test_cli_export_refused_by_onnxruntime(tmp_path):
     assert "cast before it" in line
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["model.py"]
     proc = run_cli("export", f"{model}:build", out, "--input", "x=2x5", "--no-dynamo", "--json", check_rc=0)
-    assert json.loads(proc.stdout)["runtime_check"] == {"checked": True, "stand_ins": 0, "reason": ""}
+    assert json.loads(proc.stdout)["runtime_check"] == {"checked": True, "stand_ins": 0, "reason": "",
+                                                        "lowerings": {}}
     assert json.loads(proc.stdout)["gap_fillers"] == ["aten::cumsum"]
 
 

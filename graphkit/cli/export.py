@@ -117,7 +117,7 @@ def _report_dict(report) -> dict:
             "gap_fillers": list(report.gap_fillers), "rewrites": dict(report.rewrites),
             "runtime_check": None if report.runtime_check is None else {
                 "checked": report.runtime_check.checked, "stand_ins": report.runtime_check.stand_ins,
-                "reason": report.runtime_check.reason}}
+                "reason": report.runtime_check.reason, "lowerings": dict(report.runtime_check.lowerings)}}
 
 
 def _registry(args: argparse.Namespace):

@@ -3,16 +3,20 @@ the export with the node, op and fix, instead of being reported as a success.
 
 The written graph is opened with :func:`graphkit.runtime.open_session` (session creation
 only: ORT resolves the graph, infers types and finds a kernel for every node; nothing
-runs). Placeholder nodes (``custom::my_add``, or an op no package defines) are not ORT's:
-``graphkit rewrite`` lowers them later to whatever the target has. For the check each one
-is cut out and its outputs become typed graph inputs, so every other node is checked
-without building a kernel library or needing a compiler at export time.
+runs). Placeholder nodes (``custom::my_add``) are not ORT's: ``graphkit rewrite`` lowers
+them later to whatever the target has. For the check a copy of the model has them lowered
+by the rewrite engine as the nearest runnable form needing no compiler: bound to the op's
+Python kernel (onnxruntime-extensions registers it with the types the kernel declares),
+else its decomposition, else a prebuilt native kernel. A placeholder with none of those
+(an op no package defines, or one whose every lowering is refused) is cut out, its
+outputs becoming typed graph inputs, and the check's ``reason`` names it.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import onnx
 
@@ -27,19 +31,24 @@ __all__ = ["RuntimeCheck", "check_loads"]
 _PROTOBUF_LIMIT = 2**31 - 1
 # Where ORT names the node it refused, across its error formats.
 _NODE_PATTERNS = (re.compile(r"node with name '([^']*)'"), re.compile(r"in node \(([^)]*)\)"),
-                  re.compile(r'In Node, \("([^"]*)"'),
+                  re.compile(r"of node \(([^)]*)\)"), re.compile(r'In Node, \("([^"]*)"'),
                   re.compile(r"Node \(([^)]*)\)"), re.compile(r"Name:'([^']*)'"),
                   re.compile(r"node '([^']*)'"))
 
 
 @dataclass(frozen=True)
 class RuntimeCheck:
-    """What the check did: ``checked`` is False when it could not run (``reason`` says why);
-    ``stand_ins`` placeholder nodes were cut out for it."""
+    """What the check did: ``checked`` is False when it could not run (``reason`` says why).
+
+    ``lowerings`` says how each placeholder op was checked (``"custom::my_add": "python"``:
+    bound to its Python kernel; ``"decompose"``, ``"native"``, or ``"stand-in"``: cut out,
+    its outputs fed as typed inputs); ``stand_ins`` counts the nodes cut out, and ``reason``
+    then says why each such op could not be checked."""
 
     checked: bool
     stand_ins: int = 0
     reason: str = ""
+    lowerings: Mapping[str, str] = field(default_factory=dict)
 
 
 def _types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
@@ -62,15 +71,31 @@ def _infer(model: onnx.ModelProto, registry: OpRegistry) -> dict[str, onnx.TypeP
     return _types(inferred)
 
 
-def _stand_ins(model: onnx.ModelProto, registry: OpRegistry) -> tuple[onnx.ModelProto | None, int, str]:
-    """A copy of ``model`` whose placeholder nodes are replaced by graph inputs of their
-    outputs' types; (None, 0, reason) when a placeholder sits where that cannot be done."""
+def _label(node: onnx.NodeProto) -> str:
+    return f"{node.domain}::{node.op_type}"
+
+
+def _placeholder_labels(model: onnx.ModelProto) -> dict[str, int] | None:
+    """Placeholder ops of ``model`` and their node counts; None when a model-local function
+    holds one (the check cannot lower or cut it there)."""
     from graphkit.runtime.session import STANDARD_DOMAINS as _STANDARD  # ONNX Runtime's own domains
 
     functions = {(f.domain, f.name) for f in model.functions}
     if any(n.domain not in _STANDARD and (n.domain, n.op_type) not in functions
            for f in model.functions for n in f.node):
-        return None, 0, "a model-local function holds a placeholder node"
+        return None
+    counts: dict[str, int] = {}
+    for g in graphs(model.graph):
+        for node in g.node:
+            if node.domain not in _STANDARD and (node.domain, node.op_type) not in functions:
+                counts[_label(node)] = counts.get(_label(node), 0) + 1
+    return counts
+
+
+def _stand_ins(model: onnx.ModelProto, registry: OpRegistry, cut_ops: set[str]
+               ) -> tuple[onnx.ModelProto | None, int, str]:
+    """A copy of ``model`` whose nodes of the ``cut_ops`` (``domain::op``) are replaced by
+    graph inputs of their outputs' types; (None, 0, reason) when a type is unknown."""
     work = onnx.ModelProto()
     work.CopyFrom(model)
     cut: list[str] = []
@@ -78,7 +103,7 @@ def _stand_ins(model: onnx.ModelProto, registry: OpRegistry) -> tuple[onnx.Model
     for g in graphs(work.graph):
         keep = []
         for node in g.node:
-            if node.domain not in _STANDARD and (node.domain, node.op_type) not in functions:
+            if _label(node) in cut_ops:
                 cut += [o for o in node.output if o]
                 count += 1
             else:
@@ -99,6 +124,89 @@ def _stand_ins(model: onnx.ModelProto, registry: OpRegistry) -> tuple[onnx.Model
         if name not in known_inputs:
             work.graph.input.append(onnx.helper.make_value_info(name, types[name]))
     return work, count, ""
+
+
+def _preference(registry: OpRegistry, labels: Mapping[str, int]) -> tuple:
+    """Python kernel first (registered without a compiler), then the decomposition, then a
+    native kernel only when every native op of the model comes prebuilt (building one
+    needs a compiler, which an export does not ask for)."""
+    from graphkit.rewrite import Lowering
+
+    native = [registry.package_of(op) for label in labels
+              if (op := registry.lookup(*label.split("::", 1))) is not None and registry.has_native(op)]
+    prebuilt = bool(native) and all(p.native.library is not None for p in native)
+    return (Lowering.PYTHON, Lowering.DECOMPOSE, *((Lowering.NATIVE,) if prebuilt else ()))
+
+
+def _unlowerable(registry: OpRegistry, label: str) -> str | None:
+    """Why no lowering of placeholder op ``label`` can be checked, or None."""
+    from graphkit.runtime import python_kernels as pk
+
+    op = registry.lookup(*label.split("::", 1))
+    if op is None:
+        return "no op package defines it"
+    python = op.python_kernel is not None and pk.kernel_problem(op) is None
+    native = registry.has_native(op) and registry.package_of(op).native.library is not None
+    if not (python or op.decompositions or native):
+        return ("it has no Python kernel or decomposition, and its native kernel would need "
+                "a compiler" if registry.has_native(op) else "it has no Python kernel, decomposition "
+                "or native kernel")
+    return None
+
+
+def _lowered(model: onnx.ModelProto, registry: OpRegistry, refused: Mapping[str, str]
+             ) -> tuple[onnx.ModelProto | None, int, dict[str, str], dict[str, str]]:
+    """A copy of ``model`` with its placeholders lowered for the check (see the module
+    docstring), those of the ``refused`` ops (op -> why) cut out: (model or None, nodes cut
+    out, how each op was checked, why each op cut out was); the model is None when the check
+    cannot run (the reasons say why)."""
+    from graphkit.errors import GraphkitError
+    from graphkit.rewrite import rewrite_model
+
+    labels = _placeholder_labels(model)
+    if labels is None:
+        return None, 0, {}, {"": "a model-local function holds a placeholder node"}
+    if not labels:
+        return model, 0, {}, {}
+    why = {label: reason for label in labels if (reason := _unlowerable(registry, label)) is not None}
+    why.update(refused)
+    prefer = _preference(registry, labels)
+    # Each round either lowers every remaining op or stands one more in: at most one per op.
+    for _ in range(len(labels) + 1):
+        work, cut, problem = _stand_ins(model, registry, set(why))
+        if work is None:
+            return None, 0, {}, {**why, "": problem}
+        if len(why) == len(labels):
+            return work, cut, dict.fromkeys(labels, "stand-in"), why
+        try:
+            lowered, report = rewrite_model(work, registry=registry, lowering=prefer, check=False)
+        except GraphkitError as exc:
+            label = _placeholder_of(registry, exc.op, labels)
+            if label is None or label in why:
+                return None, 0, {}, {**why, "": f"lowering its placeholders failed: {exc.message}"}
+            why[label] = exc.message
+            continue
+        how = {label: "stand-in" for label in why}
+        for (op_name, action), _n in report.actions.items():
+            label = _placeholder_of(registry, op_name, labels)
+            if label is not None:
+                how.setdefault(label, action.removeprefix("bind:"))
+        return lowered, cut, how, why
+    raise AssertionError("unreachable: every op was stood in for")
+
+
+def _placeholder_of(registry: OpRegistry, name: str | None, labels: Mapping[str, int]) -> str | None:
+    """The placeholder op (``domain::op``) of ``labels`` that ``name`` (a node's op, maybe
+    bound to a kernel domain, or an op's qualified name) stands for."""
+    if not name:
+        return None
+    if name in labels:
+        return name
+    domain, _, op_type = name.rpartition("::")
+    op = registry.lookup(domain, op_type) or registry.get(name)
+    if op is None:
+        return None
+    return next((label for label in labels if registry.lookup(*label.split("::", 1)) is op), None)
 
 
 def _node(model: onnx.ModelProto, name: str) -> onnx.NodeProto | None:
@@ -127,28 +235,41 @@ def _input_types(model: onnx.ModelProto, node: onnx.NodeProto, registry: OpRegis
 
 
 def _refused(exc: Exception, model: onnx.ModelProto, registry: OpRegistry, model_name: str,
-             exporter: str, path: str) -> ExportError:
+             exporter: str, path: str, how: Mapping[str, str]) -> ExportError:
     import onnxruntime as ort
 
     text = str(exc.__cause__ or exc)
-    name = next((m.group(1) for p in _NODE_PATTERNS if (m := p.search(text))), None)
+    name = getattr(exc, "node", None) if isinstance(exc, UnsupportedOpError) else None
+    name = name or next((m.group(1) for p in _NODE_PATTERNS if (m := p.search(text))), None)
     node = _node(model, name) if name is not None else None
     op = None if node is None else (f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx")
                                     else node.op_type)
+    placeholder = None if node is None else _placeholder_of(registry, op, how)
     reason = next((ln.strip() for ln in text.splitlines() if ln.strip()), text)
     reason = re.sub(r"^\[ONNXRuntimeError\] : \d+ : ", "", reason)
     other = "dynamo=True" if exporter == "dynamo=False" else "dynamo=False"
     replace = ("a GapFiller with `replaces` for the ATen op that writes it (graphkit.export.aten)"
                if exporter == "dynamo=False" else "an export rewrite (graphkit.export.RewriteRegistry)")
-    if node is not None and any(k in text for k in ("Could not find an implementation", "NOT_IMPLEMENTED",
-                                                    "Type Error")):
+    if placeholder is not None:
+        # A placeholder bound to its kernel for the check: the op package is what to fix.
+        op = placeholder
+        what = f"ONNX Runtime {ort.__version__} refuses {op} bound to its {how[op]} kernel: {reason}"
+        hint = (f"make {op}'s kernel declare the types its OpDef's reference computes (type_constraints: "
+                f"the first type of an output-only type variable is the one declared), or fix the "
+                f"node that feeds it")
+    elif node is not None and any(k in text for k in ("Could not find an implementation", "NOT_IMPLEMENTED",
+                                                      "Type Error")):
         types = ", ".join(_input_types(model, node, registry))
         what = f"ONNX Runtime {ort.__version__} cannot run {op} on inputs ({types}): {reason}"
         hint = (f"give {op} input types ONNX Runtime has a kernel for (cast before it in the "
                 f"model), or export with {replace}, or try {other}")
+        if how:
+            hint += "; its placeholders were checked as " + ", ".join(f"{k}: {v}" for k, v in how.items())
     else:
         what = f"ONNX Runtime {ort.__version__} refuses the written model: {reason}"
         hint = f"try {other} or another opset, or export with {replace}"
+        if how:
+            hint += "; its placeholders were checked as " + ", ".join(f"{k}: {v}" for k, v in how.items())
     return ExportError(f"cannot export {model_name} ({exporter}): {what}", path=path,
                        node=None if node is None else node.name, op=op, hint=hint)
 
@@ -156,20 +277,32 @@ def _refused(exc: Exception, model: onnx.ModelProto, registry: OpRegistry, model
 def check_loads(model: onnx.ModelProto, registry: OpRegistry, *, model_name: str, exporter: str,
                 path: str) -> RuntimeCheck:
     """Open ``model`` in ONNX Runtime (session creation only) with its placeholder nodes
-    stood in for by inputs; raise ExportError naming the node, op and fix if ORT refuses it."""
+    lowered as the module docstring says; raise ExportError naming the node, op and fix if
+    ORT refuses it."""
     if model.ByteSize() > _PROTOBUF_LIMIT:
         return RuntimeCheck(False, reason="over protobuf's 2 GiB limit")
-    work, stand_ins, why = _stand_ins(model, registry)
-    if work is None:
-        return RuntimeCheck(False, reason=why)
     import onnxruntime as ort
 
     from graphkit.runtime import open_session
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # ORT's warnings about the graph are not the user's business here
-    try:
-        open_session(work, registry=registry, options=options, unknown_domains=False)
-    except (KernelError, UnsupportedOpError) as exc:
-        raise _refused(exc, work, registry, model_name, exporter, path) from exc
-    return RuntimeCheck(True, stand_ins)
+    refused: dict[str, str] = {}
+    while True:
+        work, stand_ins, how, why = _lowered(model, registry, refused)
+        reason = "; ".join(f"{label} not checked: {text}" if label else text for label, text in why.items())
+        if work is None:
+            return RuntimeCheck(False, reason=reason)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # ORT's warnings about the graph are not the user's business here
+        try:
+            open_session(work, registry=registry, options=options, unknown_domains=False)
+        except UnsupportedOpError as exc:
+            # graphkit refused a kernel before ORT saw the model (e.g. a Python kernel of that
+            # name declared differently earlier in this process): check without that op.
+            label = _placeholder_of(registry, exc.op, how)
+            if label is None or label in refused:
+                raise _refused(exc, work, registry, model_name, exporter, path, how) from exc
+            refused[label] = exc.message
+            continue
+        except KernelError as exc:
+            raise _refused(exc, work, registry, model_name, exporter, path, how) from exc
+        return RuntimeCheck(True, stand_ins, reason, how)
