@@ -656,6 +656,37 @@ def test_nan_pixel_reaches_only_the_outputs_that_read_it(edge_sessions):
         np.testing.assert_allclose(got, want, rtol=0, atol=ATOL, equal_nan=True, err_msg=name)
 
 
+# (tap, oh, ow, mask value) at positions oh * 6 + ow of a 5x6 output: the native kernel's
+# 16-wide vector lanes hold positions 0-15, its scalar tail 16-29
+VECTOR_LANES = ((1, 0, 0, np.inf), (2, 2, 3, np.nan), (3, 1, 2, -np.inf), (2, 1, 4, np.nan))
+SCALAR_TAIL = ((3, 3, 2, np.inf), (1, 4, 3, -np.inf), (0, 4, 0, np.nan), (2, 3, 1, -np.inf))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("where", [VECTOR_LANES, SCALAR_TAIL, VECTOR_LANES + SCALAR_TAIL],
+                         ids=["vector_lanes", "scalar_tail", "both"])
+def test_non_finite_mask_multiplies_the_sample_in_every_lowering(edge_sessions, where):
+    """torchvision multiplies the interpolated sample by the mask: an infinite or NaN mask
+    gives NaN at a point outside the image (mask * 0) and +-inf inside. Every lowering,
+    ONNX Runtime's DeformConv included, gives the reference's output, which is torchvision's
+    loop's (naive_deform_conv2d)."""
+    case, feeds, sessions = edge_sessions
+    arrays = case.arrays(seed=8)
+    arrays["offset"][0, :, ::2, ::3] = 100.0  # some points far outside: (0, 0), (2, 3), (4, 0), (4, 3)...
+    mask = arrays["mask"]  # (1, kk = 4, 5, 6)
+    for tap, oh, ow, value in where:
+        mask[0, tap, oh, ow] = value
+    want = reference(case, arrays)
+    np.testing.assert_allclose(want, naive_deform_conv2d(case, arrays), rtol=0, atol=ATOL, equal_nan=True)
+    outside = [(oh, ow) for _, oh, ow, _ in where if oh % 2 == 0 and ow % 3 == 0]
+    assert outside and all(np.isnan(want[0, :, oh, ow]).all() for oh, ow in outside)  # mask * 0
+    assert np.isinf(want).any()  # an infinite mask inside the image
+    assert np.isfinite(want).mean() > 0.5
+    for name, session in sessions.items():
+        (got,) = session.run(dict(feeds, offset=arrays["offset"], mask=mask)).values()
+        np.testing.assert_allclose(got, want, rtol=0, atol=ATOL, equal_nan=True, err_msg=name)
+
+
 BIG_HW = (4097, 4100)  # 16.8M pixels > 2^24: float32 flat indices are inexact there
 
 

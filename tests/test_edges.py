@@ -38,19 +38,6 @@ KNOWN: dict[tuple[str, str, str], str] = {
         "ONNX Runtime runs float16 Mul and Add in float32 between the casts it inserts (no float16 "
         "kernels), so 2a is not rounded to float16: my_add(65504, -inf) is -inf, torch NaN (2a "
         "overflows first). Not fixable in the decomposition: ORT removes any Cast pair put there",
-    ("deform_conv2d", "native", "float32"):
-        "helper dcnexport/dcnkernel: an infinite or NaN mask at a tap outside the image: the native "
-        "kernel skips the tap (documented in the op) and gives a number, the torch reference NaN "
-        "(mask * 0)",
-    ("deform_conv2d", "python", "float32"):
-        "helper dcnexport: an infinite mask at a tap outside the image: the numpy kernel's weight "
-        "there is 0 (np.where before the mask multiplies), the torch reference's is mask * 0 = NaN",
-    ("deform_conv2d", "python", "float64"):
-        "helper dcnexport: an infinite mask at a tap outside the image: the numpy kernel gives a "
-        "number, the torch reference NaN (mask * 0)",
-    ("deform_conv2d", "native", "float64"):
-        "helper dcnexport/dcnkernel: an infinite or NaN mask at a tap outside the image: the native "
-        "kernel gives a number, the torch reference NaN (mask * 0)",
 }
 
 _RESULTS: dict[str, list[h.Outcome]] = {}

@@ -28,10 +28,13 @@ image contributes 0 without reading a pixel (torchvision's rule), so a NaN or in
 reaches exactly the outputs whose sampling points read it, in the reference, both
 sampling decompositions and both kernels (test_nan_pixel_reaches_only_the_outputs_that_read_it);
 ONNX Runtime's DeformConv (the ``onnx_deform_conv`` lowering) spreads it to other outputs
-too. NaN or inf in the weight, bias or mask propagate by IEEE arithmetic: a NaN mask at a
-point outside the image gives NaN (mask * 0, as in torchvision) in every lowering but the
-native kernel, which skips such points (0). Finite inputs give the reference's output in
-every lowering.
+too. NaN or inf in the weight, bias or mask propagate by IEEE arithmetic. The mask multiplies
+the interpolated sample (torchvision's ``mask * bilinear(...)``), so an infinite or NaN mask
+gives NaN at a point outside the image (mask * 0) and +-inf (or NaN) inside, in the
+reference and every lowering, ONNX Runtime's DeformConv included
+(test_non_finite_mask_multiplies_the_sample_in_every_lowering); the kernels fold a finite
+mask into the bilinear weights and take a slower path only when a mask value is not finite.
+Finite inputs give the reference's output in every lowering.
 
 Beside this file: the torch reference (_reference.py), the numpy kernel
 (_numpy_kernel.py), the decompositions (_decompose.py), the C++ core shared by the native

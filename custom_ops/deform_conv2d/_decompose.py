@@ -185,9 +185,6 @@ def gather(b, inputs: Sequence[str], attrs: Mapping[str, Any]) -> list[str]:
     y0, x0 = b.Floor(y), b.Floor(x)
     ly, lx = b.Sub(y, y0), b.Sub(x, x0)
     y1, x1 = b.Add(y0, one), b.Add(x0, one)
-    scale = b.Cast(inside, to=p.dtype)
-    if p.mask:
-        scale = b.Mul(scale, b.Reshape(p.mask, b.Concat(_i64(b, [-1, p.kk]), p.ho, p.wo, axis=0)))
     pixels = b.Mul(p.h, p.w)
     image = b.Reshape(p.x, b.Concat(_i64(b, [-1, p.cg]), pixels, axis=0))  # (N*og, C/og, H*W)
     # plus one zero pixel at H*W, which corners outside the image read (never a real pixel)
@@ -202,9 +199,11 @@ def gather(b, inputs: Sequence[str], attrs: Mapping[str, Any]) -> list[str]:
         row = b.Mul(clamped(yc, h_last), p.w)  # flat indices in int64: exact past 2^24 pixels
         for xc, wx in ((x0, b.Sub(one, lx)), (x1, lx)):
             valid = b.And(valid_y, b.And(b.Greater(xc, minus_one), b.Less(xc, w)))
-            weight = b.Mul(b.Mul(wy, wx), scale)
+            weight = b.Mul(wy, wx)  # a corner outside reads the zero pixel
             index = b.Where(valid, b.Add(row, clamped(xc, w_last)), pixels)
             index = b.Expand(b.Reshape(index, flat), spread)
             term = b.Mul(b.GatherElements(image, index, axis=2), b.Reshape(weight, flat))
             total = term if total is None else b.Add(total, term)
+    if p.mask:  # mask * sample, as torchvision: an infinite or NaN mask gives NaN outside the image
+        total = b.Mul(total, b.Reshape(p.mask, b.Concat(_i64(b, [-1, 1]), b.Mul(b.Mul(p.ho, p.wo), _i64(b, [p.kk])), axis=0)))
     return [p.convolve(total)]

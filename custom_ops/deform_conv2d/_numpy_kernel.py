@@ -49,8 +49,11 @@ def python_kernel(input, weight, offset, bias=None, mask=None, *, stride=(1, 1),
     y0, x0 = np.floor(y), np.floor(x)
     ly, lx = y - y0, x - x0
     y0i, x0i = y0.astype(np.int64), x0.astype(np.int64)
+    # the mask is folded into the corner weights, unless it holds inf or NaN: then it multiplies
+    # the samples, as torchvision's mask * sample does (mask * 0 = NaN outside the image)
+    fold = mask is not None and bool(np.isfinite(mask).all())
     scale = inside.astype(dtype)
-    if mask is not None:
+    if fold:
         scale = scale * mask.reshape(n, og, kk, ho, wo)
 
     images = input.reshape(n, og, cg, h * w)
@@ -67,6 +70,8 @@ def python_kernel(input, weight, offset, bias=None, mask=None, *, stride=(1, 1),
             for b in range(n):
                 for g in range(og):  # one gather of whole channel planes per image and group
                     sampled[b, g] += np.take(images[b, g], index[b, g], axis=1) * weight_c[b, g]
+    if mask is not None and not fold:
+        sampled *= mask.reshape(n, og, 1, length)
     # sampled[n, og, cg, (i, j, oh, ow)] is columns[n, group, (c, i, j), (oh, ow)]
     columns = sampled.reshape(n, groups, cin_g * kk, p)
     result = np.matmul(weight.reshape(groups, m // groups, cin_g * kk), columns)  # (n, groups, m/g, p)

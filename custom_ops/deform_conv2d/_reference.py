@@ -62,14 +62,17 @@ def reference(input, weight, offset, bias=None, mask=None, stride=(1, 1), paddin
             yc, xc = y0 + dy, x0 + dx
             valid = inside & (yc >= 0) & (yc <= h - 1) & (xc >= 0) & (xc <= w - 1)
             weight_c = torch.where(valid, wy * wx, zero)
-            if mask is not None:
-                weight_c = weight_c * mask.reshape(n, og, kk, ho, wo)
             # flat index in int64: a float32 index is inexact past 2^24 pixels
             index = yc.clamp(0, h - 1).to(torch.int64) * w + xc.clamp(0, w - 1).to(torch.int64)
             index = torch.where(valid, index, h * w)
             index = index.reshape(n, og, 1, length).expand(n, og, cg, length)
             term = torch.gather(flat, 3, index) * weight_c.reshape(n, og, 1, length)
             sampled = term if sampled is None else sampled + term
+    if mask is not None:
+        # torchvision multiplies the interpolated sample (0 outside the image) by the mask,
+        # so an infinite or NaN mask gives mask * 0 = NaN at a point outside the image and
+        # mask * sample (+-inf) inside, even where a corner's weight is 0
+        sampled = sampled * mask.reshape(n, og, 1, length)
     # sampled[n, og, cg, (i, j, oh, ow)] -> columns[n, group, (c, i, j), (oh, ow)]
     columns = sampled.reshape(n, groups, cin_g * kk, ho * wo)
     out = torch.matmul(weight.reshape(groups, m // groups, cin_g * kk), columns)

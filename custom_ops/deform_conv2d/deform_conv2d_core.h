@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -251,7 +252,8 @@ struct ChannelRun {
 // The bilinear corners of one tap for a run of positions q (structure of arrays): pixel
 // indices i0..i3 into the channels-last image (the zero pixel H * W for a corner outside)
 // and weights w0..w3 (0 for a corner outside, the mask folded in; nullptr mask: 1). The
-// base points are (by[q] + ty, bx[q] + tx) (integral), the offsets dy[q], dx[q].
+// base points are (by[q] + ty, bx[q] + tx) (integral), the offsets dy[q], dx[q]. Returns
+// false when a mask value is infinite or NaN (the weights are then not torchvision's: see sample).
 template <class T>
 struct Corners {
   int32_t* i[4];
@@ -259,9 +261,10 @@ struct Corners {
 };
 
 template <class T>
-void corners_scalar(const Geometry& g, const T* by, const T* bx, T ty, T tx, const T* dy, const T* dx,
+bool corners_scalar(const Geometry& g, const T* by, const T* bx, T ty, T tx, const T* dy, const T* dx,
                     const T* mask, int64_t begin, int64_t count, const Corners<T>& out) {
   const T fh = T(g.h), fw = T(g.w);
+  bool finite = true;
   const int32_t width = int32_t(g.w), height = int32_t(g.h), none = int32_t(g.h * g.w);
   for (int64_t q = begin; q < count; ++q) {
     const T y = (by[q] + ty) + dy[q], x = (bx[q] + tx) + dx[q];
@@ -280,25 +283,29 @@ void corners_scalar(const Geometry& g, const T* by, const T* bx, T ty, T tx, con
       if (y1 && x1) idx[3] = base + width + 1, w[3] = ly * lx * scale;
     }
     for (int k = 0; k < 4; ++k) out.i[k][q] = idx[k], out.w[k][q] = w[k];
+    if (mask) finite &= std::fabs(mask[q]) <= std::numeric_limits<T>::max();  // false for NaN
   }
+  return finite;
 }
 
 template <class T>
-void corners(const Geometry& g, const T* by, const T* bx, T ty, T tx, const T* dy, const T* dx, const T* mask,
+bool corners(const Geometry& g, const T* by, const T* bx, T ty, T tx, const T* dy, const T* dx, const T* mask,
              int64_t count, const Corners<T>& out) {
-  corners_scalar(g, by, bx, ty, tx, dy, dx, mask, 0, count, out);
+  return corners_scalar(g, by, bx, ty, tx, dy, dx, mask, 0, count, out);
 }
 
 #if defined(__AVX512F__)
 // float with AVX-512: 16 positions per step (same arithmetic as corners_scalar), the rest scalar.
 template <>
-inline void corners<float>(const Geometry& g, const float* by, const float* bx, float ty, float tx, const float* dy,
+inline bool corners<float>(const Geometry& g, const float* by, const float* bx, float ty, float tx, const float* dy,
                            const float* dx, const float* mask, int64_t count, const Corners<float>& out) {
   const __m512 vty = _mm512_set1_ps(ty), vtx = _mm512_set1_ps(tx), one = _mm512_set1_ps(1.0f);
   const __m512 fh = _mm512_set1_ps(float(g.h)), fw = _mm512_set1_ps(float(g.w)), minus_one = _mm512_set1_ps(-1.0f);
   const __m512i width = _mm512_set1_epi32(int32_t(g.w)), height = _mm512_set1_epi32(int32_t(g.h));
   const __m512i none = _mm512_set1_epi32(int32_t(g.h * g.w)), zero_i = _mm512_setzero_si512();
   const __m512i one_i = _mm512_set1_epi32(1);
+  const __m512 max = _mm512_set1_ps(std::numeric_limits<float>::max());
+  __mmask16 finite = 0xFFFF;
   int64_t q = 0;
   for (; q + 16 <= count; q += 16) {
     const __m512 y = _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(by + q), vty), _mm512_loadu_ps(dy + q));
@@ -311,7 +318,12 @@ inline void corners<float>(const Geometry& g, const float* by, const float* bx, 
     const __m512i iy = _mm512_cvttps_epi32(yf), ix = _mm512_cvttps_epi32(xf);
     const __m512 ly = _mm512_sub_ps(yc, yf), lx = _mm512_sub_ps(xc, xf);
     const __m512 hy = _mm512_sub_ps(one, ly), hx = _mm512_sub_ps(one, lx);
-    const __m512 scale = mask ? _mm512_maskz_loadu_ps(inside, mask + q) : _mm512_maskz_mov_ps(inside, one);
+    __m512 scale = _mm512_maskz_mov_ps(inside, one);
+    if (mask) {
+      const __m512 m = _mm512_loadu_ps(mask + q);
+      finite &= _mm512_cmp_ps_mask(_mm512_abs_ps(m), max, _CMP_LE_OQ);  // false for inf and NaN
+      scale = _mm512_maskz_mov_ps(inside, m);
+    }
     const __mmask16 y0 = inside & _mm512_cmpge_epi32_mask(iy, zero_i);
     const __mmask16 y1 = inside & _mm512_cmplt_epi32_mask(_mm512_add_epi32(iy, one_i), height);
     const __mmask16 x0 = _mm512_cmpge_epi32_mask(ix, zero_i);
@@ -327,7 +339,7 @@ inline void corners<float>(const Geometry& g, const float* by, const float* bx, 
     _mm512_storeu_ps(out.w[2] + q, _mm512_maskz_mul_ps(y1 & x0, _mm512_mul_ps(ly, hx), scale));
     _mm512_storeu_ps(out.w[3] + q, _mm512_maskz_mul_ps(y1 & x1, _mm512_mul_ps(ly, lx), scale));
   }
-  corners_scalar(g, by, bx, ty, tx, dy, dx, mask, q, count, out);
+  return corners_scalar(g, by, bx, ty, tx, dy, dx, mask, q, count, out) && finite == 0xFFFF;
 }
 #endif
 
@@ -337,6 +349,9 @@ inline void corners<float>(const Geometry& g, const float* by, const float* bx, 
 //
 // Per offset group, the corners of every tap and position are computed first (vectorized
 // over positions), then each position's column row is filled, one blend per tap and channel run.
+// The mask is folded into the corner weights; where it is infinite or NaN (corners reports
+// it, no extra pass) it multiplies the blended sample instead, as torchvision's
+// mask * sample does: mask * 0 = NaN at a point outside the image, not a skipped tap.
 template <class T>
 void sample(const Geometry& g, const T* pixels, const T* offset, const T* mask, int64_t p0, int64_t p1, T* cols,
             int64_t ld, int64_t group_stride) {
@@ -371,10 +386,17 @@ void sample(const Geometry& g, const T* pixels, const T* offset, const T* mask, 
     const std::vector<ChannelRun>& og_runs = runs[size_t(og)];
     const bool single = og_runs.size() == 1;
     const int64_t begin = og_runs[0].begin, column = og_runs[0].column, length = og_runs[0].end - begin;
+    const T* og_mask = mask ? mask + og * kk * np + p0 : nullptr;  // tap t at og_mask + t * np
+    bool fold = true;
     for (int64_t t = 0; t < kk; ++t) {
       const T* dy = offset + (og * 2 * kk + 2 * t) * np + p0;
-      const T* msk = mask ? mask + (og * kk + t) * np + p0 : nullptr;
-      corners(g, by, bx, T((t / g.kw) * g.dh), T((t % g.kw) * g.dw), dy, dy + np, msk, count, tap(t));
+      fold &= corners(g, by, bx, T((t / g.kw) * g.dh), T((t % g.kw) * g.dw), dy, dy + np,
+                      og_mask ? og_mask + t * np : nullptr, count, tap(t));
+    }
+    for (int64_t t = 0; !fold && t < kk; ++t) {  // slow path: the corners without the mask
+      const T* dy = offset + (og * 2 * kk + 2 * t) * np + p0;
+      corners(g, by, bx, T((t / g.kw) * g.dh), T((t % g.kw) * g.dw), dy, dy + np, static_cast<const T*>(nullptr),
+              count, tap(t));
     }
     // Position by position: each column row is written front to back while it is in L1.
     for (int64_t q = 0; q < count; ++q) {
@@ -394,6 +416,16 @@ void sample(const Geometry& g, const T* pixels, const T* offset, const T* mask, 
         for (const ChannelRun& r : og_runs) {
           blend(dst + r.column, r0 + r.begin, r1 + r.begin, r2 + r.begin, r3 + r.begin, w0, w1, w2, w3,
                 r.end - r.begin);
+        }
+      }
+    }
+    if (fold) continue;
+    for (int64_t q = 0; q < count; ++q) {  // slow path: a non-finite mask multiplies the samples
+      for (int64_t t = 0; t < kk; ++t) {
+        const T m = og_mask[t * np + q];
+        T* dst = cols + q * ld + t * cin_g;
+        for (const ChannelRun& r : og_runs) {
+          for (int64_t i = r.column; i < r.column + (r.end - r.begin); ++i) dst[i] *= m;
         }
       }
     }
