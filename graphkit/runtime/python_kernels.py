@@ -348,26 +348,35 @@ def _environment_kept(name: str) -> Iterator[None]:
             os.environ[name] = before
 
 
+# Heavy packages onnxruntime_extensions imports if it can, for converters Python kernels never use.
+_UNNEEDED = ("torch", "transformers")
+
+
 class _NoTorch(importlib.abc.MetaPathFinder):
+    def __init__(self, blocked: Sequence[str]) -> None:
+        self.blocked = frozenset(blocked)
+
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name == "torch" or name.startswith("torch."):
+        if name.split(".", 1)[0] in self.blocked:
             raise ImportError(f"{name} is not imported while graphkit loads onnxruntime-extensions")
         return None
 
 
 @contextlib.contextmanager
 def _without_torch() -> Iterator[None]:
-    """Inside the block, ``import torch`` fails (unless torch is loaded already).
+    """Inside the block, ``import torch`` and ``import transformers`` fail (unless loaded already).
 
-    onnxruntime_extensions imports torch on import when it can (~1 s and hundreds of MB)
-    only for its Whisper pre-processing converter, which Python kernels never use; it
-    handles the ImportError. That converter stays unavailable in this process if torch was
-    not imported before the first Python-kernel session.
+    onnxruntime_extensions imports torch (~1 s and hundreds of MB) and transformers (~0.9 s)
+    on import when it can, only for its Whisper pre-processing and tokenizer converters,
+    which Python kernels never use; it handles the ImportError. Those converters stay
+    unavailable in this process if the package was not imported before the first
+    Python-kernel session (an export's load check opens one).
     """
-    if "torch" in sys.modules:
+    blocked = [name for name in _UNNEEDED if name not in sys.modules]
+    if not blocked:
         yield
         return
-    finder = _NoTorch()
+    finder = _NoTorch(blocked)
     sys.meta_path.insert(0, finder)
     try:
         yield
