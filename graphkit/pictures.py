@@ -162,6 +162,14 @@ def dot_program() -> str:
     return found
 
 
+def _dtype_name(elem_type: int) -> str:
+    """numpy's name for an ONNX element type; "?" for UNDEFINED or a code onnx does not know."""
+    try:
+        return onnx.helper.tensor_dtype_to_np_dtype(elem_type).name if elem_type else "?"
+    except (KeyError, ValueError, TypeError):
+        return "?"
+
+
 def _types(model: onnx.ModelProto) -> dict[str, str]:
     """Tensor name -> "float32[2,3]" for every value whose type is known or inferable."""
     try:
@@ -174,12 +182,12 @@ def _types(model: onnx.ModelProto) -> dict[str, str]:
         t = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
             continue
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name if t.elem_type else "?"
+        dtype = _dtype_name(t.elem_type)
         dims = ",".join(d.dim_param or str(d.dim_value) if (d.dim_param or d.HasField("dim_value")) else "?"
                         for d in t.shape.dim) if t.HasField("shape") else "..."
         out[vi.name] = f"{dtype}[{dims}]"
     for init in g.initializer:
-        out[init.name] = (f"{onnx.helper.tensor_dtype_to_np_dtype(init.data_type).name}"
+        out[init.name] = (f"{_dtype_name(init.data_type)}"
                           f"[{','.join(map(str, init.dims))}]")
     return out
 
@@ -343,7 +351,7 @@ def write_diff(before: onnx.ModelProto, after: onnx.ModelProto, out_dir: str | o
                     f"<td>{region.count}</td><td><code>{html.escape(region.how or '?')}</code></td>"
                     f"<td>{names}{more}</td></tr>")
     skipped = len(regions) - min(len(regions), MAX_REGIONS)
-    summary = (f"<p>{before_name} -> {after_name}: {sum(r.count for r in regions)} rewritten "
+    summary = (f"<p>{html.escape(before_name)} -> {html.escape(after_name)}: {sum(r.count for r in regions)} rewritten "
                f"region(s) of {len(regions)} kind(s)"
                + (f"; {skipped} kind(s) beyond the first {MAX_REGIONS} are not drawn" if skipped else "")
                + ".</p>")
@@ -370,5 +378,5 @@ def write_graph(model: onnx.ModelProto, out_dir: str | os.PathLike[str], *, name
                                  frozenset(i.name for i in model.graph.initializer)))
     svg_path, page = out / "graph.svg", out / "graph.html"
     _write_text(svg_path, '<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n' + svg)
-    _write_text(page, _page(name, f"<h1>{html.escape(name)}</h1><p class=\"meta\">{_ops(nodes)}</p>{svg}"))
+    _write_text(page, _page(name, f"<h1>{html.escape(name)}</h1><p class=\"meta\">{html.escape(_ops(nodes))}</p>{svg}"))
     return [page, svg_path]

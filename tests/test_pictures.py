@@ -265,3 +265,18 @@ def test_samples_draw_their_rewrite(tmp_path):
     onnx.save(out, d / "detector.torchscript.gather.onnx")
     run_all._draw(tmp_path)
     assert (tmp_path / "pictures" / "index.html").is_file()
+
+
+def test_hostile_names_and_unknown_types_are_drawn_escaped(tmp_path):
+    """Op types and names from the model are text, never markup; unknown element types read '?'."""
+    from graphkit.pictures import write_graph
+
+    node = helper.make_node("<script>x</script>", ["a"], ["b"], domain="evil", name="<img src=x>")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", 0, [2])],
+                              [helper.make_tensor_value_info("b", 99, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("evil", 1)])
+    page, svg = write_graph(model, tmp_path / "pics", name="<i>model</i>.onnx")
+    text = page.read_text()
+    assert "<script>" not in text and "<img" not in text and "<i>model" not in text
+    assert "&lt;script&gt;" in text
+    assert "?[2]" in "".join(_svg_texts(svg))

@@ -269,3 +269,34 @@ def test_a_match_vetoed_in_every_round_counts_once():
     assert report.rules.reasons["fuse"] == ["node 'add2': not the second"]
     assert report.rules.explain().splitlines()[0] == "rule fuse: applied 1x (2 matched, 1 not)"
     same_numbers(m, out)
+
+
+def _double_rule():
+    return Rule("double", lambda op, x: op.Mul(x, 2.0), lambda op, x: op.Add(x, x))
+
+
+def test_an_initializer_that_is_also_an_input_is_not_a_constant():
+    """It may be fed at run time: a rule must not bake its default value in."""
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    m = model([helper.make_node("Mul", ["x", "two"], ["out"], name="m")], [("x", [4])], [("out", [4])], [two])
+    _, report = rewrite_model(m, rules=[_double_rule()], lowering=Lowering.KEEP)
+    assert report.rules.applied.get("double", 0) == 1  # a plain initializer is a constant
+    m.graph.input.append(helper.make_tensor_value_info("two", F, []))
+    _, report = rewrite_model(m, rules=[_double_rule()], lowering=Lowering.KEEP)
+    assert report.rules.applied.get("double", 0) == 0
+
+
+def test_external_data_outside_the_model_folder_is_never_read_as_a_constant(tmp_path):
+    """A hostile location is not a constant (no read outside the folder, no internal error)."""
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    two.data_location = TensorProto.EXTERNAL
+    two.ClearField("raw_data")
+    for key, value in (("location", "../secret.bin"), ("offset", "0"), ("length", "4")):
+        entry = two.external_data.add()
+        entry.key, entry.value = key, value
+    (tmp_path / "secret.bin").write_bytes(np.array(2.0, np.float32).tobytes())
+    (tmp_path / "m").mkdir()
+    m = model([helper.make_node("Mul", ["x", "two"], ["out"], name="m")], [("x", [4])], [("out", [4])], [two])
+    _, report = rewrite_model(m, rules=[_double_rule()], lowering=Lowering.KEEP, check=False,
+                              path=str(tmp_path / "m" / "model.onnx"))
+    assert report.rules.applied.get("double", 0) == 0

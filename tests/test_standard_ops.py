@@ -146,6 +146,10 @@ def test_asymmetric_pads_have_no_deform_conv2d_form():
     model = _asymmetric(19)  # valid as it is, and the default lowering keeps it
     out, report = rewrite_model(model)
     assert report.actions == {} and out == model
+    # ... also when converting to a newer opset that still has DeformConv
+    out, report = rewrite_model(_asymmetric(19), target_opset=20)
+    assert report.actions == {} and [n.op_type for n in out.graph.node] == ["DeformConv"]
+    assert out.opset_import[0].version == 20 or any(i.version == 20 for i in out.opset_import if i.domain == "")
 
 
 def test_double_deform_conv_decompose_only_at_18_names_what_works():

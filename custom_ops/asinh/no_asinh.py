@@ -1,5 +1,5 @@
 """Rules for runtimes without ``Asinh``: every ``Asinh`` and ``custom::asinh`` node becomes
-the ``log_sqrt`` composition (Abs, Min, Max, Mul, Add, Div, Sqrt, Log, Less, Cast, Sub).
+the ``log_sqrt`` composition (elementary ops only: no Asinh, no Where).
 
     graphkit rewrite model.onnx model.noasinh.onnx --rules graphkit_ops.asinh.no_asinh
 

@@ -76,8 +76,8 @@ class GraphView:
             elif self.base_dir is not None:
                 try:
                     value = numpy_helper.to_array(tensor, self.base_dir)  # reads, never modifies
-                except (OSError, ValueError):
-                    value = None
+                except (OSError, ValueError, onnx.checker.ValidationError):
+                    value = None  # unreadable, or outside the model's folder: not a known constant
         elif name in self.producer:
             node = self.nodes[self.producer[name]]
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):

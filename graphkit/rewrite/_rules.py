@@ -371,7 +371,9 @@ def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, ba
     out: list[Scope] = []
 
     def walk(graph: onnx.GraphProto, outer: list[onnx.TensorProto], opset: int, tt: TypeTable) -> None:
-        visible = [*outer, *graph.initializer]
+        # An initializer that is also a graph input may be fed at run time: not a constant.
+        fed = {i.name for i in graph.input}
+        visible = [*outer, *(t for t in graph.initializer if t.name not in fed)]
         out.append(Scope(graph.node, {o.name for o in graph.output}, visible, graph, tt, opset, make_builder,
                          base_dir))
         for node in graph.node:

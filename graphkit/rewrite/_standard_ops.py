@@ -54,9 +54,11 @@ def as_placeholder(node: onnx.NodeProto, op: OpDef, std: StandardOp, path: str |
     return placeholder
 
 
-def recognise(model: onnx.ModelProto, registry: OpRegistry, path: str | None) -> dict[str, int]:
+def recognise(model: onnx.ModelProto, registry: OpRegistry, path: str | None,
+              target_opset: int | None = None) -> dict[str, int]:
     """Turn every standard node an op of ``registry`` computes into that op's placeholder, in
-    every scope, in place; returns how many per label."""
+    every scope, in place; returns how many per label. A node the op cannot express (e.g.
+    asymmetric pads) stays as it is where ``target_opset`` still has the standard op."""
     made: dict[str, int] = {}
     types = registry.standard_op_types()
     for nodes, _, _ in scopes(model):
@@ -64,6 +66,12 @@ def recognise(model: onnx.ModelProto, registry: OpRegistry, path: str | None) ->
             if (node.domain, node.op_type) not in types:
                 continue
             op, std = registry.standard_op(node.domain, node.op_type)
-            nodes[i].CopyFrom(as_placeholder(node, op, std, path))
+            try:
+                placeholder = as_placeholder(node, op, std, path)
+            except RewriteError:
+                if target_opset is not None and target_opset >= std.since_opset:
+                    continue  # valid as it is at the target: the version converter keeps it
+                raise
+            nodes[i].CopyFrom(placeholder)
             made[label(op, std)] = made.get(label(op, std), 0) + 1
     return made

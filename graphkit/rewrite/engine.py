@@ -346,7 +346,7 @@ class Pass:
 def _recognise_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     """Standard nodes an op computes become its placeholders before the version converter
     sees them (it has no adapter for DeformConv across opset 19, nor for one under 19)."""
-    made = recognise(model, ctx.registry, ctx.path)
+    made = recognise(model, ctx.registry, ctx.path, ctx.target_opset)
     return PassResult(model, bool(made), ", ".join(f"{n} {what}" for what, n in sorted(made.items())))
 
 
