@@ -405,3 +405,15 @@ def test_sdpa_fully_masked_rows_are_zero_like_torch(tmp_path):
     export(_Attention(), (q, k, v, float_mask), tmp_path / "f.onnx", dynamo=True)
     got = _run(tmp_path / "f.onnx", q, k, v, float_mask)
     assert compare_arrays("y", _Attention()(q, k, v, float_mask).numpy(), got, atol=1e-6, rtol=1e-5).passed
+
+
+def test_translation_fixes_step_aside_for_an_onnxscript_without_their_internals(monkeypatch):
+    """A torchlib without the symbols the sdpa fix builds on: exports go on with torch's own."""
+    from graphkit.export import _translation_fixes
+
+    def missing():
+        raise ImportError("cannot import name 'TFloat'")
+
+    monkeypatch.setattr(_translation_fixes, "_sdpa", missing)
+    with pytest.warns(UserWarning, match="sdpa translation fix off"):
+        assert _translation_fixes.translation_fixes() == {}

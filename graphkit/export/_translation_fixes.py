@@ -14,6 +14,7 @@ Each entry replaces one ATen op's translation in ``custom_translation_table`` wh
 # No `from __future__ import annotations`: torch's exporter reads the translation's type
 # hints (inputs vs attributes), which name types imported inside _sdpa.
 import typing
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -49,4 +50,10 @@ def translation_fixes() -> dict[Any, Callable[..., Any]]:
     """``custom_translation_table`` entries correcting torch's translations (see above)."""
     import torch
 
-    return {torch.ops.aten.scaled_dot_product_attention.default: _sdpa()}
+    fixes: dict[Any, Callable[..., Any]] = {}
+    try:  # torchlib internals: another onnxscript may lack them; then torch's translation stays
+        fixes[torch.ops.aten.scaled_dot_product_attention.default] = _sdpa()
+    except (ImportError, AttributeError) as exc:
+        warnings.warn(f"graphkit: sdpa translation fix off with this onnxscript ({exc}): fully masked "
+                      "attention rows follow torchlib (uniform), not torch (zeros)", stacklevel=2)
+    return fixes
