@@ -175,11 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     image = torch.rand(1, 3, args.size, args.size)
     with torch.no_grad():
         want = net(image).numpy()
+    failures = 0
+    scale = float(np.abs(want).max())
     for label, path in lower_all(net, image, out, dynamo=args.dynamo).items():
         (got,) = graphkit.open_session(path).run({"image": image.numpy()}).values()
-        print(f"{label:<14} max abs err vs torch {float(np.abs(got - want).max()):.3g} "
-              f"(outputs up to {float(np.abs(want).max()):.3g})")
-    return 0
+        err = float(np.abs(got - want).max())
+        ok = err <= 1e-4 * max(scale, 1.0)  # float32 through ~50 layers
+        failures += not ok
+        print(f"{label:<14} max abs err vs torch {err:.3g} (outputs up to {scale:.3g})"
+              f"  {'ok' if ok else 'MISMATCH'}")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
