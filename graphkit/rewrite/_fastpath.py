@@ -59,6 +59,7 @@ from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
 from graphkit.rewrite import engine as _engine
 from graphkit.rewrite.builder import _FIXED, _SAME_AS_INPUT0, NameGenerator, TypeTable
 from graphkit.rewrite.engine import RewriteReport
+from graphkit.rewrite._walk import AI_ONNX
 from graphkit.rewrite.plan import Lowering, LoweringPlan, Scope, Template
 
 __all__ = ["Unsupported", "lower_bytes", "has_external_data"]
@@ -71,7 +72,6 @@ _M_FUNCTIONS = 25
 _GRAPH = onnx.AttributeProto.GRAPH
 _GRAPHS = onnx.AttributeProto.GRAPHS
 _TENSOR = onnx.AttributeProto.TENSOR
-_STANDARD = ("", "ai.onnx")
 # AttributeProto.type (field 20, varint) = GRAPH (5) / GRAPHS (10); TensorProto.data_location
 # (field 14, varint) = EXTERNAL (1). Byte probes, trusted only for canonically encoded input.
 _PROBE_GRAPH = (b"\xa0\x01\x05", b"\xa0\x01\x0a")
@@ -447,7 +447,7 @@ class _ForwardTypes(TypeTable):
         super()._infer()
 
     def _code(self, domain: str, op: str) -> tuple[int, Any]:
-        std = domain in _STANDARD
+        std = domain in AI_ONNX
         if std and op in _SAME_AS_INPUT0:
             return _SAME, None
         if std and (op in _FIXED or op in ("Cast", "Constant", "ConstantOfShape", "CastLike", "Where")):

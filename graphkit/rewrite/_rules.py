@@ -39,13 +39,12 @@ from graphkit.errors import GraphkitError, RewriteError, RuleError
 from graphkit.rewrite._graphview import GraphView
 from graphkit.rewrite._matcher import Match, Matcher
 from graphkit.rewrite._pattern import Either, Many, Out, PatternOps, PNode, Var, variables
-from graphkit.rewrite._walk import graphs, subgraphs
+from graphkit.rewrite._walk import AI_ONNX, graphs, subgraphs
 from graphkit.rewrite.builder import TypeTable
 
 __all__ = ["GraphPass", "MatchContext", "MatchResult", "Rule", "RuleReport", "RuleSet", "Scope",
            "apply_rule_set"]
 
-_STANDARD = ("", "ai.onnx")
 
 
 class MatchResult:
@@ -367,7 +366,7 @@ class RuleSet:
 def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, base_dir: str | None) -> list[Scope]:
     """Every scope, outer before inner (callers go through it reversed: rebuilding a node
     list copies its nodes, subgraphs included)."""
-    model_opset = next((i.version for i in model.opset_import if i.domain in _STANDARD), 1)
+    model_opset = next((i.version for i in model.opset_import if i.domain in AI_ONNX), 1)
     out: list[Scope] = []
 
     def walk(graph: onnx.GraphProto, outer: list[onnx.TensorProto], opset: int, tt: TypeTable) -> None:
@@ -382,7 +381,7 @@ def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, ba
 
     walk(model.graph, [], model_opset, types)
     for fn in model.functions:
-        opset = next((i.version for i in fn.opset_import if i.domain in _STANDARD), model_opset)
+        opset = next((i.version for i in fn.opset_import if i.domain in AI_ONNX), model_opset)
         out.append(Scope(fn.node, set(fn.output), [], None, TypeTable(), opset, make_builder, base_dir))
         for node in fn.node:
             for g in subgraphs(node):

@@ -8,7 +8,10 @@ from typing import Any
 
 import onnx
 
-__all__ = ["graphs", "node_lists", "scopes", "ModelIndex"]
+__all__ = ["AI_ONNX", "graphs", "node_lists", "scopes", "ModelIndex"]
+
+# The two spellings of the standard ONNX domain in opset imports and nodes.
+AI_ONNX = ("", "ai.onnx")
 
 _GRAPH = onnx.AttributeProto.GRAPH
 _GRAPHS = onnx.AttributeProto.GRAPHS

@@ -25,7 +25,7 @@ from graphkit.rewrite._gsrules import GraphSurgeonRule, apply_graphsurgeon_rules
 from graphkit.rewrite._rules import GraphPass, Rule, RuleReport, RuleSet, apply_rule_set
 from graphkit.rewrite._selection import check_target_opset
 from graphkit.rewrite._standard_ops import recognise
-from graphkit.rewrite._walk import ModelIndex, count_ops, graphs, node_lists, scopes
+from graphkit.rewrite._walk import AI_ONNX, ModelIndex, count_ops, graphs, node_lists, scopes
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 from graphkit.rewrite.plan import UNKNOWN_OP_HINT, Lowering, LoweringPlan, Scope, node_attrs
 
@@ -34,7 +34,6 @@ __all__ = ["DEFAULT_PREFERENCE", "PASSES", "Lowering", "Pass", "PassResult", "Re
 
 # Opset written into models that hold no ai.onnx import before a decomposition adds one.
 _DEFAULT_OPSET = 17
-_STANDARD_DOMAINS = ("", "ai.onnx")
 FULL_CHECK_NODES = 20_000
 PROGRESS_MIN_NODES = 10_000  # smaller models finish before a progress bar would help
 PROGRESS_STEP = 2_000
@@ -84,7 +83,7 @@ class RewriteReport:
 
 def ai_onnx_opset(model: onnx.ModelProto) -> int | None:
     for imp in model.opset_import:
-        if imp.domain in _STANDARD_DOMAINS:
+        if imp.domain in AI_ONNX:
             return imp.version
     return None
 
@@ -93,9 +92,9 @@ def _fix_imports(imports: Any, used: set[str], opset: int, placeholders: frozens
     """Drop unused placeholder-domain imports; import every used domain (ai.onnx at ``opset``)."""
     keep = [imp for imp in imports if not (imp.domain in placeholders and imp.domain not in used)]
     present = {imp.domain for imp in keep}
-    if not present & set(_STANDARD_DOMAINS) and used & set(_STANDARD_DOMAINS):
+    if not present & set(AI_ONNX) and used & set(AI_ONNX):
         keep.append(helper.make_opsetid("", opset))
-    keep.extend(helper.make_opsetid(d, 1) for d in sorted(used - present - set(_STANDARD_DOMAINS), key=str))
+    keep.extend(helper.make_opsetid(d, 1) for d in sorted(used - present - set(AI_ONNX), key=str))
     if [(i.domain, i.version) for i in keep] != [(i.domain, i.version) for i in imports]:
         del imports[:]
         imports.extend(keep)
@@ -235,7 +234,7 @@ def _convert_opset(model: onnx.ModelProto, target: int, path: str | None) -> onn
     from onnx import version_converter
 
     current = ai_onnx_opset(model)
-    if current == target or not any(d in _STANDARD_DOMAINS for d, _ in count_ops(model)):
+    if current == target or not any(d in AI_ONNX for d, _ in count_ops(model)):
         converted = model
     else:
         try:
@@ -243,7 +242,7 @@ def _convert_opset(model: onnx.ModelProto, target: int, path: str | None) -> onn
         except Exception as exc:  # the converter raises bare RuntimeErrors / its own types
             raise RewriteError(f"cannot convert from opset {current} to {target}: {str(exc).splitlines()[0]}",
                                path=path, hint="pick a --target-opset the converter supports, or omit it") from exc
-    imports = [imp for imp in converted.opset_import if imp.domain not in _STANDARD_DOMAINS]
+    imports = [imp for imp in converted.opset_import if imp.domain not in AI_ONNX]
     del converted.opset_import[:]
     converted.opset_import.extend([helper.make_opsetid("", target), *imports])
     return converted
@@ -354,7 +353,7 @@ def _convert_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     before = ai_onnx_opset(model)
     out = _convert_opset(model, ctx.target_opset, ctx.path)
     if ctx.converting:
-        standard = any(d in _STANDARD_DOMAINS for d, _ in ctx.report.ops_before)
+        standard = any(d in AI_ONNX for d, _ in ctx.report.ops_before)
         ctx.report.conversions.append((before, ctx.target_opset,
                                        "version converter" if standard and before is not None else "imports only"))
         ctx.make_plan(out, ModelIndex(out).names)
