@@ -206,6 +206,41 @@ def test_erfc_and_ndtr_tails(tmp_path):
     check(tmp_path, "aten::special_ndtr", torch.special.ndtr, f32(-6.0, -3.0, 8.0))  # torch: 0 at -6
 
 
+_TINY = 5e-324  # the smallest float64 denormal
+
+
+@pytest.mark.parametrize("aten,fn,values", [
+    ("aten::asinh", torch.asinh, (0.0, -0.0, _TINY, 1e-300, 1e-20, -0.5, 1.0, -1.0, 3.0, 1e154, -1e300, 1.7e308,
+                                  INF, -INF, NAN)),
+    ("aten::acosh", torch.acosh, (1.0, 1.0 + 2**-52, 1.5, 2.0, 1e10, 1e300, 1.7e308, INF, 0.5, -1.0, -INF, NAN)),
+    ("aten::atanh", torch.atanh, (0.0, -0.0, _TINY, 1e-300, 0.5, -0.5, 1 - 2**-53, 1.0, -1.0, 1.5, -INF, NAN)),
+    ("aten::sinh", torch.sinh, (0.0, -0.0, _TINY, 1e-300, 1e-10, -0.5, 1.0, 20.0, 709.5, 710.4, -710.4, 711.0,
+                                INF, -INF, NAN)),
+    ("aten::cosh", torch.cosh, (0.0, -0.0, 1e-300, 1e-10, -0.5, 1.0, 20.0, 709.5, 710.4, -710.4, 711.0,
+                                INF, -INF, NAN)),
+    ("aten::special_ndtr", torch.special.ndtr, (-40.0, -10.0, -8.0, -1.0, 0.0, -0.0, 3.0, 8.0, 40.0, INF, -INF, NAN)),
+], ids=["asinh", "acosh", "atanh", "sinh", "cosh", "ndtr"])
+def test_float64_without_double_kernels(tmp_path, aten, fn, values):
+    """ONNX Runtime has no double Asinh, Acosh, Atanh, Sinh, Cosh or Erf: the rows write
+    float64 with ops it has double kernels for. It runs, and agrees with torch on the
+    denormals, overflow limits (sinh/cosh finite up to 710.47, asinh/acosh of 1.7e308),
+    the edges of the domain, signed zeros and NaN."""
+    got = check(tmp_path, aten, fn, f64(*values))
+    assert got.dtype == np.float64
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(tmp_path / "m17.onnx").graph.node}
+    assert not ops & {"Asinh", "Acosh", "Atanh", "Sinh", "Cosh", "Erf"}, ops
+
+
+@pytest.mark.parametrize("opset", [9, 10])
+def test_float64_hyperbolic_below_opset_11(tmp_path, opset):
+    """Before opset 11 ONNX has no floating Equal: the float64 forms compare without it."""
+    x = f64(0.0, -0.0, 1e-300, 0.5, 1.0, 1 - 2**-53, 710.4, INF, NAN)
+    for aten, fn in [("aten::asinh", torch.asinh), ("aten::atanh", torch.atanh), ("aten::sinh", torch.sinh)]:
+        check(tmp_path, aten, fn, x, opset=opset)
+
+
 def test_logaddexp_tails(tmp_path):
     got = check(tmp_path, "aten::logaddexp", torch.logaddexp, f32(0.0, -INF, INF), f32(-20.0, -INF, INF))
     assert abs(got[0] - 2.0611537e-9) < 1e-15

@@ -25,8 +25,9 @@ float16, float32, float64, int64 and float32 with float64, against torch eager):
 A row's ``tolerance`` says how close it is where the default (two ulps) is not met, its
 ``semantics`` where it departs from torch on purpose (``copysign(1, -nan)``: a NaN's sign
 bit is invisible to ONNX before opset 26), and ``unsupported`` the dtypes ONNX Runtime's CPU
-provider cannot run (Asinh, Acosh, Atanh, Sinh, Cosh and Erf exist for float and float16
-only: a float64 model with them does not run there).
+provider cannot run. Asinh, Acosh, Atanh, Sinh, Cosh and Erf exist there for float and
+float16 only: their rows write float64 with ops that have double kernels (Log, Exp, Sqrt,
+Div...), without overflow or cancellation (:func:`_asinh_double` and its neighbours).
 """
 
 from __future__ import annotations
@@ -165,7 +166,11 @@ def _select(g, cond, a, b):
 
 
 def _where_equal(g, x, value):
-    return g.op("Equal", x, _const(g, value, x))
+    c = _const(g, value, x)
+    if g.opset < 11:  # no floating Equal before opset 11: neither less nor greater, nor NaN
+        differs = g.op("Or", g.op("Less", x, c), g.op("Greater", x, c))
+        return g.op("Not", g.op("Or", differs, g.op("IsNaN", x)))
+    return g.op("Equal", x, c)
 
 
 def _log1p(g, u):
@@ -213,6 +218,85 @@ def _unary(onnx_op: str):
 
 
 # --------------------------------------------------------------------------- symbolics
+
+
+def _or_double(standard: str, double):
+    """The standard op ``standard`` (float32; float16 arrives computed in float32), and
+    ``double(g, x)`` for float64: ONNX Runtime's CPU provider has no double kernel of
+    ``standard``, so float64 is written with ops it has double kernels for."""
+    def symbolic(g, x):
+        return double(g, x) if _dtype(x) == torch.float64 else g.op(standard, x)
+
+    symbolic.__name__ = f"{standard.lower()}_symbolic"
+    return symbolic
+
+
+def _asinh_double(g, x):
+    # as graphkit_ops.asinh's log_sqrt: |x| < 1: log1p(a + a^2 / (1 + sqrt(1 + a^2))) (no
+    # cancellation near 0); |x| >= 1: log a + log(1 + sqrt(1 + 1/a^2)) (no overflow in a^2)
+    one = _const(g, 1.0, x)
+    a = g.op("Abs", x)
+    a2 = g.op("Mul", a, a)
+    small = _log1p(g, g.op("Add", a, g.op("Div", a2, g.op("Add", one, g.op("Sqrt", g.op("Add", one, a2))))))
+    inv = g.op("Div", one, a)
+    tail = g.op("Sqrt", g.op("Add", one, g.op("Mul", inv, inv)))
+    large = g.op("Add", g.op("Log", a), g.op("Log", g.op("Add", one, tail)))
+    return _with_sign(g, g.op("Where", g.op("Less", a, one), small, large), x)
+
+
+def _acosh_double(g, x):
+    # 1 <= x < 2: log1p(t + sqrt(2t + t^2)), t = x - 1 exact (no cancellation near 1);
+    # x >= 2: log x + log(1 + sqrt(1 - 1/x^2)) (no overflow); x < 1: NaN
+    one, two = _const(g, 1.0, x), _const(g, 2.0, x)
+    t = g.op("Sub", x, one)
+    small = _log1p(g, g.op("Add", t, g.op("Sqrt", g.op("Mul", t, g.op("Add", two, t)))))
+    inv = g.op("Div", one, x)
+    large = g.op("Add", g.op("Log", x), g.op("Log", g.op("Add", one, g.op("Sqrt", g.op("Sub", one, g.op("Mul", inv, inv))))))
+    value = g.op("Where", g.op("Less", x, two), small, large)
+    return g.op("Where", g.op("Less", x, one), _const(g, math.nan, x), value)
+
+
+def _atanh_double(g, x):
+    # log1p(2a / (1 - a)) / 2 with x's sign: no cancellation near 0; 1 - a is exact near 1;
+    # a == 1 gives inf, a > 1 NaN (log of a negative)
+    one = _const(g, 1.0, x)
+    a = g.op("Abs", x)
+    u = g.op("Div", g.op("Mul", _const(g, 2.0, x), a), g.op("Sub", one, a))
+    return _with_sign(g, g.op("Mul", _const(g, 0.5, x), _log1p(g, u)), x)
+
+
+# e^a / 2 overflows past a = 709.78 though cosh and sinh are finite up to 710.47: there they
+# are (e^(a/2) / 2) e^(a/2) (a / 2 is exact).
+_EXP_LIMIT = 709.0
+
+
+def _half_exp(g, a):
+    """(e^a + e^-a) / 2's large part e^a / 2 without overflow below cosh's own, and e^a."""
+    half = _const(g, 0.5, a)
+    h = g.op("Exp", g.op("Mul", half, a))
+    return g.op("Mul", g.op("Mul", half, h), h), g.op("Exp", a)
+
+
+def _sinh_double(g, x):
+    # |x| < 1: (E + E / (E + 1)) / 2 with E = expm1|x| (no cancellation near 0); else
+    # (e^a - e^-a) / 2, then e^a / 2 past _EXP_LIMIT; x's sign
+    one, half = _const(g, 1.0, x), _const(g, 0.5, x)
+    a = g.op("Abs", x)
+    e = _expm1(g, a)
+    small = g.op("Mul", half, g.op("Add", e, g.op("Div", e, g.op("Add", one, e))))
+    large, ex = _half_exp(g, a)
+    mid = g.op("Mul", half, g.op("Sub", ex, g.op("Div", one, ex)))
+    value = g.op("Where", g.op("Less", a, one), small,
+                 g.op("Where", g.op("Less", a, _const(g, _EXP_LIMIT, x)), mid, large))
+    return _with_sign(g, value, x)
+
+
+def _cosh_double(g, x):
+    # (e^a + e^-a) / 2 (a sum: no cancellation), e^a / 2 past _EXP_LIMIT
+    a = g.op("Abs", x)
+    large, ex = _half_exp(g, a)
+    mid = g.op("Mul", _const(g, 0.5, x), g.op("Add", ex, g.op("Div", _const(g, 1.0, x), ex)))
+    return g.op("Where", g.op("Less", a, _const(g, _EXP_LIMIT, x)), mid, large)
 
 
 def _frac(g, x):
@@ -269,8 +353,10 @@ def _sinc(g, x):
 
 
 def _ndtr(g, x):
-    # torch's own formula, tail included: torch.special.ndtr(-6.0) is 0 in float32
     half = _const(g, 0.5, x)
+    if _dtype(x) == torch.float64:  # no double Erf in ONNX Runtime: erfc(-x / sqrt 2) / 2
+        return g.op("Mul", half, _erfc_value(g, g.op("Mul", x, _const(g, -math.sqrt(0.5), x))))
+    # torch's own formula, tail included: torch.special.ndtr(-6.0) is 0 in float32
     erf = g.op("Erf", g.op("Mul", x, _const(g, math.sqrt(0.5), x)))
     return g.op("Mul", half, g.op("Add", _const(g, 1.0, x), erf))
 
@@ -620,13 +706,6 @@ def _cumsum_examples() -> tuple[Example, ...]:
     )
 
 
-_NO_DOUBLE = "ONNX Runtime's CPU provider implements {op} for float and float16 only"
-
-
-def _no_double(op: str) -> dict[str, str]:
-    return {"float64": _NO_DOUBLE.format(op=op)}
-
-
 # float64 erfc/ndtr: Numerical Recipes' erfcc in float64 (ONNX Runtime has no double Erf)
 _ERFC_TOLERANCE = {"float64": (1.5e-7, 1e-300)}
 # torch computes m + log1p(1) / ln 2 for x == y and rounds it; x + 1 is the exact value
@@ -637,16 +716,18 @@ _NAN_SIGN = ("a NaN's sign bit is invisible to ONNX ops before opset 26 (BitCast
 
 GAP_FILLERS = GapFillerTable([
     # inverse and hyperbolic trigonometry: one standard op each (integers promote to float)
-    GapFiller("aten::asinh", 9, _floating(_unary("Asinh")), "Asinh",
-              (_ex(torch.asinh, _unary_inputs(-50, 50, (0.0, -1e4, 1e4))),), unsupported=_no_double("Asinh")),
-    GapFiller("aten::acosh", 9, _floating(_unary("Acosh")), "Acosh",
-              (_ex(torch.acosh, _unary_inputs(1, 20, (1.0,))),), unsupported=_no_double("Acosh")),
-    GapFiller("aten::atanh", 9, _floating(_unary("Atanh")), "Atanh",
-              (_ex(torch.atanh, _unary_inputs(-0.99, 0.99, (0.0,))),), unsupported=_no_double("Atanh")),
-    GapFiller("aten::sinh", 9, _floating(_unary("Sinh")), "Sinh", (_ex(torch.sinh, _unary_inputs(-5, 5)),),
-              unsupported=_no_double("Sinh")),
-    GapFiller("aten::cosh", 9, _floating(_unary("Cosh")), "Cosh", (_ex(torch.cosh, _unary_inputs(-5, 5)),),
-              unsupported=_no_double("Cosh")),
+    GapFiller("aten::asinh", 9, _floating(_or_double("Asinh", _asinh_double)),
+              "Asinh (float64: Log, Sqrt, log1p)",
+              (_ex(torch.asinh, _unary_inputs(-50, 50, (0.0, -1e4, 1e4))),)),
+    GapFiller("aten::acosh", 9, _floating(_or_double("Acosh", _acosh_double)),
+              "Acosh (float64: Log, Sqrt, log1p)", (_ex(torch.acosh, _unary_inputs(1, 20, (1.0,))),)),
+    GapFiller("aten::atanh", 9, _floating(_or_double("Atanh", _atanh_double)),
+              "Atanh (float64: log1p(2|x| / (1 - |x|)) / 2)",
+              (_ex(torch.atanh, _unary_inputs(-0.99, 0.99, (0.0,))),)),
+    GapFiller("aten::sinh", 9, _floating(_or_double("Sinh", _sinh_double)), "Sinh (float64: Exp, expm1)",
+              (_ex(torch.sinh, _unary_inputs(-5, 5)),)),
+    GapFiller("aten::cosh", 9, _floating(_or_double("Cosh", _cosh_double)), "Cosh (float64: Exp)",
+              (_ex(torch.cosh, _unary_inputs(-5, 5)),)),
     # rounding
     GapFiller("aten::trunc", 9, _trunc, "Floor(|x|) with x's sign",
               (_ex(torch.trunc, _edges([-2.5, -0.5, 0.5, 2.5, -0.0, _INF, -_INF, _NAN])),
@@ -660,9 +741,11 @@ GAP_FILLERS = GapFillerTable([
     GapFiller("aten::erfc", 9, _floating(_erfc, exact_float32=True), "t Exp(-x^2 + P(t)), t = 1 / (1 + |x| / 2)",
               (_ex(torch.erfc, _unary_inputs(-4, 4, (4.0, 9.0, -_INF, _INF))),), tolerance=_ERFC_TOLERANCE),
     GapFiller("aten::special_ndtr", 9, _floating(_ndtr), "0.5 * (1 + Erf(x / sqrt 2))",
-              (_ex(torch.special.ndtr, _unary_inputs(-6, 6, (-6.0, -12.0))),), unsupported=_no_double("Erf"),
-              # 1 + erf(x) cancels for x < 0 in torch and here alike: the error is ~ulp(1) absolute
-              tolerance={"float32": (2.4e-7, 6e-8), "float16": (2e-3, 1e-3)},
+              (_ex(torch.special.ndtr, _unary_inputs(-6, 6, (-6.0, -12.0))),),
+              # 1 + erf(x) cancels for x < 0 in torch and here alike: the error is ~ulp(1) absolute;
+              # float64 is erfc(-x / sqrt 2) / 2 (no double Erf in ONNX Runtime): erfcc's 1.2e-7,
+              # and torch's own 1 + erf cancellation (ndtr(-10) is 0 in torch, 7.6e-24 here)
+              tolerance={"float32": (2.4e-7, 6e-8), "float16": (2e-3, 1e-3), "float64": (1.5e-7, 1.2e-16)},
               semantics="torch's formula: 1 + erf cancels below x ~ -5.5 in float32 (0, as torch); in "
                         "float16 torch computes it in float16 (ndtr(-3) = 0.001465, graphkit 0.001349)"),
     GapFiller("aten::special_entr", 11, _floating(_entr), "Where(x > 0, -x Log x, 0 or -inf)",
