@@ -23,7 +23,7 @@ from graphkit.ops.tensor_types import elem_type
 from graphkit.rewrite import Lowering, rewrite_model
 from graphkit.rewrite._selection import MIN_OPSET, max_opset, ort_kernels
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
-from graphkit.rewrite.plan import LoweringPlan, Scope, node_attrs
+from graphkit.rewrite.plan import LoweringPlan, LoweringScope, node_attrs
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -116,7 +116,7 @@ def lowered_by(model: onnx.ModelProto, registry: OpRegistry, dec: Decomposition,
     node = model.graph.node[0]
     op = registry.lookup(node.domain, node.op_type)
     plan = LoweringPlan(registry, (Lowering.DECOMPOSE,), opset)
-    scope = Scope(TypeTable(model, registry))
+    scope = LoweringScope(TypeTable(model, registry))
     attrs = node_attrs(op, node, None)
     in_types = tuple(scope.types.elem_type(i) if i else None for i in node.input)
     verdict = plan.selection.problem(op, node, attrs, in_types, dec, opset, plan._probe(op, node, attrs, scope))

@@ -60,7 +60,7 @@ from graphkit.rewrite import engine as _engine
 from graphkit.rewrite.builder import _FIXED, _SAME_AS_INPUT0, NameGenerator, TypeTable
 from graphkit.rewrite.engine import RewriteReport
 from graphkit.rewrite._walk import AI_ONNX
-from graphkit.rewrite.plan import Lowering, LoweringPlan, Scope, Template
+from graphkit.rewrite.plan import Lowering, LoweringPlan, LoweringScope, Template
 
 __all__ = ["Unsupported", "lower_bytes", "has_external_data"]
 
@@ -760,7 +760,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         regions.append((g0, g1))  # sparse initializers: search everything
     seed = _name_seed(data, regions, tensor_names, set(prefixes), model)
     plan = LoweringPlan(registry, prefer, opset, path=path, names=NameGenerator(seed or ()))
-    scope = Scope(types)
+    scope = LoweringScope(types)
     fresh = plan.names.fresh
     elem = types._elem
 

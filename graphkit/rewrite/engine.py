@@ -27,7 +27,7 @@ from graphkit.rewrite._selection import check_target_opset
 from graphkit.rewrite._standard_ops import recognise
 from graphkit.rewrite._walk import AI_ONNX, ModelIndex, count_ops, graphs, node_lists, scopes
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
-from graphkit.rewrite.plan import UNKNOWN_OP_HINT, Lowering, LoweringPlan, Scope, node_attrs
+from graphkit.rewrite.plan import UNKNOWN_OP_HINT, Lowering, LoweringPlan, LoweringScope, node_attrs
 
 __all__ = ["DEFAULT_PREFERENCE", "PASSES", "Lowering", "Pass", "PassResult", "RewriteContext", "RewriteReport",
            "ai_onnx_opset", "check_model", "rewrite_model"]
@@ -400,7 +400,7 @@ def _lower_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
             continue
         # A function body's tensor types are its callers': nothing is looked up in the
         # model's table (which would also run whole-model shape inference per call site).
-        scope = Scope(TypeTable() if in_function else ctx.types)
+        scope = LoweringScope(TypeTable() if in_function else ctx.types)
         tick = None if progress is None else _ticker(progress, done, total)
         done += len(nodes)
         count += plan.lower_nodes(nodes, scope, progress=tick)

@@ -1,7 +1,7 @@
 """The lowering plan: what each custom:: placeholder becomes, decided once per kind of node.
 
 A :class:`LoweringPlan` is made once per rewrite (registry, preference order, opset,
-name generator). Each node list it lowers is a :class:`Scope` (its own type table,
+name generator). Each node list it lowers is a :class:`LoweringScope` (its own type table,
 constants and templates). :meth:`LoweringPlan.lower` turns one placeholder into its
 replacement and says how (:class:`Lowered`): the action taken, and the
 :class:`Template` later nodes of the same kind repeat. Both writers use this one
@@ -28,7 +28,7 @@ from graphkit.rewrite.binding import bind_node
 from graphkit.rewrite._standard_ops import as_placeholder, label
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 
-__all__ = ["Lowered", "Lowering", "LoweringPlan", "Scope", "Template", "UNKNOWN_OP_HINT", "node_attrs"]
+__all__ = ["Lowered", "Lowering", "LoweringPlan", "LoweringScope", "Template", "UNKNOWN_OP_HINT", "node_attrs"]
 
 UNKNOWN_OP_HINT = ("make the op known: pass --ops PACKAGE (a module or .py file defining an "
                    "OpPackage), list it in $GRAPHKIT_OPS, or install the package that defines it; "
@@ -106,7 +106,7 @@ class Template:
 
 
 @dataclass
-class Scope:
+class LoweringScope:
     """One node list being lowered: its tensors' types, and what its replacements share.
 
     A model-local function's body has an empty type table (types are the caller's).
@@ -189,13 +189,13 @@ class LoweringPlan:
         return op
 
     def choose(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], in_types: tuple[int | None, ...],
-               scope: Scope) -> tuple[Lowering, Decomposition | None]:
+               scope: LoweringScope) -> tuple[Lowering, Decomposition | None]:
         """The first lowering of the preference order that ONNX Runtime can execute for the
         node's dtypes at the plan's opset (graphkit.rewrite._selection); UnsupportedOpError
         naming why none and what would work."""
         return self.selection.choose(op, node, attrs, in_types, self._probe(op, node, attrs, scope))
 
-    def _probe(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], scope: Scope) -> Probe:
+    def _probe(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], scope: LoweringScope) -> Probe:
         """Builds a decomposition of ``node`` at an opset without touching the model or the
         plan's names (for the selection's check of what ONNX Runtime can run)."""
         def probe(dec: Decomposition, opset: int) -> tuple[list[onnx.NodeProto], dict[str, int], bool]:
@@ -220,7 +220,7 @@ class LoweringPlan:
         """Indices of the placeholders in a node list."""
         return (i for i, n in enumerate(nodes) if self.is_placeholder(n))
 
-    def lower_nodes(self, nodes: Any, scope: Scope, *,
+    def lower_nodes(self, nodes: Any, scope: LoweringScope, *,
                     progress: Callable[[int], None] | None = None) -> int:
         """Lower the placeholders of one node list in place; returns how many there were.
 
@@ -243,7 +243,7 @@ class LoweringPlan:
             nodes.extend(new_nodes)
         return count
 
-    def lower(self, node: onnx.NodeProto, scope: Scope) -> Lowered:
+    def lower(self, node: onnx.NodeProto, scope: LoweringScope) -> Lowered:
         """Lower one placeholder (or standard node an op computes) in ``scope``; the result is
         counted in this plan. A standard node whose chosen lowering is the decomposition that
         writes that standard op comes back as it is, uncounted.
@@ -333,7 +333,7 @@ class LoweringPlan:
         return in_types
 
     def _decompose(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], dec: Decomposition,
-                   key: tuple, scope: Scope) -> Lowered:
+                   key: tuple, scope: LoweringScope) -> Lowered:
         inputs = list(node.input) + [""] * (len(op.inputs) - len(node.input))
         prefix = node.name or op.name
         action = (op.qualified_name, f"decompose:{dec.name}")
@@ -365,7 +365,7 @@ class LoweringPlan:
                                                  f"{op.qualified_name}", scope.types))
         return Lowered(op, Lowering.DECOMPOSE, action, nodes, template)
 
-    def _keep_portable(self, key: tuple, template: Template, nodes: list[onnx.NodeProto], scope: Scope) -> None:
+    def _keep_portable(self, key: tuple, template: Template, nodes: list[onnx.NodeProto], scope: LoweringScope) -> None:
         """Remember ``template`` for other scopes when the only names it reads from its scope
         are constants (whose nodes another scope can make for itself)."""
         for n in nodes:
@@ -380,7 +380,7 @@ class LoweringPlan:
         by_name = {name: value for value, name in scope.constants.items() if name in reads}
         self._portable[key] = (template, {r: (by_name.get(r), scope.constant_nodes[r]) for r in sorted(reads)})
 
-    def _adopt(self, key: tuple, prefix: str, scope: Scope) -> tuple[Template, list[onnx.NodeProto]]:
+    def _adopt(self, key: tuple, prefix: str, scope: LoweringScope) -> tuple[Template, list[onnx.NodeProto]]:
         """Another scope's template for ``scope``: its constants found in ``scope`` by value or
         made here (returned, to go before the first instance)."""
         template, reads = self._portable[key]
@@ -403,7 +403,7 @@ class LoweringPlan:
         return adopted, made
 
     def _bind(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], how: Lowering,
-              scope: Scope) -> Lowered:
+              scope: LoweringScope) -> Lowered:
         def make_builder() -> Builder:
             return Builder(opset=self.opset, prefix=node.name or op.name, names=self.names, types=scope.types,
                            node_name=node.name, op_name=op.qualified_name, constants=scope.constants)
