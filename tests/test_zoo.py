@@ -250,6 +250,27 @@ def test_load_check_falls_back_to_decomposition_then_stands_in(tmp_path):
     assert check.checked and check.stand_ins == 1 and check.lowerings == {"gkcheck::gkcheck_halve_none": "stand-in"}
     assert check.reason == ("gkcheck::gkcheck_halve_none not checked: it has no Python kernel, decomposition "
                             "or native kernel")
+    late = Decomposition("div20", halve.build, min_opset=20)  # the export writes opset 18
+    report = _export_halve(_halve_op("gkcheck_halve_late", ("tensor(float)",), python_kernel=None,
+                                     decompositions=(late,)), tmp_path / "late.onnx")
+    check = report.runtime_check
+    assert check.checked and check.stand_ins == 1 and check.lowerings == {"gkcheck::gkcheck_halve_late": "stand-in"}
+    assert check.reason.startswith("gkcheck::gkcheck_halve_late not checked: ") and "opset 18" in check.reason
+
+
+def test_load_check_says_when_a_decomposition_raises(tmp_path):
+    """An op package whose decomposition raises does not crash the export: the check is
+    reported not done, naming the exception (graphkit rewrite would raise it)."""
+    from graphkit.ops import Decomposition
+
+    def broken(builder, inputs, attrs):
+        raise TypeError("broken decomposition")
+
+    report = _export_halve(_halve_op("gkcheck_halve_broken", ("tensor(float)",), python_kernel=None,
+                                     decompositions=(Decomposition("broken", broken, min_opset=7),)),
+                           tmp_path / "broken.onnx")
+    check = report.runtime_check
+    assert not check.checked and "TypeError: broken decomposition" in check.reason
 
 
 def _graph_model(nodes, inputs, outputs, value_info=(), opset=18):

@@ -186,6 +186,9 @@ def _lowered(model: onnx.ModelProto, registry: OpRegistry, refused: Mapping[str,
                 return None, 0, {}, {**why, "": f"lowering its placeholders failed: {exc.message}"}
             why[label] = exc.message
             continue
+        except Exception as exc:  # noqa: BLE001 - an op package's decomposition raised: say so
+            return None, 0, {}, {**why, "": f"lowering its placeholders raised {type(exc).__name__}: {exc} "
+                                            f"(graphkit rewrite would too: fix the op package)"}
         how = {label: "stand-in" for label in why}
         for (op_name, action), _n in report.actions.items():
             label = _placeholder_of(registry, op_name, labels)
@@ -254,9 +257,9 @@ def _refused(exc: Exception, model: onnx.ModelProto, registry: OpRegistry, model
         # A placeholder bound to its kernel for the check: the op package is what to fix.
         op = placeholder
         what = f"ONNX Runtime {ort.__version__} refuses {op} bound to its {how[op]} kernel: {reason}"
-        hint = (f"make {op}'s kernel declare the types its OpDef's reference computes (type_constraints: "
-                f"the first type of an output-only type variable is the one declared), or fix the "
-                f"node that feeds it")
+        hint = (f"fix {op} in its op package: its {how[op]} kernel is declared from the OpDef's "
+                f"type_constraints (an output-only type variable declares its first type), which must "
+                f"give the types its reference computes; or fix the node that feeds it")
     elif node is not None and any(k in text for k in ("Could not find an implementation", "NOT_IMPLEMENTED",
                                                       "Type Error")):
         types = ", ".join(_input_types(model, node, registry))
