@@ -95,7 +95,10 @@ def _placeholder_labels(model: onnx.ModelProto) -> dict[str, int] | None:
 def _stand_ins(model: onnx.ModelProto, registry: OpRegistry, cut_ops: set[str]
                ) -> tuple[onnx.ModelProto | None, int, str]:
     """A copy of ``model`` whose nodes of the ``cut_ops`` (``domain::op``) are replaced by
-    graph inputs of their outputs' types; (None, 0, reason) when a type is unknown."""
+    graph inputs of their outputs' types; (None, 0, reason) when a type is unknown. With
+    nothing to cut, ``model`` itself (the rewrite copies it)."""
+    if not cut_ops:
+        return model, 0, ""
     work = onnx.ModelProto()
     work.CopyFrom(model)
     cut: list[str] = []
