@@ -44,9 +44,11 @@ class Region:
 
     @property
     def title(self) -> str:
+        """"ops before -> ops after", as the pages head the region."""
         return f"{_ops(self.before) or '(nothing)'} -> {_ops(self.after) or '(removed)'}"
 
     def kind(self) -> tuple:
+        """What makes two regions identical (and drawn once): their ops and lowering."""
         return (tuple(sorted(_op(n) for n in self.before)), tuple(sorted(_op(n) for n in self.after)),
                 self.how)
 

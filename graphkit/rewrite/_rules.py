@@ -55,6 +55,7 @@ class MatchResult:
         self.reason = reason
 
     def fail(self, reason: str) -> "MatchResult":
+        """A failed result saying why: ``return MatchResult().fail("x and y are the same")``."""
         return MatchResult(False, reason)
 
     def __bool__(self) -> bool:
@@ -262,6 +263,7 @@ class Rule:
 
     @property
     def anchor(self) -> tuple[str, str]:
+        """(domain, op type) of the first pattern's root: the nodes matching starts from."""
         return self._patterns[0].anchor
 
 

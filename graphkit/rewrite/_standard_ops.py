@@ -21,17 +21,23 @@ def label(op: OpDef, std: StandardOp) -> str:
     return f"{std} as {op.qualified_name}"
 
 
+def attribute_values(node: onnx.NodeProto, where: dict[str, Any]) -> dict[str, Any]:
+    """The node's attributes as Python values; RewriteError (at ``where``) for a malformed one."""
+    values: dict[str, Any] = {}
+    for a in node.attribute:
+        try:
+            values[a.name] = helper.get_attribute_value(a)
+        except (ValueError, TypeError) as exc:
+            raise RewriteError(f"attribute '{a.name}' is malformed: {exc}", hint="re-export the model",
+                               **where) from exc
+    return values
+
+
 def as_placeholder(node: onnx.NodeProto, op: OpDef, std: StandardOp, path: str | None) -> onnx.NodeProto:
     """The placeholder node ``op`` has for the standard node ``node`` (same name, inputs in
     the op's order, same outputs); RewriteError where its attributes have no equivalent."""
     where = dict(path=path, node=node.name or "<unnamed>", op=f"{node.domain or 'ai.onnx'}::{node.op_type}")
-    given: dict[str, Any] = {}
-    for a in node.attribute:
-        try:
-            given[a.name] = helper.get_attribute_value(a)
-        except (ValueError, TypeError) as exc:
-            raise RewriteError(f"attribute '{a.name}' is malformed: {exc}", hint="re-export the model",
-                               **where) from exc
+    given = attribute_values(node, where)
     try:
         attrs = dict(std.to_op(given))
     except (ValueError, TypeError, KeyError) as exc:

@@ -18,14 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
-from onnx import helper
 
 from graphkit.errors import OpDefinitionError, RewriteError, UnsupportedOpError
 from graphkit.ops import PLACEHOLDER_DOMAIN, Decomposition, OpDef, OpRegistry
 from graphkit.ops.tensor_types import type_string
 from graphkit.rewrite._selection import Probe, Selection
 from graphkit.rewrite.binding import bind_node
-from graphkit.rewrite._standard_ops import as_placeholder, label
+from graphkit.rewrite._standard_ops import as_placeholder, attribute_values, label
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 
 __all__ = ["Lowered", "Lowering", "LoweringPlan", "LoweringScope", "Template", "UNKNOWN_OP_HINT", "node_attrs"]
@@ -47,16 +46,11 @@ class Lowering(enum.Enum):
 def node_attrs(op: OpDef, node: onnx.NodeProto, path: str | None) -> dict[str, Any]:
     """The node's attributes checked against ``op`` with defaults filled in; RewriteError if bad."""
     where = dict(path=path, node=node.name or "<unnamed>", op=f"{node.domain}::{node.op_type}")
-    given = {}
     for a in node.attribute:
         if a.ref_attr_name:
             raise RewriteError(f"attribute '{a.name}' refers to '{a.ref_attr_name}' outside a function",
                                hint="give the attribute a value", **where)
-        try:
-            given[a.name] = helper.get_attribute_value(a)
-        except (ValueError, TypeError) as exc:
-            raise RewriteError(f"attribute '{a.name}' is malformed: {exc}", hint="re-export the model",
-                               **where) from exc
+    given = attribute_values(node, where)
     try:
         return op.resolve_attrs(given, where=node.name)
     except OpDefinitionError as exc:
@@ -177,12 +171,14 @@ class LoweringPlan:
         self.selection = Selection(registry, prefer, opset, path)
 
     def fail(self, cls: type, message: str, node: onnx.NodeProto, hint: str) -> Exception:
+        """An error of class ``cls`` naming the model file, the node and its op."""
         return cls(message, path=self.path, node=node.name or "<unnamed>",
                    op=f"{node.domain}::{node.op_type}", hint=hint)
 
     # -- choosing -----------------------------------------------------------------------
 
     def op_of(self, node: onnx.NodeProto) -> OpDef:
+        """The OpDef of a placeholder node; UnsupportedOpError if no op package defines it."""
         op = self.registry.lookup(node.domain, node.op_type)
         if op is None:
             raise self.fail(UnsupportedOpError, "no op package defines this op", node, hint=UNKNOWN_OP_HINT)

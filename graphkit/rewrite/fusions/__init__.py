@@ -45,6 +45,7 @@ class Fusion:
     min_opset: int | None = None
 
     def rule_set(self) -> RuleSet:
+        """This fusion's rules as a RuleSet for ``rewrite_model(rules=...)``."""
         return RuleSet(self.rules)
 
 
@@ -58,6 +59,7 @@ class FusionLibrary:
         return iter(self._fusions.values())
 
     def names(self) -> list[str]:
+        """The fusions' names, in the order ``all`` applies them."""
         return list(self._fusions)
 
     def get(self, name: str) -> Fusion:
@@ -83,6 +85,7 @@ class FusionLibrary:
         return RuleSet([rule for fusion in self.select(spec) for rule in fusion.rules])
 
     def describe(self) -> str:
+        """One line per fusion (name and summary), as ``rewrite --help`` lists them."""
         width = max(len(n) for n in self.names())
         return "\n".join(f"  {f.name:<{width}}  {f.summary}" for f in self)
 
@@ -103,6 +106,7 @@ def get(name: str) -> Fusion:
 
 
 def names() -> list[str]:
+    """The names of graphkit's fusions (``--fuse`` accepts them and ``all``)."""
     return LIBRARY.names()
 
 
