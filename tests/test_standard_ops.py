@@ -89,6 +89,25 @@ def test_opset_18_model_is_invalid_before_and_valid_after():
     np.testing.assert_allclose(got, deform_reference(feeds, attrs), rtol=0, atol=1e-5)
 
 
+def test_running_an_opset_18_deform_conv_names_the_rewrite_that_fixes_it(tmp_path):
+    """`graphkit run` says which command repairs the model instead of ONNX Runtime's INVALID_GRAPH."""
+    from conftest import run_cli
+
+    from graphkit.errors import UnsupportedOpError
+
+    model, _, _ = deform_model(TensorProto.FLOAT, 18, standard=True)
+    with pytest.raises(UnsupportedOpError) as info:
+        graphkit.open_session(model)
+    assert "does not exist at ai.onnx opset 18 (it came in opset 19)" in str(info.value)
+    onnx.save(model, tmp_path / "dcn18.onnx")
+    proc = run_cli("run", "dcn18.onnx", cwd=tmp_path, check_rc=6)
+    (line,) = error_lines(proc.stderr)
+    assert "node 'dcn0'" in line and "opset 18" in line
+    assert "graphkit rewrite dcn18.onnx OUT.onnx" in line and "custom::deform_conv2d" in line
+    fixed, _ = rewrite_model(model)
+    graphkit.open_session(fixed)  # the rewritten model opens
+
+
 @pytest.mark.parametrize("source, target, want", [
     (18, 19, ("custom::deform_conv2d", "decompose:onnx_deform_conv")),   # raise the opset: DeformConv again
     (19, 18, ("custom::deform_conv2d", "decompose:grid_sample")),        # lower it: below DeformConv's opset

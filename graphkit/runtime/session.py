@@ -197,6 +197,8 @@ def _plan(model: onnx.ModelProto, registry: OpRegistry, path: str | None, *,
     table = None
     src = path or "MODEL.onnx"
     known_domains = registry.placeholder_domains()
+    standard_ops = registry.standard_op_types()
+    opset = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), None)
 
     def fix(op, *, have: str) -> str:
         """How to get a kernel for ``op`` other than the lowering ``have`` the node has."""
@@ -221,6 +223,13 @@ def _plan(model: onnx.ModelProto, registry: OpRegistry, path: str | None, *,
             raise ModelLoadError(f"node {ref.display}: its domain or op type is not UTF-8 text",
                                  path=path, hint="fix or re-export the model")
         qualified = f"{domain or 'ai.onnx'}::{n.op_type}"
+        if (domain, n.op_type) in standard_ops and opset is not None:
+            op, std = registry.standard_op(domain, n.op_type)
+            if opset < std.since_opset:  # ONNX Runtime would refuse the whole graph (INVALID_GRAPH)
+                problems.append((ref, qualified, f"{std} does not exist at ai.onnx opset {opset} "
+                                 f"(it came in opset {std.since_opset})",
+                                 f"run `graphkit rewrite {src} OUT.onnx`: it runs it as {op.qualified_name}"))
+                continue
         if (domain, n.op_type) in functions or domain in STANDARD_DOMAINS | function_domains:
             continue
         kind = split_kernel_domain(domain)
