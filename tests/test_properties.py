@@ -228,13 +228,14 @@ KNOWN_PROBLEMS = {
         _dtype_is("float64"),
         "custom_ops/deform_conv2d/_decompose.py::grid_sample emits GridSample(16) (and Conv) for double "
         "inputs; ONNX Runtime's CPU kernels for both are float only ('Could not find an implementation for "
-        "GridSample(16)'): Cast double to float around them, or do not offer the decomposition for double",
+        "GridSample(16)'). The lowering choice never picks it for double (tests/test_selection.py); a "
+        "double-capable form would Cast around them",
         "tensor(double)", [[1, 1, 3, 3], [1, 1, 2, 2], [1, 8, 2, 2], [1], None]),
     ("deform_conv2d", "decompose:gather@11"): Known(
         _dtype_is("float64"),
         "custom_ops/deform_conv2d/_decompose.py::gather ends in Conv for double inputs; ONNX Runtime's CPU "
-        "Conv is float only ('Could not find an implementation for Conv(11)'): Cast around the Conv (or a "
-        "MatMul-based contraction, which has double kernels)",
+        "Conv is float only ('Could not find an implementation for Conv(11)'). The lowering choice never "
+        "picks it for double (tests/test_selection.py); a double-capable form would Cast around the Conv",
         "tensor(double)", [[1, 1, 3, 3], [1, 1, 2, 2], [1, 8, 2, 2], [1], None]),
 }
 
