@@ -24,6 +24,7 @@ import onnx
 
 from graphkit.errors import OutputError, ToolError, UsageError
 from graphkit.publish import atomic_write
+from graphkit.rewrite._walk import value_types
 
 __all__ = ["Region", "diff_regions", "dot_program", "write_diff", "write_graph"]
 
@@ -174,23 +175,12 @@ def _dtype_name(elem_type: int) -> str:
 
 def _types(model: onnx.ModelProto) -> dict[str, str]:
     """Tensor name -> "float32[2,3]" for every value whose type is known or inferable."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # noqa: BLE001 - pictures draw without shapes rather than not at all
-        inferred = model
-    g = inferred.graph
     out: dict[str, str] = {}
-    for vi in (*g.input, *g.output, *g.value_info):
-        t = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type"):
-            continue
-        dtype = _dtype_name(t.elem_type)
+    for name, tp in value_types(model).items():
+        t = tp.tensor_type
         dims = ",".join(d.dim_param or str(d.dim_value) if (d.dim_param or d.HasField("dim_value")) else "?"
                         for d in t.shape.dim) if t.HasField("shape") else "..."
-        out[vi.name] = f"{dtype}[{dims}]"
-    for init in g.initializer:
-        out[init.name] = (f"{_dtype_name(init.data_type)}"
-                          f"[{','.join(map(str, init.dims))}]")
+        out[name] = f"{_dtype_name(t.elem_type)}[{dims}]"
     return out
 
 

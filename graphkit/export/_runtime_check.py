@@ -22,7 +22,7 @@ import onnx
 
 from graphkit.errors import ExportError, KernelError, UnsupportedOpError
 from graphkit.ops import OpRegistry
-from graphkit.rewrite._walk import graphs
+from graphkit.rewrite._walk import graphs, value_types
 
 __all__ = ["RuntimeCheck", "check_loads"]
 
@@ -49,26 +49,6 @@ class RuntimeCheck:
     stand_ins: int = 0
     reason: str = ""
     lowerings: Mapping[str, str] = field(default_factory=dict)
-
-
-def _types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Every tensor type the model states (value_info, inputs, outputs)."""
-    out: dict[str, onnx.TypeProto] = {}
-    for g in graphs(model.graph):
-        for vi in (*g.value_info, *g.input, *g.output):
-            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-                out.setdefault(vi.name, vi.type)
-    return out
-
-
-def _infer(model: onnx.ModelProto, registry: OpRegistry) -> dict[str, onnx.TypeProto]:
-    """:func:`_types` after onnx's shape inference with the registry's schemas ({} if it fails)."""
-    try:
-        with registry.onnx_schemas():
-            inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - inference is a best effort here
-        return {}
-    return _types(inferred)
 
 
 def _label(node: onnx.NodeProto) -> str:
@@ -116,9 +96,9 @@ def _stand_ins(model: onnx.ModelProto, registry: OpRegistry, cut_ops: set[str]
             g.node.extend(keep)
     if not cut:
         return work, 0, ""
-    types = _types(model)
+    types = value_types(model, infer=False)
     if any(name not in types for name in cut):
-        types = {**_infer(model, registry), **types}
+        types = value_types(model, registry)
     missing = [name for name in cut if name not in types]
     if missing:
         return None, 0, f"the type of placeholder output '{missing[0]}' is unknown"
@@ -228,9 +208,7 @@ def _node(model: onnx.ModelProto, name: str) -> onnx.NodeProto | None:
 
 
 def _input_types(model: onnx.ModelProto, node: onnx.NodeProto, registry: OpRegistry) -> list[str]:
-    types = _infer(model, registry) or _types(model)
-    for init in (i for g in graphs(model.graph) for i in g.initializer):
-        types.setdefault(init.name, onnx.helper.make_tensor_type_proto(init.data_type, None))
+    types = value_types(model, registry)
     out = []
     for name in node.input:
         tp = types.get(name)

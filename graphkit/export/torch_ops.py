@@ -114,12 +114,11 @@ def _forward(op: OpDef) -> Callable[..., Any]:
         return fn
 
 
-_TORCH_DTYPES = {
-    "tensor(float16)": torch.float16, "tensor(float)": torch.float32,
-    "tensor(double)": torch.float64, "tensor(bfloat16)": torch.bfloat16,
-    "tensor(int8)": torch.int8, "tensor(int16)": torch.int16, "tensor(int32)": torch.int32,
-    "tensor(int64)": torch.int64, "tensor(uint8)": torch.uint8, "tensor(bool)": torch.bool,
-}
+def _torch_dtype(type_str: str) -> torch.dtype | None:
+    """'tensor(float)' -> torch.float32; None where torch has no dtype of that name (string,
+    the float8 types, whose torch names differ). ONNX's element type names are torch's."""
+    dtype = getattr(torch, type_str[len("tensor("):-1], None) if type_str.startswith("tensor(") else None
+    return dtype if isinstance(dtype, torch.dtype) else None
 
 
 def _check_dtypes(op: OpDef, inputs: Sequence[Any]) -> None:
@@ -129,7 +128,7 @@ def _check_dtypes(op: OpDef, inputs: Sequence[Any]) -> None:
     for p, x in zip(op.inputs, inputs):
         if not isinstance(x, torch.Tensor):
             continue
-        allowed = [_TORCH_DTYPES[t] for t in op.type_constraints[p.type] if t in _TORCH_DTYPES]
+        allowed = [d for t in op.type_constraints[p.type] if (d := _torch_dtype(t)) is not None]
         if allowed and len(allowed) == len(op.type_constraints[p.type]) and x.dtype not in allowed:
             raise TypeError(f"[{op.name}] input '{p.name}' must be one of "
                             f"{', '.join(str(d).replace('torch.', '') for d in allowed)}, got "

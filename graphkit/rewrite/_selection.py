@@ -26,6 +26,7 @@ from onnx import helper
 
 from graphkit.errors import RewriteError, UnsupportedOpError, UsageError
 from graphkit.ops.tensor_types import type_string
+from graphkit.rewrite._walk import elem_types
 
 if TYPE_CHECKING:
     from graphkit.ops import Decomposition, OpDef, OpRegistry
@@ -36,7 +37,7 @@ __all__ = ["KernelTable", "Selection", "ort_kernels", "replacement_problem", "MI
 PROVIDER = "CPUExecutionProvider"
 # probe(decomposition, opset) -> (nodes, element types of what they read, looked at shapes)
 Probe = Callable[[Any, int], tuple[list[onnx.NodeProto], dict[str, int], bool]]
-_FLOAT16, _FLOAT = "tensor(float16)", "tensor(float)"
+_FLOAT16, _FLOAT = type_string(onnx.TensorProto.FLOAT16), type_string(onnx.TensorProto.FLOAT)
 # Nodes ONNX Runtime turns into initializers when it loads a model: no kernel runs them.
 _LOAD_TIME = frozenset({"Constant"})
 # The oldest ai.onnx opset ONNX Runtime loads.
@@ -237,13 +238,10 @@ def replacement_problem(nodes: list[onnx.NodeProto], input_types: Mapping[str, i
     graph = helper.make_graph(nodes, "probe", [helper.make_tensor_value_info(n, t, None)
                                                for n, t in input_types.items()], [])
     probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(probe, check_type=False, strict_mode=False)
-        for vi in inferred.graph.value_info:
-            if vi.type.tensor_type.elem_type:
-                elem.setdefault(vi.name, vi.type.tensor_type.elem_type)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError, ValueError):
-        pass  # judge with what is known; the strict checks afterwards report a broken replacement
+    # What inference cannot type is judged with what is known; the strict checks afterwards
+    # report a broken replacement.
+    for name, elem_type in elem_types(probe).items():
+        elem.setdefault(name, elem_type)
     for node in nodes:
         problem = table.problem(node, opset, elem)
         if problem is not None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterator
-from typing import Any
+import contextlib
+from typing import Any, ContextManager, Protocol
 
 import onnx
 
-__all__ = ["AI_ONNX", "graphs", "node_lists", "scopes", "ModelIndex"]
+__all__ = ["AI_ONNX", "elem_types", "graphs", "node_lists", "scopes", "value_types", "ModelIndex"]
 
 # The two spellings of the standard ONNX domain in opset imports and nodes.
 AI_ONNX = ("", "ai.onnx")
@@ -139,3 +140,39 @@ def count_ops(model: onnx.ModelProto) -> collections.Counter:
         for n in nodes:
             counts[(n.domain, n.op_type)] += 1
     return counts
+
+
+class _Schemas(Protocol):
+    """What :func:`value_types` needs of an OpRegistry (not imported: ops imports this module)."""
+
+    def onnx_schemas(self) -> ContextManager[Any]: ...
+
+
+def value_types(model: onnx.ModelProto, registry: _Schemas | None = None, *,
+                infer: bool = True) -> dict[str, onnx.TypeProto]:
+    """Tensor type of every value of ``model``'s graph and subgraphs whose element type is
+    known: initializers, inputs, value_info and outputs, after ONNX shape inference when
+    ``infer`` (custom ops typed through ``registry``'s schemas). Best effort: where
+    inference fails, the types the model states. The first type stated for a name wins."""
+    inferred = model
+    if infer:
+        schemas = registry.onnx_schemas() if registry is not None else contextlib.nullcontext()
+        try:
+            with schemas:
+                inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+        except Exception:  # noqa: BLE001 - inference is a best effort, never a requirement
+            inferred = model
+    types: dict[str, onnx.TypeProto] = {}
+    for g in graphs(inferred.graph):
+        for init in g.initializer:
+            if init.data_type:
+                types.setdefault(init.name, onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims)))
+        for vi in (*g.input, *g.value_info, *g.output):
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+                types.setdefault(vi.name, vi.type)
+    return types
+
+
+def elem_types(model: onnx.ModelProto, registry: _Schemas | None = None) -> dict[str, int]:
+    """Element type (``TensorProto.FLOAT``...) of every value :func:`value_types` types."""
+    return {name: t.tensor_type.elem_type for name, t in value_types(model, registry).items()}

@@ -23,12 +23,13 @@ from onnx import helper
 from graphkit.errors import GraphkitError, KernelError
 from graphkit.ops import AttrType, OpDef, OpRegistry
 from graphkit.ops._encoding import F16_TAG, decode_kernel_attr, encode_kernel_attr, encode_kernel_attrs, kernel_attr_type
-from graphkit.rewrite._walk import ModelIndex, graphs
+from graphkit.ops.tensor_types import type_string
+from graphkit.rewrite._walk import ModelIndex, elem_types
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 
 __all__ = ["PythonNode", "bind_node", "bind_python_nodes", "kernel_attribute"]
 
-_F16 = "tensor(float16)"
+_F16 = type_string(onnx.TensorProto.FLOAT16)
 
 
 def kernel_attribute(op: OpDef, name: str, value: Any, *, python: bool) -> onnx.AttributeProto:
@@ -137,23 +138,6 @@ def _set_attrs(node: onnx.NodeProto, op: OpDef, values: Mapping[str, Any], *, ke
             node.attribute.append(kernel_attribute(op, a.name, values[a.name], python=False))
 
 
-def _elem_types(model: onnx.ModelProto, registry: OpRegistry) -> dict[str, int]:
-    """Element type of every value ONNX shape inference can type (all graphs, best effort)."""
-    try:
-        with registry.onnx_schemas():
-            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
-    except Exception:  # noqa: BLE001 - inference is an optimisation, never a requirement
-        inferred = model
-    types: dict[str, int] = {}
-    for g in graphs(inferred.graph):
-        for init in g.initializer:
-            types.setdefault(init.name, init.data_type)
-        for vi in (*g.input, *g.value_info, *g.output):
-            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-                types.setdefault(vi.name, vi.type.tensor_type.elem_type)
-    return types
-
-
 def _f16_vars(op: OpDef, node: onnx.NodeProto, types: Mapping[str, int]) -> list[str]:
     bound: dict[str, int] = {}
     for p, name in zip(op.inputs, node.input):
@@ -209,7 +193,7 @@ def bind_python_nodes(model: onnx.ModelProto, registry: OpRegistry,
         # Shape inference wants the attributes in their ONNX types.
         for ref, op, values, _ in resolved:
             _set_attrs(ref.node, op, values, kernel=False)
-        types = _elem_types(model, registry)
+        types = elem_types(model, registry)
     for ref, op, values, original in resolved:
         _set_attrs(ref.node, op, values, kernel=True)
         if [a.SerializeToString() for a in ref.node.attribute] != original:

@@ -55,9 +55,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from onnx import TensorProto
 
 from graphkit.errors import KernelError, UnsupportedOpError
 from graphkit.ops import AttrType, OpDef, kernel_domain
+from graphkit.ops.tensor_types import numpy_dtype, type_string
 from graphkit.runtime._blas import one_blas_thread
 from graphkit.ops._encoding import (  # noqa: F401 (re-exported: the kernel attribute encoding)
     F16_TAG,
@@ -90,27 +92,27 @@ __all__ = [
 # Domains served by the onnxruntime-extensions library itself (its C++ ops, foreign PyOps).
 EXTENSIONS_DOMAINS = frozenset({"ai.onnx.contrib", "com.microsoft.extensions"})
 
-# ONNX type string -> (numpy dtype, ort-extensions PyCustomOpDef attribute name).
-# float16 is served through float32 (see the module docstring); bfloat16 and the float8
-# types are not served at all.
-_TENSOR_TYPES: dict[str, tuple[Any, str]] = {
-    "tensor(float)": (np.float32, "dt_float"),
-    "tensor(double)": (np.float64, "dt_double"),
-    "tensor(float16)": (np.float16, "dt_float"),
-    "tensor(int8)": (np.int8, "dt_int8"),
-    "tensor(int16)": (np.int16, "dt_int16"),
-    "tensor(int32)": (np.int32, "dt_int32"),
-    "tensor(int64)": (np.int64, "dt_int64"),
-    "tensor(uint8)": (np.uint8, "dt_uint8"),
-    "tensor(uint16)": (np.uint16, "dt_uint16"),
-    "tensor(uint32)": (np.uint32, "dt_uint32"),
-    "tensor(uint64)": (np.uint64, "dt_uint64"),
-    "tensor(bool)": (np.bool_, "dt_bool"),
-    "tensor(complex64)": (np.complex64, "dt_complex64"),
-    "tensor(complex128)": (np.complex128, "dt_complex128"),
-    "tensor(string)": (np.object_, "dt_string"),
+# The tensor types served: ONNX type string -> onnxruntime-extensions' PyCustomOpDef
+# attribute naming it (numpy dtypes come from graphkit.ops.tensor_types). float16 is served
+# through float32 (see the module docstring); bfloat16 and the float8 types are not served.
+_SERVED: dict[str, str] = {
+    "tensor(float)": "dt_float",
+    "tensor(double)": "dt_double",
+    "tensor(float16)": "dt_float",
+    "tensor(int8)": "dt_int8",
+    "tensor(int16)": "dt_int16",
+    "tensor(int32)": "dt_int32",
+    "tensor(int64)": "dt_int64",
+    "tensor(uint8)": "dt_uint8",
+    "tensor(uint16)": "dt_uint16",
+    "tensor(uint32)": "dt_uint32",
+    "tensor(uint64)": "dt_uint64",
+    "tensor(bool)": "dt_bool",
+    "tensor(complex64)": "dt_complex64",
+    "tensor(complex128)": "dt_complex128",
+    "tensor(string)": "dt_string",
 }
-_F16 = "tensor(float16)"
+_F16 = type_string(TensorProto.FLOAT16)
 # More type combinations than this for one op is almost certainly a definition mistake.
 _MAX_COMBINATIONS = 64
 # First declaration batch: pad the domain's vector to this many entries so that its
@@ -142,7 +144,7 @@ def _combinations(op: OpDef) -> list[dict[str, str]]:
     input_vars = {p.type for p in op.inputs}
     choices = []
     for var in _type_vars(op):
-        allowed = [t for t in op.type_constraints[var] if t in _TENSOR_TYPES]
+        allowed = [t for t in op.type_constraints[var] if t in _SERVED]
         if var not in input_vars:
             # ONNX Runtime picks a kernel by its input types only: an output-only variable
             # can have one type.
@@ -462,7 +464,7 @@ class PythonKernelTable:
                 combo=combo,
                 in_f16=tuple(combo[p.type] == _F16 for p in op.inputs),
                 out_f16=tuple(combo[p.type] == _F16 for p in op.outputs),
-                out_dtypes=tuple(np.dtype(_TENSOR_TYPES[combo[p.type]][0]) for p in op.outputs),
+                out_dtypes=tuple(numpy_dtype(combo[p.type]) for p in op.outputs),
                 out_string=tuple(combo[p.type] == "tensor(string)" for p in op.outputs),
                 attr_types=attr_types))
         return decls
@@ -496,8 +498,8 @@ class PythonKernelTable:
                 domain = kernel_domain("python", op.domain)
                 first = not self._size.get(domain)
                 for decl in decls:
-                    ins = [getattr(d, _TENSOR_TYPES[decl.combo[p.type]][1]) for p in op.inputs]
-                    outs = [getattr(d, _TENSOR_TYPES[decl.combo[p.type]][1]) for p in op.outputs]
+                    ins = [getattr(d, _SERVED[decl.combo[p.type]]) for p in op.inputs]
+                    outs = [getattr(d, _SERVED[decl.combo[p.type]]) for p in op.outputs]
                     attrs = {a.name: getattr(d, _declared_attr_type(a.type)) for a in op.attributes}
                     decl.native_def = self._push(domain, decl.op_type, ins, outs, attrs, decl.k_id)
                     self._decls[decl.k_id] = decl
