@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from graphkit.errors import ExportError
-from graphkit.export._placeholder import emit_placeholder, placeholder_call
+from graphkit.export._placeholder import emit_placeholder, signed_translation
 from graphkit.export._symbolic_registry import SYMBOLIC_OPSET, forget_empty_group, symbolic_registry
 from graphkit.ops import ForeignOp, OpDef
 
@@ -119,32 +119,22 @@ def _call(op: OpDef, f: ForeignOp, values: dict[str, Any]) -> tuple[list[Any], d
 
 
 def _translation(op: OpDef, f: ForeignOp) -> Callable[..., Any]:
-    """The dynamo exporter's translation of ``f``: the op's placeholder node."""
-    schema = _declared(f)
+    """The dynamo exporter's translation of ``f``: the op's placeholder node, called with the
+    foreign op's arguments (its torch schema's signature)."""
     P = inspect.Parameter
-    plist, annotations = [], {}
-    for arg in schema.arguments:
-        ann = _annotation(arg, f)
-        default = arg.default_value if arg.has_default_value() else P.empty
-        kind = P.KEYWORD_ONLY if arg.kwarg_only else P.POSITIONAL_OR_KEYWORD
-        plist.append(P(arg.name, kind, default=default, annotation=ann))
-        annotations[arg.name] = ann
-    ret = next((a for a in annotations.values() if isinstance(a, typing.TypeVar)), Any)
-    annotations["return"] = ret
+    plist = [P(arg.name, P.KEYWORD_ONLY if arg.kwarg_only else P.POSITIONAL_OR_KEYWORD,
+               default=arg.default_value if arg.has_default_value() else P.empty, annotation=_annotation(arg, f))
+             for arg in _declared(f).arguments]
+    ret = next((p.annotation for p in plist if isinstance(p.annotation, typing.TypeVar)), Any)
     signature = inspect.Signature(plist, return_annotation=ret)
-    emit = placeholder_call(op)
 
-    def translation(*args: Any, **kwargs: Any) -> Any:
+    def to_call(*args: Any, **kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        inputs, attrs = _call(op, f, dict(bound.arguments))
-        return emit(inputs, attrs)
+        return _call(op, f, dict(bound.arguments))
 
-    translation.__name__ = translation.__qualname__ = f"{f.op_name}_as_{op.name}"
-    translation.__doc__ = f"{op.qualified_name} placeholder node for {f.name}."
-    translation.__signature__ = signature  # type: ignore[attr-defined]
-    translation.__annotations__ = annotations
-    return translation
+    return signed_translation(op, signature, to_call, name=f"{f.op_name}_as_{op.name}",
+                              doc=f"{op.qualified_name} placeholder node for {f.name}.")
 
 
 def foreign_translations(ops: Iterable[OpDef], skip: Iterable[str] = ()) -> dict[Any, Callable[..., Any]]:

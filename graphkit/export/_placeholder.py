@@ -8,7 +8,8 @@ other:
   order) (:func:`params`, :func:`bind`);
 - :func:`emit_placeholder` - the TorchScript exporter's ``g.op("<domain>::<name>", ...)``;
 - :func:`onnxscript_translation` - the dynamo exporter's ``custom_translation_table`` entry
-  (:func:`placeholder_call` writes its node).
+  (:func:`placeholder_call` writes its node); :func:`signed_translation` makes such an entry
+  for any signature (the foreign ops' translations are made with it too).
 
 The node's domain is the op's own (``OpDef.domain``), never a fixed one.
 """
@@ -25,7 +26,8 @@ import torch
 
 from graphkit.ops import AttrType, OpDef, onnx_schema
 
-__all__ = ["params", "bind", "emit_placeholder", "onnxscript_translation", "placeholder_call"]
+__all__ = ["params", "bind", "emit_placeholder", "onnxscript_translation", "placeholder_call",
+           "signed_translation"]
 
 _PY_TYPES: dict[AttrType, Any] = {
     AttrType.INT: int,
@@ -174,35 +176,47 @@ def onnxscript_translation(op: OpDef, domain: str | None = None) -> Callable[...
     (inputs typed by a TypeVar per type constraint, attributes by their Python type).
     """
     domain = op.domain if domain is None else domain
-    emit = placeholder_call(op, domain)
     type_vars = {name: typing.TypeVar(name) for name in op.type_constraints}
     P = inspect.Parameter
-    plist, annotations = [], {}
+    plist = []
     defaults = {name: (default, has) for name, default, has in params(op)}
     for p in op.inputs:
         tv = type_vars[p.type]
         ann = typing.Optional[tv] if p.optional else tv
         _, has = defaults[p.name]
         plist.append(P(p.name, P.POSITIONAL_OR_KEYWORD, default=None if has else P.empty, annotation=ann))
-        annotations[p.name] = ann
     for a in op.attributes:
         default, has = defaults[a.name]
         ann = _PY_TYPES[a.type]
         plist.append(P(a.name, P.POSITIONAL_OR_KEYWORD, default=default if has else P.empty,
                        annotation=ann))
-        annotations[a.name] = ann
     outs = [type_vars[p.type] for p in op.outputs]
     ret = outs[0] if len(outs) == 1 else tuple.__class_getitem__(tuple(outs))
-    annotations["return"] = ret
-    signature = inspect.Signature(plist, return_annotation=ret)
+    translation = signed_translation(
+        op, inspect.Signature(plist, return_annotation=ret), lambda *args, **kwargs: bind(op, args, kwargs),
+        name=op.name, doc=f"{domain}::{op.name} placeholder node for {op.torch_namespace}::{op.name}.",
+        domain=domain)
+    translation.op = op  # type: ignore[attr-defined]
+    return translation
+
+
+def signed_translation(op: OpDef, signature: inspect.Signature,
+                       to_call: Callable[..., tuple[list[Any], dict[str, Any]]], *, name: str, doc: str,
+                       domain: str | None = None) -> Callable[..., Any]:
+    """A ``custom_translation_table`` function with ``signature`` writing ``op``'s placeholder
+    node: ``to_call(*args, **kwargs)`` splits a call into (inputs, coerced attributes).
+
+    torch's exporter infers the ONNX signature from ``__signature__`` and the annotations (see
+    :func:`onnxscript_translation`), so every parameter of ``signature`` is annotated."""
+    emit = placeholder_call(op, domain)
 
     def translation(*args: Any, **kwargs: Any) -> Any:
-        inputs, attrs = bind(op, args, kwargs)
+        inputs, attrs = to_call(*args, **kwargs)
         return emit(inputs, attrs)
 
-    translation.__name__ = translation.__qualname__ = op.name
-    translation.__doc__ = f"{domain}::{op.name} placeholder node for {op.torch_namespace}::{op.name}."
+    translation.__name__ = translation.__qualname__ = name
+    translation.__doc__ = doc
     translation.__signature__ = signature  # type: ignore[attr-defined]
-    translation.__annotations__ = annotations
-    translation.op = op  # type: ignore[attr-defined]
+    translation.__annotations__ = {**{p.name: p.annotation for p in signature.parameters.values()},
+                                   "return": signature.return_annotation}
     return translation
