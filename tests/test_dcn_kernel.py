@@ -1,12 +1,12 @@
 """deform_conv2d's native kernel (OpenBLAS GEMM on ORT's threads) in each of its regimes, and
 the NativeKernels link options it relies on (include_dirs, library_dirs, libraries, rpath).
 
-Regimes (deform_conv2d.cc): fused tiles of positions (many positions per image), or two
-phases (few positions: sample a chunk of positions, possibly across images, then split the
-GEMM into blocks of output channels or positions; under 256 positions, the strips GEMM on a
-weight packed once); the weight reordered once when it is a constant initializer, else per
-call. Every case is compared with the torch reference, and 2
-threads with 1 thread bit for bit (the blocking never changes a sum's order).
+Regimes (deform_conv2d.cc): fused tiles of positions (many positions per image, OpenBLAS),
+or two phases (few positions: sample a chunk of positions, possibly across images, then the
+strips GEMM on a weight packed once, split into blocks of strips, then of positions; tiles of
+MR positions, the last one smaller); the weight reordered once when it is a constant
+initializer, else per call. Every case is compared with the torch reference, and 2 threads
+with 1 thread bit for bit (the blocking never changes a sum's order).
 """
 
 from __future__ import annotations
@@ -33,25 +33,29 @@ from test_deform_conv import Case, onnx_model, reference  # noqa: E402
 NP = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64}
 ATOL = {TensorProto.FLOAT: 2e-4, TensorProto.DOUBLE: 1e-10}
 
-# name -> (case, element type). Sizes put each case in the regime its name says (columns of a
-# fused tile are at most 512 KiB; a two-phase chunk at most 8 MiB).
+# name -> (case, element type). Sizes put each case in the regime its name says (fused when a
+# tile of at most 512 KiB of columns holds at least half as many positions as a weight group
+# has output channels; a two-phase chunk at most 8 MiB). Strips hold 64 float or 32 double
+# output channels; tiles 7 positions (AVX-512).
 REGIMES = {
     # 64 channels: a tile of 227 positions > 64/2 output channels -> fused tiles, 3 images
     "fused": (Case(n=3, c=64, h=20, w=17, m=64, og=4, spread=3.0), TensorProto.FLOAT),
-    # 256 channels at 7x7, 6 images (294 positions): two phases, BLAS, one chunk spanning the
-    # images (product + scatter)
+    # more positions per tile than output channels, no bias: fused tiles
+    "fused_no_bias": (Case(n=2, c=192, h=12, w=12, m=96, bias=False), TensorProto.FLOAT),
+    # 256 channels at 7x7, 6 images (294 positions): two phases, one chunk spanning the images
     "two_phase_across_images": (Case(n=6, c=256, h=7, w=7, m=256, spread=3.0), TensorProto.FLOAT),
-    # one image, stride 2 (input 14x14 -> 7x7): 49 positions, the weight-bound strips GEMM
+    # one image, stride 2 (input 14x14 -> 7x7): 49 positions, 7 tiles of 7
     "strips_one_image_stride2": (Case(n=1, c=256, h=14, w=14, m=256, stride=(2, 2), og=4, mask=False),
                                  TensorProto.FLOAT),
-    # strips across 2 images (60 positions), 2 weight groups of 40 channels (a partial strip)
+    # strips across 2 images (60 positions: the last tile of 4), 2 weight groups of 40
+    # channels (a partial strip)
     "strips_groups_double": (Case(n=2, c=256, h=5, w=6, m=80, groups=2, og=4, spread=3.0), TensorProto.DOUBLE),
     # double: 455 positions per chunk -> 3 images of 14x14 in 2 chunks crossing an image
-    # boundary, 455 (BLAS) then 133 (strips); 2 weight groups
+    # boundary (455 then 133); 2 weight groups
     "two_phase_chunks_groups_double": (Case(n=3, c=256, h=14, w=14, m=128, groups=2, og=2, spread=3.0),
                                        TensorProto.DOUBLE),
-    # more positions than output channels: the GEMM split into blocks of positions
-    "two_phase_position_blocks": (Case(n=2, c=192, h=12, w=12, m=96, bias=False), TensorProto.FLOAT),
+    # one strip (60 channels) and 2 threads: the 72 positions split into blocks of rows (42 + 30)
+    "strips_row_blocks": (Case(n=2, c=512, h=6, w=6, m=60, og=2, spread=3.0), TensorProto.FLOAT),
 }
 
 

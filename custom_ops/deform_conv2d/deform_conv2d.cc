@@ -5,22 +5,21 @@
 // dilation (INTS), groups, offset_groups (INT).
 //
 // "Sample into columns, then GEMM": the sampling is deform_conv2d_core.h's (channels-last
-// bilinear blends, vectorized over channels), the GEMM is OpenBLAS's (scipy-openblas32,
-// linked through the package's NativeKernels), single-threaded per call: every parallel
-// loop runs on ORT's intra-op threads (KernelContext_ParallelFor), so the session's thread
-// count is what the op uses. Which dimension is split depends on the layer:
+// bilinear blends, vectorized over channels); every parallel loop runs on ORT's intra-op
+// threads (KernelContext_ParallelFor), so the session's thread count is what the op uses.
+// Which dimension is split depends on the layer:
 //   - many output positions per image (early, large layers): tiles of positions, each
-//     sampled and multiplied while its columns are in L2 (one task per tile);
-//   - few positions (late layers: 512 channels at 7x7): the columns of a chunk of
-//     positions (several images together when they are small) are sampled in parallel,
-//     then the GEMM is split into blocks of output channels or of positions, whichever
-//     repacks less (BLAS packs both operands of each call);
-//   - under 256 positions in a chunk (batch 1 at 7x7, 14x14) the GEMM is bound by reading the
-//     weight, which BLAS would also copy on every call: there a register-blocked kernel
-//     (Strips) multiplies the columns by the weight packed once per kernel.
+//     sampled and multiplied by OpenBLAS (scipy-openblas32, linked through the package's
+//     NativeKernels, single-threaded per call) while its columns are in L2 (one task per tile);
+//   - few positions per image, many channels (late layers: 512 channels at 7x7): the
+//     columns of a chunk of positions (several images together when they are small) are
+//     sampled in parallel, then multiplied by the weight packed once per kernel in strips of
+//     output channels (Strips: register-blocked, no per-call packing of the weight, which
+//     BLAS would copy on every call), split into blocks of strips, then of positions.
 // The weight is reordered to the columns' k order once, when ORT creates the kernel, if it
 // is a constant initializer (the usual case); otherwise on every call.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -29,6 +28,7 @@
 #include <mutex>
 #include <new>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -110,7 +110,7 @@ struct Simd<double> {
   static V set1(double x) { return _mm512_set1_pd(x); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
 };
-constexpr int kMR = 12, kNV = 2;  // 24 accumulators of 32 registers
+constexpr int kMR = 7, kNV = 4;  // 28 accumulators of 32 registers (one B operand read from L1)
 #elif defined(__AVX2__) && defined(__FMA__)
 template <>
 struct Simd<float> {
@@ -150,13 +150,16 @@ constexpr int kMR = 4, kNV = 2;  // 8 accumulators of 16 registers
 #endif
 
 
-// The weight-bound GEMM of few positions (batch 1 at 7x7: 49) and many output channels.
-// OpenBLAS packs both operands on every call; there, repacking the weight is ~18% of the
-// call (perf: sgemm_oncopy at 512 channels, 7x7). So the weight is packed once per kernel
-// into strips of NR output channels (k-major) and multiplied by a register-blocked
-// micro-kernel, K in blocks of kKC so that a block of the columns and of a strip stay in
-// L2: the weight is read once per call, as ORT's MLAS does.
-constexpr int64_t kFewPositions = 256;  // fewer positions per chunk: the strips path
+// The GEMM of the two-phase regime: output channels x positions, many channels, the
+// weight fixed. OpenBLAS packs both operands on every call; there, repacking the weight is
+// ~18% of the call (perf: sgemm_oncopy at 512 channels, 7x7). So the weight is packed once
+// per kernel into strips of NR output channels (k-major) and multiplied by a
+// register-blocked micro-kernel: MR positions x NR channels per tile, K in blocks of kKC so
+// that a block of a strip stays in L2 while the tiles of the chunk's positions pass over
+// it. Rows are not padded: a chunk's last tile takes the micro-kernel of its row count
+// (49 positions at 7x7 are 7 tiles of 7; padding them to 12-row tiles wasted 18% of the
+// FMAs). Measured on Zen 4 (one thread, 512x4608 by 4608x49): ~105 GFLOP/s of a 115
+// register-only peak, OpenBLAS's sgemm 71 (at 392 positions: 107 vs 93).
 constexpr int64_t kKC = 384;
 
 template <class T>
@@ -165,14 +168,14 @@ struct Strips {
   using V = typename S::V;
   static constexpr int MR = kMR, NV = kNV, NR = NV * S::L;
 
-  // tile (MR x NR) = [tile +] a (MR rows, row stride lda; rows past `rows` repeat the
-  // last) * b (K x NR, one packed strip).
-  static void micro(int64_t K, const T* a, int64_t lda, int64_t rows, const T* b, T* tile, bool add) {
-    const T* ar[MR];
-    for (int r = 0; r < MR; ++r) ar[r] = a + std::min<int64_t>(r, rows - 1) * lda;
-    V acc[MR][NV];
+  // tile (R x NR) = [tile +] a (R rows, row stride lda) * b (K x NR, one packed strip).
+  template <int R>
+  static void micro(int64_t K, const T* a, int64_t lda, const T* b, T* tile, bool add) {
+    const T* ar[R];
+    for (int r = 0; r < R; ++r) ar[r] = a + r * lda;
+    V acc[R][NV];
 #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[r][v] = add ? S::load(tile + r * NR + v * S::L) : S::zero();
     for (int64_t k = 0; k < K; ++k) {
@@ -180,16 +183,27 @@ struct Strips {
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) bv[v] = S::load(b + k * NR + v * S::L);
 #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
+      for (int r = 0; r < R; ++r) {
         const V av = S::set1(ar[r][k]);
 #pragma GCC unroll 4
         for (int v = 0; v < NV; ++v) acc[r][v] = S::fma(av, bv[v], acc[r][v]);
       }
     }
 #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) S::store(tile + r * NR + v * S::L, acc[r][v]);
+  }
+
+  using Kernel = void (*)(int64_t, const T*, int64_t, const T*, T*, bool);
+  template <size_t... R>
+  static constexpr std::array<Kernel, sizeof...(R)> kernels(std::index_sequence<R...>) {
+    return {&micro<int(R) + 1>...};
+  }
+  // micro<rows> for 1 <= rows <= MR.
+  static void multiply(int64_t rows, int64_t K, const T* a, int64_t lda, const T* b, T* tile, bool add) {
+    static constexpr std::array<Kernel, MR> table = kernels(std::make_index_sequence<MR>());
+    table[size_t(rows - 1)](K, a, lda, b, tile, add);
   }
 
   // Strip `st` of group `gw` from the reordered weight (M, K): out[gw][st][k][NR], zero past
@@ -240,7 +254,7 @@ void reorder_weight(const dcn::Geometry& g, const T* weight, T* out, int64_t m0,
 // rest by the thread that called Compute (read by the others meanwhile).
 template <class T>
 struct Scratch {
-  Aligned<T> cols, pixels, weight, chunk, product, tiles, strips;
+  Aligned<T> cols, pixels, weight, chunk, tiles, strips;
 };
 
 template <class T>
@@ -279,7 +293,7 @@ class Concurrency {
 };
 
 // `wp`: the weight in the columns' k order; `strip_weight()`: the same packed in strips
-// (Strips<T>), asked for only when a chunk has fewer than kFewPositions positions.
+// (Strips<T>), asked for only in the two-phase regime.
 template <class T, class StripWeight>
 void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T* x, const T* wp,
          StripWeight&& strip_weight, const T* offset, const T* bias, const T* mask, T* y) {
@@ -338,7 +352,6 @@ void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T
   const int64_t total = g.n * np;
   const int64_t chunk = std::min(total, std::max<int64_t>(1, kChunkBytes / int64_t(sizeof(T) * kg)));
   own.chunk.reserve(size_t(chunk * kg));
-  own.product.reserve(size_t(g.m * chunk));
   T* cols = own.chunk.data();
   for (int64_t j0 = 0; j0 < total; j0 += chunk) {
     const int64_t j1 = std::min(total, j0 + chunk), len = j1 - j0;
@@ -356,72 +369,40 @@ void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T
       const int64_t n = a / np;
       dcn::sample(g, image(n), offsets(n), masks(n), a - n * np, b - n * np, cols + (a - j0) * K, K, len * K);
     });
-    if (len < kFewPositions) {  // Phase 2, weight-bound: strips of output channels per task
-      using SG = Strips<T>;
-      constexpr int64_t MR = SG::MR, NR = SG::NR;
-      const T* pk = strip_weight();
-      const int64_t strips = cdiv(mg, NR), rows_padded = cdiv(len, MR) * MR;
-      const int64_t want = cdiv(std::clamp<int64_t>(concurrency.threads(), 2, kMaxBlocks), g.groups);
-      const int64_t sb = cdiv(strips, std::min(want, strips)), sblocks = cdiv(strips, sb);
-      ctx.parallel_for(size_t(g.groups * sblocks), [&](size_t task) {
-        const int64_t gw = int64_t(task) / sblocks, s0 = (int64_t(task) % sblocks) * sb;
-        const int64_t s1 = std::min(strips, s0 + sb);
-        Aligned<T>& tiles = scratch<T>().tiles;
-        tiles.reserve(size_t((s1 - s0) * rows_padded * NR));
-        const T* a = cols + gw * len * K;
-        for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-          const int64_t kc = std::min(kKC, K - k0);
-          for (int64_t st = s0; st < s1; ++st) {
-            const T* b = pk + ((gw * strips + st) * K + k0) * NR;
-            T* tile = tiles.data() + (st - s0) * rows_padded * NR;
-            for (int64_t r0 = 0; r0 < len; r0 += MR)
-              SG::micro(kc, a + r0 * K + k0, K, std::min(MR, len - r0), b, tile + r0 * NR, k0 > 0);
-          }
-        }
-        for (int64_t st = s0; st < s1; ++st) {  // (positions x channels) tiles -> (N, M, P)
-          const T* tile = tiles.data() + (st - s0) * rows_padded * NR;
-          const int64_t m0 = gw * mg + st * NR, count = std::min<int64_t>(NR, mg - st * NR);
-          for (int64_t r = 0; r < len; ++r) {
-            const int64_t n = (j0 + r) / np, p = j0 + r - n * np;
-            T* dst = y + (n * g.m + m0) * np + p;
-            for (int64_t i = 0; i < count; ++i) dst[i * np] = tile[r * NR + i] + (bias ? bias[m0 + i] : T(0));
-          }
-        }
-      });
-      continue;
-    }
-    // Phase 2: blocks of output channels (mb per group) x positions (cb); split the larger
-    // side, which duplicates the least packing.
-    const bool one_image = j0 / np == (j1 - 1) / np;
-    int64_t mblocks = 1, cblocks = 1;
+    // Phase 2: the strips GEMM, tasks of (weight group, block of strips, block of rows);
+    // strips are split first (each task reads only its part of the weight), rows when there
+    // are fewer strips than threads. A sum's order never depends on the split.
+    using SG = Strips<T>;
+    constexpr int64_t MR = SG::MR, NR = SG::NR;
+    const T* pk = strip_weight();
+    const int64_t strips = cdiv(mg, NR);
     const int64_t want = cdiv(std::clamp<int64_t>(concurrency.threads(), 2, kMaxBlocks), g.groups);
-    if (mg >= len) mblocks = std::min(want, std::max<int64_t>(1, mg / 16));
-    else cblocks = std::min(want, std::max<int64_t>(1, len / 16));
-    const int64_t mb = cdiv(mg, mblocks), cb = cdiv(len, cblocks);
-    mblocks = cdiv(mg, mb), cblocks = cdiv(len, cb);
-    T* product = own.product.data();  // (M, len) when the chunk spans several images
-    ctx.parallel_for(size_t(g.groups * mblocks * cblocks), [&](size_t task) {
-      const int64_t gw = int64_t(task) / (mblocks * cblocks), rest = int64_t(task) % (mblocks * cblocks);
-      const int64_t m0 = gw * mg + (rest / cblocks) * mb, m1 = std::min(gw * mg + mg, m0 + mb);
-      const int64_t c0 = (rest % cblocks) * cb, c1 = std::min(len, c0 + cb);
-      const T* b = cols + gw * len * K + c0 * K;
-      if (one_image) {
-        const int64_t n = j0 / np;
-        T* out = y + (n * g.m + m0) * np + (j0 - n * np) + c0;
-        gemm_nt(m1 - m0, c1 - c0, K, wp + m0 * K, K, b, K, out, np);
-        add_bias(out, m0, m1, c1 - c0, np);
-        return;
+    const int64_t sb = cdiv(strips, std::min(want, strips)), sblocks = cdiv(strips, sb);
+    const int64_t rb = cdiv(cdiv(len, std::min(cdiv(want, sblocks), cdiv(len, MR))), MR) * MR;
+    const int64_t rblocks = cdiv(len, rb);
+    ctx.parallel_for(size_t(g.groups * sblocks * rblocks), [&](size_t task) {
+      const int64_t gw = int64_t(task) / (sblocks * rblocks), rest = int64_t(task) % (sblocks * rblocks);
+      const int64_t s0 = (rest / rblocks) * sb, s1 = std::min(strips, s0 + sb);
+      const int64_t r0 = (rest % rblocks) * rb, r1 = std::min(len, r0 + rb);
+      Aligned<T>& tiles = scratch<T>().tiles;
+      tiles.reserve(size_t((s1 - s0) * rb * NR));
+      const T* a = cols + gw * len * K;
+      for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+        const int64_t kc = std::min(kKC, K - k0);
+        for (int64_t st = s0; st < s1; ++st) {
+          const T* b = pk + ((gw * strips + st) * K + k0) * NR;
+          T* tile = tiles.data() + (st - s0) * rb * NR - r0 * NR;
+          for (int64_t r = r0; r < r1; r += MR)
+            SG::multiply(std::min(MR, r1 - r), kc, a + r * K + k0, K, b, tile + r * NR, k0 > 0);
+        }
       }
-      T* prod = product + m0 * len + c0;
-      gemm_nt(m1 - m0, c1 - c0, K, wp + m0 * K, K, b, K, prod, len);
-      for (int64_t m = m0; m < m1; ++m) {  // scatter to (N, M, P), per image segment
-        const T bm = bias ? bias[m] : T(0);
-        for (int64_t j = j0 + c0; j < j0 + c1;) {
-          const int64_t n = j / np, end = std::min(j0 + c1, (n + 1) * np);
-          const T* src = product + m * len + (j - j0);
-          T* dst = y + (n * g.m + m) * np + (j - n * np);
-          for (int64_t i = 0; i < end - j; ++i) dst[i] = src[i] + bm;
-          j = end;
+      for (int64_t st = s0; st < s1; ++st) {  // (positions x channels) tiles -> (N, M, P)
+        const T* tile = tiles.data() + (st - s0) * rb * NR - r0 * NR;
+        const int64_t m0 = gw * mg + st * NR, count = std::min<int64_t>(NR, mg - st * NR);
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t n = (j0 + r) / np, p = j0 + r - n * np;
+          T* dst = y + (n * g.m + m0) * np + p;
+          for (int64_t i = 0; i < count; ++i) dst[i * np] = tile[r * NR + i] + (bias ? bias[m0 + i] : T(0));
         }
       }
     });
