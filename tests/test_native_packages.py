@@ -8,6 +8,8 @@ a session needs, into one library. Builds go to a temporary cache shared by the 
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -19,7 +21,7 @@ from onnx import TensorProto, helper
 
 from conftest import REPO
 from graphkit import build_cache
-from graphkit.errors import KernelError, NativeBuildError
+from graphkit.errors import KernelError, NativeBuildError, OpDefinitionError
 from graphkit.ops import NativeKernels, OpDef, OpPackage, Param, discover
 from graphkit.runtime import native, open_session
 
@@ -304,3 +306,84 @@ def test_corrupt_or_truncated_artefacts_are_rebuilt(cache, registry, rms_package
                if o.stat().st_size > 100)
     assert any(o.stat().st_size > 100 for o in objects)
     assert native.served_ops(lib) == {"custom::rms_norm", "graphkit.native::rms_norm"}
+
+
+# ---- what only the build needs -------------------------------------------------------------------
+
+_WITHOUT_OPENBLAS = '''
+import sys
+sys.modules["scipy_openblas32"] = None  # importing it now raises ImportError
+
+import numpy as np
+from onnx import TensorProto, helper
+
+import graphkit
+import graphkit_ops
+from graphkit.errors import NativeBuildError
+from graphkit.ops import OpDef, OpPackage, Param
+from graphkit.runtime import native
+
+twice = OpDef(name="twice", doc="2x", domain="nb", torch_namespace="nb", inputs=(Param("x", "T"),),
+              outputs=(Param("y", "T"),), type_constraints={"T": ("tensor(float)",)},
+              reference=lambda x: 2 * x, infer_shapes=lambda s, a: [s[0]])
+OpPackage("nb_ops", (twice,), native=graphkit_ops.PACKAGE.native)
+model = helper.make_model(helper.make_graph(
+    [helper.make_node("my_add", ["a", "b"], ["y"], domain="custom")], "g",
+    [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in "ab"],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])]),
+    opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("custom", 1)], ir_version=10)
+lowered, _ = graphkit.rewrite_model(model, lowering=graphkit.Lowering.DECOMPOSE)
+a, b = np.array([1, -2, 0.5], np.float32), np.array([3, 4, 0.25], np.float32)
+got = graphkit.open_session(lowered).run({"a": a, "b": b})["y"]
+print("decomposed matches the reference:", np.array_equal(got, graphkit_ops.MY_ADD.reference(a, b)))
+try:
+    native.library_for([graphkit_ops.PACKAGE])
+except NativeBuildError as exc:
+    print("message:", exc.message)
+    print("hint:", exc.hint)
+'''
+
+
+def test_graphkit_ops_needs_scipy_openblas32_only_to_build_its_kernels(tmp_path):
+    """Importing graphkit_ops, defining ops and decomposing work without scipy_openblas32;
+    the native build is then a NativeBuildError naming the module."""
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_OPENBLAS], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "GRAPHKIT_CACHE_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "decomposed matches the reference: True"
+    assert lines[1].startswith("message: package graphkit_ops: building its native kernels needs the Python "
+                               "module 'scipy_openblas32', which cannot be imported: "), lines
+    assert lines[2].startswith("hint: install the Python package that provides 'scipy_openblas32'"), lines
+    assert not any(tmp_path.rglob("*.o")), "nothing is compiled before the build options are known"
+
+
+def test_build_options_are_added_and_checked(tmp_path):
+    kernels = NativeKernels(root=tmp_path, sources=("k.cc",), include_dirs=("inc",),
+                            build_options=lambda: {"include_dirs": ("more",), "libraries": "m"})
+    resolved = kernels.resolved()
+    assert (resolved.include_dirs, resolved.libraries, resolved.build_options) == (("inc", "more"), ("m",), None)
+    assert resolved.include_paths() == [tmp_path / "inc", tmp_path / "more"]
+    with pytest.raises(OpDefinitionError, match="build_options is a str, not a function"):
+        NativeKernels(root=tmp_path, sources=("k.cc",), build_options="scipy_openblas32")
+    with pytest.raises(OpDefinitionError, match="apply to kernel sources"):
+        NativeKernels(library=tmp_path / "libx.so", build_options=lambda: {})
+
+    def package(options):
+        return OpPackage("opts_ops", (), native=NativeKernels(root=tmp_path, sources=("k.cc",), build_options=options))
+
+    def failure(options) -> NativeBuildError:
+        with pytest.raises(NativeBuildError) as info:
+            native.library_for([package(options)])
+        return info.value
+
+    def raising():
+        raise RuntimeError("no BLAS here")
+
+    err = failure(lambda: {"libs": ("m",)})
+    assert err.message == "package opts_ops: build_options() returned {'libs': ('m',)}"
+    assert err.hint == "return a mapping with keys among include_dirs, library_dirs, libraries"
+    err = failure(lambda: {"libraries": ("libm.so",)})
+    assert err.message.startswith("package opts_ops: library 'libm.so' must be a name as passed to -l")
+    err = failure(raising)
+    assert err.message == "package opts_ops: NativeKernels(build_options=...) raised RuntimeError: no BLAS here"

@@ -7,8 +7,10 @@ Packages are found by :func:`graphkit.ops.discover` and combined into an
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +21,8 @@ __all__ = ["NativeKernels", "OpPackage"]
 
 _HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".hxx", ".inc")
 _SOURCE_SUFFIXES = (".cc", ".cpp", ".cxx", ".c")
+# What NativeKernels.build_options() may return.
+_BUILD_OPTIONS = ("include_dirs", "library_dirs", "libraries")
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,10 @@ class NativeKernels:
     library's run-time search path (rpath), so it loads without ``LD_LIBRARY_PATH``;
     ``include_dirs`` are passed with ``-I`` to the package's compiles. Relative directories
     are taken from ``root``.
+
+    ``build_options``, when given, is called by the build (never at import time) and returns
+    more of these three (``{"include_dirs": ..., "library_dirs": ..., "libraries": ...}``):
+    the place to import a package only the build needs, such as a BLAS wheel.
     """
 
     root: str | os.PathLike[str] | None = None
@@ -49,6 +57,7 @@ class NativeKernels:
     include_dirs: tuple[str | os.PathLike[str], ...] = ()
     library_dirs: tuple[str | os.PathLike[str], ...] = ()
     libraries: tuple[str, ...] = ()
+    build_options: Callable[[], Mapping[str, Sequence[str | os.PathLike[str]]]] | None = None
 
     def __post_init__(self) -> None:
         for name in ("sources", "cxx_flags", "include_dirs", "library_dirs", "libraries"):
@@ -67,8 +76,13 @@ class NativeKernels:
         if self.sources and self.root is None:
             raise OpDefinitionError("NativeKernels sources need a root directory",
                                     hint="pass root=Path(__file__).parent")
-        if self.library is not None and (self.include_dirs or self.library_dirs or self.libraries):
-            raise OpDefinitionError("include_dirs, library_dirs and libraries apply to kernel sources, "
+        if self.build_options is not None and not callable(self.build_options):
+            raise OpDefinitionError(f"build_options is a {type(self.build_options).__name__}, not a function",
+                                    hint="pass a function returning {'include_dirs': ..., 'library_dirs': ..., "
+                                         "'libraries': ...}")
+        if self.library is not None and (self.include_dirs or self.library_dirs or self.libraries
+                                         or self.build_options is not None):
+            raise OpDefinitionError("include_dirs, library_dirs, libraries and build_options apply to kernel sources, "
                                     "not to a prebuilt library",
                                     hint="link the prebuilt library against what it needs when you build it")
         for lib in self.libraries:
@@ -83,6 +97,22 @@ class NativeKernels:
             if not src.endswith(_SOURCE_SUFFIXES + _HEADER_SUFFIXES):
                 raise OpDefinitionError(f"kernel source {src!r} is not a C++ file",
                                         hint=f"use one of {', '.join(_SOURCE_SUFFIXES)}")
+
+    def resolved(self) -> NativeKernels:
+        """These kernels with what ``build_options()`` returns added (checked as if given
+        directly); ``self`` without build_options. Raises what build_options raises."""
+        if self.build_options is None:
+            return self
+        extra = self.build_options()
+        unknown = sorted(set(extra) - set(_BUILD_OPTIONS)) if isinstance(extra, Mapping) else None
+        if unknown is None or unknown:
+            raise OpDefinitionError(f"build_options() returned {extra!r}", hint=f"return a mapping with keys among "
+                                    f"{', '.join(_BUILD_OPTIONS)}")
+        merged = {}
+        for name in _BUILD_OPTIONS:
+            value = extra.get(name, ())
+            merged[name] = (*getattr(self, name), *((value,) if isinstance(value, (str, os.PathLike)) else value))
+        return dataclasses.replace(self, build_options=None, **merged)
 
     @property
     def root_path(self) -> Path:

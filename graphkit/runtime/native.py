@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from graphkit import build_cache
-from graphkit.errors import NativeBuildError
+from graphkit.errors import GraphkitError, NativeBuildError
 
 if TYPE_CHECKING:
-    from graphkit.ops import OpPackage, OpRegistry
+    from graphkit.ops import NativeKernels, OpPackage, OpRegistry
 
 __all__ = ["CXX_FLAGS", "LINK_FLAGS", "LIBRARY_NAME", "cache_dir", "include_dir", "library_for",
            "library_path", "package_id", "served_ops"]
@@ -150,13 +150,31 @@ def _base_key(compiler: list[str], extra_flags: Sequence[str]) -> str:
                                 *_graphkit_headers())
 
 
-def _units(packages: Sequence[OpPackage], base: str, extra_flags: Sequence[str]) -> list[_Unit]:
+def _build_options(package: OpPackage) -> NativeKernels:
+    """``package.native`` with its ``build_options()`` added; NativeBuildError naming the
+    package when they cannot be computed (a module only the build needs is missing)."""
+    try:
+        return package.native.resolved()
+    except ImportError as exc:
+        module = exc.name or str(exc)
+        raise NativeBuildError(f"package {package.name}: building its native kernels needs the Python module "
+                               f"'{module}', which cannot be imported: {exc}",
+                               hint=f"install the Python package that provides '{module}' into this environment, "
+                                    "or lower the ops another way (--bind python, or decompose)") from exc
+    except GraphkitError as exc:
+        raise NativeBuildError(f"package {package.name}: {exc.message}", hint=exc.hint) from exc
+    except Exception as exc:  # noqa: BLE001 - the package's own code: any failure is the package's
+        raise NativeBuildError(f"package {package.name}: NativeKernels(build_options=...) raised "
+                               f"{type(exc).__name__}: {exc}", hint="fix the package's build_options") from exc
+
+
+def _units(packages: Sequence[OpPackage], natives: Sequence[NativeKernels], base: str,
+           extra_flags: Sequence[str]) -> list[_Unit]:
     inc = ("-I", str(include_dir()))
     cpp = _cpp_dir()
     units = [_Unit("graphkit", cpp / name, (*CXX_FLAGS, *inc, *extra_flags), (cpp / name,))
              for name in ("kernel.cc", "register.cc")]
-    for package in packages:
-        native = package.native
+    for package, native in zip(packages, natives):
         flags = (*CXX_FLAGS, *inc, *(f"-I{d}" for d in native.include_paths()),
                  f"-DGRAPHKIT_PACKAGE_ID={package_id(package)}", *native.cxx_flags, *extra_flags)
         try:
@@ -230,16 +248,16 @@ def _compile_error(unit: _Unit, proc: subprocess.CompletedProcess, log: Path) ->
 # ---- the registration table and the link ----------------------------------------------------
 
 
-def _link_libraries(packages: Sequence[OpPackage]) -> tuple[list[str], list[str]]:
+def _link_libraries(natives: Sequence[NativeKernels]) -> tuple[list[str], list[str]]:
     """The packages' ``-L``/rpath/``-l`` link arguments, and what identifies the libraries
     they name (path, size, mtime) for the cache key: a reinstalled BLAS relinks."""
     args: list[str] = []
     identity: list[str] = []
-    for package in packages:
-        dirs = package.native.library_paths()
+    for native in natives:
+        dirs = native.library_paths()
         for d in dirs:
             args += [f"-L{d}", f"-Wl,-rpath,{d}"]
-        for name in package.native.libraries:
+        for name in native.libraries:
             args.append(f"-l{name}")
             for d in dirs:
                 for candidate in (d / f"lib{name}.so", d / f"lib{name}.a"):
@@ -321,11 +339,12 @@ def library_for(packages: Iterable[OpPackage], registry: OpRegistry | None = Non
         if p.native is None or p.native.library is not None:
             raise NativeBuildError(f"package {p.name} has no kernel sources to build",
                                    hint="prebuilt libraries are registered as they are")
+    natives = [_build_options(p) for p in pkgs]
     compiler = _compiler()
     base = _base_key(compiler, extra_flags)
-    units = _units(pkgs, base, extra_flags)
+    units = _units(pkgs, natives, base, extra_flags)
     table, _ = _table(pkgs, registry)
-    link_args, link_identity = _link_libraries(pkgs)
+    link_args, link_identity = _link_libraries(natives)
     key = build_cache.hash_key(base, table, shlex.join(LINK_FLAGS), shlex.join(link_args), *link_identity,
                                *(u.key for u in units))
     entry = build_cache.Entry("native/lib", key)
