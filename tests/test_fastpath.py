@@ -676,3 +676,82 @@ def test_unnamed_nodes_whose_template_the_generator_numbers():
                                                         helper.make_opsetid("custom", 1)], ir_version=10)
         names = [n.name for n in onnx.ModelProto.FromString(same(model, registry=registry)).graph.node]
         assert "cube/Mul_1_1" in names and len(set(names)) == len(names)
+
+
+# -- the check by parts -------------------------------------------------------------------
+
+def _by_parts(model: onnx.ModelProto, monkeypatch, registry: OpRegistry | None = None, **options):
+    """lower_bytes over FULL_CHECK_NODES: (output, report, the whole-output checks run)."""
+    from graphkit.rewrite import engine
+
+    monkeypatch.setattr(engine, "FULL_CHECK_NODES", 0)
+    whole = []
+    check_bytes = _fastpath._check_bytes
+    monkeypatch.setattr(_fastpath, "_check_bytes", lambda *a: (whole.append(a), check_bytes(*a)))
+    out, report = lower_bytes(model.SerializeToString(), model, registry=registry or default_registry(),
+                              prefer=DEFAULT_PREFERENCE, **options)
+    return out, report, whole
+
+
+@pytest.mark.parametrize("model", [_bench_model(30), _unnamed("my_add", 30, True), _unnamed("asinh", 30, False),
+                                   _unnamed("my_add", 30, False, mixed=True)],
+                         ids=["named", "fan-out", "asinh-chain", "two-kinds"])
+def test_big_output_checked_by_parts(model, monkeypatch):
+    """Over FULL_CHECK_NODES a valid output is checked by parts, never whole; the report says so."""
+    out, report, whole = _by_parts(model, monkeypatch)
+    assert not whole and report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS)
+    onnx.checker.check_model(out)  # what the parts stood for
+
+
+def test_invalid_input_node_found_by_parts_reported_by_the_whole_check(monkeypatch):
+    """A kept node the checker refuses fails the input's part; the whole output is then
+    checked, and the error is its own (test_big_model_check_on_bytes: the engine's words)."""
+    model = _bench_model(30)
+    model.graph.node[5].attribute.append(helper.make_attribute("bogus", 1))
+    with pytest.raises(ValidationError, match="bogus"):
+        _by_parts(model, monkeypatch)
+
+
+def _part(nodes, inputs, outputs) -> tuple:
+    return (b"".join(_fastpath._entry(n.SerializeToString()) for n in nodes), tuple(inputs), tuple(outputs))
+
+
+def test_check_parts_refuses_what_the_checker_would():
+    """Each condition of the argument, and each part, on its own."""
+    model = _bench_model(2)  # x -> add0 (my_add) -> relu0 -> add1 -> relu1
+    data, registry = model.SerializeToString(), default_registry()
+    header = onnx.ModelProto(ir_version=10, opset_import=[helper.make_opsetid("", 17)]).SerializeToString()
+    add0, add1 = [n for n in model.graph.node if n.domain == "custom"]
+
+    def parts(first=None, second=None, *, data=data, header=header, used=frozenset({""})):
+        mul = helper.make_node("Mul", [add0.input[0], add0.input[1]], [add0.output[0]], name="add0/Mul")
+        first = first or [_part([mul], add0.input, add0.output)]
+        second = second or [_part([helper.make_node("Mul", list(add1.input), list(add1.output))], add1.input,
+                                  add1.output)]
+        return _fastpath._check_parts(data, model, header, first + second, set(used), registry)
+
+    assert parts() is None
+    bad_attr = helper.make_node("Mul", list(add0.input), list(add0.output), bogus=1)
+    assert parts([_part([bad_attr], add0.input, add0.output)]) == "the checker refuses the replacements"
+    stranger = helper.make_node("Mul", [add0.input[0], "nowhere"], list(add0.output))
+    assert "reads 'nowhere'" in parts([_part([stranger], add0.input, add0.output)])
+    elsewhere = helper.make_node("Mul", list(add0.input), ["other"])
+    assert "does not make" in parts([_part([elsewhere], add0.input, add0.output)])
+    relu = next(n for n in model.graph.node if n.op_type == "Relu")
+    relu.attribute.append(helper.make_attribute("bogus", 1))
+    assert parts(data=model.SerializeToString()) == "the checker refuses the input"
+    newer = onnx.ModelProto(ir_version=10, opset_import=[helper.make_opsetid("", 18)]).SerializeToString()
+    assert parts(header=newer) == "an opset import changed"
+    assert parts(used={"", "elsewhere"}) == "an opset import changed"
+    holder = helper.make_node("If", ["x"], list(add0.output), then_branch=helper.make_graph([], "t", [], []),
+                              else_branch=helper.make_graph([], "e", [], []))
+    assert parts([_part([holder], add0.input, add0.output)]) == "a replacement with a subgraph"
+
+
+def test_representatives_cover_each_pattern_of_empty_names():
+    """One repeat per pattern of empty names besides every node the plan lowered."""
+    class Kind:
+        members = [1, 2, 3, 4, 5]
+
+    values = [("a", "b", "y0"), ("a", "b", "y1"), ("a", "", "y2"), ("", "b", "y3"), ("a", "", "y4"), ("c", "d", "y5")]
+    assert _fastpath._representatives([0], {"k": Kind, "none": None}, values) == [0, 1, 2, 3]

@@ -27,9 +27,25 @@ The result is the object path's, field for field (tests/test_fastpath.py compare
   by the generator's own rule (see ``_grouped``).
 * Element types: ``TypeTable``'s forward pass (same declarations, rules and order), run
   over pre-read fields and stopped at the last placeholder.
-* Check: ``_check_replacement`` per replacement built, then the ONNX checker on the
-  output bytes (``check_model`` on the parsed output where the engine's needs more:
-  small models, subgraphs, shapeless graph inputs or outputs, external data). Where
+* Check: ``_check_replacement`` per replacement built, then the ONNX checker's verdict on
+  the output (``check_model`` on the parsed output where the engine's needs more: small
+  models, subgraphs, shapeless graph inputs or outputs, external data). Otherwise that
+  verdict is found from parts (``_check_parts``), for about the cost of checking the
+  input: the checker on the input model as it is, and on a small model of replacements
+  under the output's top-level fields: every replacement the plan built and, per kind
+  repeated, the first repeat with each pattern of empty names. What the checker asks of a
+  node (schema, arity, attributes, which names are empty) depends on its fields and its
+  domain's opset, never on its names, and a repeat differs from the one checked in names
+  only; the rest is about names: kept nodes and placeholders are in the input (topological
+  order and SSA checked there), each checked replacement reads only its placeholder's
+  inputs and names made before it and makes its placeholder's outputs, and the names a
+  replacement generates are unique against every name of the model and each other: the
+  name generator's construction, not checked again here (tests/test_fastpath.py compares
+  the output with the objects writer's, whose check sees the whole output). Preconditions,
+  else the whole output is checked: every domain both import has the same version before
+  and after, no replacement node holds a subgraph. A part that fails sends the check to
+  the whole output, so an error is the checker's own words about the output; the
+  report's ``writer_reason`` says which check ran. Where
   ``_check_replacement`` asks for a shape nothing declares, the engine infers shapes
   over the whole rewritten model; here over its nodes up to where those names are made,
   which gives them the same types (inference goes through the nodes in order).
@@ -84,6 +100,9 @@ _PROBE_TAILS = 64  # at most this many distinct prefix endings are searched for 
 # Why the byte writer runs where it can (the report's writer_reason).
 WHY = ("lowering only, custom nodes in the main graph only, no model-local functions: "
        "the replacements are spliced into the serialized model")
+# Added to it where the output's check was found from parts (see the module docstring).
+CHECKED_BY_PARTS = ("checked by parts: the input model, and each kind of replacement under the output's "
+                    "opset imports (generated names are unique by construction)")
 
 
 class Unsupported(Exception):
@@ -598,6 +617,76 @@ def _fixed_imports(model: onnx.ModelProto, opset: int, used: set[str], placehold
     return tiny.SerializeToString()
 
 
+def _representatives(planned: list[int], kinds: dict[tuple, Any], values_of: list[tuple]) -> list[int]:
+    """The placeholders whose replacements ``_check_parts`` looks at, in order: every one the
+    plan lowered, and per repeated kind the first repeat with each pattern of empty names
+    (a repeat's nodes differ from that one's in names only)."""
+    chosen = set(planned)
+    for kind in kinds.values():
+        if kind is None or not kind.members:
+            continue
+        members = kind.members
+        chosen.add(members[0])
+        first = next((k for k in members if "" not in values_of[k]), None)
+        if first is not None:
+            chosen.add(first)
+        by_pattern: dict[tuple, int] = {}
+        for k in [k for k in members if "" in values_of[k]]:
+            by_pattern.setdefault(tuple(map(operator.not_, values_of[k])), k)
+        chosen.update(by_pattern.values())
+    return sorted(chosen)
+
+
+def _check_parts(data: bytes, model: onnx.ModelProto, header: bytes,
+                 replaced: list[tuple[bytes, tuple[str, ...], tuple[str, ...]]], used_domains: set[str],
+                 registry: OpRegistry) -> str | None:
+    """The ONNX checker's verdict on the output, found from parts (see the module docstring):
+    the input model (``data``) and a model of the chosen replacements under the output's
+    top-level fields (``header``: its opset imports). None: the output passes. Else why the
+    parts cannot tell (a condition of the argument does not hold, or a part fails): then
+    the caller checks the whole output.
+
+    ``replaced``: (the serialized replacement nodes, the placeholder's inputs and outputs) in
+    the output's order.
+    """
+    before = {i.domain: i.version for i in model.opset_import}
+    after = {i.domain: i.version for i in onnx.ModelProto.FromString(header).opset_import}
+    if any(before[d] != after[d] for d in before.keys() & after.keys()) or not used_domains <= after.keys():
+        return "an opset import changed"  # a kept node could mean something else
+    graph = onnx.GraphProto(name="replacements")
+    made: set[str] = set()
+    declared: dict[str, None] = {}
+    for entries, inputs, outputs in replaced:
+        nodes = onnx.GraphProto.FromString(entries).node
+        own = set(inputs)
+        for node in nodes:
+            if any(a.type in (_GRAPH, _GRAPHS) for a in node.attribute):
+                return "a replacement with a subgraph"  # it sees the names around it
+            for name in node.input:
+                if name and name not in made:
+                    if name not in own:
+                        return f"a replacement reads '{name}', made neither before it nor its placeholder's input"
+                    declared[name] = None
+            made.update(node.output)
+        if not made.issuperset(o for o in outputs if o):
+            return "a replacement does not make its placeholder's outputs"
+        graph.node.extend(nodes)
+    made.discard("")
+    for name in declared:
+        vi = graph.input.add(name=name)
+        vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+        vi.type.tensor_type.shape.SetInParent()
+    mini = onnx.ModelProto.FromString(header)
+    mini.graph.CopyFrom(graph)
+    with registry.onnx_schemas():
+        for part, what in ((data, "the input"), (mini.SerializeToString(), "the replacements")):
+            try:
+                onnx.checker.check_model(part)
+            except onnx.checker.ValidationError:
+                return f"the checker refuses {what}"
+    return None
+
+
 def _check_bytes(out: bytes, registry: OpRegistry, path: str | None, context: str) -> None:
     """engine.check_model without full inference, on the serialized model."""
     with registry.onnx_schemas():
@@ -783,6 +872,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     tails = _tails(prefixes) if batched else None
 
     kinds: dict[tuple, Any] = {}  # kind key -> _Template, _Bound, or None: the engine lowers each node
+    planned: list[int] = []  # the placeholders the plan lowered (the others repeat one of them)
     slots: list[Any] = [None] * len(custom)  # each placeholder's replacement entries
     used: collections.Counter = collections.Counter()
     total = len(nodes)
@@ -797,16 +887,16 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             next_report = custom[k] - custom[k] % step + step
         kind = kinds.get(key)
         if kind is not None:
+            kind.members.append(k)
             if batched:
-                kind.members.append(k)
-            elif kind.__class__ is _Bound:
+                continue
+            if kind.__class__ is _Bound:
                 slots[k] = kind.emit(custom_nodes[k])
-                used[kind] += 1
             else:
                 slots[k] = kind.emit(kind.pad(values_of[k]), prefixes[k], fresh)
-                used[kind] += 1
             continue
         # The first node of its kind (or of a kind the plan lowers each time), by the plan.
+        planned.append(k)
         lowered = plan.lower(custom_nodes[k], scope)
         slots[k] = b"".join(_entry(r.SerializeToString()) for r in lowered.nodes)
         if key in kinds:
@@ -830,6 +920,8 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             continue
         members = kind.members
         used[kind] += len(members)
+        if not batched:
+            continue  # written in the loop above
         if kind.__class__ is _Bound:
             results = list(map(kind.emit, map(custom_nodes.__getitem__, members)))
         else:
@@ -869,17 +961,20 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         report.passes.append(("fix-imports", f"opset imports {fixed}"))
     report.writer, report.writer_reason = "bytes", WHY
     parts = []
+    graph_at = 0
     for field, start, _, end in top:
         if field == _M_OPSET_IMPORT:
             if imports:
                 parts.append(imports)
                 imports = b""
         elif field == _M_GRAPH:
+            graph_at = len(parts)
             parts += [b"\x3a", _LENGTHS[len(graph)], graph]  # field 7, length-delimited
         else:
             parts.append(view[start:end])
     out = b"".join([*parts, imports])
-    del view, gaps, parts
+    header = b"".join([*parts[:graph_at], *parts[graph_at + 3:], imports])  # all but the graph
+    del view, gaps, parts, graph
 
     if not check:
         return out, report, None
@@ -915,6 +1010,12 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         if full or holders or shapeless or has_external_data(data, model):
             _engine.check_model(output_model(), registry, path=path, context=context, full=full)
         else:
-            _check_bytes(out, registry, path, context)
+            replaced = [(slots[k], inputs_of[k], outputs_of[k]) for k in _representatives(planned, kinds, values_of)]
+            why = _check_parts(data, model, header, replaced, {d for d, _ in report.ops_after}, registry)
+            if why is None:
+                report.writer_reason += f"; {CHECKED_BY_PARTS}"
+            else:  # the whole output: the checker's own verdict, in its words
+                report.writer_reason += f"; checked whole ({why})"
+                _check_bytes(out, registry, path, context)
 
     return out, report, run_check
