@@ -14,7 +14,8 @@ intra-op threads. The four sessions run interleaved in rounds in one process (th
 is shared: drift hits every contender alike), with ORT's spin-waiting off
 (``session.intra_op.allow_spinning=0``) so an idle session never steals a core. Printed:
 median ms, native / DeformConv-19 (<= 1: native at least as fast) and the 2-thread speedup
-(1-thread ms / 2-thread ms).
+(1-thread ms / 2-thread ms); at the end, the rows (and thread counts) where native was slower
+than DeformConv-19 and the rows where 2 threads were not faster than 1 for native.
 
 ``--model``: the DCN ResNet-50 of ``samples/dcn_resnet.py`` (DCNv2 in the last two stages,
 random weights), exported once and lowered every way (native, python, DeformConv-19,
@@ -150,6 +151,8 @@ def layer_table(args: argparse.Namespace) -> int:
           "| nat/ORT 2t | native 2t/1t | ORT 2t/1t |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     worst = 0.0
+    slower: list[str] = []  # rows where native took longer than DeformConv-19
+    no_gain: list[str] = []  # rows where 2 threads were not faster than 1 (native)
     for batch in batches:
         for channels, size, stride in stages:
             for mask in masks:
@@ -157,12 +160,21 @@ def layer_table(args: argparse.Namespace) -> int:
                     ms = layer_row(channels, size, stride, batch, mask, og, args.seconds)
                     r1, r2 = ms["native1"] / ms["ort1"], ms["native2"] / ms["ort2"]
                     worst = max(worst, r1, r2)
+                    row = f"N={batch} {channels}@{size} s{stride} mask={'yes' if mask else 'no'} og={og}"
+                    slower += [f"{row} {t}t {r:.2f}" for t, r in ((1, r1), (2, r2)) if r > 1.0]
+                    if ms["native2"] >= ms["native1"]:
+                        no_gain.append(f"{row} {ms['native1'] / ms['native2']:.2f}")
                     print(f"| {batch} | {channels} | {size}x{size} | {stride} | {'yes' if mask else 'no'} | {og} "
                           f"| {ms['native1']:.2f} | {ms['ort1']:.2f} | {r1:.2f} | {ms['cpu_ratio']:.2f} "
                           f"| {ms['native2']:.2f} "
                           f"| {ms['ort2']:.2f} | {r2:.2f} | {ms['native1'] / ms['native2']:.2f} "
                           f"| {ms['ort1'] / ms['ort2']:.2f} |", flush=True)
     print(f"worst native/DeformConv-19: {worst:.2f}")
+    print(f"rows where native > DeformConv-19 (wall clock, 1 or 2 threads): {len(slower)}"
+          + (": " + "; ".join(slower) if slower else ""))
+    print(f"rows where 2 threads is not faster than 1 (native): {len(no_gain)}"
+          + (": " + "; ".join(no_gain) if no_gain else ""))
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
     return 0
 
 
