@@ -1,12 +1,13 @@
-"""deform_conv2d's native kernel (OpenBLAS GEMM on ORT's threads) in each of its regimes, and
+"""deform_conv2d's native kernel (strips and OpenBLAS GEMMs on ORT's threads) in each of its regimes, and
 the NativeKernels link options it relies on (include_dirs, library_dirs, libraries, rpath).
 
-Regimes (deform_conv2d.cc): fused tiles of positions (many positions per image, OpenBLAS),
-or two phases (few positions: sample a chunk of positions, possibly across images, then the
-strips GEMM on a weight packed once, split into blocks of strips, then of positions; tiles of
-MR positions, the last one smaller); the weight reordered once when it is a constant
-initializer, else per call. Every case is compared with the torch reference, and 2 threads
-with 1 thread bit for bit (the blocking never changes a sum's order).
+Regimes (deform_conv2d.cc): fused tiles of positions (many positions per image; the strips
+GEMM with a constant weight, OpenBLAS with a weight that is an input), or two phases (few
+positions: sample a chunk of positions, possibly across images, then the strips GEMM split
+into blocks of strips, then of positions; tiles of MR positions, the last one smaller); the
+weight reordered and packed once when it is a constant initializer, else per call. Every
+case is compared with the torch reference, and 2 threads with 1 thread bit for bit (the
+blocking never changes a sum's order).
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ REGIMES = {
     # one image, stride 2 (input 14x14 -> 7x7): 49 positions, 7 tiles of 7
     "strips_one_image_stride2": (Case(n=1, c=256, h=14, w=14, m=256, stride=(2, 2), og=4, mask=False),
                                  TensorProto.FLOAT),
-    # strips across 2 images (60 positions: the last tile of 4), 2 weight groups of 40
-    # channels (a partial strip)
-    "strips_groups_double": (Case(n=2, c=256, h=5, w=6, m=80, groups=2, og=4, spread=3.0), TensorProto.DOUBLE),
+    # strips across 2 images (60 positions: the last tile of 4), 2 weight groups of 60
+    # channels (a partial strip of 28)
+    "strips_groups_double": (Case(n=2, c=256, h=5, w=6, m=120, groups=2, og=4, spread=3.0), TensorProto.DOUBLE),
     # double: 455 positions per chunk -> 3 images of 14x14 in 2 chunks crossing an image
     # boundary (455 then 133); 2 weight groups
     "two_phase_chunks_groups_double": (Case(n=3, c=256, h=14, w=14, m=128, groups=2, og=2, spread=3.0),
@@ -71,13 +72,14 @@ def test_native_regimes_match_reference_with_constant_and_input_weight(name):
     arrays = case.arrays(seed=1, dtype=NP[dtype])
     want = reference(case, arrays)
     results = []
-    for weight_static in (True, False):  # reordered once at creation / per call
+    for weight_static in (True, False):  # reordered (and packed) once at creation / per call
         model, feeds = onnx_model(case, 17, dtype=dtype, weight_static=weight_static, seed=1)
         one = _run(model, feeds, threads=1)
         np.testing.assert_allclose(one, want, rtol=0, atol=ATOL[dtype])
         np.testing.assert_array_equal(_run(model, feeds, threads=2), one)
         results.append(one)
-    np.testing.assert_array_equal(results[0], results[1])
+    if not name.startswith("fused"):  # fused tiles: strips (constant) vs OpenBLAS (input) sum differently
+        np.testing.assert_array_equal(results[0], results[1])
 
 
 def test_native_library_links_openblas_with_rpath():

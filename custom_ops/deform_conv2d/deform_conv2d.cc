@@ -9,13 +9,14 @@
 // threads (KernelContext_ParallelFor), so the session's thread count is what the op uses.
 // Which dimension is split depends on the layer:
 //   - many output positions per image (early, large layers): tiles of positions, each
-//     sampled and multiplied by OpenBLAS (scipy-openblas32, linked through the package's
-//     NativeKernels, single-threaded per call) while its columns are in L2 (one task per tile);
+//     sampled and multiplied while its columns are in L2 (one task per tile);
 //   - few positions per image, many channels (late layers: 512 channels at 7x7): the
 //     columns of a chunk of positions (several images together when they are small) are
-//     sampled in parallel, then multiplied by the weight packed once per kernel in strips of
-//     output channels (Strips: register-blocked, no per-call packing of the weight, which
-//     BLAS would copy on every call), split into blocks of strips, then of positions.
+//     sampled in parallel, then multiplied in blocks of output channels, then of positions.
+// The GEMM is Strips: the weight packed once per kernel in strips of output channels and a
+// register-blocked micro-kernel (BLAS would copy the weight on every call). A weight that is
+// a graph input in the tile regime goes to OpenBLAS instead (scipy-openblas32, linked
+// through the package's NativeKernels, single-threaded per call).
 // The weight is reordered to the columns' k order once, when ORT creates the kernel, if it
 // is a constant initializer (the usual case); otherwise on every call.
 #include <algorithm>
@@ -150,8 +151,7 @@ constexpr int kMR = 4, kNV = 2;  // 8 accumulators of 16 registers
 #endif
 
 
-// The GEMM of the two-phase regime: output channels x positions, many channels, the
-// weight fixed. OpenBLAS packs both operands on every call; there, repacking the weight is
+// The GEMM (see the top of the file): output channels x positions. OpenBLAS packs both operands on every call; there, repacking the weight is
 // ~18% of the call (perf: sgemm_oncopy at 512 channels, 7x7). So the weight is packed once
 // per kernel into strips of NR output channels (k-major) and multiplied by a
 // register-blocked micro-kernel: MR positions x NR channels per tile, K in blocks of kKC so
@@ -293,10 +293,11 @@ class Concurrency {
 };
 
 // `wp`: the weight in the columns' k order; `strip_weight()`: the same packed in strips
-// (Strips<T>), asked for only in the two-phase regime.
+// (Strips<T>); `weight_constant`: strip_weight() packs only once (a constant initializer).
 template <class T, class StripWeight>
 void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T* x, const T* wp,
-         StripWeight&& strip_weight, const T* offset, const T* bias, const T* mask, T* y) {
+         StripWeight&& strip_weight, bool weight_constant, const T* offset, const T* bias, const T* mask,
+         T* y) {
   single_threaded_blas();
   const int64_t K = g.group_k(), mg = g.mg(), np = g.positions(), hw = g.h * g.w, kg = K * g.groups;
   const int64_t kk = g.taps(), og = g.offset_groups;
@@ -324,15 +325,50 @@ void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T
     }
   };
 
+  // The strips GEMM of rows [r0, r1) of weight group gw's columns `a` (row stride K) by
+  // strips [s0, s1) of `pk`; row r is position j = j0 + r (n = j / np, p = j % np), written
+  // to y with the bias.
+  using SG = Strips<T>;
+  constexpr int64_t MR = SG::MR, NR = SG::NR;
+  const int64_t strips = cdiv(mg, NR);
+  auto strips_gemm = [&](const T* pk, const T* a, int64_t gw, int64_t j0, int64_t r0, int64_t r1, int64_t s0,
+                         int64_t s1) {
+    const int64_t rows = r1 - r0;
+    Aligned<T>& tiles = scratch<T>().tiles;
+    tiles.reserve(size_t((s1 - s0) * rows * NR));
+    for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+      const int64_t kc = std::min(kKC, K - k0);
+      for (int64_t st = s0; st < s1; ++st) {
+        const T* b = pk + ((gw * strips + st) * K + k0) * NR;
+        T* tile = tiles.data() + ((st - s0) * rows - r0) * NR;
+        for (int64_t r = r0; r < r1; r += MR)
+          SG::multiply(std::min(MR, r1 - r), kc, a + r * K + k0, K, b, tile + r * NR, k0 > 0);
+      }
+    }
+    for (int64_t st = s0; st < s1; ++st) {  // (positions x channels) tiles -> (N, M, P)
+      const T* tile = tiles.data() + ((st - s0) * rows - r0) * NR;
+      const int64_t m0 = gw * mg + st * NR, count = std::min<int64_t>(NR, mg - st * NR);
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t n = (j0 + r) / np, p = j0 + r - n * np;
+        T* dst = y + (n * g.m + m0) * np + p;
+        for (int64_t i = 0; i < count; ++i) dst[i * np] = tile[r * NR + i] + (bias ? bias[m0 + i] : T(0));
+      }
+    }
+  };
+
   // Fused regime: tiles of positions of one image whose columns fit kTileBytes, when a tile
   // holds at least half as many positions as a weight group has output channels (so the
-  // weight, which BLAS repacks per call, is not much bigger than the tile's columns).
+  // weight, read once per tile, is not much bigger than the tile's columns). Each tile is
+  // multiplied by the strips (a constant weight, packed once: 13-15% less CPU time than
+  // OpenBLAS at 64@56 and 128@28, which repacks the weight per tile) or by OpenBLAS (a
+  // weight that is an input, which strips would also have to repack on every call).
   const int64_t fit = std::max<int64_t>(1, kTileBytes / int64_t(sizeof(T) * kg));
   if (2 * fit >= mg) {
     int64_t tiles = std::max(cdiv(np, fit), cdiv(kTasks, g.n));
     tiles = std::min(tiles, std::max<int64_t>(1, np / kMinSamplePositions));
     const int64_t tile = cdiv(np, tiles);
     tiles = cdiv(np, tile);
+    const T* pk = weight_constant ? strip_weight() : nullptr;
     ctx.parallel_for(size_t(g.n * tiles), [&](size_t task) {
       const int64_t n = int64_t(task) / tiles, p0 = (int64_t(task) % tiles) * tile;
       const int64_t count = std::min(np, p0 + tile) - p0;
@@ -340,6 +376,10 @@ void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T
       s.cols.reserve(size_t(g.groups * tile * K));
       dcn::sample(g, image(n), offsets(n), masks(n), p0, p0 + count, s.cols.data(), K, tile * K);
       for (int64_t gw = 0; gw < g.groups; ++gw) {
+        if (pk != nullptr) {
+          strips_gemm(pk, s.cols.data() + gw * tile * K, gw, n * np + p0, 0, count, 0, strips);
+          continue;
+        }
         T* out = y + (n * g.m + gw * mg) * np + p0;
         gemm_nt(mg, count, K, wp + gw * mg * K, K, s.cols.data() + gw * tile * K, K, out, np);
         add_bias(out, gw * mg, (gw + 1) * mg, count, np);
@@ -372,39 +412,15 @@ void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T
     // Phase 2: the strips GEMM, tasks of (weight group, block of strips, block of rows);
     // strips are split first (each task reads only its part of the weight), rows when there
     // are fewer strips than threads. A sum's order never depends on the split.
-    using SG = Strips<T>;
-    constexpr int64_t MR = SG::MR, NR = SG::NR;
     const T* pk = strip_weight();
-    const int64_t strips = cdiv(mg, NR);
     const int64_t want = cdiv(std::clamp<int64_t>(concurrency.threads(), 2, kMaxBlocks), g.groups);
     const int64_t sb = cdiv(strips, std::min(want, strips)), sblocks = cdiv(strips, sb);
     const int64_t rb = cdiv(cdiv(len, std::min(cdiv(want, sblocks), cdiv(len, MR))), MR) * MR;
     const int64_t rblocks = cdiv(len, rb);
     ctx.parallel_for(size_t(g.groups * sblocks * rblocks), [&](size_t task) {
       const int64_t gw = int64_t(task) / (sblocks * rblocks), rest = int64_t(task) % (sblocks * rblocks);
-      const int64_t s0 = (rest / rblocks) * sb, s1 = std::min(strips, s0 + sb);
-      const int64_t r0 = (rest % rblocks) * rb, r1 = std::min(len, r0 + rb);
-      Aligned<T>& tiles = scratch<T>().tiles;
-      tiles.reserve(size_t((s1 - s0) * rb * NR));
-      const T* a = cols + gw * len * K;
-      for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-        const int64_t kc = std::min(kKC, K - k0);
-        for (int64_t st = s0; st < s1; ++st) {
-          const T* b = pk + ((gw * strips + st) * K + k0) * NR;
-          T* tile = tiles.data() + (st - s0) * rb * NR - r0 * NR;
-          for (int64_t r = r0; r < r1; r += MR)
-            SG::multiply(std::min(MR, r1 - r), kc, a + r * K + k0, K, b, tile + r * NR, k0 > 0);
-        }
-      }
-      for (int64_t st = s0; st < s1; ++st) {  // (positions x channels) tiles -> (N, M, P)
-        const T* tile = tiles.data() + (st - s0) * rb * NR - r0 * NR;
-        const int64_t m0 = gw * mg + st * NR, count = std::min<int64_t>(NR, mg - st * NR);
-        for (int64_t r = r0; r < r1; ++r) {
-          const int64_t n = (j0 + r) / np, p = j0 + r - n * np;
-          T* dst = y + (n * g.m + m0) * np + p;
-          for (int64_t i = 0; i < count; ++i) dst[i * np] = tile[r * NR + i] + (bias ? bias[m0 + i] : T(0));
-        }
-      }
+      const int64_t s0 = (rest / rblocks) * sb, r0 = (rest % rblocks) * rb;
+      strips_gemm(pk, cols + gw * len * K, gw, j0, r0, std::min(len, r0 + rb), s0, std::min(strips, s0 + sb));
     });
   }
 }
@@ -506,7 +522,7 @@ struct DeformConv2d {
       fill(buffer.data());
       return buffer.data();
     };
-    run<T>(ctx, concurrency, g, x.as<T>(), wr, strip_weight, off.as<T>(), has_bias ? b.as<T>() : nullptr, has_mask ? m.as<T>() : nullptr,
+    run<T>(ctx, concurrency, g, x.as<T>(), wr, strip_weight, wr == reordered.data(), off.as<T>(), has_bias ? b.as<T>() : nullptr, has_mask ? m.as<T>() : nullptr,
            y);
   }
 
