@@ -321,9 +321,9 @@ class RetinaNetLike(nn.Module):
         pcx, pcy = deltas[..., 0] * widths + cx, deltas[..., 1] * heights + cy
         pw, ph = torch.exp(dw) * widths, torch.exp(dh) * heights
         boxes = torch.stack([pcx - 0.5 * pw, pcy - 0.5 * ph, pcx + 0.5 * pw, pcy + 0.5 * ph], dim=-1)
-        # clamp(min=0, max=64.0) (int and float bounds) is a torch 2.13 dynamo-exporter failure
-        # ("Cannot find a compatible OpOverload for aten.clamp", before any translation).
-        boxes = boxes.clamp(min=0.0, max=float(x.shape[-1]))
+        # An int and a float bound: torch 2.13's dynamo exporter fails on it by itself ("Unable to
+        # cast 64.0 to Tensor"); graphkit.export._trace_fixes makes the int bound a float.
+        boxes = boxes.clamp(min=0, max=float(x.shape[-1]))
         scores, labels = torch.sigmoid(logits).max(dim=-1)
         top, index = scores.topk(self.topk, dim=1)
         picked = torch.gather(boxes, 1, index.unsqueeze(-1).expand(-1, -1, 4))
@@ -356,11 +356,7 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in [
 
 # Cells that fail for reasons graphkit does not fix (yet): (model or "*", exporter, opset or
 # None for all) -> words of the failure reason, and why.
-KNOWN_FAILURES: dict[tuple[str, str, int | None], tuple[str, str]] = {
-    ("t5", "dynamo", None): ("Cannot view a tensor with shape",
-                             "torch 2.13's dynamo exporter fails on T5's sdpa attention with a float "
-                             "position bias (ConversionError); attn_implementation='eager' exports"),
-}
+KNOWN_FAILURES: dict[tuple[str, str, int | None], tuple[str, str]] = {}
 
 
 def known_failure(model: str, exporter: str, opset: int) -> str | None:

@@ -438,3 +438,104 @@ def test_translation_fixes_step_aside_for_an_onnxscript_without_their_internals(
     monkeypatch.setattr(_translation_fixes, "_sdpa", missing)
     with pytest.warns(UserWarning, match="sdpa translation fix off"):
         assert _translation_fixes.translation_fixes() == {}
+
+
+# --------------------------------------------------------------------------- trace fixes (dynamo)
+
+
+class _PositionBiasAttention(torch.nn.Module):
+    """T5's attention in small: a float mask built from an embedding weight (so it requires
+    grad), queries from a transposed projection, ``transpose(1, 2).contiguous()`` and a
+    reshape after the attention."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.q = torch.nn.Linear(32, 32)
+        self.bias = torch.nn.Embedding(8, 4)
+
+    def forward(self, x):
+        q = self.q(x).view(2, 9, 4, 8).transpose(1, 2)
+        pos = torch.arange(9)
+        buckets = (pos[None, :] - pos[:, None]).abs().clamp(max=7)
+        mask = self.bias(buckets).permute(2, 0, 1).unsqueeze(0).expand(2, 4, 9, 9).contiguous()
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask, scale=1.0)
+        return out.transpose(1, 2).contiguous().reshape(2, 9, -1)
+
+
+def test_sdpa_with_a_position_bias_exports_like_t5(tmp_path):
+    """torch 2.13's dynamo exporter alone fails on T5's attention in its own FX passes
+    (grad-dependent sdpa kernel choice: different output strides between its passes);
+    graphkit traces without grad and matches torch eager."""
+    x = torch.randn(2, 9, 32, generator=torch.Generator().manual_seed(1))
+    model = _PositionBiasAttention().eval()
+    with pytest.raises(Exception, match="Cannot view a tensor with shape"):
+        torch.onnx.export(model, (x,), dynamo=True, verbose=False, report=False)
+    assert torch.is_grad_enabled()
+    export(model, (x,), tmp_path / "t5_attention.onnx", dynamo=True)
+    assert torch.is_grad_enabled()  # put back
+    with torch.no_grad():
+        want = model(x).numpy()
+    got = _run(tmp_path / "t5_attention.onnx", x)
+    assert compare_arrays("y", want, got, atol=1e-5, rtol=1e-5).passed
+
+
+class _Clamps(torch.nn.Module):
+    """clamp with one integer and one float bound, in each spelling."""
+
+    def forward(self, x):
+        y = x * 1
+        if y.is_floating_point():
+            y.clamp_(-1.5, 2)  # in place keeps x's type: float tensors only, as in torch
+        # Each clamp on another tensor: see test_float16_clamps_of_one_tensor_fail_the_load_check.
+        return (x.clamp(min=0, max=2.5), torch.clamp(x + 1, -1.5, 3), torch.clip(x - 1, 1, max=3.5),
+                (x * 2).clip(min=-2.5, max=1), y)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.float16], ids=str)
+def test_clamp_with_an_int_and_a_float_bound_matches_torch(dtype, tmp_path):
+    """torch 2.13's dynamo exporter alone fails on clamp(min=int, max=float) ("Unable to
+    cast 2.5 to Tensor"); graphkit's export gives torch eager's values and dtypes (integer
+    tensors promote to float32)."""
+    x = torch.tensor([-3, -2, -1, 0, 1, 2, 3, 4], dtype=dtype)
+    if dtype == torch.int64:
+        with pytest.raises(Exception, match="Unable to cast 2.5 to Tensor"):
+            torch.onnx.export(_Clamps(), (x,), dynamo=True, verbose=False, report=False)
+    export(_Clamps(), (x,), tmp_path / "clamp.onnx", dynamo=True)
+    sess = ort.InferenceSession(str(tmp_path / "clamp.onnx"), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
+    want = [w.numpy() for w in _Clamps()(x)]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w), (dtype, g, w)
+
+
+def test_clamp_with_a_symbolic_int_bound(tmp_path):
+    """A bound from a dynamic dimension (a SymInt while tracing) beside a float bound."""
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x.clamp(min=0.5, max=x.shape[-1])
+
+    export(M(), (torch.arange(6).reshape(1, 6),), tmp_path / "sym.onnx", dynamo=True,
+           dynamic_dims={"x": {1: "n"}})
+    for n in (4, 9):
+        x = torch.arange(n).reshape(1, n) * 2 - 3
+        got = _run(tmp_path / "sym.onnx", x)
+        want = M()(x).numpy()
+        assert got.dtype == want.dtype and np.array_equal(got, want), (n, got, want)
+
+
+def test_float16_clamps_of_one_tensor_fail_the_load_check(tmp_path):
+    """Not fixed (onnxscript 0.7.2's optimizer, run by torch's exporter): two clamps of one
+    float16 tensor become two Clips whose bounds are both named ``x_min``/``x_max``; one pair
+    is lost and ONNX Runtime refuses the model. graphkit's export fails naming the node."""
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x.clamp(min=0.0, max=2.5), x.clamp(min=-1.5, max=3.0)
+
+    path = tmp_path / "f16.onnx"
+    with pytest.raises(ExportError) as info:
+        export(M(), (torch.zeros(8, dtype=torch.float16),), path, dynamo=True)
+    assert info.value.op == "Clip" and "x_min_1" in info.value.message and not path.exists()

@@ -31,6 +31,10 @@ error):
   registry with the same name and inputs, e.g. ``["asinh"]``), both exporters.
 - ``rewrites``: :class:`~graphkit.export.RewriteRegistry` objects whose rewrites replace
   torch functions or module forwards while exporting (:mod:`graphkit.export.rewrites`).
+- dynamo only: torch's trace under ``torch.no_grad()`` with clamp's mixed integer/float
+  bounds made floats (:mod:`graphkit.export._trace_fixes`, for models torch's exporter
+  cannot take through its own passes, T5 among them) and corrected translations
+  (:mod:`graphkit.export._translation_fixes`).
 
 The report names the placeholder nodes written and how each can be lowered at the
 model's opset (``report.lowerings``), the gap fillers used and how often each rewrite ran.
@@ -62,6 +66,7 @@ from graphkit.export import torch_ops
 from graphkit.export._foreign import foreign_translations, scoped_foreign_symbolics
 from graphkit.export._model_ops import merge, registry_for
 from graphkit.export._runtime_check import RuntimeCheck, check_loads
+from graphkit.export._trace_fixes import trace_fixes
 from graphkit.export._translation_fixes import translation_fixes
 from graphkit.export.aten import GapFillerTable, placeholder_translations, scoped_gap_fillers, scoped_placeholders
 from graphkit.export.gap_fillers import GAP_FILLERS
@@ -357,7 +362,7 @@ def _export_dynamo(model, args, kwargs, registry, opset, names, output_names, dy
         table.update(placeholder_translations(placeholder_ops))
         table.update(foreign_translations(registry, skip=torch_translations))
         dynamic_shapes = _dynamic_shapes(model, args, kwargs, names, dynamic_dims)
-        with _quiet_dynamo():
+        with _quiet_dynamo(), trace_fixes():
             program = torch.onnx.export(
                 model, args, kwargs=kwargs or None, dynamo=True,
                 opset_version=max(opset, _DYNAMO_MIN_OPSET),

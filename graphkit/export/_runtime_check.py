@@ -34,6 +34,8 @@ _NODE_PATTERNS = (re.compile(r"node with name '([^']*)'"), re.compile(r"in node 
                   re.compile(r"of node \(([^)]*)\)"), re.compile(r'In Node, \("([^"]*)"'),
                   re.compile(r"Node \(([^)]*)\)"), re.compile(r"Name:'([^']*)'"),
                   re.compile(r"node '([^']*)'"))
+# Where ORT names only a value no node, initializer or input produces: the node reading it.
+_DANGLING = re.compile(r"Node input '([^']*)' is not a graph input")
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,15 @@ def _node(model: onnx.ModelProto, name: str) -> onnx.NodeProto | None:
     return None
 
 
+def _reader(model: onnx.ModelProto, value: str) -> onnx.NodeProto | None:
+    """The first node reading ``value``."""
+    for g in graphs(model.graph):
+        for node in g.node:
+            if value in node.input:
+                return node
+    return None
+
+
 def _input_types(model: onnx.ModelProto, node: onnx.NodeProto, registry: OpRegistry) -> list[str]:
     types = value_types(model, registry)
     out = []
@@ -226,6 +237,8 @@ def _refused(exc: Exception, model: onnx.ModelProto, registry: OpRegistry, model
     name = getattr(exc, "node", None) if isinstance(exc, UnsupportedOpError) else None
     name = name or next((m.group(1) for p in _NODE_PATTERNS if (m := p.search(text))), None)
     node = _node(model, name) if name is not None else None
+    if node is None and (m := _DANGLING.search(text)):
+        node = _reader(model, m.group(1))
     op = None if node is None else (f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx")
                                     else node.op_type)
     placeholder = None if node is None else _placeholder_of(registry, op, how)
