@@ -9,8 +9,9 @@ a fixed top-k, without data-dependent postprocessing). Each cell of the grid
 architectures x exporters x opsets goes through :func:`graphkit.export.export` (which loads
 the written model in ONNX Runtime), then runs in ONNX Runtime through
 :func:`graphkit.runtime.open_session` and is compared with torch eager on the same inputs
-at the model's tolerance. The table says, per cell, whether the model exported, ran and
-matched torch (max abs error), with the first line of the reason for each failure.
+at the model's tolerance. The markdown table it prints says, per cell, whether the model
+exported, ran and matched torch (max abs error), with the first line of the reason for
+each failure.
 
 ``tests/test_zoo.py`` runs a bounded part of the grid (``GRAPHKIT_ZOO=1``: all of it).
 Exit status 0 when every cell matches torch or fails as :data:`KNOWN_FAILURES` says.
@@ -473,35 +474,40 @@ def run_grid(models: Sequence[str], exporters: Sequence[str] = EXPORTERS, opsets
 
 
 def format_table(cells: Sequence[Cell]) -> str:
-    """Architectures down, exporter/opset across; then the reason for each failure."""
+    """A markdown table, architectures down and exporter/opset across, each cell saying
+    whether the model exported, ran in ONNX Runtime and matched torch eager (max abs error);
+    then the reason for each failure."""
+    import onnxruntime
+
     columns = list(dict.fromkeys((c.exporter, c.opset) for c in cells))
     models = list(dict.fromkeys(c.model for c in cells))
     by_key = {(c.model, c.exporter, c.opset): c for c in cells}
-    width = 18
-    head = f"{'model':<18}" + "".join(f"{f'{e} {o}':>{width}}" for e, o in columns)
-    lines = [f"torch {torch.__version__}; cell: ok MAX_ABS_ERR (exported, ran in ONNX Runtime, matched "
-             "torch eager) or the stage that failed", head, "-" * len(head)]
+    lines = [f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}. A cell: `ok MAX_ABS_ERR` "
+             "(exported, ran in ONNX Runtime, matched torch eager), `MISMATCH MAX_ABS_ERR` (ran, did not "
+             "match), `RUN FAILED` or `EXPORT FAILED`.", "",
+             "| model | " + " | ".join(f"{e} {o}" for e, o in columns) + " |",
+             "|---|" + "---|" * len(columns)]
     for m in models:
-        lines.append(f"{m:<18}" + "".join(f"{by_key[(m, e, o)].status if (m, e, o) in by_key else '-':>{width}}"
-                                          for e, o in columns))
+        lines.append(f"| {m} | " + " | ".join(by_key[(m, e, o)].status if (m, e, o) in by_key else "-"
+                                             for e, o in columns) + " |")
     ok = sum(c.matched for c in cells)
-    lines += ["", f"{ok} of {len(cells)} cells export, run and match torch"]
+    lines += ["", f"{ok} of {len(cells)} cells export, run and match torch."]
     failures = [c for c in cells if not c.matched]
     if failures:
-        lines.append("failures (known: listed in KNOWN_FAILURES):")
-        lines += [f"  {c.model} {c.exporter} opset {c.opset}{' (known)' if _as_known(c) else ''}: {c.reason}"
+        lines += ["", "Failures (known: listed in KNOWN_FAILURES):"]
+        lines += [f"- {c.model} {c.exporter} opset {c.opset}{' (known)' if _as_known(c) else ''}: {c.reason}"
                   for c in failures]
     fillers = sorted({f for c in cells for f in c.gap_fillers})
     if fillers:
-        lines.append(f"gap fillers used: {', '.join(fillers)}")
+        lines += ["", f"Gap fillers used: {', '.join(fillers)}."]
     exported = [c for c in cells if c.exported]
     if exported:
         slow = max(exported, key=lambda c: c.seconds)
         share = max(exported, key=lambda c: c.check_seconds / c.seconds)
-        lines.append(f"slowest export: {slow.model} {slow.exporter} opset {slow.opset}, {slow.seconds:.1f} s; "
+        lines.append(f"Slowest export: {slow.model} {slow.exporter} opset {slow.opset}, {slow.seconds:.1f} s; "
                      f"ONNX Runtime load check: at most {share.check_seconds / share.seconds:.0%} of an "
                      f"export's time ({share.model} {share.exporter} {share.opset}: "
-                     f"{share.check_seconds * 1e3:.0f} ms of {share.seconds:.2f} s)")
+                     f"{share.check_seconds * 1e3:.0f} ms of {share.seconds:.2f} s).")
     return "\n".join(lines)
 
 

@@ -90,15 +90,21 @@ def test_gpt2_torchscript_needs_diff_and_cumsum(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written
 
 
-def test_table_formats_every_cell_and_reason():
+def test_table_formats_every_cell_and_reason(monkeypatch):
+    monkeypatch.setattr(zoo, "KNOWN_FAILURES", {("t5", "dynamo", None): ("Cannot view", "an example")})
     cells = [zoo.Cell("bert", "dynamo", 18, True, True, True, 1e-7, 2.0, 0.01),
              zoo.Cell("gpt2", "torchscript", 17, reason="ExportError: aten::diff"),
-             zoo.Cell("t5", "dynamo", 18, reason="ExportError: ... Cannot view a tensor with shape ...")]
+             zoo.Cell("t5", "dynamo", 18, reason="ExportError: ... Cannot view a tensor with shape ..."),
+             zoo.Cell("t5", "torchscript", 17, True, True, False, 0.5, 1.0, 0.01, reason="output 0")]
     text = zoo.format_table(cells)
-    assert "ok 1.0e-07" in text and "EXPORT FAILED" in text and "1 of 3 cells" in text
-    assert "gpt2 torchscript opset 17: ExportError: aten::diff" in text
-    assert "t5 dynamo opset 18 (known)" in text
-    assert "load check: at most 0% of an export's time" in text
+    lines = text.splitlines()
+    head = lines.index("| model | dynamo 18 | torchscript 17 |")
+    assert lines[head + 1:head + 5] == ["|---|---|---|", "| bert | ok 1.0e-07 | - |",
+                                        "| gpt2 | - | EXPORT FAILED |", "| t5 | EXPORT FAILED | MISMATCH 5.0e-01 |"]
+    assert "1 of 4 cells" in text
+    assert "- gpt2 torchscript opset 17: ExportError: aten::diff" in text
+    assert "- t5 dynamo opset 18 (known)" in text
+    assert "load check: at most 1% of an export's time" in text
 
 
 # --------------------------------------------------------------------------- new gap fillers
@@ -539,3 +545,106 @@ def test_float16_clamps_of_one_tensor_fail_the_load_check(tmp_path):
     with pytest.raises(ExportError) as info:
         export(M(), (torch.zeros(8, dtype=torch.float16),), path, dynamo=True)
     assert info.value.op == "Clip" and "x_min_1" in info.value.message and not path.exists()
+
+
+# --------------------------------------------------------------------------- load check: functions and bodies
+
+_KW = {"model_name": "Handmade", "exporter": "dynamo=True", "path": "h.onnx"}
+
+
+def _bool_cumsum_nodes(prefix: str, source: str, out: str) -> list:
+    """source > 0 (bool), its CumSum (ONNX Runtime has no bool kernel), cast to float."""
+    return [helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("z", TensorProto.FLOAT, [], [0.0]),
+                             name=f"{prefix}zero"),
+            helper.make_node("Greater", [source, "zero"], [f"{prefix}b"], name=f"{prefix}gt"),
+            helper.make_node("Constant", [], ["axis"], value=helper.make_tensor("a", TensorProto.INT64, [], [0]),
+                             name=f"{prefix}axis"),
+            helper.make_node("CumSum", [f"{prefix}b", "axis"], [f"{prefix}cb"], name=f"{prefix}cumsum"),
+            helper.make_node("Cast", [f"{prefix}cb"], [out], to=TensorProto.FLOAT, name=f"{prefix}cast")]
+
+
+def _function_model(body, value_info=()):
+    """graph: x -> local::twice (called twice: body = ``body``, a -> c) -> y"""
+    fn = helper.make_function("local", "twice", ["a"], ["c"], body,
+                              [helper.make_opsetid("", 18), helper.make_opsetid("custom", 1)])
+    fn.value_info.extend(value_info)
+    graph = helper.make_graph([helper.make_node("twice", ["x"], ["h"], domain="local", name="call1"),
+                               helper.make_node("twice", ["h"], ["y"], domain="local", name="call2")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    return helper.make_model(graph, functions=[fn], ir_version=10,
+                             opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("custom", 1),
+                                            helper.make_opsetid("local", 1)])
+
+
+def test_load_check_sees_placeholders_inside_model_local_functions():
+    """A model-local function's placeholder is lowered (bound to its Python kernel) or stood
+    in for like any other; a node ONNX Runtime refuses inside the function fails the check,
+    named as the function's node (not onnx's inlined copy)."""
+    registry = default_registry()
+    add = helper.make_node("my_add", ["a", "a"], ["t"], domain="custom", name="fn_add")
+    ok = _function_model([add, helper.make_node("Relu", ["t"], ["c"], name="fn_relu")])
+    result = check_loads(ok, registry, **_KW)
+    assert result.checked and result.stand_ins == 0 and result.lowerings == {"custom::my_add": "python"}
+    assert len(ok.functions) == 1 and ok.graph.node[0].op_type == "twice"  # the caller's model as it was
+
+    bad = _function_model([add, *_bool_cumsum_nodes("fn_", "t", "c")])
+    with pytest.raises(ExportError) as info:
+        check_loads(bad, registry, **_KW)
+    err = info.value
+    assert (err.node, err.op, err.exit_code) == ("fn_cumsum", "CumSum", 11)
+    assert "node 'fn_cumsum' of model-local function local::twice" in err.message
+    assert "tensor(bool)" in err.message and "cast before it" in err.hint and "custom::my_add: python" in err.hint
+
+    unknown = helper.make_node("no_such_op", ["a"], ["t"], domain="custom", name="fn_unknown")
+    typed = [helper.make_tensor_value_info("t", TensorProto.FLOAT, [3])]
+    result = check_loads(_function_model([unknown, helper.make_node("Relu", ["t"], ["c"])], typed), registry, **_KW)
+    assert result.checked and result.stand_ins == 2  # one per call
+    assert result.reason == "custom::no_such_op not checked: no op package defines it"
+    with pytest.raises(ExportError) as info:
+        check_loads(_function_model([unknown, *_bool_cumsum_nodes("fn_", "t", "c")], typed), registry, **_KW)
+    assert (info.value.node, info.value.op) == ("fn_cumsum", "CumSum")
+
+
+def test_load_check_reports_a_function_onnx_cannot_inline():
+    recursive = helper.make_function("local", "twice", ["a"], ["c"],
+                                     [helper.make_node("twice", ["a"], ["c"], domain="local", name="again")],
+                                     [helper.make_opsetid("", 18), helper.make_opsetid("local", 1)])
+    model = _function_model([helper.make_node("Relu", ["a"], ["c"])])
+    model.functions[0].CopyFrom(recursive)
+    result = check_loads(model, default_registry(), **_KW)
+    assert not result.checked and "inlining its model-local functions failed" in result.reason
+    assert "recursive" in result.reason
+
+
+def _if_model(then_nodes, value_info=()):
+    """graph: cond, x -> If(then: ``then_nodes`` reading x, else: x) -> y"""
+    then = helper.make_graph(then_nodes, "then", [], [helper.make_tensor_value_info("c", TensorProto.FLOAT, [3])],
+                             value_info=list(value_info))
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["c2"])], "else", [],
+                              [helper.make_tensor_value_info("c2", TensorProto.FLOAT, [3])])
+    graph = helper.make_graph([helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other,
+                                                name="branch")], "g",
+                              [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                               helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    return _graph_model(list(graph.node), list(graph.input), list(graph.output))
+
+
+def test_load_check_sees_placeholders_inside_if_bodies():
+    """A placeholder in an If branch is bound or cut out (its output read from the outer
+    scope); a refused node in the branch is named."""
+    registry = default_registry()
+    add = helper.make_node("my_add", ["x", "x"], ["t"], domain="custom", name="br_add")
+    result = check_loads(_if_model([add, helper.make_node("Relu", ["t"], ["c"])]), registry, **_KW)
+    assert result.checked and result.lowerings == {"custom::my_add": "python"}
+    unknown = helper.make_node("no_such_op", ["x"], ["t"], domain="custom", name="br_unknown")
+    typed = [helper.make_tensor_value_info("t", TensorProto.FLOAT, [3])]
+    result = check_loads(_if_model([unknown, helper.make_node("Relu", ["t"], ["c"])], typed), registry, **_KW)
+    assert result.checked and result.stand_ins == 1 and result.lowerings == {"custom::no_such_op": "stand-in"}
+    with pytest.raises(ExportError) as info:
+        check_loads(_if_model([unknown, *_bool_cumsum_nodes("br_", "t", "c")], typed), registry, **_KW)
+    assert (info.value.node, info.value.op) == ("br_cumsum", "CumSum")
+    with pytest.raises(ExportError) as info:
+        check_loads(_if_model([add, *_bool_cumsum_nodes("br_", "t", "c")]), registry, **_KW)
+    assert (info.value.node, info.value.op) == ("br_cumsum", "CumSum") and "custom::my_add: python" in info.value.hint

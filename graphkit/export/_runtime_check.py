@@ -9,7 +9,10 @@ by the rewrite engine as the nearest runnable form needing no compiler: bound to
 Python kernel (onnxruntime-extensions registers it with the types the kernel declares),
 else its decomposition, else a prebuilt native kernel. A placeholder with none of those
 (an op no package defines, or one whose every lowering is refused) is cut out, its
-outputs becoming typed graph inputs, and the check's ``reason`` names it.
+outputs becoming typed graph inputs, and the check's ``reason`` names it. Placeholders in
+If/Loop bodies are cut out the same way (a body may read an outer value); model-local
+functions are inlined into the checked copy first (ONNX Runtime inlines them too), and a
+refused node inside one is named as the function's node, with the function.
 """
 
 from __future__ import annotations
@@ -57,15 +60,12 @@ def _label(node: onnx.NodeProto) -> str:
     return f"{node.domain}::{node.op_type}"
 
 
-def _placeholder_labels(model: onnx.ModelProto) -> dict[str, int] | None:
-    """Placeholder ops of ``model`` and their node counts; None when a model-local function
-    holds one (the check cannot lower or cut it there)."""
+def _placeholder_labels(model: onnx.ModelProto) -> dict[str, int]:
+    """Placeholder ops of ``model`` (functions inlined: :func:`_inlined`) and their node
+    counts, If/Loop bodies included."""
     from graphkit.runtime.session import STANDARD_DOMAINS as _STANDARD  # ONNX Runtime's own domains
 
     functions = {(f.domain, f.name) for f in model.functions}
-    if any(n.domain not in _STANDARD and (n.domain, n.op_type) not in functions
-           for f in model.functions for n in f.node):
-        return None
     counts: dict[str, int] = {}
     for g in graphs(model.graph):
         for node in g.node:
@@ -149,8 +149,6 @@ def _lowered(model: onnx.ModelProto, registry: OpRegistry, refused: Mapping[str,
     from graphkit.rewrite import rewrite_model
 
     labels = _placeholder_labels(model)
-    if labels is None:
-        return None, 0, {}, {"": "a model-local function holds a placeholder node"}
     if not labels:
         return model, 0, {}, {}
     why = {label: reason for label in labels if (reason := _unlowerable(registry, label)) is not None}
@@ -230,7 +228,8 @@ def _input_types(model: onnx.ModelProto, node: onnx.NodeProto, registry: OpRegis
 
 
 def _refused(exc: Exception, model: onnx.ModelProto, registry: OpRegistry, model_name: str,
-             exporter: str, path: str, how: Mapping[str, str]) -> ExportError:
+             exporter: str, path: str, how: Mapping[str, str],
+             origin: Mapping[str, _Origin] | None = None) -> ExportError:
     import onnxruntime as ort
 
     text = str(exc.__cause__ or exc)
@@ -267,8 +266,47 @@ def _refused(exc: Exception, model: onnx.ModelProto, registry: OpRegistry, model
         hint = f"try {other} or another opset, or export with {replace}"
         if how:
             hint += "; its placeholders were checked as " + ", ".join(f"{k}: {v}" for k, v in how.items())
+    name = None if node is None else node.name
+    source = (origin or {}).get(name) if name is not None else None
+    if source is not None:
+        name = source.node
+        what += f" (node '{source.node}' of model-local function {source.function})"
     return ExportError(f"cannot export {model_name} ({exporter}): {what}", path=path,
-                       node=None if node is None else node.name, op=op, hint=hint)
+                       node=name, op=op, hint=hint)
+
+
+# onnx's inliner names a function's node ``<name>__<call>`` at each call (nested: once per level).
+_INLINED = re.compile(r"(?:__\d+)+$")
+
+
+@dataclass(frozen=True)
+class _Origin:
+    """Where a node of the checked (inlined) copy comes from in the written model."""
+
+    node: str
+    function: str  # "domain::name" of the model-local function holding it
+
+
+def _inlined(model: onnx.ModelProto) -> tuple[onnx.ModelProto | None, dict[str, _Origin], str]:
+    """``model`` with its model-local functions inlined (itself when it has none), the origin
+    of each inlined node, and why inlining failed (the model is None then)."""
+    if not model.functions:
+        return model, {}, ""
+    import onnx.inliner
+
+    try:
+        flat = onnx.inliner.inline_local_functions(model)
+    except Exception as exc:  # noqa: BLE001 - onnx's inliner refuses: say so, do not crash the export
+        return None, {}, f"inlining its model-local functions failed: {type(exc).__name__}: {exc}"
+    own = {n.name for g in graphs(model.graph) for n in g.node}
+    held = {n.name: f"{f.domain}::{f.name}" for f in model.functions for n in f.node if n.name}
+    origin = {}
+    for g in graphs(flat.graph):
+        for node in g.node:
+            base = _INLINED.sub("", node.name)
+            if node.name not in own and base in held:
+                origin[node.name] = _Origin(base, held[base])
+    return flat, origin, ""
 
 
 def check_loads(model: onnx.ModelProto, registry: OpRegistry, *, model_name: str, exporter: str,
@@ -282,6 +320,9 @@ def check_loads(model: onnx.ModelProto, registry: OpRegistry, *, model_name: str
 
     from graphkit.runtime import open_session
 
+    model, origin, problem = _inlined(model)
+    if model is None:
+        return RuntimeCheck(False, reason=problem)
     refused: dict[str, str] = {}
     while True:
         work, stand_ins, how, why = _lowered(model, registry, refused)
@@ -297,9 +338,9 @@ def check_loads(model: onnx.ModelProto, registry: OpRegistry, *, model_name: str
             # name declared differently earlier in this process): check without that op.
             label = _placeholder_of(registry, exc.op, how)
             if label is None or label in refused:
-                raise _refused(exc, work, registry, model_name, exporter, path, how) from exc
+                raise _refused(exc, work, registry, model_name, exporter, path, how, origin) from exc
             refused[label] = exc.message
             continue
         except KernelError as exc:
-            raise _refused(exc, work, registry, model_name, exporter, path, how) from exc
+            raise _refused(exc, work, registry, model_name, exporter, path, how, origin) from exc
         return RuntimeCheck(True, stand_ins, reason, how)
