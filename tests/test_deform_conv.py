@@ -532,7 +532,7 @@ def test_native_source_compiles_without_avx512(march):
 
     cxx = shlex.split(os.environ.get("CXX") or "c++")
     proc = subprocess.run([*cxx, "-std=c++17", f"-march={march}", "-fsyntax-only",
-                           "-I", str(native.include_dir()), *(f"-I{d}" for d in PACKAGE.native.include_paths()),
+                           "-I", str(native.include_dir()), *(f"-I{d}" for d in PACKAGE.native.resolved().include_paths()),
                            str(NATIVE_SOURCE)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
