@@ -17,8 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphkit
 from conftest import error_lines, run_cli
-from graphkit.errors import UnsupportedOpError
-from graphkit.ops import Decomposition, OpDef, OpRegistry, Param, default_registry
+from graphkit.errors import RewriteError, UnsupportedOpError
+from graphkit.ops import Attr, AttrType, Decomposition, OpDef, OpRegistry, Param, default_registry
 from graphkit.ops.tensor_types import elem_type
 from graphkit.rewrite import Lowering, rewrite_model
 from graphkit.rewrite._selection import MIN_OPSET, max_opset, ort_kernels
@@ -265,6 +265,63 @@ def test_user_op_falls_back_to_its_python_kernel_for_double():
     model32, _ = elementwise_model(registry.get("arsinh"), TensorProto.FLOAT, 13)
     _, report = rewrite_model(model32, registry=registry)
     assert report.actions == {("custom::arsinh", "decompose:standard"): 1}
+
+
+def _scaled_op(error: type[Exception]) -> OpDef:
+    """y = scale * x: its decomposition writes Neg for scale -1 only and raises ``error`` for any
+    other scale; its Python kernel takes every scale."""
+    def build(b, inputs, attrs):
+        if attrs["scale"] != -1:
+            raise error(f"scale {attrs['scale']} has no standard form here")
+        return [b.Neg(inputs[0])]
+
+    return OpDef(name="scaled", doc="scale * x", inputs=(Param("x", "T"),), outputs=(Param("y", "T"),),
+                 type_constraints={"T": ("tensor(float)",)}, attributes=(Attr("scale", AttrType.INT, -1),),
+                 reference=lambda x, scale=-1: scale * x, infer_shapes=lambda shapes, attrs: [shapes[0]],
+                 python_kernel=lambda x, scale=-1: (scale * x).astype(x.dtype),
+                 decompositions=(Decomposition("negate", build, min_opset=9),))
+
+
+def _scaled_model(op: OpDef, scale: int) -> tuple[onnx.ModelProto, dict]:
+    model, feeds = elementwise_model(op, TensorProto.FLOAT, 13)
+    model.graph.node[0].attribute.append(helper.make_attribute("scale", scale))
+    return model, feeds
+
+
+@pytest.mark.parametrize("error", [RewriteError, ValueError])
+def test_a_decomposition_that_cannot_be_built_falls_through_to_the_kernel(error, tmp_path):
+    registry = OpRegistry([_scaled_op(error)])
+    op = registry.get("scaled")
+    model, feeds = _scaled_model(op, -1)
+    _, report = rewrite_model(model, registry=registry)
+    assert report.actions == {("custom::scaled", "decompose:negate"): 1} and report.passed_over == {}
+    model, feeds = _scaled_model(op, 3)
+    out, report = rewrite_model(model, registry=registry)
+    assert report.actions == {("custom::scaled", "bind:python"): 1}
+    why = ("decomposition 'negate' at opset 13: cannot be built: "
+           + ("" if error is RewriteError else "ValueError: ") + "scale 3 has no standard form here")
+    assert report.passed_over == {"custom::scaled": [why]}
+    assert report.to_dict()["passed_over"] == {"custom::scaled": [why]}
+    got = graphkit.open_session(out, registry=registry).run(feeds)["y"]
+    np.testing.assert_array_equal(got, 3 * feeds["x"])
+    # Decomposing only: the build's own error, naming the node.
+    with pytest.raises(RewriteError) as info:
+        rewrite_model(model, registry=registry, lowering=Lowering.DECOMPOSE)
+    err = info.value
+    assert type(err) is RewriteError and err.node == "n0" and err.op == "custom::scaled"
+    assert err.message == ("decomposition 'negate': " + ("" if error is RewriteError else "ValueError: ")
+                           + "scale 3 has no standard form here")
+    assert err.hint == "fix the decomposition"
+
+
+def test_cli_report_says_why_a_lowering_was_passed_over(tmp_path):
+    from graphkit.cli.rewrite import format_report
+
+    registry = OpRegistry([_scaled_op(RewriteError)])
+    _, report = rewrite_model(_scaled_model(registry.get("scaled"), 3)[0], registry=registry)
+    text = format_report(report, "in.onnx", "out.onnx")
+    assert text.endswith("  lowerings passed over:\n    custom::scaled: decomposition 'negate' at opset 13: "
+                         "cannot be built: scale 3 has no standard form here"), text
 
 
 def test_no_executable_lowering_names_node_dtype_reason_and_what_works():

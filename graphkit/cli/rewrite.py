@@ -157,6 +157,9 @@ def format_report(report, src: str, dst: str) -> str:
     if report.actions or report.rules.applied:
         lines.append("  rules applied:")
         lines += [f"    {op}: {how} x{n}" for (op, how), n in sorted(report.actions.items())]
+    if report.passed_over:
+        lines.append("  lowerings passed over:")
+        lines += [f"    {op}: {reason}" for op, reasons in sorted(report.passed_over.items()) for reason in reasons]
     for name, n in sorted(report.rules.applied.items()):
         lines.append(f"    rule {name}: x{n}")
     if not report.actions and not report.rules.applied and not report.conversions:

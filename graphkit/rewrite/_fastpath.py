@@ -942,6 +942,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     for kind, n in used.items():
         plan.count(kind.lowered, PLACEHOLDER_DOMAIN, kind.op_type, n, repeated=True)
     report.actions = plan.actions
+    report.passed_over = plan.selection.passed_over
     after = report.ops_before.copy()
     after.subtract(plan.lowered)
     after.update(plan.emitted)

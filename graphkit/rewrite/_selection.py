@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 from onnx import helper
 
-from graphkit.errors import RewriteError, UnsupportedOpError, UsageError
+from graphkit.errors import GraphkitError, RewriteError, UnsupportedOpError, UsageError
 from graphkit.ops.tensor_types import type_string
 from graphkit.rewrite._walk import elem_types
 
@@ -38,6 +38,9 @@ PROVIDER = "CPUExecutionProvider"
 # probe(decomposition, opset) -> (nodes, element types of what they read, looked at shapes)
 Probe = Callable[[Any, int], tuple[list[onnx.NodeProto], dict[str, int], bool]]
 _FLOAT16, _FLOAT = type_string(onnx.TensorProto.FLOAT16), type_string(onnx.TensorProto.FLOAT)
+# Refusals of a lowering the op does not have (not reported as passed over).
+_NO_NATIVE, _NO_PYTHON = "has no native kernel", "has no Python kernel"
+_ABSENT = frozenset({_NO_NATIVE, _NO_PYTHON})
 # Nodes ONNX Runtime turns into initializers when it loads a model: no kernel runs them.
 _LOAD_TIME = frozenset({"Constant"})
 # The oldest ai.onnx opset ONNX Runtime loads.
@@ -263,12 +266,17 @@ class Selection:
         self.prefer = prefer
         self.opset = opset
         self.path = path
+        # op -> why lowerings before the chosen one were passed over (distinct, in order seen)
+        self.passed_over: dict[str, list[str]] = {}
         self._verdicts: dict[tuple, str | None] = {}
 
     def choose(self, op: OpDef, node: onnx.NodeProto, attrs: Mapping[str, Any],
                in_types: tuple[int | None, ...], probe: Probe) -> tuple[Any, Decomposition | None]:
-        """(lowering, decomposition or None) for ``node``; UnsupportedOpError when none fits."""
-        reasons = []
+        """(lowering, decomposition or None) for ``node``. A decomposition whose build raises
+        for this node is passed over like one ONNX Runtime cannot run; when nothing fits,
+        that build's error (a RewriteError) is raised, else an UnsupportedOpError."""
+        reasons: list[str] = []
+        unbuilt: list[tuple[Decomposition, Exception]] = []
         for how in self.prefer:
             if how.value == "decompose":
                 valid = [d for d in op.decompositions if d.supports(self.opset)]
@@ -278,37 +286,72 @@ class Selection:
                     reasons.append(f"no decomposition valid at opset {self.opset}"
                                    + (f" (has {ranges})" if ranges else ""))
                 for dec in valid:
-                    problem = self.problem(op, node, attrs, in_types, dec, self.opset, probe)
+                    problem, error = self._verdict(op, node, attrs, in_types, dec, self.opset, probe)
                     if problem is None:
-                        return how, dec
+                        return self._chosen(op, reasons, how, dec)
                     reasons.append(f"decomposition '{dec.name}' at opset {self.opset}: {problem}")
+                    if error is not None:
+                        unbuilt.append((dec, error))
             elif how.value == "native":
                 if self.registry.has_native(op):
-                    return how, None
-                reasons.append("has no native kernel" if not op.native else
+                    return self._chosen(op, reasons, how, None)
+                reasons.append(_NO_NATIVE if not op.native else
                                "declares a native kernel but is not registered through an OpPackage "
                                "with NativeKernels")
             elif how.value == "python":
                 if op.python_kernel is not None:
-                    return how, None
-                reasons.append("has no Python kernel")
+                    return self._chosen(op, reasons, how, None)
+                reasons.append(_NO_PYTHON)
+        if unbuilt:
+            raise self._build_failed(node, *unbuilt[0], reasons)
         raise self._nothing_fits(op, node, attrs, in_types, probe, reasons)
+
+    def _chosen(self, op: OpDef, reasons: list[str], how: Any, dec: Decomposition | None
+                ) -> tuple[Any, Decomposition | None]:
+        refused = [r for r in reasons if r not in _ABSENT]  # what the op has but could not use
+        if refused:
+            seen = self.passed_over.setdefault(op.qualified_name, [])
+            seen.extend(r for r in refused if r not in seen)
+        return how, dec
 
     def problem(self, op: OpDef, node: onnx.NodeProto, attrs: Mapping[str, Any],
                 in_types: tuple[int | None, ...], dec: Decomposition, opset: int, probe: Probe) -> str | None:
-        """Why ORT cannot run ``dec`` of ``node`` at ``opset``, or None (cached)."""
+        """Why ORT cannot run ``dec`` of ``node`` at ``opset`` (or it cannot be built), or None."""
+        return self._verdict(op, node, attrs, in_types, dec, opset, probe)[0]
+
+    def _verdict(self, op: OpDef, node: onnx.NodeProto, attrs: Mapping[str, Any],
+                 in_types: tuple[int | None, ...], dec: Decomposition, opset: int, probe: Probe
+                 ) -> tuple[str | None, Exception | None]:
+        """(:meth:`problem`, the exception its build raised or None); verdicts of builds that
+        did not look at shapes are cached."""
         key = (op.qualified_name, dec.name, opset, in_types, repr(sorted(attrs.items())), len(node.input),
                len(node.output))
         if key in self._verdicts:
-            return self._verdicts[key]
+            return self._verdicts[key], None
         try:
             nodes, known, used_shapes = probe(dec, opset)
-        except RewriteError:
-            return None  # the real build reports it, with the node's name
+        except RewriteError as exc:
+            return f"cannot be built: {exc.message}", exc
+        except Exception as exc:  # noqa: BLE001 - a decomposition is the op author's code
+            return f"cannot be built: {type(exc).__name__}: {exc}", exc
         verdict = replacement_problem(nodes, known, opset)
         if not used_shapes:
             self._verdicts[key] = verdict
-        return verdict
+        return verdict, None
+
+    def _build_failed(self, node: onnx.NodeProto, dec: Decomposition, exc: Exception,
+                      reasons: list[str]) -> RewriteError:
+        """The error of a node whose lowerings are all refused, one decomposition because its
+        build raised ``exc``: that build's error, naming the node and the other reasons."""
+        detail = exc.message if isinstance(exc, GraphkitError) else f"{type(exc).__name__}: {exc}"
+        others = [r for r in reasons if not r.startswith(f"decomposition '{dec.name}' at ")]
+        hint = exc.hint if isinstance(exc, GraphkitError) and exc.hint else "fix the decomposition"
+        error = RewriteError(f"decomposition '{dec.name}': {detail}"
+                             + (f"; other lowerings: {'; '.join(others)}" if others else ""),
+                             path=self.path, node=node.name or "<unnamed>", op=f"{node.domain}::{node.op_type}",
+                             hint=hint)
+        error.__cause__ = exc
+        return error
 
     def _nothing_fits(self, op: OpDef, node: onnx.NodeProto, attrs: Mapping[str, Any],
                       in_types: tuple[int | None, ...], probe: Probe, reasons: list[str]) -> UnsupportedOpError:

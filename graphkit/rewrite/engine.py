@@ -48,7 +48,9 @@ class RewriteReport:
     ``conversions`` the ai.onnx version conversions made, ``(from, to, how)`` with ``how``
     "version converter" or "imports only" (a model without standard ops);
     ``writer`` says which writer made the output and why (``"objects"``: the passes on
-    the parsed model; ``"bytes"``: graphkit.rewrite._fastpath on the serialized one).
+    the parsed model; ``"bytes"``: graphkit.rewrite._fastpath on the serialized one);
+    ``passed_over`` says, per op, why lowerings preferred to the one it got were not used
+    (a decomposition ONNX Runtime cannot run or that cannot be built for the node).
     """
 
     ops_before: collections.Counter = field(default_factory=collections.Counter)
@@ -59,6 +61,7 @@ class RewriteReport:
     conversions: list[tuple[int | None, int, str]] = field(default_factory=list)
     writer: str = "objects"
     writer_reason: str = ""
+    passed_over: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -78,6 +81,7 @@ class RewriteReport:
             "passes": [{"pass": name, "changed": what} for name, what in self.passes],
             "conversions": [{"domain": "ai.onnx", "from": a, "to": b, "how": how} for a, b, how in self.conversions],
             "writer": {"name": self.writer, "why": self.writer_reason},
+            "passed_over": {op: list(reasons) for op, reasons in sorted(self.passed_over.items())},
         }
 
 
@@ -517,6 +521,7 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
             break
         if p.name == "fix-imports":
             ctx.report.actions = ctx.plan.actions
+            ctx.report.passed_over = ctx.plan.selection.passed_over
             ctx.report.ops_after = _ops_after(ctx, out)
         if not p.applies(ctx, out):
             continue
