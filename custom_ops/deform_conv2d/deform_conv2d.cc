@@ -364,12 +364,18 @@ void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T
   // weight that is an input, which strips would also have to repack on every call).
   const int64_t fit = std::max<int64_t>(1, kTileBytes / int64_t(sizeof(T) * kg));
   if (2 * fit >= mg) {
-    int64_t tiles = std::max(cdiv(np, fit), cdiv(kTasks, g.n));
-    tiles = std::min(tiles, std::max<int64_t>(1, np / kMinSamplePositions));
+    const int64_t most = std::max<int64_t>(1, np / kMinSamplePositions);
+    int64_t tiles = std::min(std::max(cdiv(np, fit), cdiv(kTasks, g.n)), most);
+    // Few tasks: as many per thread (128@28 at batch 1: 8 tiles, not 7 of which one
+    // thread of 2 would run 4).
+    const int64_t threads = std::max<int64_t>(2, concurrency.threads());
+    if (g.n * tiles < 8 * threads) {
+      while (tiles < most && (g.n * tiles) % threads != 0) ++tiles;
+    }
     const int64_t tile = cdiv(np, tiles);
     tiles = cdiv(np, tile);
     const T* pk = weight_constant ? strip_weight() : nullptr;
-    ctx.parallel_for(size_t(g.n * tiles), [&](size_t task) {
+    concurrency.parallel_for(ctx, size_t(g.n * tiles), [&](size_t task) {
       const int64_t n = int64_t(task) / tiles, p0 = (int64_t(task) % tiles) * tile;
       const int64_t count = std::min(np, p0 + tile) - p0;
       Scratch<T>& s = scratch<T>();
