@@ -2,6 +2,8 @@
 
     python bench/rewrite_scaling.py                     # 10k and 100k nodes, every shape
     python bench/rewrite_scaling.py --sizes 10000 100000 1000000 --shapes unnamed fanout
+    python bench/rewrite_scaling.py --shapes unnamed if_bodies --flags=--as-functions
+    python bench/rewrite_scaling.py --shapes unnamed if_bodies --rule   # a user rule, then lowering
 
 For each shape and size it writes a model, then times, in the same run:
 - the floor: a Python process that only does onnx.load + onnx.save of that file;
@@ -14,7 +16,9 @@ on a shared machine the CPU time is what the work costs; the ratios use it. It p
 CPU microseconds per node, the growth factor per 10x nodes (1.0 = linear), and the CLI's
 ratio to the floor (CPU, wall, peak memory). Goal: growth <= 1.1 everywhere; CLI within
 3x of the floor at 100k and 1M nodes. `nodes` counts every node, subgraphs and functions
-included.
+included. `--flags` are passed to `graphkit rewrite` and to the in-process writers (the
+lowering, --target-opset, --as-functions); `--rule` adds a user rule (every my_add becomes
+an Add) given to both as `--rules FILE` / ``rules=``, which the objects writer applies.
 """
 
 from __future__ import annotations
@@ -107,17 +111,48 @@ SHAPES = {
     "functions": functions,
 }
 FLOOR = "import onnx, sys; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])"
+# The user rule of --rule: a rules file as `graphkit rewrite --rules` reads it.
+RULE_FILE = """from graphkit.rewrite import Rule, RuleSet
+
+rules = RuleSet([Rule.node("my_add_as_add", "my_add", lambda op, x0, x1: op.Add(x0, x1), domain="custom",
+                           inputs=2)])
+"""
+
+
+def _options(flags: str) -> dict:
+    """rewrite_bytes keywords for the `graphkit rewrite` flags the benchmark is given."""
+    from graphkit.rewrite import Lowering
+
+    argv = flags.split()
+    options: dict = {}
+    if "--bind" in argv:
+        options["lowering"] = Lowering(argv[argv.index("--bind") + 1])
+    if "--target-opset" in argv:
+        options["target_opset"] = int(argv[argv.index("--target-opset") + 1])
+    if "--as-functions" in argv:
+        options["as_functions"] = True
+    return options
+
+
+# Runs argv[1:] and prints its CPU seconds, wall seconds and peak RSS. A process's peak RSS
+# counts the memory of the process it was forked from (ru_maxrss survives exec): measured
+# from this small launcher, not from the benchmark, which holds the models it made.
+LAUNCHER = """import os, subprocess, sys, time
+start = time.perf_counter()
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(proc.pid, 0)
+print(usage.ru_utime + usage.ru_stime, time.perf_counter() - start, usage.ru_maxrss, os.waitstatus_to_exitcode(status))
+"""
 
 
 def _process(argv: list[str]) -> tuple[float, float, int]:
     """CPU seconds, wall seconds and peak RSS (KiB) of one child process."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"failed: {' '.join(argv)}: {proc.stderr.read().decode()[-500:]}")
-    return usage.ru_utime + usage.ru_stime, seconds, usage.ru_maxrss
+    done = subprocess.run([sys.executable, "-c", LAUNCHER, *argv], capture_output=True, text=True)
+    *lines, last = done.stdout.strip().splitlines() or ["0 0 0 1"]
+    cpu, wall, rss, code = last.split()
+    if done.returncode != 0 or code != "0":
+        raise SystemExit(f"failed: {' '.join(argv)}: {done.stderr[-500:]}")
+    return float(cpu), float(wall), int(rss)
 
 
 def _best(fn, repeat: int):
@@ -136,19 +171,26 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
     ap.add_argument("--flags", default="", help="extra `graphkit rewrite` flags, e.g. '--bind native'")
+    ap.add_argument("--rule", action="store_true", help="apply a user rule (my_add -> Add) before lowering")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--writers", nargs="*", choices=("objects", "bytes"), default=["objects", "bytes"],
                     help="in-process writers to time (none: the processes only)")
     args = ap.parse_args()
     from graphkit.ops import default_registry
     from graphkit.rewrite import Lowering, rewrite_bytes
+    from graphkit.rewrite.loader import load_rules
 
-    lowering = {"--bind native": Lowering.NATIVE, "--bind python": Lowering.PYTHON}.get(args.flags.strip(),
-                                                                                      Lowering.DECOMPOSE)
+    options = {"lowering": Lowering.DECOMPOSE, **_options(args.flags)}
+    flags = args.flags.split()
     registry = default_registry()
     print(f"{'shape':13} {'nodes':>8} {'floor cpu':>9} {'cli cpu':>8} {'cli/floor':>9} {'wall ratio':>10} "
           f"{'rss/floor':>9} {'cli us/node':>11} {'growth':>6} {'objects s':>9} {'bytes s':>8} {'writer':>7}")
     with tempfile.TemporaryDirectory() as tmp:
+        if args.rule:
+            rule_file = Path(tmp) / "scaling_rule.py"
+            rule_file.write_text(RULE_FILE)
+            flags += ["--rules", str(rule_file)]
+            options["rules"] = load_rules(str(rule_file))
         for shape in args.shapes:
             previous = None
             for size in args.sizes:
@@ -160,7 +202,7 @@ def main() -> None:
                 floor, floor_wall, floor_rss = _best(
                     lambda: _process([sys.executable, "-c", FLOOR, str(src), str(out)]), args.repeat)
                 cli, cli_wall, cli_rss = _best(lambda: _process([sys.executable, "-m", "graphkit", "rewrite", str(src),
-                                                                 str(out), *args.flags.split()]), args.repeat)
+                                                                 str(out), *flags]), args.repeat)
                 data = src.read_bytes()
                 timed = {}
                 writer = ""
@@ -168,7 +210,7 @@ def main() -> None:
                     def api() -> float:
                         nonlocal writer
                         start = time.process_time()
-                        _, report = rewrite_bytes(data, registry=registry, lowering=lowering, fast=name == "bytes")
+                        _, report = rewrite_bytes(data, registry=registry, fast=name == "bytes", **options)
                         writer = report.writer if name == "bytes" else writer
                         return time.process_time() - start
 

@@ -16,6 +16,9 @@ AI_ONNX = ("", "ai.onnx")
 
 _GRAPH = onnx.AttributeProto.GRAPH
 _GRAPHS = onnx.AttributeProto.GRAPHS
+_TENSOR = onnx.AttributeProto.TENSOR
+_TENSORS = onnx.AttributeProto.TENSORS
+_EXTERNAL = onnx.TensorProto.EXTERNAL
 
 
 def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
@@ -77,48 +80,82 @@ def scopes(model: onnx.ModelProto) -> Iterator[tuple[Any, set[str], list[onnx.Te
 class ModelIndex:
     """One pass over a model: op counts, every name in use (nodes and tensors), and every
     node list (``node_lists``: (nodes, in a function body), the main graph's first, each
-    graph before the graphs nested in it)."""
+    graph before the graphs nested in it). For the check, besides: ``shapeless``, the
+    tensor types of graph inputs/outputs (any graph) without a shape, and ``external``,
+    whether any tensor (initializers, sparse ones, attributes, any scope) is stored externally."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.op_counts: collections.Counter = collections.Counter()
         self.names: set[str] = set()
         self.node_lists: list[tuple[Any, bool]] = []
-        update = self.names.update
-        for g in graphs(model.graph):
-            self._nodes(g.node)
-            self.node_lists.append((g.node, False))
-            update(i.name for i in g.input)
-            update(o.name for o in g.output)
-            if g.initializer:
-                update(t.name for t in g.initializer)
-            if g.sparse_initializer:
-                update(t.values.name for t in g.sparse_initializer)
-            if g.value_info:
-                update(v.name for v in g.value_info)
-        for fn in model.functions:
-            update(fn.input)
-            update(fn.output)
-            self._nodes(fn.node)
-            self.node_lists.append((fn.node, True))
-            for sub in _nested(fn.node):
-                for g in graphs(sub):
-                    self._nodes(g.node)
-                    self.node_lists.append((g.node, True))
-                    update(i.name for i in g.input)
-                    update(o.name for o in g.output)
-                    update(t.name for t in g.initializer)
-                    update(t.values.name for t in g.sparse_initializer)
-                    update(v.name for v in g.value_info)
+        self.shapeless: list[onnx.TypeProto.Tensor] = []
+        self.external = False
+        for fn in (None, *model.functions):
+            if fn is None:
+                stack, in_function = [model.graph], False
+            else:
+                self.names.update(fn.input)
+                self.names.update(fn.output)
+                self.node_lists.append((fn.node, True))
+                stack, in_function = self._nodes(fn.node), True
+                stack.reverse()
+            while stack:
+                g = stack.pop()
+                self._graph(g)
+                self.node_lists.append((g.node, in_function))
+                inner = self._nodes(g.node)
+                if inner:
+                    inner.reverse()
+                    stack.extend(inner)
 
-    def _nodes(self, nodes: Any) -> None:
+    def _graph(self, g: onnx.GraphProto) -> None:
+        """A graph's own fields: names of inputs, outputs, initializers and value_info."""
+        update = self.names.update
+        shapeless = self.shapeless
+        for vis in (g.input, g.output):
+            if vis:
+                update(v.name for v in vis)
+                for vi in vis:
+                    tp = vi.type
+                    if tp.HasField("tensor_type") and not tp.tensor_type.HasField("shape"):
+                        shapeless.append(tp.tensor_type)
+        if g.initializer:
+            update(t.name for t in g.initializer)
+            self.external = self.external or any(t.data_location == _EXTERNAL for t in g.initializer)
+        if g.sparse_initializer:
+            update(t.values.name for t in g.sparse_initializer)
+            self.external = self.external or any(
+                t.values.data_location == _EXTERNAL or t.indices.data_location == _EXTERNAL
+                for t in g.sparse_initializer)
+        if g.value_info:
+            update(v.name for v in g.value_info)
+
+    def _nodes(self, nodes: Any) -> list[onnx.GraphProto]:
+        """Count and name ``nodes``; returns the graphs held in their attributes, in order."""
         counts = self.op_counts
         update = self.names.update
         add = self.names.add
+        inner: list[onnx.GraphProto] = []
+        external = False
         for n in nodes:
             counts[(n.domain, n.op_type)] += 1
             add(n.name)
             update(n.input)
             update(n.output)
+            if n.attribute:
+                for attr in n.attribute:
+                    t = attr.type
+                    if t == _GRAPH:
+                        inner.append(attr.g)
+                    elif t == _GRAPHS:
+                        inner.extend(attr.graphs)
+                    elif t == _TENSOR:
+                        external = external or attr.t.data_location == _EXTERNAL
+                    elif t == _TENSORS:
+                        external = external or any(x.data_location == _EXTERNAL for x in attr.tensors)
+        if external:
+            self.external = True
+        return inner
 
     @property
     def domains(self) -> set[str]:

@@ -177,12 +177,15 @@ def _without_external_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def check_model(model: onnx.ModelProto, registry: OpRegistry, *, path: str | None = None,
-                context: str = "", full: bool = True) -> None:
+                context: str = "", full: bool = True,
+                scan: tuple[list[onnx.TypeProto.Tensor], bool] | None = None) -> None:
     """ONNX checker, plus strict shape inference over the whole model when ``full``.
 
-    Custom ops are known to both through their schemas.
+    Custom ops are known to both through their schemas. ``scan``: the graph inputs/outputs
+    without a shape and whether any tensor is external, where the caller knows them
+    (a ModelIndex of a model whose graphs' inputs, outputs and tensors are ``model``'s).
     """
-    shapeless, external = _check_scan(model)
+    shapeless, external = _check_scan(model) if scan is None else scan
     if external:
         model = _without_external_initializers(model)
         shapeless = _check_scan(model)[0]
@@ -440,7 +443,12 @@ def _check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
         _check_replacement(r.original, r.nodes, r.types, model.opset_import, ctx.registry, r.rule, ctx.path)
     applied = ", ".join(sorted({how for _, how in ctx.plan.actions} | set(ctx.report.rules.applied)))
     full = ctx.full_check or sum(ctx.report.ops_after.values()) <= FULL_CHECK_NODES
-    check_model(model, ctx.registry, path=ctx.path, context=f" after rewrite ({applied})", full=full)
+    # Lowering only replaces nodes (graph inputs and outputs stay, no tensor it makes is
+    # external): what the input's index found holds for the output, unless a tensor was external.
+    scan = None
+    if {name for name, _ in ctx.report.passes} <= {"lower", "fix-imports"} and not ctx.index.external:
+        scan = (ctx.index.shapeless, False)
+    check_model(model, ctx.registry, path=ctx.path, context=f" after rewrite ({applied})", full=full, scan=scan)
     return PassResult(model, False)
 
 
@@ -477,7 +485,7 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
                   rules: Iterable[Rule] | None = None, target_opset: int | None = None,
                   as_functions: bool = False, check: bool = True, full_check: bool = False,
                   path: str | None = None, progress: Callable[[str, int, int], None] | None = None,
-                  ) -> tuple[onnx.ModelProto, RewriteReport]:
+                  copy: bool = True) -> tuple[onnx.ModelProto, RewriteReport]:
     """Apply ``rules``, then lower every custom:: node of ``model``; returns a new model and a report.
 
     ``lowering`` is one lowering or a preference order: each node gets the first that
@@ -488,8 +496,10 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     model's standard ops first. ``progress(phase, done, total)`` is called while lowering
     models of more than PROGRESS_MIN_NODES nodes.
 
-    ``model`` itself is not modified. A model where nothing applies comes back
-    unchanged field for field. ``check`` runs the ONNX checker on the result and strict
+    ``model`` itself is not modified, unless ``copy`` is False: then the rewrite works on
+    ``model`` itself (no copy: half the memory), for a caller that owns it and only wants
+    the result (the model returned may be ``model``, and after an error ``model`` may be
+    half rewritten). A model where nothing applies comes back unchanged field for field. ``check`` runs the ONNX checker on the result and strict
     shape inference on each distinct replacement, and on the whole model when it has at
     most FULL_CHECK_NODES nodes or ``full_check`` is set. The passes run are :data:`PASSES`.
     """
@@ -499,8 +509,14 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     prefer = (lowering,) if isinstance(lowering, Lowering) else tuple(lowering)
     if as_functions:
         prefer = (Lowering.KEEP,)
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    # Converting to the same opset rewrites the imports in place without counting as a change:
+    # work on a copy then, so that "unchanged" stays true of what comes back.
+    copy = copy or target_opset is not None
+    if copy:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+    else:
+        out = model
     index = ModelIndex(out)
     bad = next((k for k in index.op_counts if not (isinstance(k[0], str) and isinstance(k[1], str))), None)
     if bad is not None:  # protobuf hands over names that are not UTF-8 text as bytes
@@ -532,6 +548,8 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
             ctx.report.passes.append((p.name, result.detail))
     if not modified:
         ctx.report.ops_after = ctx.report.ops_before.copy()
+        if not copy:
+            return model, ctx.report
         unchanged = onnx.ModelProto()
         unchanged.CopyFrom(model)
         return unchanged, ctx.report

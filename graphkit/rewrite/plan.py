@@ -70,6 +70,7 @@ class Template:
     outputs: list[str]
     prefix: str
     constants: dict[str, str] = field(default_factory=dict)  # another scope's constant -> this scope's
+    _compiled: list | None = field(default=None, repr=False, compare=False)  # shared by adopted copies
 
     def instantiate(self, inputs: list[str], outputs: list[str], prefix: str,
                     fresh: Callable[[str], str]) -> list[onnx.NodeProto]:
@@ -78,25 +79,38 @@ class Template:
         Names made from the template's prefix are made from ``prefix`` by ``fresh``, in
         node order (each node's name, then the outputs it makes).
         """
+        compiled = self._compiled
+        if compiled is None:
+            compiled = self._compiled = self._compile()
         rename = dict(self.constants)
         rename.update(zip(self.inputs, inputs))
         rename.update(zip(self.outputs, outputs))
-        tpl_prefix = self.prefix
-        cut = len(tpl_prefix)
         out = []
-        for tpl in self.nodes:
+        for tpl, name, outs, ins in compiled:
             node = onnx.NodeProto()
             node.CopyFrom(tpl)
-            node.name = fresh(prefix + tpl.name[cut:] if tpl.name.startswith(tpl_prefix) else tpl.name)
-            for i, name in enumerate(tpl.output):
-                if name not in rename:
-                    rename[name] = fresh(prefix + name[cut:] if name.startswith(tpl_prefix) else name)
-                node.output[i] = rename[name]
-            for i, name in enumerate(tpl.input):
-                if name in rename:
-                    node.input[i] = rename[name]
+            node.name = fresh(prefix + name[1]) if name[0] else fresh(name[1])
+            for i, (o, made) in enumerate(outs):
+                if o not in rename:
+                    rename[o] = fresh(prefix + made[1]) if made[0] else fresh(made[1])
+                node.output[i] = rename[o]
+            for i, name_in in ins:
+                if name_in in rename:
+                    node.input[i] = rename[name_in]
             out.append(node)
         return out
+
+    def _compile(self) -> list[tuple]:
+        """Per template node: the node, its name and output names as (made from the prefix,
+        the rest), and the inputs that may be renamed (index, name): read once, not per instance."""
+        tpl_prefix = self.prefix
+        cut = len(tpl_prefix)
+
+        def part(name: str) -> tuple[bool, str]:
+            return (True, name[cut:]) if name.startswith(tpl_prefix) else (False, name)
+
+        return [(tpl, part(tpl.name), [(o, part(o)) for o in tpl.output], list(enumerate(tpl.input)))
+                for tpl in self.nodes]
 
 
 @dataclass
@@ -394,8 +408,10 @@ class LoweringPlan:
                 if value is not None:
                     scope.constants[value] = local
             rename[name] = local
+        if template._compiled is None:
+            template._compiled = template._compile()
         adopted = scope.templates[key] = Template(template.nodes, template.inputs, template.outputs,
-                                                  template.prefix, rename)
+                                                  template.prefix, rename, template._compiled)
         return adopted, made
 
     def _bind(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], how: Lowering,

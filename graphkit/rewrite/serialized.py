@@ -38,11 +38,12 @@ class FileRewrite:
 def rewrite_bytes(data: bytes, *, registry: OpRegistry | None = None,
                   lowering: Lowering | Sequence[Lowering] = DEFAULT_PREFERENCE, check: bool = True,
                   path: str | None = None, model: onnx.ModelProto | None = None, fast: bool = True,
-                  **options: Any) -> tuple[bytes, RewriteReport]:
+                  consume: bool = False, **options: Any) -> tuple[bytes, RewriteReport]:
     """``rewrite_model`` on a serialized model: returns the rewritten model's bytes and the report.
 
-    ``model`` is ``data`` already parsed, if the caller has it; ``fast=False`` turns the
-    byte writer off; ``options`` are ``rewrite_model``'s other keywords.
+    ``model`` is ``data`` already parsed, if the caller has it (``consume``: the caller
+    drops it afterwards, so the objects writer may rewrite it in place instead of a copy);
+    ``fast=False`` turns the byte writer off; ``options`` are ``rewrite_model``'s other keywords.
     """
     registry = default_registry() if registry is None else registry
     prefer = (lowering,) if isinstance(lowering, Lowering) else tuple(lowering)
@@ -50,6 +51,7 @@ def rewrite_bytes(data: bytes, *, registry: OpRegistry | None = None,
         data = bytes(data)
     if model is None:
         model = onnx.load_model_from_string(data)
+        consume = True
     if not fast:
         why = "the byte writer was turned off (fast=False)"
     elif options.get("rules") or options.get("target_opset") is not None or options.get("as_functions"):
@@ -61,7 +63,9 @@ def rewrite_bytes(data: bytes, *, registry: OpRegistry | None = None,
                                          progress=options.get("progress"))
         except _fastpath.Unsupported as exc:
             why = f"the byte writer does not handle this model: {exc}"
-    out, report = rewrite_model(model, registry=registry, lowering=prefer, check=check, path=path, **options)
+    out, report = rewrite_model(model, registry=registry, lowering=prefer, check=check, path=path, copy=not consume,
+                                **options)
+    del model
     report.writer_reason = why
     return out.SerializeToString(), report
 
@@ -99,7 +103,8 @@ def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None
             check_output_path(dst, src, inputs=weights_files(files, dst))
         size = len(data)
         del data
-        out, report = rewrite_model(model, registry=registry, lowering=lowering, path=src, **options)
+        out, report = rewrite_model(model, registry=registry, lowering=lowering, path=src, copy=False, **options)
+        del model
         report.writer_reason = "external data: the objects writer places the weights with the model"
         sizes = {"bytes_before": size, "bytes_after": out.ByteSize()}
         if before_write is not None:
@@ -108,9 +113,11 @@ def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None
             save_model(out, dst, input_path=src, external_data=external_data)
             sizes["bytes_after"] = os.path.getsize(dst)
         return FileRewrite(report, sizes, out)
-    out_bytes, report = rewrite_bytes(data, model=model, registry=registry, lowering=lowering, path=src, **options)
+    out_bytes, report = rewrite_bytes(data, model=model, consume=True, registry=registry, lowering=lowering,
+                                      path=src, **options)
+    del model
     sizes = {"bytes_before": len(data), "bytes_after": len(out_bytes)}
-    del data, model
+    del data
     if before_write is not None:
         before_write(report, sizes)
     if dst is not None:
