@@ -407,7 +407,8 @@ def test_supported_range_is_what_the_converter_and_onnxruntime_both_take():
     x = np.float32([[1, -2, 3]])
     for target in (MIN_OPSET, max_opset()):  # down and up
         out, report = rewrite_model(my_add_model(opset=9), target_opset=target)
-        assert report.conversions == [(9, target, "version converter")]
+        # Relu is Relu-6 at 7 and 9: only the import moves; up to the newest it is converted
+        assert report.conversions == [(9, target, "imports only" if target == MIN_OPSET else "version converter")]
         np.testing.assert_allclose(graphkit.open_session(out).run({"a": x, "b": x})["z"], np.maximum(3 * x, 0))
 
 

@@ -236,12 +236,20 @@ def _check_replacement(original: onnx.NodeProto, nodes: list[onnx.NodeProto], ty
                                   hint=f"fix {rule}, or skip the check with --no-check") from exc
 
 
-def _convert_opset(model: onnx.ModelProto, target: int, path: str | None) -> onnx.ModelProto:
-    """Move the model's standard ops to ai.onnx opset ``target`` (custom nodes ride along)."""
+def _convert_opset(model: onnx.ModelProto, target: int, path: str | None) -> tuple[onnx.ModelProto, bool]:
+    """Move the model's standard ops to ai.onnx opset ``target`` (custom nodes ride along).
+
+    Returns the model and whether onnx's version converter was skipped because no
+    standard op of the model (any scope) has a new version between the two opsets: every
+    node stays as it is, only the import moves (the converter, besides, costs the square
+    of the number of subgraphs: it copies the outer scope's names into each).
+    """
     from onnx import version_converter
 
     current = ai_onnx_opset(model)
-    if current == target or not any(d in AI_ONNX for d, _ in count_ops(model)):
+    standard = {op for d, op in count_ops(model) if d in AI_ONNX}
+    same = current is not None and current != target and bool(standard) and _same_schemas(standard, current, target)
+    if current == target or not standard or same:
         converted = model
     else:
         try:
@@ -252,7 +260,19 @@ def _convert_opset(model: onnx.ModelProto, target: int, path: str | None) -> onn
     imports = [imp for imp in converted.opset_import if imp.domain not in AI_ONNX]
     del converted.opset_import[:]
     converted.opset_import.extend([helper.make_opsetid("", target), *imports])
-    return converted
+    return converted, same
+
+
+def _same_schemas(ops: set[str], a: int, b: int) -> bool:
+    """Whether each ai.onnx op of ``ops`` has the same schema version at opsets ``a`` and ``b``."""
+    low, high = sorted((a, b))
+    for op in ops:
+        try:
+            if onnx.defs.get_schema(op, high, "").since_version > low:
+                return False
+        except onnx.defs.SchemaError:
+            return False
+    return True
 
 
 def _attach_functions(model: onnx.ModelProto, registry: OpRegistry, opset: int, names: NameGenerator,
@@ -331,6 +351,7 @@ class RewriteContext:
     has_standard: bool = False       # standard ops an op computes (ai.onnx DeformConv) in the input
     plan: LoweringPlan | None = None
     index: ModelIndex | None = None  # of the input's copy
+    index_valid: bool = True         # no pass but lowering changed the nodes or graphs since
     types: TypeTable | None = None   # the main graph's (and its subgraphs') tensor types
 
     def make_plan(self, model: onnx.ModelProto, names: set[str]) -> None:
@@ -353,17 +374,22 @@ def _recognise_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     """Standard nodes an op computes become its placeholders before the version converter
     sees them (it has no adapter for DeformConv across opset 19, nor for one under 19)."""
     made = recognise(model, ctx.registry, ctx.path, ctx.target_opset)
+    ctx.index_valid = ctx.index_valid and not made
     return PassResult(model, bool(made), ", ".join(f"{n} {what}" for what, n in sorted(made.items())))
 
 
 def _convert_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     before = ai_onnx_opset(model)
-    out = _convert_opset(model, ctx.target_opset, ctx.path)
+    out, same = _convert_opset(model, ctx.target_opset, ctx.path)
     if ctx.converting:
         standard = any(d in AI_ONNX for d, _ in ctx.report.ops_before)
-        ctx.report.conversions.append((before, ctx.target_opset,
-                                       "version converter" if standard and before is not None else "imports only"))
-        ctx.make_plan(out, ModelIndex(out).names)
+        ctx.report.conversions.append((before, ctx.target_opset, "version converter" if standard and before is not None
+                                       and not same else "imports only"))
+        if out is model and ctx.index_valid:  # the same nodes: the same names
+            ctx.make_plan(out, ctx.index.names)
+        else:
+            ctx.index_valid = False
+            ctx.make_plan(out, ModelIndex(out).names)
     else:  # same opset: the imports are rewritten to ai.onnx, the names are the same
         ctx.plan.opset = ai_onnx_opset(out)
     return PassResult(out, ctx.converting, f"ai.onnx opset {before} -> {ctx.target_opset}")
@@ -378,6 +404,7 @@ def _rules_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
 
     total = apply_rule_set(model, ctx.rules, make_builder=make_builder, types=types, report=ctx.report.rules,
                            path=ctx.path)
+    ctx.index_valid = ctx.index_valid and not total
     return PassResult(model, total > 0, f"{total} rewrites")
 
 
@@ -386,6 +413,7 @@ def _graphsurgeon_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResul
     out = apply_graphsurgeon_rules(model, gs_rules, ctx.report.rules, ctx.path)
     if out is model:
         return PassResult(model, False)
+    ctx.index_valid = False
     ctx.make_plan(out, ModelIndex(out).names)  # names and types of the rebuilt graph
     applied = sum(ctx.report.rules.applied.get(r.name, 0) for r in gs_rules)
     return PassResult(out, True, f"{applied} rewrites")
@@ -394,7 +422,7 @@ def _graphsurgeon_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResul
 def _lower_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     plan = ctx.plan
     # Every node list: the input's index while no pass before changed the model.
-    lists = ctx.index.node_lists if not ctx.report.passes else node_lists(model)
+    lists = ctx.index.node_lists if ctx.index_valid else node_lists(model)
     total = sum(ctx.report.ops_before.values())
     progress = ctx.progress if total > PROGRESS_MIN_NODES else None
     domains, standard = plan.domains, plan.standard
@@ -428,6 +456,7 @@ def _ticker(progress: Callable[[str, int, int], None], offset: int, total: int) 
 def _functions_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     actions = _attach_functions(model, ctx.registry, ctx.plan.opset, ctx.plan.names, ctx.path)
     ctx.plan.actions.update(actions)
+    ctx.index_valid = ctx.index_valid and not actions
     return PassResult(model, bool(actions), f"{sum(actions.values())} functions attached")
 
 
@@ -444,9 +473,11 @@ def _check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     applied = ", ".join(sorted({how for _, how in ctx.plan.actions} | set(ctx.report.rules.applied)))
     full = ctx.full_check or sum(ctx.report.ops_after.values()) <= FULL_CHECK_NODES
     # Lowering only replaces nodes (graph inputs and outputs stay, no tensor it makes is
-    # external): what the input's index found holds for the output, unless a tensor was external.
+    # external): what the input's index found holds for the output, unless a tensor was
+    # external or a replacement holds subgraphs.
     scan = None
-    if {name for name, _ in ctx.report.passes} <= {"lower", "fix-imports"} and not ctx.index.external:
+    if ctx.index_valid and not ctx.index.external and not {"If", "Loop", "Scan"} & {
+            op for _, op in ctx.plan.emitted}:
         scan = (ctx.index.shapeless, False)
     check_model(model, ctx.registry, path=ctx.path, context=f" after rewrite ({applied})", full=full, scan=scan)
     return PassResult(model, False)
