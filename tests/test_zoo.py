@@ -265,8 +265,9 @@ def test_load_check_falls_back_to_decomposition_then_stands_in(tmp_path):
 
 
 def test_load_check_says_when_a_decomposition_raises(tmp_path):
-    """An op package whose decomposition raises does not crash the export: the check is
-    reported not done, naming the exception (graphkit rewrite would raise it)."""
+    """An op package whose decomposition raises does not crash the export: the op is stood
+    in for, the reason naming the exception (graphkit rewrite raises it as a RewriteError
+    naming the node, graphkit/rewrite/_selection.py)."""
     from graphkit.ops import Decomposition
 
     def broken(builder, inputs, attrs):
@@ -276,7 +277,10 @@ def test_load_check_says_when_a_decomposition_raises(tmp_path):
                                      decompositions=(Decomposition("broken", broken, min_opset=7),)),
                            tmp_path / "broken.onnx")
     check = report.runtime_check
-    assert not check.checked and "TypeError: broken decomposition" in check.reason
+    assert check.checked and check.stand_ins == 1
+    assert check.lowerings == {"gkcheck::gkcheck_halve_broken": "stand-in"}
+    assert check.reason.startswith("gkcheck::gkcheck_halve_broken not checked: decomposition 'broken': "
+                                   "TypeError: broken decomposition"), check.reason
 
 
 def _graph_model(nodes, inputs, outputs, value_info=(), opset=18):
@@ -365,7 +369,7 @@ def test_cli_export_refused_by_onnxruntime(tmp_path):
 def test_split_num_outputs_dropped_below_opset_18(length, parts, sizes):
     """onnx's version converter leaves Split-18's num_outputs on a Split-13 (GPT-2 with
     dynamo=True at opset 17): graphkit drops it, giving opset 18's sizes where uneven."""
-    from graphkit.export._export import _split_without_num_outputs
+    from graphkit.export._opset_down import split_without_num_outputs as _split_without_num_outputs
 
     outs = [f"y{i}" for i in range(parts)]
     model = _graph_model([helper.make_node("Split", ["x"], outs, axis=1, num_outputs=parts, name="s")],
@@ -388,7 +392,7 @@ def test_split_num_outputs_dropped_below_opset_18(length, parts, sizes):
 def test_noop_with_empty_axes_dropped_below_opset_18():
     """onnx's version converter keeps ReduceMean-18's noop_with_empty_axes=0 on ReduceMean-13
     (Llama, DeepLab with dynamo=True at opset 17); 0 is ReduceMean-13's behaviour, 1 is not."""
-    from graphkit.export._export import _drop_default_attributes
+    from graphkit.export._opset_down import drop_default_attributes as _drop_default_attributes
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
