@@ -55,16 +55,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
-import onnx.numpy_helper
-import onnx.version_converter
 import torch
 
 from graphkit.errors import ExportError, GraphkitError
 from graphkit.export import torch_ops
 from graphkit.export._foreign import foreign_translations, scoped_foreign_symbolics
 from graphkit.export._model_ops import merge, registry_for
+from graphkit.export._opset_down import ConverterError, convert_down
 from graphkit.export._runtime_check import RuntimeCheck, check_loads
 from graphkit.export._trace_fixes import trace_fixes
 from graphkit.export._translation_fixes import translation_fixes
@@ -377,93 +375,13 @@ def _export_dynamo(model, args, kwargs, registry, opset, names, output_names, dy
 
 
 def _convert_down(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
-    """The dynamo exporter's opset-18 model converted to ``opset`` by onnx's version converter.
-
-    graphkit converts the finished model itself: torch's own conversion (asked for through
-    ``opset_version``) fails on axes it does not see as constants yet, and then keeps opset
-    18 silently. The converter has no adapter for Split-18, which differs from Split-13 only
-    by ``num_outputs``: Split nodes are hidden from it in a domain of their own and fixed
-    after, as is ReduceX-18's ``noop_with_empty_axes`` that it leaves behind.
-    """
-    splits = [n for n in _all_nodes(model.graph) if n.op_type == "Split" and n.domain in ("", "ai.onnx")]
-    for node in splits:
-        node.domain = _HIDDEN_DOMAIN
-    model.opset_import.append(onnx.helper.make_opsetid(_HIDDEN_DOMAIN, 1))
+    """The dynamo exporter's opset-18 model converted to ``opset`` (graphkit.export._opset_down)."""
     try:
-        converted = onnx.version_converter.convert_version(model, opset)
-    except Exception as exc:  # noqa: BLE001 - the converter raises RuntimeError or its own
+        return convert_down(model, opset)
+    except ConverterError as exc:
         raise ExportError(f"the dynamo exporter builds opset {_DYNAMO_MIN_OPSET} and onnx's version "
-                          f"converter could not convert it to opset {opset}: {_first_line(exc)}",
-                          hint=f"export at opset >= {_DYNAMO_MIN_OPSET}, or with dynamo=False") from exc
-    for node in _all_nodes(converted.graph):
-        if node.domain == _HIDDEN_DOMAIN:
-            node.domain = ""
-    imports = [i for i in converted.opset_import if i.domain != _HIDDEN_DOMAIN]
-    del converted.opset_import[:]
-    converted.opset_import.extend(imports)
-    _split_without_num_outputs(converted)
-    _drop_default_attributes(converted, opset)
-    return converted
-
-
-_HIDDEN_DOMAIN = "graphkit.hidden_from_converter"
-
-
-# Attributes newer opsets added whose value here means what the older op always does.
-_NO_OP_ATTRIBUTES = {"noop_with_empty_axes": 0}
-
-
-def _drop_default_attributes(model: onnx.ModelProto, opset: int) -> None:
-    """Remove attributes the node's schema at ``opset`` lacks when their value is the
-    behaviour of the older op (ReduceMean-18's ``noop_with_empty_axes=0`` on ReduceMean-13:
-    onnx's converter keeps it and ONNX Runtime refuses the node)."""
-    for node in _all_nodes(model.graph):
-        if node.domain not in ("", "ai.onnx") or not node.attribute:
-            continue
-        try:
-            schema = onnx.defs.get_schema(node.op_type, opset, "")
-        except onnx.defs.SchemaError:
-            continue
-        keep = [a for a in node.attribute if a.name in schema.attributes
-                or _NO_OP_ATTRIBUTES.get(a.name, object()) != onnx.helper.get_attribute_value(a)]
-        if len(keep) != len(node.attribute):
-            del node.attribute[:]
-            node.attribute.extend(keep)
-
-
-def _split_without_num_outputs(model: onnx.ModelProto) -> None:
-    """onnx's version converter leaves Split-18's ``num_outputs`` attribute on the Split-13 it
-    writes (found by bench/zoo.py: GPT-2 at opset 17; ONNX Runtime refuses the node). Split-13
-    splits evenly into as many parts as the node has outputs: drop the attribute where the
-    axis' length is known and even, else give the sizes opset 18 would (ceil-sized parts, the
-    last one smaller) as the ``split`` input. Unknown lengths are left to the load check."""
-    shapes = {vi.name: vi.type.tensor_type.shape for vi in (*model.graph.value_info, *model.graph.input)
-              if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
-    for node in model.graph.node:
-        if node.op_type != "Split" or node.domain not in ("", "ai.onnx"):
-            continue
-        attrs = {a.name: a for a in node.attribute}
-        if "num_outputs" not in attrs or (len(node.input) > 1 and node.input[1]):
-            continue
-        n = attrs["num_outputs"].i
-        axis = attrs["axis"].i if "axis" in attrs else 0
-        shape = shapes.get(node.input[0])
-        if shape is None or not -len(shape.dim) <= axis < len(shape.dim) or \
-                not shape.dim[axis].HasField("dim_value"):
-            continue
-        length = shape.dim[axis].dim_value
-        chunk = -(-length // n)
-        sizes = [chunk] * (n - 1) + [length - chunk * (n - 1)]
-        if sizes[-1] <= 0:
-            continue
-        keep = [a for a in node.attribute if a.name != "num_outputs"]
-        del node.attribute[:]
-        node.attribute.extend(keep)
-        if length % n:
-            name = f"{node.name or node.output[0]}_split_sizes"
-            model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(sizes, dtype=np.int64), name))
-            del node.input[1:]
-            node.input.append(name)
+                          f"converter could not convert it to opset {opset}: {_first_line(exc.__cause__)}",
+                          hint=f"export at opset >= {_DYNAMO_MIN_OPSET}, or with dynamo=False") from exc.__cause__
 
 
 def _export_torchscript(model, args, kwargs, registry, opset, names, output_names,
