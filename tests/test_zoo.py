@@ -439,15 +439,18 @@ def test_sdpa_fully_masked_rows_are_zero_like_torch(tmp_path):
 
 
 def test_translation_fixes_step_aside_for_an_onnxscript_without_their_internals(monkeypatch):
-    """A torchlib without the symbols the sdpa fix builds on: exports go on with torch's own."""
+    """A torchlib without the symbols the fixes build on: exports go on with torch's own."""
     from graphkit.export import _translation_fixes
 
     def missing():
         raise ImportError("cannot import name 'TFloat'")
 
     monkeypatch.setattr(_translation_fixes, "_sdpa", missing)
-    with pytest.warns(UserWarning, match="sdpa translation fix off"):
+    monkeypatch.setattr(_translation_fixes, "_clamp_tensor", missing)
+    with pytest.warns(UserWarning) as caught:
         assert _translation_fixes.translation_fixes() == {}
+    assert [str(w.message).split(" with ")[0] for w in caught] == [
+        "graphkit: sdpa translation fix off", "graphkit: clamp translation fix off"]
 
 
 # --------------------------------------------------------------------------- trace fixes (dynamo)
@@ -497,9 +500,8 @@ class _Clamps(torch.nn.Module):
         y = x * 1
         if y.is_floating_point():
             y.clamp_(-1.5, 2)  # in place keeps x's type: float tensors only, as in torch
-        # Each clamp on another tensor: see test_float16_clamps_of_one_tensor_fail_the_load_check.
-        return (x.clamp(min=0, max=2.5), torch.clamp(x + 1, -1.5, 3), torch.clip(x - 1, 1, max=3.5),
-                (x * 2).clip(min=-2.5, max=1), y)
+        return (x.clamp(min=0, max=2.5), torch.clamp(x, -1.5, 3), torch.clip(x, 1, max=3.5),
+                x.clip(min=-2.5, max=1), y)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.float16], ids=str)
@@ -536,19 +538,25 @@ def test_clamp_with_a_symbolic_int_bound(tmp_path):
         assert got.dtype == want.dtype and np.array_equal(got, want), (n, got, want)
 
 
-def test_float16_clamps_of_one_tensor_fail_the_load_check(tmp_path):
-    """Not fixed (onnxscript 0.7.2's optimizer, run by torch's exporter): two clamps of one
-    float16 tensor become two Clips whose bounds are both named ``x_min``/``x_max``; one pair
-    is lost and ONNX Runtime refuses the model. graphkit's export fails naming the node."""
+def test_float16_clamps_of_one_tensor_match_torch(tmp_path):
+    """torch's exporter alone writes two clamps of one float16 tensor as Clips whose bounds
+    its optimizer names alike (``x_min``): one pair is lost and ONNX Runtime refuses the
+    model. graphkit's translation fix writes the Clips itself; values match torch eager,
+    NaN, infinities and min > max included."""
 
     class M(torch.nn.Module):
         def forward(self, x):
-            return x.clamp(min=0.0, max=2.5), x.clamp(min=-1.5, max=3.0)
+            return x.clamp(min=0.0, max=2.5), x.clamp(min=-1.5, max=3.0), x.clamp(min=2.0, max=1.0)
 
-    path = tmp_path / "f16.onnx"
-    with pytest.raises(ExportError) as info:
-        export(M(), (torch.zeros(8, dtype=torch.float16),), path, dynamo=True)
-    assert info.value.op == "Clip" and "x_min_1" in info.value.message and not path.exists()
+    x = torch.tensor([-3, -1, 0, 1, 2, 3, float("nan"), float("inf"), -float("inf")], dtype=torch.float16)
+    plain = torch.onnx.export(M(), (x,), dynamo=True, verbose=False, report=False).model_proto
+    with pytest.raises(Exception, match="x_min_1"):
+        ort.InferenceSession(plain.SerializeToString())
+    export(M(), (x,), tmp_path / "f16.onnx", dynamo=True)
+    sess = ort.InferenceSession(str(tmp_path / "f16.onnx"), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
+    for g, w in zip(got, M()(x)):
+        assert g.dtype == np.float16 and np.array_equal(g, w.numpy(), equal_nan=True), (g, w)
 
 
 # --------------------------------------------------------------------------- load check: functions and bodies

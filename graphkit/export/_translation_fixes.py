@@ -9,6 +9,13 @@ Each entry replaces one ATen op's translation in ``custom_translation_table`` wh
   mask) gives zeros in torch; torchlib masks with the dtype's lowest value instead of -inf,
   so its softmax is uniform there, not NaN, and its NaN-to-zero step never fires. The fix
   keeps torchlib's graph and zeroes the rows whose mask holds no True.
+- ``aten::clamp.Tensor`` with two scalar bounds (what torch's type promotion makes of a
+  float16 ``x.clamp(0.0, 2.5)``): torchlib writes ``Min(Max(x, lo), hi)``, which onnxscript
+  0.7.2's optimizer fuses into a ``Clip`` whose bounds it names ``<x>_min``/``<x>_max``;
+  a second clamp of the same tensor reuses those names, one pair of bounds is lost, and
+  ONNX Runtime refuses the model ("Node input 'x_min_1' is not a graph input"). The fix
+  writes the ``Clip`` itself (torch's own translation of ``aten::clamp`` with number bounds,
+  which float32 gets; ``Clip`` with min > max gives max, as torch does).
 """
 
 # No `from __future__ import annotations`: torch's exporter reads the translation's type
@@ -46,6 +53,25 @@ def _sdpa() -> Callable[..., Any]:
     return scaled_dot_product_attention
 
 
+def _clamp_tensor() -> Callable[..., Any]:
+    from onnxscript import opset18 as op
+    from onnxscript.function_libs.torch_lib.ops import core as torchlib
+    from onnxscript.function_libs.torch_lib.tensor_typing import TReal
+
+    base = torchlib.aten_clamp_tensor
+
+    def scalar(value: Any) -> bool:
+        return value is not None and value.shape is not None and len(value.shape) == 0
+
+    def clamp_tensor(self: TReal, min: typing.Optional[TReal] = None,  # noqa: A002 - torch's names
+                     max: typing.Optional[TReal] = None) -> TReal:  # noqa: A002
+        if not (scalar(min) and scalar(max)):
+            return base(self, min, max)
+        return op.Clip(self, op.CastLike(min, self), op.CastLike(max, self))
+
+    return clamp_tensor
+
+
 def translation_fixes() -> dict[Any, Callable[..., Any]]:
     """``custom_translation_table`` entries correcting torch's translations (see above)."""
     import torch
@@ -56,4 +82,9 @@ def translation_fixes() -> dict[Any, Callable[..., Any]]:
     except (ImportError, AttributeError) as exc:
         warnings.warn(f"graphkit: sdpa translation fix off with this onnxscript ({exc}): fully masked "
                       "attention rows follow torchlib (uniform), not torch (zeros)", stacklevel=2)
+    try:
+        fixes[torch.ops.aten.clamp.Tensor] = _clamp_tensor()
+    except (ImportError, AttributeError) as exc:
+        warnings.warn(f"graphkit: clamp translation fix off with this onnxscript ({exc}): two clamps of "
+                      "one float16 tensor may give a model ONNX Runtime refuses", stacklevel=2)
     return fixes
