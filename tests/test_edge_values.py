@@ -22,6 +22,8 @@ from graphkit.rewrite import rewrite_model  # noqa: E402
 from graphkit.rewrite.loader import load_rules  # noqa: E402
 from torch_call import Call  # noqa: E402
 
+F = torch.nn.functional
+
 pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 
 INF, NAN = math.inf, math.nan
@@ -270,3 +272,56 @@ def test_float16_sinc_is_computed_in_float32(tmp_path):
     got = check(tmp_path, "aten::sinc", torch.sinc, f16(1.0, -7.25, 0.5, 0.0, -3.0))
     assert got[0] == 0.0 and np.signbit(got[0])
     assert got[1] == torch.sinc(f16(-7.25)).numpy()[0]
+
+
+# --------------------------------------------------------------------------- found at GRAPHKIT_EDGE_EXAMPLES=2000
+
+
+def test_xlog1py_float64_within_an_ulp_of_log1p(tmp_path):
+    """log1p as log(w) + (u - (w - 1)) / w: Goldberg's u log(w) / (w - 1) was 3 ulps off."""
+    y = f64(4.83100872, 5.20587669, -0.838764305, 3.55834486e185, -1.02128763e-2, 325.745313, 1e-300, -0.0)
+    check(tmp_path, "aten::special_xlog1py", torch.special.xlog1py, torch.ones_like(y), y)
+    check(tmp_path, "aten::special_xlog1py", torch.special.xlog1py, f64(-3.5, 7.0, 2.0, 1e-3, 5.0, 2.5, 1.0, 3.0), y,
+          opset=11)
+
+
+@pytest.mark.parametrize("opset", [9, 13, 17])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8])
+def test_l1_loss_of_small_integers_below_opset_14(tmp_path, opset, dtype):
+    """F.l1_loss broadcasts first: torch's broadcast_tensors adds zeros in the tensors' type,
+    an int8/int16/uint8 Add ONNX Runtime has no kernel for before opset 14."""
+    info = torch.iinfo(dtype)
+    x = torch.tensor([1, 2, info.min, info.max, 5], dtype=dtype)
+    t = torch.tensor([3, info.max, info.max, info.min, 5], dtype=dtype)
+    for reduction in ("none", "sum"):
+        got = check(tmp_path, "aten::l1_loss", lambda a, b, r=reduction: F.l1_loss(a, b, reduction=r), x, t,
+                    opset=opset)
+        assert got.dtype == (np.dtype(str(dtype)[6:]) if reduction == "none" else np.int64)
+
+
+@pytest.mark.parametrize("opset", [9, 10, 11, 17])
+def test_integer_sum_wraps_around_like_torch(tmp_path, opset):
+    """l1_loss of int64 summed: torch wraps around; ONNX Runtime's int64 ReduceSum goes
+    through double (inexact past 2^53, saturating past 2^63)."""
+    big = 2**63 - 1
+    x = torch.tensor([[big, -big - 1, 12345], [big // 3, 7, -big]], dtype=torch.int64)
+    t = torch.tensor([[-5, 3, -big], [-big, 0, 2**62]], dtype=torch.int64)
+    want = F.l1_loss(x, t, reduction="sum")
+    got = check(tmp_path, "aten::l1_loss", lambda a, b: F.l1_loss(a, b, reduction="sum"), x, t, opset=opset)
+    assert int(got) == int(want)
+
+
+def test_float32_cumsum_accumulates_in_double(tmp_path):
+    """torch's CPU cumsum adds float32 in double and rounds each partial sum."""
+    x = f32(589.31964, 1e8, -1e8, 0.1, 3.3, -592.7, 7.0, 1e-8, -0.0)
+    got = check(tmp_path, "aten::cumsum", lambda v: torch.cumsum(v, 0), x)
+    assert got[3] == np.float32(589.31964 + 0.1) and got[3] != np.float32(np.float32(589.31964) + np.float32(1e8)
+                                                                            - np.float32(1e8) + np.float32(0.1))
+    check(tmp_path, "aten::cumsum", lambda v: torch.cumsum(v, 0), f32(-0.0, -0.0), opset=11)  # +0.0, as torch
+
+
+def test_broadcast_tensors_of_bool(tmp_path):
+    x, y = torch.tensor([[True], [False]]), torch.tensor([[True, False, True]])
+    got = check(tmp_path, "aten::broadcast_tensors", lambda a, b: torch.stack(torch.broadcast_tensors(a, b)), x, y,
+                opset=13)
+    assert got.dtype == np.bool_ and got.shape == (2, 2, 3)

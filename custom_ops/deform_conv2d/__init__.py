@@ -26,9 +26,16 @@ bias plus the other taps. This holds in the reference and in every lowering
 leaves NaN undefined (it casts the coordinate to an integer index). A corner outside the
 image contributes 0 without reading a pixel (torchvision's rule), so a NaN or inf pixel
 reaches exactly the outputs whose sampling points read it, in the reference, both
-sampling decompositions and both kernels (test_nan_pixel_reaches_only_the_outputs_that_read_it);
-ONNX Runtime's DeformConv (the ``onnx_deform_conv`` lowering) spreads it to other outputs
-too. NaN or inf in the weight, bias or mask propagate by IEEE arithmetic. The mask multiplies
+sampling decompositions and both kernels (test_nan_pixel_reaches_only_the_outputs_that_read_it).
+ONNX Runtime's DeformConv (the ``onnx_deform_conv`` lowering, ONNX Runtime 1.32) departs
+from this in one way: a sampling point with a corner outside the image (not 0 <= y < H - 1
+and 0 <= x < W - 1: points outside, NaN points, the border strip, and points on the last
+row or column, whose far corners have weight 0) reads pixel (0, 0) of its channel with
+weight 0, so a NaN or infinite pixel (0, 0) gives NaN at every output of that position
+(and weight group) that has such a point; torch's outputs there stay finite
+(tests/test_edges.py::test_onnx_deform_conv_nan_rule_is_documented_and_real; the edge
+harness compares that lowering with this rule). NaN or inf in the weight, bias or mask
+propagate by IEEE arithmetic. The mask multiplies
 the interpolated sample (torchvision's ``mask * bilinear(...)``), so an infinite or NaN mask
 gives NaN at a point outside the image (mask * 0) and +-inf (or NaN) inside, in the
 reference and every lowering, ONNX Runtime's DeformConv included

@@ -12,7 +12,10 @@ Both sampling decompositions give a point outside the image (far, infinite or Na
 coordinates) 0 before it reaches GridSample or an index, as the reference does, and a
 corner outside the image never reads a pixel. GridSample's grid is normalized to [-1, 1]
 in the model's float type, which costs about size * 2^-24 pixel of position in float32
-(2.4e-4 px at 4100 wide): gather and the kernels are exact at any size.
+(2.4e-4 px at 4100 wide): a sample moves by up to that times the sum of its four corners'
+magnitudes, more than a few ulps of the output where a huge pixel has a small bilinear
+weight (tests/test_edges.py::test_grid_sample_position_error_is_what_its_docstring_says).
+gather and the kernels are exact at any size.
 
 The two sampling decompositions need the weight's shape (kernel size, channels) to be
 static; batch, height and width may be dynamic (computed with Shape/Slice in the graph).

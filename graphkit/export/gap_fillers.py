@@ -174,13 +174,19 @@ def _where_equal(g, x, value):
 
 
 def _log1p(g, u):
-    """log(1 + u) without cancellation: u * log(w) / (w - 1) with w = 1 + u rounded
-    (exact to a few ulps, Goldberg 1991); u where w - 1 == 0 (tiny u, keeps -0.0)."""
-    w = g.op("Add", _const(g, 1.0, u), u)
-    d = g.op("Sub", w, _const(g, 1.0, u))
-    exact = g.op("Mul", u, g.op("Div", g.op("Log", w), d))
-    value = _select(g, _where_equal(g, d, 0.0), u, exact)
-    return g.op("Where", _where_equal(g, u, math.inf), u, value)  # inf / inf
+    """log(1 + u) to within an ulp of libm's log1p: log(w) + c / w with w = 1 + u rounded
+    and c = u - (w - 1) the rounding error of that sum (exact), the first term of
+    log(1 + c / w) (Goldberg's u * log(w) / (w - 1) is up to 3 ulps off in float64). c == 0
+    (w exact, u = -1 included): log(w) alone; w - 1 == 0 (tiny u, keeps -0.0): u."""
+    one = _const(g, 1.0, u)
+    w = g.op("Add", one, u)
+    d = g.op("Sub", w, one)
+    c = g.op("Sub", u, d)
+    log = g.op("Log", w)
+    corrected = g.op("Add", log, g.op("Div", c, w))
+    value = g.op("Where", _where_equal(g, c, 0.0), log, corrected)
+    value = _select(g, _where_equal(g, d, 0.0), u, value)
+    return g.op("Where", _where_equal(g, u, math.inf), u, value)  # inf - inf
 
 
 def _trunc(g, x):
@@ -196,7 +202,27 @@ def _reduce(g, x, reduction: int):
         return x
     if _dtype(x) in (torch.int32, *_SMALL_INTEGERS):  # torch sums integers in int64
         x = _cast(g, x, torch.int64)
+    if reduction == 2 and _dtype(x) == torch.int64:
+        return _integer_sum(g, x)
     return g.op("ReduceMean" if reduction == 1 else "ReduceSum", x, keepdims_i=0)
+
+
+def _integer_sum(g, x):
+    """The sum of every element of an int64 tensor, wrapping around as torch's does (ONNX
+    Runtime's int64 ReduceSum accumulates in double: inexact past 2^53, saturating past
+    2^63). From opset 11 the last element of a CumSum (exact for any size); before it the
+    sums of the high and low 32-bit halves (exact in double below 2^21 elements, the
+    documented limit), recombined in int64."""
+    flat = g.op("Reshape", x, g.op("Constant", value_t=torch.tensor([-1])))
+    if g.opset >= 11:
+        zero = g.op("Constant", value_t=torch.tensor([0]))
+        sums = g.op("CumSum", g.op("Concat", zero, flat, axis_i=0), g.op("Constant", value_t=torch.tensor(0)))
+        return g.op("Gather", sums, g.op("Constant", value_t=torch.tensor(-1)), axis_i=0)
+    two32 = g.op("Constant", value_t=torch.tensor(2**32))
+    high = g.op("Div", flat, two32)  # truncates: |low| < 2^32
+    low = g.op("Sub", flat, g.op("Mul", high, two32))
+    return g.op("Add", g.op("Mul", g.op("ReduceSum", high, keepdims_i=0), two32),
+                g.op("ReduceSum", low, keepdims_i=0))
 
 
 def _flip(axis: int):
@@ -485,6 +511,23 @@ def _ravel(g, x):
     return g.op("Reshape", x, g.op("Constant", value_t=torch.tensor([-1])))
 
 
+def _broadcast_tensors(g, tensors):
+    """torch.broadcast_tensors: each tensor Expanded to the broadcast shape, the Shape of a
+    sum of int64 zeros shaped like the tensors (torch sums zeros of the tensors' own type:
+    an 8- or 16-bit integer Add before opset 14, or a bool Add, which ONNX Runtime has no
+    kernel for; ``F.l1_loss`` of int8 calls it)."""
+    values = symbolic_helper._unpack_list(tensors)
+
+    def zeros(v):
+        return g.op("ConstantOfShape", g.op("Shape", v), value_t=torch.tensor([0], dtype=torch.int64))
+
+    total = zeros(values[0])
+    for v in values[1:]:
+        total = g.op("Add", total, zeros(v))
+    shape = g.op("Shape", total)
+    return g.op("prim::ListConstruct", *[g.op("Expand", v, shape) for v in values])
+
+
 @symbolic_helper.parse_args("v", "v", "i")
 def _l1_loss(g, x, target, reduction):
     return _reduce(g, g.op("Abs", g.op("Sub", x, target)), reduction)
@@ -590,7 +633,8 @@ def _diff(g, x, n, dim, prepend, append):
 def _cumsum(g, x, dim, dtype=None):
     """torch.cumsum: bool and integer inputs sum in int64 as torch's do (torch's symbolic
     writes a bool or int8 CumSum, which ONNX Runtime has no kernel for, and sums int32 in
-    int32), ``dtype=`` is honoured, float16 accumulates in float32."""
+    int32), ``dtype=`` is honoured, float16 accumulates in float32 and float32 in float64
+    (torch's CPU accumulation types)."""
     have = _dtype(x)
     if dtype is not None and not symbolic_helper._is_none(dtype):
         want = _SCALAR_TYPES.get(symbolic_helper._get_const(dtype, "i", "dtype"))
@@ -598,12 +642,17 @@ def _cumsum(g, x, dim, dtype=None):
         want = torch.int64
     else:
         want = have
-    work = _compute_type(want)
+    # torch's CPU cumsum accumulates float32 in double (its acc_type) and rounds each sum
+    work = torch.float64 if want == torch.float32 else _compute_type(want)
     axis = g.op("Constant", value_t=torch.tensor(dim, dtype=torch.int64))
     y = g.op("CumSum", _cast(g, x, work), axis)
-    if work is not None and work.is_floating_point:
-        y = g.op("Add", y, _const(g, 0.0, y))  # torch sums from +0.0: cumsum(-0.0) is 0.0
-    return y if work == want else g.op("Cast", y, to_i=_ELEMENT_TYPES[want])
+    if work != want:
+        y = g.op("Cast", y, to_i=_ELEMENT_TYPES[want])
+    if want is not None and want.is_floating_point:
+        # torch sums from +0.0: cumsum(-0.0) is 0.0 (after the Cast: ONNX Runtime's
+        # optimizer drops a double Add of 0)
+        y = g.op("Add", y, g.op("Constant", value_t=torch.tensor(0.0, dtype=want)))
+    return y
 
 
 # --------------------------------------------------------------------------- examples
@@ -663,6 +712,10 @@ def _plus_minus_one(t):
 def _loss_examples(fn, **kwargs):
     return tuple(_ex(lambda x, t, r=r: fn(x, t, reduction=r, **kwargs), _binary_inputs(1.5), r)
                  for r in _LOSS_REDUCTIONS)
+
+
+def _broadcast_inputs(gen: torch.Generator):
+    return torch.randn(3, 1, generator=gen) * 3, torch.randn(1, 4, generator=gen) * 3
 
 
 def _diff_examples() -> tuple[Example, ...]:
@@ -805,7 +858,15 @@ GAP_FILLERS = GapFillerTable([
                _ex(torch.ldexp, lambda gen: (torch.tensor([0.0, 0.1, 1e38, 1.0, -3.0]),
                                              torch.tensor([128, 128, -150, -149, 300])), "range"))),
     # losses (reduction none, mean, sum)
-    GapFiller("aten::l1_loss", 9, _l1_loss_any, "Abs(x - t), reduced", _loss_examples(F.l1_loss)),
+    GapFiller("aten::broadcast_tensors", 9, _broadcast_tensors, "Expand(t, Shape(sum of int64 zeros))",
+              (_ex(lambda x, y: torch.broadcast_tensors(x, y)[1], _binary_inputs(3), "same shapes"),
+               _ex(lambda x, y: torch.cat(torch.broadcast_tensors(x, y)), _broadcast_inputs),
+               _ex(lambda x, y: torch.cat(torch.broadcast_tensors(x > 0, y > 0)), _broadcast_inputs, "bool")),
+              replaces="torch finds the shape by adding zeros of the tensors' type: an int8, "
+                       "int16 or uint8 Add before opset 14 and a bool Add (no ONNX Runtime kernel)"),
+    GapFiller("aten::l1_loss", 9, _l1_loss_any, "Abs(x - t), reduced", _loss_examples(F.l1_loss),
+              semantics="integer sums wrap around as torch's (ONNX Runtime's int64 ReduceSum "
+                        "saturates); before opset 11 exactly so for fewer than 2^21 elements"),
     GapFiller("aten::smooth_l1_loss", 9, _floating(_smooth_l1_loss, tensors=2),
               "Where(|d| < beta, d^2 / 2 beta, |d| - beta / 2)",
               _loss_examples(F.smooth_l1_loss, beta=0.7)
