@@ -10,7 +10,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphkit.errors import RewriteError
-from graphkit.rewrite._walk import graphs
+from graphkit.rewrite._walk import value_types
 
 __all__ = ["Builder", "NameGenerator", "TypeTable"]
 
@@ -179,18 +179,9 @@ class TypeTable:
     def _infer(self) -> None:
         """Ask ONNX shape inference (custom ops known through their schemas)."""
         self._state = "done"
-        import contextlib
-
-        schemas = self._registry.onnx_schemas() if self._registry is not None else contextlib.nullcontext()
-        try:
-            with schemas:
-                inferred = onnx.shape_inference.infer_shapes(self._model, check_type=False, strict_mode=False)
-        except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError, ValueError):
-            return  # keep what the declarations and the forward pass found
-        for g in graphs(inferred.graph):
-            for vi in (*g.input, *g.output, *g.value_info):
-                if vi.name not in self._types or not self._types[vi.name].tensor_type.HasField("shape"):
-                    self.set(vi.name, vi.type)
+        for name, tp in value_types(self._model, self._registry).items():
+            if name not in self._types or not self._types[name].tensor_type.HasField("shape"):
+                self.set(name, tp)
 
 
 class Builder:
