@@ -48,10 +48,11 @@ namespace {
 constexpr int64_t kTileBytes = 512 * 1024;
 // Columns sampled at once in the two-phase regime (a slice of L3).
 constexpr int64_t kChunkBytes = 8 * 1024 * 1024;
-// Tasks to aim at per parallel loop: enough to balance 2-4 threads, few enough that
-// repacking per GEMM call stays small.
+// Tasks to aim at per parallel loop: enough to balance 2-4 threads, few enough that each
+// task's share of the weight (read once per task) stays small.
 constexpr int64_t kTasks = 4;
-// Most blocks the two-phase GEMM is split into (each block repacks the other operand).
+// Most blocks the two-phase GEMM is split into (each block reads its strips of the weight
+// for its rows).
 constexpr int64_t kMaxBlocks = 64;
 // Fewest positions a sampling task handles (the corner math runs 16 positions per step).
 constexpr int64_t kMinSamplePositions = 16;
@@ -151,8 +152,9 @@ constexpr int kMR = 4, kNV = 2;  // 8 accumulators of 16 registers
 #endif
 
 
-// The GEMM (see the top of the file): output channels x positions. OpenBLAS packs both operands on every call; there, repacking the weight is
-// ~18% of the call (perf: sgemm_oncopy at 512 channels, 7x7). So the weight is packed once
+// The GEMM (see the top of the file): output channels x positions. OpenBLAS packs both
+// operands on every call; there, repacking the weight is ~18% of the call (perf:
+// sgemm_oncopy at 512 channels, 7x7). So the weight is packed once
 // per kernel into strips of NR output channels (k-major) and multiplied by a
 // register-blocked micro-kernel: MR positions x NR channels per tile, K in blocks of kKC so
 // that a block of a strip stays in L2 while the tiles of the chunk's positions pass over
