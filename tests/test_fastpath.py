@@ -755,3 +755,43 @@ def test_representatives_cover_each_pattern_of_empty_names():
 
     values = [("a", "b", "y0"), ("a", "b", "y1"), ("a", "", "y2"), ("", "b", "y3"), ("a", "", "y4"), ("c", "d", "y5")]
     assert _fastpath._representatives([0], {"k": Kind, "none": None}, values) == [0, 1, 2, 3]
+
+
+def _field(tag: bytes, body: bytes) -> bytes:
+    return tag + _fastpath._encode_varint(len(body)) + body
+
+
+# A varint field's key and value as protobuf writes them, then padded with continuation bytes.
+PADDINGS = [(b"", b""), (b"\x80\x00", b""), (b"", b"\x80\x00"), (b"\x80\x80\x00", b"\x80\x00")]
+
+
+def _padded(key: int, value: int, key_pad: bytes, value_pad: bytes) -> bytes:
+    def enc(n: int, pad: bytes) -> bytes:
+        raw = bytearray(_fastpath._encode_varint(n))
+        if pad:
+            raw[-1] |= 0x80  # the last byte continues into the padding, which adds nothing
+        return bytes(raw) + pad
+    return enc(key, key_pad) + enc(value, value_pad)
+
+
+@pytest.mark.parametrize("key_pad, value_pad", PADDINGS)
+def test_probes_find_padded_varints(key_pad, value_pad):
+    """The byte probes for external data and subgraphs find every encoding of their field,
+    canonical or padded (a writer may encode a varint longer than it needs)."""
+    tensor = onnx.TensorProto(name="w", data_type=F, dims=[1])
+    tensor.external_data.add(key="location", value="w.bin")
+    tensor_body = tensor.SerializeToString() + _padded(14 << 3, onnx.TensorProto.EXTERNAL, key_pad, value_pad)
+    attr_body = (onnx.AttributeProto(name="then_branch", g=helper.make_graph([], "t", [], [])).SerializeToString()
+                 + _padded(20 << 3, onnx.AttributeProto.GRAPH, key_pad, value_pad))
+    node_body = helper.make_node("Identity", ["c"], ["o"]).SerializeToString() + _field(b"\x2a", attr_body)
+    graph_body = _field(b"\x0a", node_body) + _field(b"\x2a", tensor_body) + _field(b"\x12", b"g")
+    data = b"\x08\x0a" + _field(b"\x3a", graph_body)
+    model = onnx.ModelProto.FromString(data)
+    assert model.graph.initializer[0].data_location == onnx.TensorProto.EXTERNAL
+    assert model.graph.node[0].attribute[0].type == onnx.AttributeProto.GRAPH
+    assert _fastpath.has_external_data(data, model)
+    _, _, g0, g1 = _fastpath._entries(data, 0, len(data))[1]
+    _, _, holders = _fastpath._subgraph_info(list(model.graph.node), data, g0, g1,
+                                            lambda: len(data) == model.ByteSize())
+    assert holders == {0}
+    _fastpath._Canonical.forget()

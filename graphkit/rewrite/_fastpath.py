@@ -60,6 +60,7 @@ it is: both writers report it in the same words.
 from __future__ import annotations
 
 import collections
+import functools
 import gc
 import itertools
 import operator
@@ -88,10 +89,16 @@ _M_FUNCTIONS = 25
 _GRAPH = onnx.AttributeProto.GRAPH
 _GRAPHS = onnx.AttributeProto.GRAPHS
 _TENSOR = onnx.AttributeProto.TENSOR
-# AttributeProto.type (field 20, varint) = GRAPH (5) / GRAPHS (10); TensorProto.data_location
-# (field 14, varint) = EXTERNAL (1). Byte probes, trusted only for canonically encoded input.
-_PROBE_GRAPH = (b"\xa0\x01\x05", b"\xa0\x01\x0a")
-_PROBE_EXTERNAL = b"\x70\x01"
+# Byte probes for AttributeProto.type (field 20, varint) = GRAPH (5) / GRAPHS (10) and
+# TensorProto.data_location (field 14, varint) = EXTERNAL (1). Every encoding of one holds
+# a probe: the key's minimal bytes then the value's first (5, 10, 1, or with a continuation
+# bit where a writer pads the value), or a padded key, whose first bytes are the
+# ``_PADDED`` probe. Where only a ``_PADDED`` probe occurs (0xF0 is common in weights),
+# the input is still trusted if it is canonical (as protobuf writes it: nothing padded).
+_PROBE_GRAPH = (b"\xa0\x01\x05", b"\xa0\x01\x0a", b"\xa0\x01\x85", b"\xa0\x01\x8a")
+_PADDED_GRAPH = b"\xa0\x81"
+_PROBE_EXTERNAL = (b"\x70\x01", b"\x70\x81")
+_PADDED_EXTERNAL = b"\xf0"
 # Above this many (slash, prefix length) pairs, seed the name generator instead of probing.
 _PROBE_BUDGET = 2_000_000
 _PROBE_TAILS = 64  # at most this many distinct prefix endings are searched for one by one
@@ -230,8 +237,8 @@ def _entry(body: bytes) -> bytes:
 class _Canonical:
     """Whether ``data`` is ``model`` serialized canonically (as protobuf writes it).
 
-    Byte probes that look for a field's encoding are only trusted then: a writer could
-    encode the same field with a longer varint. (One ByteSize per model, remembered.)
+    Asked only where a byte probe finds what could be a padded key (a writer may encode a
+    varint longer than it needs). One ByteSize per model, remembered.
     """
 
     last: tuple[Any, int, bool] | None = None
@@ -251,7 +258,8 @@ class _Canonical:
 
 def has_external_data(data: bytes, model: onnx.ModelProto) -> bool:
     """Whether any tensor of ``model`` (parsed from ``data``) is stored externally."""
-    if _PROBE_EXTERNAL not in data and _Canonical.check(data, model):
+    if not any(p in data for p in _PROBE_EXTERNAL) and (_PADDED_EXTERNAL not in data
+                                                        or _Canonical.check(data, model)):
         return False
     from graphkit.external_data import external_tensors
 
@@ -521,7 +529,7 @@ class _ForwardTypes(TypeTable):
 # -- the model around the nodes -----------------------------------------------------------
 
 def _subgraph_info(nodes: list[onnx.NodeProto], data: bytes, g0: int, g1: int,
-                   canonical: bool) -> tuple[collections.Counter, set[str], set[int]]:
+                   canonical: Callable[[], bool]) -> tuple[collections.Counter, set[str], set[int]]:
     """Op counts and names of the main graph's nodes' subgraphs, and those nodes' indices.
 
     Fails on custom nodes in (or holding) a subgraph.
@@ -529,7 +537,8 @@ def _subgraph_info(nodes: list[onnx.NodeProto], data: bytes, g0: int, g1: int,
     counts: collections.Counter = collections.Counter()
     names: set[str] = set()
     holders: set[int] = set()
-    if canonical and not any(data.find(p, g0, g1) >= 0 for p in _PROBE_GRAPH):
+    if not any(data.find(p, g0, g1) >= 0 for p in _PROBE_GRAPH) and (
+            data.find(_PADDED_GRAPH, g0, g1) < 0 or canonical()):
         return counts, names, holders
     from graphkit.rewrite._walk import graphs
 
@@ -798,7 +807,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     nodes = model.graph.node[:]
     if len(starts) != len(nodes):
         raise Unsupported("node entries do not match the parsed graph")
-    canonical = _Canonical.check(data, model)
+    canonical = functools.partial(_Canonical.check, data, model)
 
     domains = list(map(attrgetter("domain"), nodes))
     op_types = list(map(attrgetter("op_type"), nodes))
