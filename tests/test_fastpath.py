@@ -795,3 +795,21 @@ def test_probes_find_padded_varints(key_pad, value_pad):
                                             lambda: len(data) == model.ByteSize())
     assert holders == {0}
     _fastpath._Canonical.forget()
+
+
+@pytest.mark.parametrize("size", [60, 120, 130, 300])
+@pytest.mark.parametrize("fan_out", [False, True], ids=["chain", "fan-out"])
+def test_unnamed_repeats_with_long_value_names(size, fan_out, monkeypatch):
+    """Repeats written a column at a time: a node's length summed from its names' (over 127
+    bytes with one name of 60), and the per-node writer where a name is 128 bytes or more."""
+    model = _unnamed("my_add", 12, fan_out)
+    for node in model.graph.node:
+        node.output[0] = node.output[0] + "v" * size
+        node.input[:] = [i if i == "x" else i + "v" * size for i in node.input]
+    for vi in model.graph.output:
+        vi.name += "v" * size
+    calls = []
+    emit_all = _fastpath._Template.emit_all
+    monkeypatch.setattr(_fastpath._Template, "emit_all", lambda *a: calls.append(1) or emit_all(*a))
+    same(model)
+    assert bool(calls) == (size > 125)  # names y<i> + size "v"s

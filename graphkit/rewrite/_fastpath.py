@@ -365,24 +365,38 @@ class _Template:
 
     def emit_ascii(self, values: list, prefixes: list, tails: list) -> list[bytes]:
         """emit_all for ASCII names, a column at a time: each field of every node is made by
-        one map over all of them (the loops run in C), then every node's text is joined."""
+        one map over all of them (the loops run in C), then every node's text is joined once.
+        A node's length is summed from its names' (names shorter than 128 take one byte to
+        say how long they are; with a longer one, emit_all does it)."""
         length = _STR_LENGTHS.__getitem__
+        add, repeat = operator.add, itertools.repeat
         columns: list[Any] = list(zip(*values))
-        entries: list[Any] = []
-        for suffix, generated, fields, rest in self._text_plan:
-            node_names = list(map(operator.add, map(operator.add, prefixes, itertools.repeat(suffix)), tails))
+        sizes: dict[Any, list[int]] = {}
+        pieces: list[Any] = []
+        for at, (suffix, generated, fields, rest) in enumerate(self._text_plan):
+            node_names = list(map(add, map(add, prefixes, repeat(suffix)), tails))
             for g in generated:
-                columns.append(list(map(operator.add, map(operator.add, prefixes, itertools.repeat(g)), tails)))
-            pieces: list[Any] = []
+                columns.append(list(map(add, map(add, prefixes, repeat(g)), tails)))
+            total: Any = list(map(len, node_names))
+            sizes[("name", at)] = total
+            fixed = 1 + len(rest)  # the name's length, the fields after it
+            node: list[Any] = []
             for f in fields:
                 if f.__class__ is int:
-                    pieces += (map(length, map(len, columns[f])), columns[f])
+                    size = sizes.get(f)
+                    if size is None:
+                        size = sizes[f] = list(map(len, columns[f]))
+                    node += (map(length, size), columns[f])
+                    total = map(add, total, size)
+                    fixed += 1
                 else:
-                    pieces.append(itertools.repeat(f))
-            pieces += (map(length, map(len, node_names)), node_names, itertools.repeat(rest))
-            bodies = list(map("".join, zip(*pieces)))
-            entries += (itertools.repeat("\n"), map(length, map(len, bodies)), bodies)
-        return list(map(str.encode, map("".join, zip(*entries)), itertools.repeat("latin-1")))
+                    node.append(repeat(f))
+                    fixed += len(f)
+            node += (map(length, sizes[("name", at)]), node_names, repeat(rest))
+            pieces += (repeat("\n"), map(length, map(add, total, repeat(fixed))), *node)
+        if max(map(max, sizes.values())) >= 0x80:
+            return self.emit_all(values, prefixes, tails)
+        return list(map(str.encode, map("".join, zip(*pieces)), repeat("latin-1")))
 
 
 class _Bound:
@@ -623,7 +637,7 @@ def _fixed_imports(model: onnx.ModelProto, opset: int, used: set[str], placehold
     return tiny.SerializeToString()
 
 
-def _representatives(planned: list[int], kinds: dict[tuple, Any], values_of: list[tuple]) -> list[int]:
+def _representatives(planned: list[int], kinds: dict[Any, Any], values_of: list[tuple]) -> list[int]:
     """The placeholders whose replacements ``_check_parts`` looks at, in order: every one the
     plan lowered, and per repeated kind the first repeat with each pattern of empty names
     (a repeat's nodes differ from that one's in names only)."""
@@ -726,7 +740,7 @@ def _inference_prefix(model: onnx.ModelProto, names: set[str]) -> onnx.ModelProt
     return model
 
 
-def _grouped(prefixes: list[str], kind_keys: list[tuple]) -> bool:
+def _grouped(prefixes: list[str], kind_keys: list[Any]) -> bool:
     """Whether repeats can be written kind by kind, after every first node: every prefix is
     of one kind. With ``scoped`` templates (checked as kinds are made) and no input name
     starting with a '<prefix>/' (the caller's condition), names made for different
@@ -868,16 +882,20 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         if n:
             attr_keys[k] = b"".join(a.SerializeToString() for a in custom_nodes[k].attribute)
     values_of = list(map(operator.add, inputs_of, outputs_of))
-    aliasing = list(map(operator.eq, map(len, map(set, values_of)), map(len, values_of)))
+    aliasing: Any = list(map(operator.eq, map(len, map(set, values_of)), map(len, values_of)))
     if not all(aliasing):
-        aliasing = [flag or tuple(map(v.index, v)) for flag, v in zip(aliasing, values_of)]
+        aliasing = (flag or tuple(map(v.index, v)) for flag, v in zip(aliasing, values_of))
     in_types_of = map(tuple, map(map, itertools.repeat(elem.get), inputs_of))
-    kind_keys = list(zip(custom_ops, attr_keys, map(len, inputs_of), map(len, outputs_of), aliasing, in_types_of))
-    del attr_keys, aliasing
+    # Each kind as a number (the first of its kind's index in a count): small keys, no tuple kept per node.
+    kind_numbers: dict[tuple, int] = {}
+    kind_keys = list(map(kind_numbers.setdefault, zip(custom_ops, attr_keys, map(len, inputs_of),
+                                                      map(len, outputs_of), aliasing, in_types_of),
+                         itertools.count()))
+    del attr_keys, aliasing, kind_numbers
     batched = seed is None and _grouped(prefixes, kind_keys)
     tails = _tails(prefixes) if batched else None
 
-    kinds: dict[tuple, Any] = {}  # kind key -> _Template, _Bound, or None: the engine lowers each node
+    kinds: dict[int, Any] = {}  # kind -> _Template, _Bound, or None: the engine lowers each node
     planned: list[int] = []  # the placeholders the plan lowered (the others repeat one of them)
     slots: list[Any] = [None] * len(custom)  # each placeholder's replacement entries
     used: collections.Counter = collections.Counter()
