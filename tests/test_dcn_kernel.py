@@ -82,6 +82,18 @@ def test_native_regimes_match_reference_with_constant_and_input_weight(name):
         np.testing.assert_array_equal(results[0], results[1])
 
 
+@pytest.mark.parametrize("positions", [1, 2, 3, 4, 5, 6, 8, 13])
+def test_strips_tile_of_every_row_count(positions):
+    """512 channels (two phases, strips): one image of 1 x `positions` output positions, so
+    the last tile holds every row count from 1 to MR (7 on AVX-512, 6 on AVX2, 4 otherwise)."""
+    case = Case(n=1, c=512, h=1, w=positions, m=64, og=2, spread=1.0)
+    arrays = case.arrays(seed=positions)
+    model, feeds = onnx_model(case, 17, seed=positions)
+    one = _run(model, feeds, threads=1)
+    np.testing.assert_allclose(one, reference(case, arrays), rtol=0, atol=ATOL[TensorProto.FLOAT])
+    np.testing.assert_array_equal(_run(model, feeds, threads=2), one)
+
+
 def test_native_library_links_openblas_with_rpath():
     """graphkit_ops' library finds libscipy_openblas through its rpath, without LD_LIBRARY_PATH."""
     lib = native.library_path()
