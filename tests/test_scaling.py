@@ -93,3 +93,28 @@ def test_byte_writer_cost_grows_linearly(shape, n):
     seconds(small)
     ratio = seconds(big) / seconds(small)
     assert ratio < 20, f"{shape.__name__}: 8x the nodes took {ratio:.1f}x the time (linear is ~8x)"
+
+
+@pytest.mark.parametrize("shape, n", [(unnamed_chain, 2000), (fan_out, 2000)], ids=["unnamed-chain", "fan-out"])
+def test_file_rewrite_cost_grows_linearly(shape, n, tmp_path, monkeypatch):
+    """`graphkit rewrite`'s one entry point (rewrite_file: read, lower, check, atomic write), at
+    n and 8n both over FULL_CHECK_NODES, so both sizes take the check by parts."""
+    from graphkit.rewrite import _fastpath, engine, rewrite_file
+
+    monkeypatch.setattr(engine, "FULL_CHECK_NODES", 0)
+
+    def seconds(src) -> float:
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            report = rewrite_file(src, tmp_path / "out.onnx").report
+            best = min(best, time.perf_counter() - start)
+        assert report.writer == "bytes" and report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS)
+        return best
+
+    small, big = tmp_path / "small.onnx", tmp_path / "big.onnx"
+    onnx.save(shape(n), small)
+    onnx.save(shape(8 * n), big)
+    seconds(small)
+    ratio = seconds(big) / seconds(small)
+    assert ratio < 20, f"{shape.__name__}: 8x the nodes took {ratio:.1f}x the time (linear is ~8x)"
