@@ -41,8 +41,12 @@ ATOL = {TensorProto.FLOAT: 2e-4, TensorProto.DOUBLE: 1e-10}
 REGIMES = {
     # 64 channels: a tile of 227 positions > 64/2 output channels -> fused tiles, 3 images
     "fused": (Case(n=3, c=64, h=20, w=17, m=64, og=4, spread=3.0), TensorProto.FLOAT),
-    # more positions per tile than output channels, no bias: fused tiles
+    # more positions per tile than output channels, no bias: fused tiles (OpenBLAS: 96
+    # channels would be 2 strips of 64 with AVX-512, a third of the multiply-adds wasted)
     "fused_no_bias": (Case(n=2, c=192, h=12, w=12, m=96, bias=False), TensorProto.FLOAT),
+    # 1024 channels would be two phases, but 40 output channels fill 5/8 of a strip: fused
+    # tiles of 14 positions with OpenBLAS
+    "fused_few_channels_per_strip": (Case(n=1, c=1024, h=5, w=4, m=40, og=2), TensorProto.FLOAT),
     # 256 channels at 7x7, 6 images (294 positions): two phases, one chunk spanning the images
     "two_phase_across_images": (Case(n=6, c=256, h=7, w=7, m=256, spread=3.0), TensorProto.FLOAT),
     # one image, stride 2 (input 14x14 -> 7x7): 49 positions, 7 tiles of 7

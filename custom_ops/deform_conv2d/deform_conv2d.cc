@@ -333,6 +333,9 @@ void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T
   using SG = Strips<T>;
   constexpr int64_t MR = SG::MR, NR = SG::NR;
   const int64_t strips = cdiv(mg, NR);
+  // Strips pad a weight group's output channels to a multiple of NR; past 25% more
+  // multiply-adds (e.g. 40 channels in strips of 64, or depthwise groups) OpenBLAS is faster.
+  const bool strips_pay = strips * NR * 4 <= mg * 5;
   auto strips_gemm = [&](const T* pk, const T* a, int64_t gw, int64_t j0, int64_t r0, int64_t r1, int64_t s0,
                          int64_t s1) {
     const int64_t rows = r1 - r0;
@@ -360,12 +363,13 @@ void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T
 
   // Fused regime: tiles of positions of one image whose columns fit kTileBytes, when a tile
   // holds at least half as many positions as a weight group has output channels (so the
-  // weight, read once per tile, is not much bigger than the tile's columns). Each tile is
-  // multiplied by the strips (a constant weight, packed once: 13-15% less CPU time than
-  // OpenBLAS at 64@56 and 128@28, which repacks the weight per tile) or by OpenBLAS (a
-  // weight that is an input, which strips would also have to repack on every call).
+  // weight, read once per tile, is not much bigger than the tile's columns), or when strips
+  // do not pay. Each tile is multiplied by the strips (a constant weight, packed once: 13-15%
+  // less CPU time than OpenBLAS at 64@56 and 128@28, which repacks the weight per tile) or by
+  // OpenBLAS (a weight that is an input, which strips would also have to repack on every
+  // call, or too few output channels per group for whole strips).
   const int64_t fit = std::max<int64_t>(1, kTileBytes / int64_t(sizeof(T) * kg));
-  if (2 * fit >= mg) {
+  if (2 * fit >= mg || !strips_pay) {
     const int64_t most = std::max<int64_t>(1, np / kMinSamplePositions);
     int64_t tiles = std::min(std::max(cdiv(np, fit), cdiv(kTasks, g.n)), most);
     // Few tasks: as many per thread (128@28 at batch 1: 8 tiles, not 7 of which one
@@ -376,7 +380,7 @@ void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T
     }
     const int64_t tile = cdiv(np, tiles);
     tiles = cdiv(np, tile);
-    const T* pk = weight_constant ? strip_weight() : nullptr;
+    const T* pk = weight_constant && strips_pay ? strip_weight() : nullptr;
     concurrency.parallel_for(ctx, size_t(g.n * tiles), [&](size_t task) {
       const int64_t n = int64_t(task) / tiles, p0 = (int64_t(task) % tiles) * tile;
       const int64_t count = std::min(np, p0 + tile) - p0;
