@@ -28,7 +28,6 @@ an Add) given to both as `--rules FILE` / ``rules=``, which the objects writer a
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile

@@ -141,6 +141,8 @@ class Lowered:
     action: tuple[str, str]
     nodes: list[onnx.NodeProto]
     template: Template | None = None
+    # Set where ``nodes`` are these constants then ``template``'s instance (what count() needs).
+    constants: list[onnx.NodeProto] | None = None
 
 
 @dataclass
@@ -182,6 +184,7 @@ class LoweringPlan:
         # template another scope adopts with constants of its own (thousands of If bodies).
         self._portable: dict = {}
         self._kinds: dict = {}  # kind of node -> (op, attrs, lowering, decomposition, template key)
+        self._template_kinds: dict = {}  # id(template nodes) -> (those nodes, their (domain, op) counts)
         self.selection = Selection(registry, prefer, opset, path)
 
     def fail(self, cls: type, message: str, node: onnx.NodeProto, hint: str) -> Exception:
@@ -272,17 +275,18 @@ class LoweringPlan:
                     # valid as it is, and the op has no form for it: the standard op is its decomposition
                     return Lowered(op, Lowering.DECOMPOSE, (label(op, std), f"keep:{std}"), [original])
                 raise
-        types = scope.types
-        values = (*node.input, *node.output)
-        kind = (node.domain, node.op_type, b"".join(a.SerializeToString() for a in node.attribute),
-                len(node.input), tuple(map(values.index, values)),
-                tuple(types.elem_type(i) if i else None for i in node.input))
+        elem_type = scope.types.elem_type
+        ins = tuple(node.input)
+        values = ins + tuple(node.output)
+        attributes = node.attribute
+        kind = (node.domain, node.op_type, b"".join([a.SerializeToString() for a in attributes]) if attributes else b"",
+                len(ins), tuple(map(values.index, values)), tuple([elem_type(i) if i else None for i in ins]))
         decided = self._kinds.get(kind)
         if decided is None:
             op = self.op_of(node)
             self._check_arity(op, node)
             attrs = node_attrs(op, node, self.path)
-            in_types = self._check_input_types(op, node, types)
+            in_types = self._check_input_types(op, node, scope.types)
             try:
                 how, dec = self.choose(op, node, attrs, in_types, scope)
             except UnsupportedOpError as exc:
@@ -316,9 +320,19 @@ class LoweringPlan:
         ``repeated``: as its template is repeated, without the constants it made first)."""
         self.actions[lowered.action] += times
         self.lowered[(domain, op_type)] += times
-        made = lowered.template.nodes if repeated and lowered.template is not None else lowered.nodes
+        template, emitted = lowered.template, self.emitted
+        if template is not None and (repeated or lowered.constants is not None):
+            kinds = self._template_kinds.get(id(template.nodes))
+            if kinds is None:  # the nodes list is shared by the template's adopted copies and kept
+                kinds = self._template_kinds[id(template.nodes)] = (
+                    template.nodes, collections.Counter((r.domain, r.op_type) for r in template.nodes))
+            for k, n in kinds[1].items():
+                emitted[k] += n * times
+            made = () if repeated else lowered.constants
+        else:
+            made = lowered.nodes
         for r in made:
-            self.emitted[(r.domain, r.op_type)] += times
+            emitted[(r.domain, r.op_type)] += times
 
     def _check_arity(self, op: OpDef, node: onnx.NodeProto) -> None:
         n_req = sum(not p.optional for p in op.inputs)
@@ -353,7 +367,7 @@ class LoweringPlan:
             template, made = self._adopt(key, prefix, scope)
         if template is not None:
             nodes = template.instantiate(inputs, list(node.output), prefix, self.names.fresh)
-            return Lowered(op, Lowering.DECOMPOSE, action, [*made, *nodes], template)
+            return Lowered(op, Lowering.DECOMPOSE, action, [*made, *nodes], template, made)
         builder = Builder(opset=self.opset, prefix=prefix, names=self.names, types=scope.types,
                           node_name=node.name, op_name=op.qualified_name, constants=scope.constants)
         shared = set(scope.constants.values())
