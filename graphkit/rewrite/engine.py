@@ -204,9 +204,38 @@ def check_model(model: onnx.ModelProto, registry: OpRegistry, *, path: str | Non
                 onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError,
                 RuntimeError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ValidationError(f"invalid model{context}: {first}", path=path,
-                                  hint="fix the input model, or skip the check with --no-check") from exc
+            raise _invalid(exc, context, path) from exc
+
+
+def _invalid(exc: Exception, context: str, path: str | None) -> ValidationError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ValidationError(f"invalid model{context}: {first}", path=path,
+                           hint="fix the input model, or skip the check with --no-check")
+
+
+def _bytes_check(model: onnx.ModelProto, shapeless: list[onnx.TypeProto.Tensor], registry: OpRegistry,
+                 path: str | None, context: str) -> Callable[[bytes], None]:
+    """check_model without full inference, to run on the serialized ``model`` once its
+    objects are gone: the checker parses a model of its own, the biggest thing in memory
+    while both live. Shapeless graph inputs/outputs get their empty shape in bytes kept
+    for the check (made here, while the objects are there)."""
+    kept = None
+    if shapeless:
+        for tt in shapeless:
+            tt.shape.SetInParent()
+        try:
+            kept = model.SerializeToString()
+        finally:
+            for tt in shapeless:
+                tt.ClearField("shape")
+
+    def run(data: bytes) -> None:
+        with registry.onnx_schemas():
+            try:
+                onnx.checker.check_model(kept if kept is not None else data)
+            except (onnx.checker.ValidationError, ValueError, RuntimeError) as exc:
+                raise _invalid(exc, context, path) from exc
+    return run
 
 
 def _check_replacement(original: onnx.NodeProto, nodes: list[onnx.NodeProto], types: TypeTable,
@@ -346,6 +375,8 @@ class RewriteContext:
     progress: Callable[[str, int, int], None] | None
     report: RewriteReport
     placeholders: frozenset[str]
+    defer_check: bool = False        # the caller serializes the result: check the bytes then
+    deferred_check: Callable[[bytes], None] | None = None
     converting: bool = False
     has_placeholders: bool = False   # in the input (rules may add some), standard ops an op computes included
     has_standard: bool = False       # standard ops an op computes (ai.onnx DeformConv) in the input
@@ -479,7 +510,13 @@ def _check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     if ctx.index_valid and not ctx.index.external and not {"If", "Loop", "Scan"} & {
             op for _, op in ctx.plan.emitted}:
         scan = (ctx.index.shapeless, False)
-    check_model(model, ctx.registry, path=ctx.path, context=f" after rewrite ({applied})", full=full, scan=scan)
+    context = f" after rewrite ({applied})"
+    if ctx.defer_check and not full:
+        shapeless, external = _check_scan(model) if scan is None else scan
+        if not external:
+            ctx.deferred_check = _bytes_check(model, shapeless, ctx.registry, ctx.path, context)
+            return PassResult(model, False)
+    check_model(model, ctx.registry, path=ctx.path, context=context, full=full, scan=scan)
     return PassResult(model, False)
 
 
@@ -534,6 +571,19 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     shape inference on each distinct replacement, and on the whole model when it has at
     most FULL_CHECK_NODES nodes or ``full_check`` is set. The passes run are :data:`PASSES`.
     """
+    return _rewrite(model, registry=registry, lowering=lowering, rules=rules, target_opset=target_opset,
+                    as_functions=as_functions, check=check, full_check=full_check, path=path, progress=progress,
+                    copy=copy)[:2]
+
+
+def _rewrite(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
+             lowering: Lowering | Sequence[Lowering] = DEFAULT_PREFERENCE, rules: Iterable[Rule] | None = None,
+             target_opset: int | None = None, as_functions: bool = False, check: bool = True,
+             full_check: bool = False, path: str | None = None,
+             progress: Callable[[str, int, int], None] | None = None, copy: bool = True, defer_check: bool = False,
+             ) -> tuple[onnx.ModelProto, RewriteReport, Callable[[bytes], None] | None]:
+    """rewrite_model; with ``defer_check``, the ONNX checker's part of the check may come back
+    as a function to run on the serialized result (None: nothing left to check)."""
     registry = default_registry() if registry is None else registry
     if target_opset is not None:
         check_target_opset(target_opset)
@@ -556,7 +606,7 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     ctx = RewriteContext(registry, prefer, rules if isinstance(rules, RuleSet) else RuleSet(rules or ()),
                          target_opset, as_functions, check, full_check, path, progress,
                          RewriteReport(ops_before=index.op_counts),
-                         registry.placeholder_domains() | {PLACEHOLDER_DOMAIN})
+                         registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}, defer_check=defer_check)
     ctx.converting = target_opset is not None and target_opset != ai_onnx_opset(out)
     ctx.has_standard = bool(registry.standard_op_types() & set(index.op_counts))
     ctx.has_placeholders = bool(ctx.placeholders & index.domains) or ctx.has_standard
@@ -580,8 +630,8 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     if not modified:
         ctx.report.ops_after = ctx.report.ops_before.copy()
         if not copy:
-            return model, ctx.report
+            return model, ctx.report, None
         unchanged = onnx.ModelProto()
         unchanged.CopyFrom(model)
-        return unchanged, ctx.report
-    return out, ctx.report
+        return unchanged, ctx.report, None
+    return out, ctx.report, ctx.deferred_check

@@ -19,6 +19,7 @@ import onnx
 
 from graphkit.ops import OpRegistry, default_registry
 from graphkit.rewrite import _fastpath
+from graphkit.rewrite import engine as _engine
 from graphkit.rewrite.engine import DEFAULT_PREFERENCE, Lowering, RewriteReport, rewrite_model
 
 __all__ = ["FileRewrite", "rewrite_bytes", "rewrite_file"]
@@ -38,20 +39,30 @@ class FileRewrite:
 def rewrite_bytes(data: bytes, *, registry: OpRegistry | None = None,
                   lowering: Lowering | Sequence[Lowering] = DEFAULT_PREFERENCE, check: bool = True,
                   path: str | None = None, model: onnx.ModelProto | None = None, fast: bool = True,
-                  consume: bool = False, **options: Any) -> tuple[bytes, RewriteReport]:
+                  **options: Any) -> tuple[bytes, RewriteReport]:
     """``rewrite_model`` on a serialized model: returns the rewritten model's bytes and the report.
 
-    ``model`` is ``data`` already parsed, if the caller has it (``consume``: the caller
-    drops it afterwards, so the objects writer may rewrite it in place instead of a copy);
+    ``model`` is ``data`` already parsed, if the caller has it (it is not modified);
     ``fast=False`` turns the byte writer off; ``options`` are ``rewrite_model``'s other keywords.
     """
+    return _rewrite_bytes(data, [] if model is None else [model], False, registry=registry, lowering=lowering,
+                          check=check, path=path, fast=fast, **options)
+
+
+def _rewrite_bytes(data: bytes, parsed: list[onnx.ModelProto], owned: bool, *, registry: OpRegistry | None = None,
+                   lowering: Lowering | Sequence[Lowering] = DEFAULT_PREFERENCE, check: bool = True,
+                   path: str | None = None, fast: bool = True, **options: Any) -> tuple[bytes, RewriteReport]:
+    """rewrite_bytes. ``parsed`` holds ``data`` parsed, or nothing (then it is parsed here);
+    ``owned``: the list held the only reference to it, so the objects writer rewrites it in
+    place and its objects are gone before the ONNX checker parses the serialized result."""
     registry = default_registry() if registry is None else registry
     prefer = (lowering,) if isinstance(lowering, Lowering) else tuple(lowering)
     if not isinstance(data, bytes):
         data = bytes(data)
-    if model is None:
-        model = onnx.load_model_from_string(data)
-        consume = True
+    if parsed:
+        model = parsed.pop()
+    else:
+        model, owned = onnx.load_model_from_string(data), True
     if not fast:
         why = "the byte writer was turned off (fast=False)"
     elif options.get("rules") or options.get("target_opset") is not None or options.get("as_functions"):
@@ -63,11 +74,16 @@ def rewrite_bytes(data: bytes, *, registry: OpRegistry | None = None,
                                          progress=options.get("progress"))
         except _fastpath.Unsupported as exc:
             why = f"the byte writer does not handle this model: {exc}"
-    out, report = rewrite_model(model, registry=registry, lowering=prefer, check=check, path=path, copy=not consume,
-                                **options)
+    _fastpath._Canonical.forget()  # it may hold the model (has_external_data)
+    out, report, deferred = _engine._rewrite(model, registry=registry, lowering=prefer, check=check, path=path,
+                                             copy=not owned, defer_check=owned, **options)
     del model
     report.writer_reason = why
-    return out.SerializeToString(), report
+    result = out.SerializeToString()
+    del out
+    if deferred is not None:
+        deferred(result)
+    return result, report
 
 
 def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None, *,
@@ -113,9 +129,9 @@ def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None
             save_model(out, dst, input_path=src, external_data=external_data)
             sizes["bytes_after"] = os.path.getsize(dst)
         return FileRewrite(report, sizes, out)
-    out_bytes, report = rewrite_bytes(data, model=model, consume=True, registry=registry, lowering=lowering,
-                                      path=src, **options)
-    del model
+    parsed = [model]
+    del model  # the list holds the only reference: the rewrite may drop it early
+    out_bytes, report = _rewrite_bytes(data, parsed, True, registry=registry, lowering=lowering, path=src, **options)
     sizes = {"bytes_before": len(data), "bytes_after": len(out_bytes)}
     del data
     if before_write is not None:
