@@ -44,6 +44,8 @@ class NameGenerator:
 
 
 _T = onnx.TensorProto
+_GRAPH = onnx.AttributeProto.GRAPH
+_GRAPHS = onnx.AttributeProto.GRAPHS
 # Standard ops whose outputs all have the element type of input 0.
 _SAME_AS_INPUT0 = frozenset("""
     Abs Acos Acosh Add AveragePool BatchNormalization Ceil Celu Clip Concat Conv ConvTranspose Cos
@@ -148,17 +150,25 @@ class TypeTable:
 
     def _forward_graph(self, graph: onnx.GraphProto) -> None:
         self._declare(graph)
+        forward_node = self._forward_node
         for node in graph.node:
-            self._forward_node(node, node.domain, node.op_type)
-            bodies = {}
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
+            domain = node.domain
+            forward_node(node, domain, node.op_type)
+            attributes = node.attribute
+            if not attributes:
+                continue
+            bodies = None
+            for attr in attributes:
+                t = attr.type
+                if t == _GRAPH:
                     self._forward_graph(attr.g)
+                    if bodies is None:
+                        bodies = {}
                     bodies[attr.name] = attr.g
-                elif attr.type == onnx.AttributeProto.GRAPHS:
+                elif t == _GRAPHS:
                     for g in attr.graphs:
                         self._forward_graph(g)
-            if bodies and node.domain in ("", "ai.onnx"):
+            if bodies and domain in ("", "ai.onnx"):
                 self._forward_control_flow(node, bodies)
 
     def _forward_control_flow(self, node: onnx.NodeProto, bodies: dict[str, onnx.GraphProto]) -> None:
