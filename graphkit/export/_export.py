@@ -31,9 +31,9 @@ error):
   registry with the same name and inputs, e.g. ``["asinh"]``), both exporters.
 - ``rewrites``: :class:`~graphkit.export.RewriteRegistry` objects whose rewrites replace
   torch functions or module forwards while exporting (:mod:`graphkit.export.rewrites`).
-- dynamo only: torch's trace under ``torch.no_grad()`` with clamp's mixed integer/float
-  bounds made floats (:mod:`graphkit.export._trace_fixes`, for models torch's exporter
-  cannot take through its own passes, T5 among them) and corrected translations
+- fixes of torch's traces (:mod:`graphkit.export._trace_fixes`): clamp with float bounds
+  computed as torch eager does (both exporters); the dynamo trace under ``torch.no_grad()``
+  (T5 fails in torch's own passes otherwise); and corrected dynamo translations
   (:mod:`graphkit.export._translation_fixes`).
 
 The report names the placeholder nodes written and how each can be lowered at the
@@ -360,7 +360,7 @@ def _export_dynamo(model, args, kwargs, registry, opset, names, output_names, dy
         table.update(placeholder_translations(placeholder_ops))
         table.update(foreign_translations(registry, skip=torch_translations))
         dynamic_shapes = _dynamic_shapes(model, args, kwargs, names, dynamic_dims)
-        with _quiet_dynamo(), trace_fixes():
+        with _quiet_dynamo(), trace_fixes(dynamo=True):
             program = torch.onnx.export(
                 model, args, kwargs=kwargs or None, dynamo=True,
                 opset_version=max(opset, _DYNAMO_MIN_OPSET),
@@ -396,7 +396,7 @@ def _export_torchscript(model, args, kwargs, registry, opset, names, output_name
             scoped_foreign_symbolics(registry, skip=torch_translations), \
             scoped_placeholders(placeholder_ops, opset), \
             scoped_gap_fillers(gap_fillers or (), opset, skip=placeholders) as fillers, \
-            warnings.catch_warnings():
+            trace_fixes(dynamo=False), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(
             model, args, buf, dynamo=False, opset_version=opset,
