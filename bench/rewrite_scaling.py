@@ -28,6 +28,7 @@ an Add) given to both as `--rules FILE` / ``rules=``, which the objects writer a
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -92,6 +93,23 @@ def if_bodies(nodes_total: int) -> onnx.ModelProto:
     return _model(nodes, [prev])
 
 
+def loop_bodies(nodes_total: int) -> onnx.ModelProto:
+    """Chained Loop nodes (one trip), each body an Identity of the condition and a my_add (3 nodes per Loop)."""
+    nodes = [helper.make_node("Constant", [], ["m"], value=helper.make_tensor("m", TensorProto.INT64, [], [1])),
+             helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))]
+    prev = "x"
+    for i in range(nodes_total // 3):
+        body = helper.make_graph(
+            [helper.make_node("Identity", [f"ci{i}"], [f"co{i}"]),
+             helper.make_node("my_add", [f"v{i}", f"v{i}"], [f"vo{i}"], domain="custom")], f"b{i}",
+            [helper.make_tensor_value_info(f"it{i}", TensorProto.INT64, []),
+             helper.make_tensor_value_info(f"ci{i}", TensorProto.BOOL, []), _vi(f"v{i}")],
+            [helper.make_tensor_value_info(f"co{i}", TensorProto.BOOL, []), _vi(f"vo{i}")])
+        nodes.append(helper.make_node("Loop", ["m", "c", prev], [f"o{i}"], body=body))
+        prev = f"o{i}"
+    return _model(nodes, [prev])
+
+
 def functions(nodes_total: int) -> onnx.ModelProto:
     """Up to 5000 local functions (each a my_add), called in a chain by the rest."""
     count = max(1, min(5000, nodes_total // 20))
@@ -111,6 +129,7 @@ SHAPES = {
     "fanout": fanout,
     "multi_output": multi_output,
     "if_bodies": if_bodies,
+    "loop_bodies": loop_bodies,
     "functions": functions,
 }
 FLOOR = "import onnx, sys; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])"
