@@ -334,3 +334,43 @@ def test_generated_names_avoid_sparse_initializers():
     model.graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [3]))
     out, _ = rewrite_model(model, check=False)
     assert "add0/Mul_out" not in {o for n in out.graph.node for o in n.output}
+
+
+def _if_model(shapeless: bool = False, bad_attribute: bool = False):
+    """x -> If(then: my_add(x, x), else: my_add(x, x)) -> Relu; body outputs without a shape
+    when ``shapeless``; the Relu has an attribute Relu does not take when ``bad_attribute``."""
+    import onnx
+
+    def body(tag: str) -> onnx.GraphProto:
+        out = helper.make_tensor_value_info(tag, TensorProto.FLOAT, None if shapeless else [2])
+        return helper.make_graph([helper.make_node("my_add", ["x", "x"], [tag], domain="custom")], tag, [], [out])
+
+    nodes = [helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True])),
+             helper.make_node("If", ["c"], ["o"], then_branch=body("t"), else_branch=body("e")),
+             helper.make_node("Relu", ["o"], ["y"], **({"alpha": 1.0} if bad_attribute else {}))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                             ir_version=10)
+
+
+def test_objects_writer_checks_the_serialized_result(monkeypatch):
+    """Through rewrite_bytes (the CLI's path) the objects writer runs the ONNX checker on the
+    serialized output, once the model objects are gone: it still refuses an invalid model and
+    still accepts graph outputs without a shape (the checker sees an empty one)."""
+    import onnx
+
+    from graphkit.errors import ValidationError
+    from graphkit.rewrite import engine, rewrite_bytes
+
+    monkeypatch.setattr(engine, "FULL_CHECK_NODES", 0)  # no whole-model inference: the checker alone
+    data, report = rewrite_bytes(_if_model(shapeless=True).SerializeToString())
+    assert report.writer == "objects" and report.actions
+    out = onnx.load_model_from_string(data)
+    assert not out.graph.node[1].attribute[0].g.output[0].type.tensor_type.HasField("shape")  # left as it was
+    x = np.float32([1, -2])
+    (y,) = run_ort(out, {"x": x})
+    np.testing.assert_allclose(y, np.maximum(3 * x, 0))  # my_add(a, b) = 2a + b
+    with pytest.raises(ValidationError, match="invalid model after rewrite"):
+        rewrite_bytes(_if_model(bad_attribute=True).SerializeToString())
+    rewrite_bytes(_if_model(bad_attribute=True).SerializeToString(), check=False)  # the check it was
