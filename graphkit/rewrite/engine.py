@@ -603,6 +603,10 @@ def _rewrite(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     if bad is not None:  # protobuf hands over names that are not UTF-8 text as bytes
         raise ModelLoadError(f"a node's domain or op type {bad!r} is not valid UTF-8 text", path=path,
                              hint="re-export the model; ONNX names are UTF-8")
+    bad = next((name for name in index.names if name.__class__ is not str), None)
+    if bad is not None:
+        raise ModelLoadError(f"the name {bad[:60]!r} is not valid UTF-8 text", path=path,
+                             hint="re-export the model; ONNX names are UTF-8")
     ctx = RewriteContext(registry, prefer, rules if isinstance(rules, RuleSet) else RuleSet(rules or ()),
                          target_opset, as_functions, check, full_check, path, progress,
                          RewriteReport(ops_before=index.op_counts),
