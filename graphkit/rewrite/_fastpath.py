@@ -65,7 +65,7 @@ import gc
 import itertools
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -450,7 +450,7 @@ class _ForwardTypes(TypeTable):
     inference runs over the rewritten model as the engine's would.
     """
 
-    def __init__(self, model: onnx.ModelProto, registry: OpRegistry, nodes: list[onnx.NodeProto],
+    def __init__(self, model: onnx.ModelProto, registry: OpRegistry, nodes: Sequence[onnx.NodeProto],
                  domains: list[str], op_types: list[str], ins: list[Any], outs: list[Any],
                  holders: set[int], avoid: set[str]) -> None:
         super().__init__(model, registry)
@@ -497,7 +497,7 @@ class _ForwardTypes(TypeTable):
                 return (_FIRST_INPUT if rule.first_input else _OP), rule
         return _NONE, None
 
-    def _run(self, nodes: list[onnx.NodeProto], domains: list[str], op_types: list[str], ins: list[Any],
+    def _run(self, nodes: Sequence[onnx.NodeProto], domains: list[str], op_types: list[str], ins: list[Any],
              outs: list[Any], holders: set[int]) -> None:
         """TypeTable._forward_graph's node loop; the common cases on each node's first input and output."""
         elem = self._elem
@@ -542,7 +542,7 @@ class _ForwardTypes(TypeTable):
 
 # -- the model around the nodes -----------------------------------------------------------
 
-def _subgraph_info(nodes: list[onnx.NodeProto], data: bytes, g0: int, g1: int,
+def _subgraph_info(nodes: Sequence[onnx.NodeProto], data: bytes, g0: int, g1: int,
                    canonical: Callable[[], bool]) -> tuple[collections.Counter, set[str], set[int]]:
     """Op counts and names of the main graph's nodes' subgraphs, and those nodes' indices.
 
@@ -818,7 +818,10 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         raise Unsupported("model-local functions or training info")
     _, _, g0, g1 = top[fields.index(_M_GRAPH)]
     starts, ends, others = _node_entries(data, g0, g1)
-    nodes = model.graph.node[:]
+    # Node fields are read a field of every node at a time, straight from the parsed graph:
+    # a list of the nodes would keep a Python object per node, and per field read (several
+    # hundred bytes a node, which the process pays for again in page faults).
+    nodes = model.graph.node
     if len(starts) != len(nodes):
         raise Unsupported("node entries do not match the parsed graph")
     canonical = functools.partial(_Canonical.check, data, model)
@@ -841,16 +844,16 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         return data, report, None
 
     # Fields of every node up to the last placeholder, read once for all that follows.
-    listed = nodes[:custom[-1] + 1]
-    ins = list(map(attrgetter("input"), listed))
-    outs = list(map(attrgetter("output"), listed))
-    custom_nodes = list(map(listed.__getitem__, custom))
-    inputs_of = list(map(tuple, map(ins.__getitem__, custom)))
-    outputs_of = list(map(tuple, map(outs.__getitem__, custom)))
-    names = list(map(attrgetter("name"), custom_nodes))
+    listed = custom[-1] + 1
+    ins = list(map(tuple, map(attrgetter("input"), itertools.islice(nodes, listed))))
+    outs = list(map(tuple, map(attrgetter("output"), itertools.islice(nodes, listed))))
+    node_at = nodes.__getitem__
+    inputs_of = list(map(ins.__getitem__, custom))
+    outputs_of = list(map(outs.__getitem__, custom))
+    names = list(map(attrgetter("name"), map(node_at, custom)))
     custom_ops = list(map(op_types.__getitem__, custom))
     prefixes = [name or op for name, op in zip(names, custom_ops)]
-    types = _ForwardTypes(model, registry, listed, domains[:len(listed)], op_types[:len(listed)], ins, outs,
+    types = _ForwardTypes(model, registry, nodes, domains[:listed], op_types[:listed], ins, outs,
                           holders, sub_names)
     del ins, outs
     if sub_names and any(not sub_names.isdisjoint(i) for i in inputs_of):
@@ -878,9 +881,9 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     # engine's template keys, so every node of a kind is lowered the same way: the first
     # by the engine, the others by repeating that (_Template, _Bound).
     attr_keys = [b""] * len(custom)
-    for k, n in enumerate(map(len, map(attrgetter("attribute"), custom_nodes))):
-        if n:
-            attr_keys[k] = b"".join(a.SerializeToString() for a in custom_nodes[k].attribute)
+    for k in itertools.compress(range(len(custom)), list(map(len, map(attrgetter("attribute"),
+                                                                       map(node_at, custom))))):
+        attr_keys[k] = b"".join(a.SerializeToString() for a in node_at(custom[k]).attribute)
     values_of = list(map(operator.add, inputs_of, outputs_of))
     aliasing: Any = list(map(operator.eq, map(len, map(set, values_of)), map(len, values_of)))
     if not all(aliasing):
@@ -915,13 +918,13 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             if batched:
                 continue
             if kind.__class__ is _Bound:
-                slots[k] = kind.emit(custom_nodes[k])
+                slots[k] = kind.emit(node_at(custom[k]))
             else:
                 slots[k] = kind.emit(kind.pad(values_of[k]), prefixes[k], fresh)
             continue
         # The first node of its kind (or of a kind the plan lowers each time), by the plan.
         planned.append(k)
-        lowered = plan.lower(custom_nodes[k], scope)
+        lowered = plan.lower(node_at(custom[k]), scope)
         slots[k] = b"".join(_entry(r.SerializeToString()) for r in lowered.nodes)
         if key in kinds:
             continue
@@ -947,7 +950,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         if not batched:
             continue  # written in the loop above
         if kind.__class__ is _Bound:
-            results = list(map(kind.emit, map(custom_nodes.__getitem__, members)))
+            results = list(map(kind.emit, map(node_at, map(custom.__getitem__, members))))
         else:
             values = list(map(kind.pad, map(values_of.__getitem__, members)))
             names_ = list(map(prefixes.__getitem__, members))
