@@ -637,7 +637,7 @@ def _fixed_imports(model: onnx.ModelProto, opset: int, used: set[str], placehold
     return tiny.SerializeToString()
 
 
-def _representatives(planned: list[int], kinds: dict[Any, Any], values_of: list[tuple]) -> list[int]:
+def _representatives(planned: list[int], kinds: dict[Any, Any], values_of: list[list[str]]) -> list[int]:
     """The placeholders whose replacements ``_check_parts`` looks at, in order: every one the
     plan lowered, and per repeated kind the first repeat with each pattern of empty names
     (a repeat's nodes differ from that one's in names only)."""
@@ -658,7 +658,7 @@ def _representatives(planned: list[int], kinds: dict[Any, Any], values_of: list[
 
 
 def _check_parts(data: bytes, model: onnx.ModelProto, header: bytes,
-                 replaced: list[tuple[bytes, tuple[str, ...], tuple[str, ...]]], used_domains: set[str],
+                 replaced: list[tuple[bytes, Sequence[str], Sequence[str]]], used_domains: set[str],
                  registry: OpRegistry) -> str | None:
     """The ONNX checker's verdict on the output, found from parts (see the module docstring):
     the input model (``data``) and a model of the chosen replacements under the output's
@@ -766,15 +766,15 @@ def _tails(prefixes: list[str]) -> list[str]:
     return out
 
 
-def _padding(n_given: int, n_inputs: int) -> Callable[[tuple], tuple]:
+def _padding(n_given: int, n_inputs: int) -> Callable[[list], list]:
     """values (inputs + outputs) -> the same with the inputs padded to n_inputs, as the engine pads."""
     if n_given >= n_inputs:
         return _same
-    pad = ("",) * (n_inputs - n_given)
+    pad = [""] * (n_inputs - n_given)
     return lambda values: values[:n_given] + pad + values[n_given:]
 
 
-def _same(values: tuple) -> tuple:
+def _same(values: list) -> list:
     return values
 
 
@@ -845,8 +845,9 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
 
     # Fields of every node up to the last placeholder, read once for all that follows.
     listed = custom[-1] + 1
-    ins = list(map(tuple, map(attrgetter("input"), itertools.islice(nodes, listed))))
-    outs = list(map(tuple, map(attrgetter("output"), itertools.islice(nodes, listed))))
+    everything = itemgetter(slice(None))  # a field's values as a list (quicker than tuple())
+    ins = list(map(everything, map(attrgetter("input"), itertools.islice(nodes, listed))))
+    outs = list(map(everything, map(attrgetter("output"), itertools.islice(nodes, listed))))
     node_at = nodes.__getitem__
     inputs_of = list(map(ins.__getitem__, custom))
     outputs_of = list(map(outs.__getitem__, custom))
