@@ -62,10 +62,11 @@ from __future__ import annotations
 import collections
 import functools
 import gc
+import heapq
 import itertools
 import operator
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -766,6 +767,51 @@ def _tails(prefixes: list[str]) -> list[str]:
     return out
 
 
+def _repeater(lowered: Any, n_given: int, batched: bool) -> Any:
+    """What repeats a lowering the plan made for the first node of a kind (``n_given``
+    inputs): a _Template, a _Bound, or None where the plan lowers each node of the kind."""
+    if lowered.how is Lowering.DECOMPOSE:
+        if lowered.template is None:
+            return None  # shape-dependent: the plan lowers every such node
+        made: Any = _Template(lowered.template)
+        made.pad = _padding(n_given, made.n_inputs)
+        if batched and not made.scoped:
+            raise Unsupported("a decomposition makes names with '/' of its own")
+        return made
+    return _Bound(lowered.nodes[0]) if len(lowered.nodes) == 1 else None
+
+
+def _groups(kind_keys: list[int]) -> dict[int, list[int]]:
+    """Each kind's placeholders, in order (a few kinds: found a kind at a time, in C)."""
+    distinct = set(kind_keys)
+    everything = range(len(kind_keys))
+    if len(distinct) == 1:
+        return {kind_keys[0]: list(everything)}
+    if len(distinct) <= 16:
+        return {key: list(itertools.compress(everything, map(operator.eq, kind_keys, itertools.repeat(key))))
+                for key in distinct}
+    groups: dict[int, list[int]] = collections.defaultdict(list)
+    for k, key in enumerate(kind_keys):
+        groups[key].append(k)
+    return groups
+
+
+class _Positions:
+    """Positions in increasing order, more added while they are gone through."""
+
+    def __init__(self, positions: Iterable[int]) -> None:
+        self._heap = list(positions)
+        heapq.heapify(self._heap)
+
+    def __iter__(self) -> Iterator[int]:
+        while self._heap:
+            yield heapq.heappop(self._heap)
+
+    def extend(self, positions: Iterable[int]) -> None:
+        for p in positions:
+            heapq.heappush(self._heap, p)
+
+
 def _padding(n_given: int, n_inputs: int) -> Callable[[list], list]:
     """values (inputs + outputs) -> the same with the inputs padded to n_inputs, as the engine pads."""
     if n_given >= n_inputs:
@@ -909,7 +955,12 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     step = max(1, getattr(_engine, "PROGRESS_STEP", 2_000))
     next_report = 0
 
-    for k, key in enumerate(kind_keys):
+    # Batched, the plan lowers the first node of each kind (and every node of a kind it
+    # lowers each time) in order, and the repeats are found a kind at a time, not visited.
+    groups = _groups(kind_keys) if batched and progress is None else None
+    order: Any = range(len(custom)) if groups is None else _Positions(g[0] for g in groups.values())
+    for k in order:
+        key = kind_keys[k]
         if progress is not None and custom[k] >= next_report:
             progress("lowering", custom[k], total)
             next_report = custom[k] - custom[k] % step + step
@@ -929,20 +980,13 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         slots[k] = b"".join(_entry(r.SerializeToString()) for r in lowered.nodes)
         if key in kinds:
             continue
-        kinds[key] = None
-        if lowered.how is Lowering.DECOMPOSE:
-            if lowered.template is None:
-                continue  # shape-dependent: the plan lowers every such node
-            made: Any = _Template(lowered.template)
-            made.pad = _padding(len(inputs_of[k]), made.n_inputs)
-            if batched and not made.scoped:
-                raise Unsupported("a decomposition makes names with '/' of its own")
-        elif len(lowered.nodes) == 1:
-            made = _Bound(lowered.nodes[0])
-        else:
+        made = kinds[key] = _repeater(lowered, len(inputs_of[k]), batched)
+        if made is None:
+            if groups is not None:
+                order.extend(groups[key][1:])
             continue
-        made.lowered, made.op_type, made.members = lowered, custom_ops[k], []
-        kinds[key] = made
+        made.lowered, made.op_type = lowered, custom_ops[k]
+        made.members = [] if groups is None else groups[key][1:]
     for kind in kinds.values():
         if kind is None or not kind.members:
             continue
