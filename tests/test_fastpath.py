@@ -813,3 +813,20 @@ def test_unnamed_repeats_with_long_value_names(size, fan_out, monkeypatch):
     monkeypatch.setattr(_fastpath._Template, "emit_all", lambda *a: calls.append(1) or emit_all(*a))
     same(model)
     assert bool(calls) == (size > 125)  # names y<i> + size "v"s
+
+
+def test_forward_pass_waits_when_placeholders_read_declared_names():
+    """Fan-out from a graph input: the forward pass waits until an undeclared name is asked
+    for, and then gives the types it gives when run at once."""
+    model = _unnamed("my_add", 6, True)
+    nodes = model.graph.node
+    fields = ([n.domain for n in nodes], [n.op_type for n in nodes], [list(n.input) for n in nodes],
+              [list(n.output) for n in nodes])
+
+    def table(read):
+        return _fastpath._ForwardTypes(model, default_registry(), nodes, *fields, set(), set(), read)
+
+    waiting, at_once = table(["x"]), table(["x", "y0"])
+    assert waiting._pending is not None and at_once._pending is None
+    assert waiting.elem_type("x") == F and waiting._pending is not None
+    assert waiting.elem_type("y3") == at_once.elem_type("y3") == F and waiting._pending is None

@@ -372,6 +372,8 @@ class _Template:
         length = _STR_LENGTHS.__getitem__
         add, repeat = operator.add, itertools.repeat
         columns: list[Any] = list(zip(*values))
+        # A value every node has (fan-out: one input read by all) is written as fixed text.
+        shared = {j: col[0] for j, col in enumerate(columns) if col.count(col[0]) == len(col)}
         sizes: dict[Any, list[int]] = {}
         pieces: list[Any] = []
         for at, (suffix, generated, fields, rest) in enumerate(self._text_plan):
@@ -382,17 +384,25 @@ class _Template:
             sizes[("name", at)] = total
             fixed = 1 + len(rest)  # the name's length, the fields after it
             node: list[Any] = []
+            text = ""
             for f in fields:
-                if f.__class__ is int:
+                if f.__class__ is not int:
+                    text += f
+                elif f in shared:
+                    text += length(len(shared[f].encode())) + shared[f]
+                else:
+                    if text:
+                        node.append(repeat(text))
+                        fixed += len(text)
+                        text = ""
                     size = sizes.get(f)
                     if size is None:
                         size = sizes[f] = list(map(len, columns[f]))
                     node += (map(length, size), columns[f])
                     total = map(add, total, size)
                     fixed += 1
-                else:
-                    node.append(repeat(f))
-                    fixed += len(f)
+            node.append(repeat(text))
+            fixed += len(text)
             node += (map(length, sizes[("name", at)]), node_names, repeat(rest))
             pieces += (repeat("\n"), map(length, map(add, total, repeat(fixed))), *node)
         if max(map(max, sizes.values())) >= 0x80:
@@ -453,7 +463,7 @@ class _ForwardTypes(TypeTable):
 
     def __init__(self, model: onnx.ModelProto, registry: OpRegistry, nodes: Sequence[onnx.NodeProto],
                  domains: list[str], op_types: list[str], ins: list[Any], outs: list[Any],
-                 holders: set[int], avoid: set[str]) -> None:
+                 holders: set[int], avoid: set[str], read: Iterable[str] = ()) -> None:
         super().__init__(model, registry)
         self._avoid = avoid
         self.lowering = True
@@ -463,15 +473,28 @@ class _ForwardTypes(TypeTable):
         self._declare(model.graph)
         if "" in self._elem:
             raise Unsupported("a declared tensor without a name")
-        self._run(nodes, domains, op_types, ins, outs, holders)
+        self._state = "forward"
+        self._pending: tuple | None = (nodes, domains, op_types, ins, outs, holders)
+        # The pass only adds types (setdefault), so a declared name's type is final: where
+        # every name the placeholders read is declared (fan-out from a graph input), the
+        # pass waits until a name that is not is asked for.
+        if holders or avoid or not self._elem.keys() >= set(read) - {""}:
+            self._run_pending()
         for name in avoid & self._elem.keys():
             del self._elem[name]
-        self._state = "forward"
+
+    def _run_pending(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._run(*pending)
 
     def elem_type(self, name: str) -> int | None:
         if self._avoid and name in self._avoid:
             raise Unsupported(f"'{name}' is declared or produced in a subgraph")
         elem = self._elem.get(name)
+        if elem is None and self._pending is not None:
+            self._run_pending()
+            elem = self._elem.get(name)
         return elem if elem is not None else super().elem_type(name)
 
     def shape(self, name: str, *, infer: bool = True) -> list[Any] | None:
@@ -480,6 +503,7 @@ class _ForwardTypes(TypeTable):
         return super().shape(name, infer=infer)
 
     def _infer(self) -> None:
+        self._run_pending()
         if self.lowering:
             raise Unsupported("an element type needs ONNX shape inference")
         self._model = self.inference_model()
@@ -901,7 +925,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     custom_ops = list(map(op_types.__getitem__, custom))
     prefixes = [name or op for name, op in zip(names, custom_ops)]
     types = _ForwardTypes(model, registry, nodes, domains[:listed], op_types[:listed], ins, outs,
-                          holders, sub_names)
+                          holders, sub_names, itertools.chain.from_iterable(inputs_of))
     del ins, outs
     if sub_names and any(not sub_names.isdisjoint(i) for i in inputs_of):
         raise Unsupported("a custom node reads a name a subgraph declares")
