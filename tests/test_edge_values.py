@@ -235,6 +235,38 @@ def test_float64_without_double_kernels(tmp_path, aten, fn, values):
     assert not ops & {"Asinh", "Acosh", "Atanh", "Sinh", "Cosh", "Erf"}, ops
 
 
+_ERF_EDGES = (0.0, -0.0, _TINY, 2.2250738585072014e-308, 1e-300, 1e-20, 2.0**-56, 2.0**-28, 0.25,
+              float(np.nextafter(0.84375, 0)), 0.84375, float(np.nextafter(1.25, 0)), 1.25, 2.0,
+              2.857142857142857, 2.8571434020996094, 4.0, 6.0, 10.0, 26.5, 27.0, 27.2, 27.25,
+              float(np.nextafter(28.0, 0)), 28.0, 30.0, 1e300, INF)
+
+
+@pytest.mark.parametrize("opset", [9, 13, 20])
+@pytest.mark.parametrize("aten,fn", [("aten::erfc", torch.erfc), ("aten::special_ndtr", torch.special.ndtr)],
+                         ids=["erfc", "ndtr"])
+def test_float64_erfc_and_ndtr_within_ulps_of_torch(tmp_path, aten, fn, opset):
+    """No double Erf in ONNX Runtime: float64 erfc and ndtr are fdlibm's erf/erfc (Cody's
+    fits) in standard ops. On a dense grid over [-30, 30] and every region boundary, the
+    denormal tail (erfc(27.2) is 3e-323), +-inf and NaN: erfc within 3 ulps of torch (2
+    denormal ulps), ndtr within an ulp of torch's (1 + erf(x / sqrt 2)) / 2 (or 2^-54 where
+    its 1 + erf cancels), at the rows' declared tolerances."""
+    x = np.concatenate([np.linspace(-30.0, 30.0, 120_001), _ERF_EDGES, np.negative(_ERF_EDGES), [NAN]])
+    got = check(tmp_path, aten, fn, torch.from_numpy(x), opset=opset)
+    want = fn(torch.from_numpy(x)).numpy()
+    finite = np.isfinite(want)
+    d = np.abs(got - want)[finite]
+    if fn is torch.erfc:
+        ulps = d / np.spacing(np.abs(want[finite]))
+        assert ulps.max() <= 3, (x[finite][ulps.argmax()], ulps.max())
+        assert np.all(got[x >= 28] == 0) and np.all(got[x <= -6] == 2)
+        assert got[x == 27.2][0] > 0  # the denormal tail
+    else:
+        assert np.all(d <= np.maximum(np.spacing(np.abs(want[finite])), 2.0**-54)), d.max()
+    import onnx
+
+    assert "Erf" not in {n.op_type for n in onnx.load(tmp_path / f"m{opset}.onnx").graph.node}
+
+
 @pytest.mark.parametrize("opset", [9, 10])
 def test_float64_hyperbolic_below_opset_11(tmp_path, opset):
     """Before opset 11 ONNX has no floating Equal: the float64 forms compare without it."""
