@@ -1075,6 +1075,9 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
 
     if not check:
         return out, report, None
+    # What the check reads of the lowering, so that the rest is freed before it runs.
+    replaced = [(slots[k], inputs_of[k], outputs_of[k]) for k in _representatives(planned, kinds, values_of)]
+    del slots, values_of, inputs_of, outputs_of, kinds, planned, prefixes, names, kind_keys
 
     def run_check() -> None:
         out_model: list[onnx.ModelProto] = []
@@ -1107,7 +1110,6 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         if full or holders or shapeless or has_external_data(data, model):
             _engine.check_model(output_model(), registry, path=path, context=context, full=full)
         else:
-            replaced = [(slots[k], inputs_of[k], outputs_of[k]) for k in _representatives(planned, kinds, values_of)]
             why = _check_parts(data, model, header, replaced, {d for d, _ in report.ops_after}, registry)
             if why is None:
                 report.writer_reason += f"; {CHECKED_BY_PARTS}"
