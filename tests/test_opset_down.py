@@ -84,3 +84,63 @@ def test_a_split_of_unknown_length_is_left_for_the_load_check():
     out = convert_down(model, 17)
     (split,) = [n for n in out.functions[0].node if n.op_type == "Split"]
     assert [a.name for a in split.attribute] == ["axis", "num_outputs"]
+
+
+def _ref(name: str, ref: str) -> onnx.AttributeProto:
+    attr = onnx.AttributeProto(name=name, ref_attr_name=ref, type=onnx.AttributeProto.INT)
+    return attr
+
+
+def _attribute_model() -> onnx.ModelProto:
+    """Opset 18; x: float[3, 3]. Functions that read their caller's attribute values:
+
+        local.pick(u; ax):  Gather(u, [1], axis=@ax) ─ ReduceSum(axes=[0]) ─> s     (a Gather in an If
+                            branch: the reference sits in a nested graph)
+        local.outer(w; bx): pick(w; ax=@bx) ─ Neg ─> n                             (passes its attribute on)
+        local.plain(q):     ReduceSum-18 with noop_with_empty_axes=0 ─> r        (no references: stays a function)
+        main: pick(x; ax=1) ─> p, outer(x; bx=1) ─> o, plain(x) ─> r
+
+    ax=1 is not the default (0): a converter that loses the reference gives x[1, :] sums."""
+    one = helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one", TensorProto.INT64, [1], [1]))
+    zero = helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("zero", TensorProto.INT64, [1], [0]))
+    gather = helper.make_node("Gather", ["u", "one"], ["g"])
+    gather.attribute.append(_ref("axis", "ax"))
+    branch = helper.make_graph([gather], "then", [], [helper.make_tensor_value_info("g", F, ["a", "b"])])
+    other = helper.make_graph([helper.make_node("Identity", ["u"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", F, ["a", "b"])])
+    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.BOOL, [], [True]))
+    pick = helper.make_function(
+        "local", "pick", ["u"], ["s"],
+        [one, zero, cond, helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=other),
+         helper.make_node("ReduceSum", ["y", "zero"], ["s"], keepdims=0)],
+        [helper.make_opsetid("", 18)], attributes=["ax"])
+    call = helper.make_node("pick", ["w"], ["t"], domain="local")
+    call.attribute.append(_ref("ax", "bx"))
+    outer = helper.make_function("local", "outer", ["w"], ["n"], [call, helper.make_node("Neg", ["t"], ["n"])],
+                                 [helper.make_opsetid("", 18), helper.make_opsetid("local", 1)], attributes=["bx"])
+    plain = helper.make_function(
+        "local", "plain", ["q"], ["r"],
+        [zero, helper.make_node("ReduceSum", ["q", "zero"], ["r"], keepdims=0, noop_with_empty_axes=0)],
+        [helper.make_opsetid("", 18)])
+    graph = helper.make_graph(
+        [helper.make_node("pick", ["x"], ["p"], domain="local", ax=1),
+         helper.make_node("outer", ["x"], ["o"], domain="local", bx=1),
+         helper.make_node("plain", ["x"], ["r"], domain="local")],
+        "g", [helper.make_tensor_value_info("x", F, [3, 3])],
+        [helper.make_tensor_value_info(n, F, ["n"]) for n in ("p", "o", "r")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("local", 1)],
+                             functions=[pick, outer, plain], ir_version=10)
+
+
+def test_a_function_reading_its_callers_attribute_keeps_the_callers_value():
+    x = np.arange(9, dtype=np.float32).reshape(3, 3)
+    at18 = ort.InferenceSession(_attribute_model().SerializeToString()).run(None, {"x": x})
+    np.testing.assert_array_equal(at18[0], [x[:, 1].sum()])  # axis=1 taken from the call
+    out = convert_down(_attribute_model(), 17)
+    got = ort.InferenceSession(out.SerializeToString()).run(None, {"x": x})
+    for name, g, w in zip(("p", "o", "r"), got, at18):
+        np.testing.assert_array_equal(g, w, err_msg=name)
+    assert [fn.name for fn in out.functions] == ["plain"]  # the referring ones are inlined
+    for nodes, _ in node_lists(out):
+        assert not any(a.ref_attr_name for node in nodes for a in node.attribute)
+    onnx.checker.check_model(out)

@@ -10,7 +10,11 @@ graph, subgraph (If/Loop/Scan bodies) and model-local function:
   fixes them after;
 - it keeps ReduceX-18's ``noop_with_empty_axes=0`` (:func:`drop_default_attributes`);
 - it drops model-local functions and converts no function body: each body is converted on
-  its own (as the graph of a model of its own) and put back.
+  its own (as the graph of a model of its own) and put back;
+- converting a body as a plain graph loses ``ref_attr_name`` (an attribute that takes the
+  caller's value, ``axis = @ax``, becomes the attribute's default): a function whose body
+  refers to its attributes is inlined at its call sites first (onnx.inliner), so each call
+  site's own values are converted.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import onnx
+import onnx.inliner
 import onnx.numpy_helper
 import onnx.version_converter
 
@@ -41,6 +46,7 @@ def convert_down(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     """``model`` converted to ai.onnx ``opset`` by onnx's version converter, with what the
     converter gets wrong fixed (see the module docstring). Modifies ``model``; raises
     ConverterError when the converter fails."""
+    _inline_attribute_references(model)
     for nodes, _ in node_lists(model):
         for node in nodes:
             if node.op_type == "Split" and node.domain in AI_ONNX:
@@ -67,6 +73,46 @@ def convert_down(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     split_without_num_outputs(converted)
     drop_default_attributes(converted, opset)
     return converted
+
+
+def _attribute_reference(fn: onnx.FunctionProto) -> str | None:
+    """The first attribute in ``fn``'s body (nested graphs included) that refers to one of
+    ``fn``'s attributes, as ``"node.attribute = @name"``; None when there is none."""
+    stack: list = [fn.node]
+    while stack:
+        for node in stack.pop():
+            for attr in node.attribute:
+                if attr.ref_attr_name:
+                    return f"{node.name or node.op_type}.{attr.name} = @{attr.ref_attr_name}"
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    stack.append(attr.g.node)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(g.node for g in attr.graphs)
+    return None
+
+
+def _inline_attribute_references(model: onnx.ModelProto) -> None:
+    """Inline, in place, every model-local function whose body refers to its attributes (the
+    converter, which sees a body as a plain graph, would turn the references into the
+    attributes' defaults). Repeated while inlining leaves such references in other functions
+    (a call passing ``@ax`` on). Raises ConverterError if a reference survives."""
+    for _ in range(len(model.functions) + 1):
+        refs = {(fn.domain, fn.name): ref for fn in model.functions if (ref := _attribute_reference(fn)) is not None}
+        if not refs:
+            return
+        try:
+            inlined = onnx.inliner.inline_selected_functions(model, list(refs))
+        except Exception as exc:  # noqa: BLE001 - the inliner raises its own C++ errors
+            raise ConverterError(f"cannot inline model-local functions {sorted(refs)} whose bodies refer to their "
+                                 f"attributes ({exc})") from exc
+        model.CopyFrom(inlined)
+        left = {key: refs[key] for key in refs if any((fn.domain, fn.name) == key for fn in model.functions)}
+        if left:
+            domain, name = next(iter(left))
+            raise ConverterError(f"model-local function {domain}::{name} refers to its attribute ({left[domain, name]}) "
+                                 "and was not inlined; the version converter would replace the reference by the "
+                                 "attribute's default")
+    raise ConverterError("model-local functions still refer to their attributes after inlining")
 
 
 @contextlib.contextmanager
