@@ -357,3 +357,84 @@ def test_broadcast_tensors_of_bool(tmp_path):
     got = check(tmp_path, "aten::broadcast_tensors", lambda a, b: torch.stack(torch.broadcast_tensors(a, b)), x, y,
                 opset=13)
     assert got.dtype == np.bool_ and got.shape == (2, 2, 3)
+
+
+# --------------------------------------------------------------------------- erf, gelu
+
+_GELU_TANH = ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"))
+_ERF_OPS = [("erf", torch.erf), ("special_erf", torch.special.erf), ("gelu", F.gelu), _GELU_TANH]
+
+
+def _ulps(got: np.ndarray, want: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """|got - want| in ulps of ``scale`` (finite values; NaNs and sign bits checked apart)."""
+    finite = np.isfinite(want)
+    return np.abs(got - want)[finite] / np.spacing(np.abs(scale[finite]))
+
+
+@pytest.mark.parametrize("opset", [9, 13, 20])
+@pytest.mark.parametrize("name,fn", _ERF_OPS, ids=[n for n, _ in _ERF_OPS])
+def test_float64_erf_and_gelu_within_ulps_of_torch(tmp_path, name, fn, opset):
+    """No double Erf in ONNX Runtime (nor Gelu-20, whose body is Erf): float64 erf and gelu
+    are written with fdlibm's erf. On a dense grid over [-42, 42] (erf's regions of x and of
+    x / sqrt 2), the region bounds, +-0, subnormals, +-6, +-28, huge values, +-inf and NaN:
+    erf within 1 ulp of torch; gelu within 1 ulp of max(|gelu(x)|, |x|) (1 + erf cancels for
+    x < 0 in torch too) and 2 ulps of gelu(x) where x >= -1 (tanh mode: 4 and 4, ONNX
+    Runtime's Tanh); NaNs, signs and infinities as torch's; no Erf or Gelu node."""
+    edges = np.array(_ERF_EDGES + (1.7976931348623157e308, 5e-324, 1e-310))
+    with np.errstate(over="ignore"):
+        x = np.concatenate([np.linspace(-42.0, 42.0, 100_001), edges, -edges, edges * math.sqrt(2), [NAN]])
+    got = exported(tmp_path, fn, torch.from_numpy(x), opset=opset)
+    want = fn(torch.from_numpy(x)).numpy()
+    assert_same(got, want, (0.0, INF), name)  # dtype, NaNs, sign bits, infinities; values below
+    if "erf" in name:
+        assert _ulps(got, want, want).max() <= 1
+    else:  # tanh mode: ONNX Runtime's double Tanh against torch's (Sleef's)
+        scaled, own = (4, 4) if name == "gelu_tanh" else (1, 2)
+        assert _ulps(got, want, np.maximum(np.abs(want), np.abs(x))).max() <= scaled
+        assert _ulps(got[x >= -1], want[x >= -1], want[x >= -1]).max() <= own
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(tmp_path / f"m{opset}.onnx").graph.node}
+    assert not ops & {"Erf", "Gelu"}, ops
+
+
+@pytest.mark.parametrize("opset", [9, 17, 20])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("name,fn", _ERF_OPS, ids=[n for n, _ in _ERF_OPS])
+def test_float32_erf_and_gelu_graphs_are_torchs(tmp_path, name, fn, dtype, opset):
+    """The erf and gelu rows replace torch's symbolics for float64 only: float32 and float16
+    graphs are the ones torch writes (same nodes, attributes and constants)."""
+    import io
+
+    import onnx
+
+    from graphkit.export._loading import silenced_output
+
+    x = torch.linspace(-3, 3, 8, dtype=dtype)
+    path = tmp_path / "graphkit.onnx"
+    report = export(Call(fn), (x,), path, dynamo=False, opset=opset)
+    assert set(report.gap_fillers) & {"aten::erf", "aten::gelu"}, report.gap_fillers  # the row ran
+    buf = io.BytesIO()
+    with silenced_output():
+        torch.onnx.export(Call(fn), (x,), buf, dynamo=False, opset_version=opset)
+
+    def nodes(model):
+        return [(n.op_type, [onnx.helper.printable_attribute(a) for a in n.attribute]) for n in model.graph.node]
+
+    assert nodes(onnx.load(path)) == nodes(onnx.load_from_string(buf.getvalue()))
+
+
+def test_float64_erf_under_dynamo_names_the_node_and_the_fix(tmp_path):
+    """dynamo=True writes Erf for float64 erf and gelu (torchlib), which ONNX Runtime cannot
+    run: the load check fails the export (exit 11) naming the node, the op and dynamo=False,
+    which exports it (the gap-filler rows)."""
+    from graphkit.errors import ExportError
+
+    x = torch.linspace(-3, 3, 7, dtype=torch.float64)
+    for fn in (torch.erf, F.gelu):
+        with pytest.raises(ExportError) as info:
+            export(Call(fn), (x,), tmp_path / "d.onnx", dynamo=True)
+        text = str(info.value)
+        assert info.value.exit_code == 11 and "Erf" in text and "node '" in text and "dynamo=False" in text, text
+        assert not (tmp_path / "d.onnx").exists()
+        assert_same(exported(tmp_path, fn, x), fn(x).numpy(), tolerance_for({}, "float64"))

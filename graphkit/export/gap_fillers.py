@@ -38,7 +38,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.onnx import symbolic_helper
+from torch.onnx import symbolic_helper, symbolic_opset9, symbolic_opset20
 
 from graphkit.export._erf_double import erf_double, erfc_double
 from graphkit.export.aten import Example, GapFiller, GapFillerTable
@@ -378,6 +378,38 @@ _erfc_double = _floating(erfc_double)
 def _erfc(g, x):
     double = _result_dtype(g, (x,)) == torch.float64
     return (_erfc_double if double else _erfc_single)(g, x)
+
+
+def _erf(g, x):
+    """float64: fdlibm's erf (ONNX Runtime has no double Erf), its sign set by x's sign bit
+    (erf(-0.0) is -0.0; Where drops it); integers: Erf of float32, torch's result type (torch
+    writes Erf of int64, which ONNX Runtime has no kernel for either); float32 and float16:
+    torch's own Erf."""
+    dtype = _dtype(x)
+    if dtype == torch.float64:
+        return _with_sign(g, erf_double(g, x), x)
+    if dtype is not None and not dtype.is_floating_point:
+        return _floating(symbolic_opset9.erf)(g, x)
+    return symbolic_opset9.erf(g, x)
+
+
+@symbolic_helper.parse_args("v", "s")
+def _gelu(g, x, approximate: str = "none"):
+    """float64 as torch's CPU kernel computes it: x / 2 (1 + erf(x sqrt(1/2))) with fdlibm's
+    erf (ONNX Runtime has no double Erf), x / 2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): x / 2
+    first, so x near the largest double does not overflow, and Tanh, not Gelu-20 (its function
+    body rounds sqrt(2/pi) to float: 5e-9 off). Other types: torch's own symbolic (the Erf or
+    Tanh composition before opset 20, Gelu from 20)."""
+    if _dtype(x) != torch.float64:
+        return (symbolic_opset20 if g.opset >= 20 else symbolic_opset9).gelu(g, x, approximate)
+    one, half_x = _const(g, 1.0, x), g.op("Mul", x, _const(g, 0.5, x))
+    if approximate == "tanh":
+        cube = g.op("Mul", g.op("Mul", x, x), x)
+        inner = g.op("Mul", _const(g, math.sqrt(2.0 / math.pi), x),
+                     g.op("Add", x, g.op("Mul", _const(g, 0.044715, x), cube)))
+        return g.op("Mul", half_x, g.op("Add", one, g.op("Tanh", inner)))
+    erf = erf_double(g, g.op("Mul", x, _const(g, math.sqrt(0.5), x)))
+    return g.op("Mul", half_x, g.op("Add", one, erf))
 
 
 def _sinc(g, x):
@@ -768,6 +800,14 @@ def _cumsum_examples() -> tuple[Example, ...]:
 # float64 erfc: fdlibm's (graphkit.export._erf_double) against torch's (Sleef's, 1.5 ulp):
 # 3 ulps measured on [-30, 30] and hard values, 2 subnormal ulps where erfc(x > 26.5) underflows
 _ERFC_TOLERANCE = {"float64": (6.7e-16, 1.5e-323)}
+# float16 erf is torch's Erf: ONNX Runtime's is up to 4 subnormal ulps off below 6.1e-5
+_ERF_TOLERANCE = {"float16": (9.8e-4, 2.4e-7)}
+# gelu, relative to max(|gelu(x)|, |x|): 1 + erf cancels for x < 0 in torch's graph and kernel
+# alike (an ulp of erf is |x| ulp(1) / 2 of gelu); float64 3 ulps (fdlibm's erf against Sleef's)
+_GELU_TOLERANCE = {"float32": (3.6e-7, 2.9e-45), "float64": (6.7e-16, 1e-323)}
+_GELU_SINGLE = ("float32 is torch's own graph, x (1 + erf) / 2 or x (1 + tanh) / 2: gelu(inf) is inf "
+                "(torch's float32 kernel: NaN without approximation) and x > max / 2 overflows to inf "
+                "(torch: inf without approximation, x in tanh mode)")
 # torch computes m + log1p(1) / ln 2 for x == y and rounds it; x + 1 is the exact value
 _EQUAL_LOGADDEXP2 = ("logaddexp2(x, x) is x + 1 exactly; torch rounds max + log1p(1) / ln 2: "
                      "logaddexp2(-1, -1) is -1.06e-8 in float32 and -0.0 in float16, graphkit 0.0")
@@ -808,6 +848,19 @@ GAP_FILLERS = GapFillerTable([
               tolerance={"float32": (2.4e-7, 6e-8), "float16": (2e-3, 1e-3), "float64": (4.5e-16, 5.6e-17)},
               semantics="torch's formula: 1 + erf cancels below x ~ -5.5 in float32 (0, as torch); in "
                         "float16 torch computes it in float16 (ndtr(-3) = 0.001465, graphkit 0.001349)"),
+    GapFiller("aten::erf", 9, _erf, "Erf (float64: fdlibm's erf; integers: Erf of float32)",
+              (_ex(torch.erf, _unary_inputs(-7, 7, (-0.0, 0.84375, 1.25, 2.857, 6.0, -6.0, 28.0, -28.0))),),
+              tolerance=_ERF_TOLERANCE,
+              replaces="torch writes Erf, which ONNX Runtime has no double (or integer) kernel for"),
+    GapFiller("aten::gelu", 9, _gelu, "torch's (float64: x / 2 (1 + fdlibm's erf(x / sqrt 2)), "
+              "x / 2 (1 + Tanh(...)))",
+              (_ex(F.gelu, _unary_inputs(-10, 10, (-0.0, -6.0, 6.0, -28.0))),
+               _ex(lambda x: F.gelu(x, approximate="tanh"), _unary_inputs(-10, 10, (-0.0, -6.0, 6.0)), "tanh")),
+              tolerance=_GELU_TOLERANCE, tolerance_scale="inputs",
+              replaces="float64: torch writes Erf (opset 20: Gelu, whose function body uses Erf), which "
+                       "ONNX Runtime has no double kernel for; tanh: x (1 + tanh) / 2 overflows for "
+                       "|x| > max / 2, and Gelu-20 rounds sqrt(2 / pi) to float",
+              semantics=_GELU_SINGLE),
     GapFiller("aten::special_entr", 11, _floating(_entr), "Where(x > 0, -x Log x, 0 or -inf)",
               (_ex(torch.special.entr, _edges([0.0, -1.0, 1.0, _NAN, 1e-30])),)),
     GapFiller("aten::sinc", 11, _floating(_sinc), "Where(x == 0, 1, Sin(pi x) / (pi x))",
