@@ -128,6 +128,7 @@ class Outcome:
     worst: float = 0.0  # rel: max |got - want| / max(scale, smallest normal), finite values
     failures: list[str] = field(default_factory=list)
     status: str = "ok"  # ok, failed, unsupported (declared), refused (by graphkit's selection)
+    refused_by: str = ""  # the class of graphkit's error when refused (UnsupportedOpError: no ORT kernel)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -663,6 +664,7 @@ def check_op(op, examples: int | None = None) -> list[Outcome]:
                 sess = graphkit.open_session(lowered, registry=kernels)
             except GraphkitError as exc:  # graphkit's selection: nothing executable for this dtype
                 out.status = "refused"
+                out.refused_by = type(exc).__name__
                 out.failures.append(str(exc).splitlines()[0][:200])
                 continue
             kind = (op.name, label.partition("@")[0])

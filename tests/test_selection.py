@@ -288,9 +288,8 @@ def _scaled_model(op: OpDef, scale: int) -> tuple[onnx.ModelProto, dict]:
     return model, feeds
 
 
-@pytest.mark.parametrize("error", [RewriteError, ValueError])
-def test_a_decomposition_that_cannot_be_built_falls_through_to_the_kernel(error, tmp_path):
-    registry = OpRegistry([_scaled_op(error)])
+def test_a_decomposition_that_refuses_a_node_falls_through_to_the_kernel(tmp_path):
+    registry = OpRegistry([_scaled_op(RewriteError)])
     op = registry.get("scaled")
     model, feeds = _scaled_model(op, -1)
     _, report = rewrite_model(model, registry=registry)
@@ -298,20 +297,33 @@ def test_a_decomposition_that_cannot_be_built_falls_through_to_the_kernel(error,
     model, feeds = _scaled_model(op, 3)
     out, report = rewrite_model(model, registry=registry)
     assert report.actions == {("custom::scaled", "bind:python"): 1}
-    why = ("decomposition 'negate' at opset 13: cannot be built: "
-           + ("" if error is RewriteError else "ValueError: ") + "scale 3 has no standard form here")
+    why = "decomposition 'negate' at opset 13: cannot be built: scale 3 has no standard form here"
     assert report.passed_over == {"custom::scaled": [why]}
     assert report.to_dict()["passed_over"] == {"custom::scaled": [why]}
     got = graphkit.open_session(out, registry=registry).run(feeds)["y"]
     np.testing.assert_array_equal(got, 3 * feeds["x"])
-    # Decomposing only: the build's own error, naming the node.
+    # Decomposing only: the refusal itself, naming the node, with a hint that fits a refusal.
     with pytest.raises(RewriteError) as info:
         rewrite_model(model, registry=registry, lowering=Lowering.DECOMPOSE)
     err = info.value
     assert type(err) is RewriteError and err.node == "n0" and err.op == "custom::scaled"
-    assert err.message == ("decomposition 'negate': " + ("" if error is RewriteError else "ValueError: ")
-                           + "scale 3 has no standard form here")
-    assert err.hint == "fix the decomposition"
+    assert err.message == "decomposition 'negate': scale 3 has no standard form here"
+    assert "--bind" in err.hint and "fix the decomposition" not in err.hint
+
+
+@pytest.mark.parametrize("error", [ValueError, NameError, TypeError])
+def test_a_decomposition_that_raises_anything_else_is_a_bug_not_a_fallback(error):
+    registry = OpRegistry([_scaled_op(error)])
+    model, _ = _scaled_model(registry.get("scaled"), 3)
+    for lowering in (None, Lowering.DECOMPOSE):  # the kernel must not hide it
+        with pytest.raises(RewriteError) as info:
+            rewrite_model(model, registry=registry, **({"lowering": lowering} if lowering else {}))
+        err = info.value
+        assert type(err) is RewriteError and err.node == "n0" and err.op == "custom::scaled"
+        assert err.message == (f"decomposition 'negate' raised {error.__name__}: scale 3 has no standard form here: "
+                               "a bug in the op's decomposition (a decomposition refuses a node by raising "
+                               "graphkit's RewriteError)")
+        assert type(err.__cause__) is error and err.hint.startswith("fix the decomposition")
 
 
 def test_cli_report_says_why_a_lowering_was_passed_over(tmp_path):

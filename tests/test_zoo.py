@@ -280,8 +280,8 @@ def test_load_check_says_when_a_decomposition_raises(tmp_path):
     check = report.runtime_check
     assert check.checked and check.stand_ins == 1
     assert check.lowerings == {"gkcheck::gkcheck_halve_broken": "stand-in"}
-    assert check.reason.startswith("gkcheck::gkcheck_halve_broken not checked: decomposition 'broken': "
-                                   "TypeError: broken decomposition"), check.reason
+    assert check.reason.startswith("gkcheck::gkcheck_halve_broken not checked: decomposition 'broken' raised "
+                                   "TypeError: broken decomposition: a bug in the op's decomposition"), check.reason
 
 
 def _graph_model(nodes, inputs, outputs, value_info=(), opset=18):

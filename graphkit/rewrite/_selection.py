@@ -272,11 +272,12 @@ class Selection:
 
     def choose(self, op: OpDef, node: onnx.NodeProto, attrs: Mapping[str, Any],
                in_types: tuple[int | None, ...], probe: Probe) -> tuple[Any, Decomposition | None]:
-        """(lowering, decomposition or None) for ``node``. A decomposition whose build raises
-        for this node is passed over like one ONNX Runtime cannot run; when nothing fits,
-        that build's error (a RewriteError) is raised, else an UnsupportedOpError."""
+        """(lowering, decomposition or None) for ``node``. A decomposition whose build refuses
+        this node (raises a GraphkitError) is passed over like one ONNX Runtime cannot run;
+        when nothing fits, that refusal (a RewriteError) is raised, else an UnsupportedOpError.
+        Any other exception from a build is a RewriteError at once (a bug, not a refusal)."""
         reasons: list[str] = []
-        unbuilt: list[tuple[Decomposition, Exception]] = []
+        unbuilt: list[tuple[Decomposition, GraphkitError]] = []
         for how in self.prefer:
             if how.value == "decompose":
                 valid = [d for d in op.decompositions if d.supports(self.opset)]
@@ -321,32 +322,36 @@ class Selection:
 
     def _verdict(self, op: OpDef, node: onnx.NodeProto, attrs: Mapping[str, Any],
                  in_types: tuple[int | None, ...], dec: Decomposition, opset: int, probe: Probe
-                 ) -> tuple[str | None, Exception | None]:
-        """(:meth:`problem`, the exception its build raised or None); verdicts of builds that
-        did not look at shapes are cached."""
+                 ) -> tuple[str | None, GraphkitError | None]:
+        """(:meth:`problem`, the GraphkitError by which its build refused the node or None);
+        verdicts of builds that did not look at shapes are cached. Any other exception from the
+        build is a bug in the decomposition: a RewriteError naming it."""
         key = (op.qualified_name, dec.name, opset, in_types, repr(sorted(attrs.items())), len(node.input),
                len(node.output))
         if key in self._verdicts:
             return self._verdicts[key], None
         try:
             nodes, known, used_shapes = probe(dec, opset)
-        except RewriteError as exc:
+        except GraphkitError as exc:  # the decomposition refuses this node: the next lowering may take it
             return f"cannot be built: {exc.message}", exc
-        except Exception as exc:  # noqa: BLE001 - a decomposition is the op author's code
-            return f"cannot be built: {type(exc).__name__}: {exc}", exc
+        except Exception as exc:  # noqa: BLE001 - anything else is a bug, not a refusal: never hidden by a kernel
+            raise RewriteError(f"decomposition '{dec.name}' raised {type(exc).__name__}: {exc}: a bug in the op's "
+                               "decomposition (a decomposition refuses a node by raising graphkit's RewriteError)",
+                               path=self.path, node=node.name or "<unnamed>", op=f"{node.domain}::{node.op_type}",
+                               hint="fix the decomposition; --debug shows where it raised") from exc
         verdict = replacement_problem(nodes, known, opset)
         if not used_shapes:
             self._verdicts[key] = verdict
         return verdict, None
 
-    def _build_failed(self, node: onnx.NodeProto, dec: Decomposition, exc: Exception,
+    def _build_failed(self, node: onnx.NodeProto, dec: Decomposition, exc: GraphkitError,
                       reasons: list[str]) -> RewriteError:
         """The error of a node whose lowerings are all refused, one decomposition because its
-        build raised ``exc``: that build's error, naming the node and the other reasons."""
-        detail = exc.message if isinstance(exc, GraphkitError) else f"{type(exc).__name__}: {exc}"
+        build refused the node with ``exc``: that refusal, naming the node and the other reasons."""
         others = [r for r in reasons if not r.startswith(f"decomposition '{dec.name}' at ")]
-        hint = exc.hint if isinstance(exc, GraphkitError) and exc.hint else "fix the decomposition"
-        error = RewriteError(f"decomposition '{dec.name}': {detail}"
+        hint = exc.hint or ("allow a kernel with --prefer or choose one with --bind native|python, "
+                            "if the op has one")
+        error = RewriteError(f"decomposition '{dec.name}': {exc.message}"
                              + (f"; other lowerings: {'; '.join(others)}" if others else ""),
                              path=self.path, node=node.name or "<unnamed>", op=f"{node.domain}::{node.op_type}",
                              hint=hint)
