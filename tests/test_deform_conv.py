@@ -266,6 +266,14 @@ def test_cpp_forward_checks_its_inputs(forward):
         forward(args[0], args[1].double(), *args[2:], **case.attrs)
     with pytest.raises(RuntimeError, match=r"\[deform_conv2d\] input must be float32 or float64"):
         forward(args[0].half(), *args[1:], **case.attrs)
+    # 46343 x 46343 output positions from a 1x1 input padded by 23171: over 2^31, more than
+    # OpenBLAS's 32-bit dimensions take (an empty batch keeps the tensors empty)
+    ho = 2 * 23171 + 1
+    empty = (torch.zeros(0, 1, 1, 1), torch.ones(1, 1, 1, 1), torch.zeros(0, 2, ho, ho))
+    with pytest.raises(RuntimeError, match=r"\[deform_conv2d\] too large for the GEMM's 32-bit dimensions: .*"
+                                           r"output positions Ho \* Wo = 2147673649"):
+        forward(*empty, None, None, stride=[1, 1], padding=[23171, 23171], dilation=[1, 1], groups=1,
+                offset_groups=1)
 
 
 def test_functional_and_module_follow_torchvision(forward):

@@ -13,12 +13,14 @@
 //   - few positions per image, many channels (late layers: 512 channels at 7x7): the
 //     columns of a chunk of positions (several images together when they are small) are
 //     sampled in parallel, then multiplied in blocks of output channels, then of positions.
-// The GEMM is Strips: the weight packed once per kernel in strips of output channels and a
-// register-blocked micro-kernel (BLAS would copy the weight on every call). A weight that is
-// a graph input in the tile regime goes to OpenBLAS instead (scipy-openblas32, linked
-// through the package's NativeKernels, single-threaded per call).
-// The weight is reordered to the columns' k order once, when ORT creates the kernel, if it
-// is a constant initializer (the usual case); otherwise on every call.
+// The GEMM is Strips: the weight packed in strips of output channels and a register-blocked
+// micro-kernel (BLAS would copy the weight on every call). The fused regime uses OpenBLAS
+// instead (scipy-openblas32, linked through the package's NativeKernels, single-threaded
+// per call) for a weight that is a graph input, and for a constant weight where strips do
+// not pay (a weight group's output channels padded to whole strips would add over 25% of
+// multiply-adds); the two-phase regime always uses strips.
+// The weight is reordered to the columns' k order, and packed in strips, once per kernel if
+// it is a constant initializer (the usual case); otherwise once per call.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -60,6 +62,11 @@ constexpr int64_t kMinSamplePositions = 16;
 // microseconds, milliseconds on a busy machine) costs more than it saves.
 constexpr int64_t kMinTaskElements = 1 << 18;
 
+// Scratch buffers above this are released after use (a large call would otherwise pin its
+// images, columns and weight copies per thread for the life of the process); smaller ones
+// are kept for the next call.
+constexpr size_t kKeepBytes = size_t(64) << 20;
+
 // A 64-byte aligned array, grown on demand.
 template <class T>
 class Aligned {
@@ -79,6 +86,12 @@ class Aligned {
     if (p == nullptr) throw std::bad_alloc();
     data_ = static_cast<T*>(p);
     capacity_ = n;
+  }
+  size_t bytes() const { return capacity_ * sizeof(T); }
+  void release() {
+    std::free(data_);
+    data_ = nullptr;
+    capacity_ = 0;
   }
 
  private:
@@ -252,11 +265,21 @@ void reorder_weight(const dcn::Geometry& g, const T* weight, T* out, int64_t m0,
   }
 }
 
-// Per-thread buffers, reused across calls: `cols` by every thread running fused tiles; the
-// rest by the thread that called Compute (read by the others meanwhile).
+template <class T>
+void release_if_large(Aligned<T>& buffer) {
+  if (buffer.bytes() > kKeepBytes) buffer.release();
+}
+
+// Per-thread buffers, reused across calls up to kKeepBytes each: `cols` by every thread
+// running fused tiles, `tiles` by every thread running strips GEMM tasks (each released
+// after its task when larger); the rest by the thread that called Compute (read by the
+// others meanwhile; released at the end of the call when larger).
 template <class T>
 struct Scratch {
   Aligned<T> cols, pixels, weight, chunk, tiles, strips;
+  void release_large() {
+    for (Aligned<T>* b : {&cols, &pixels, &weight, &chunk, &tiles, &strips}) release_if_large(*b);
+  }
 };
 
 template <class T>
@@ -270,8 +293,9 @@ inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // How many of ORT's intra-op threads take part in this kernel's parallel loops: the most
 // distinct threads seen running the tasks of one loop so far (ORT does not tell a custom
-// op its thread count). The two-phase GEMM is split into that many blocks, at least 2: one
-// call per thread, so the operand BLAS repacks per call is packed no more often than needed.
+// op its thread count). The two-phase strips GEMM is split into that many blocks (at least
+// 2), each reading only its strips of the weight; the fused regime rounds its tile count
+// to a multiple of it.
 class Concurrency {
  public:
   int64_t threads() const { return seen_.load(std::memory_order_relaxed); }
@@ -345,20 +369,21 @@ void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T
       const int64_t kc = std::min(kKC, K - k0);
       for (int64_t st = s0; st < s1; ++st) {
         const T* b = pk + ((gw * strips + st) * K + k0) * NR;
-        T* tile = tiles.data() + ((st - s0) * rows - r0) * NR;
+        T* tile = tiles.data() + (st - s0) * rows * NR;  // row r at (r - r0) * NR
         for (int64_t r = r0; r < r1; r += MR)
-          SG::multiply(std::min(MR, r1 - r), kc, a + r * K + k0, K, b, tile + r * NR, k0 > 0);
+          SG::multiply(std::min(MR, r1 - r), kc, a + r * K + k0, K, b, tile + (r - r0) * NR, k0 > 0);
       }
     }
     for (int64_t st = s0; st < s1; ++st) {  // (positions x channels) tiles -> (N, M, P)
-      const T* tile = tiles.data() + ((st - s0) * rows - r0) * NR;
+      const T* tile = tiles.data() + (st - s0) * rows * NR;
       const int64_t m0 = gw * mg + st * NR, count = std::min<int64_t>(NR, mg - st * NR);
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t n = (j0 + r) / np, p = j0 + r - n * np;
         T* dst = y + (n * g.m + m0) * np + p;
-        for (int64_t i = 0; i < count; ++i) dst[i * np] = tile[r * NR + i] + (bias ? bias[m0 + i] : T(0));
+        for (int64_t i = 0; i < count; ++i) dst[i * np] = tile[(r - r0) * NR + i] + (bias ? bias[m0 + i] : T(0));
       }
     }
+    release_if_large(tiles);
   };
 
   // Fused regime: tiles of positions of one image whose columns fit kTileBytes, when a tile
@@ -396,6 +421,7 @@ void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T
         gemm_nt(mg, count, K, wp + gw * mg * K, K, s.cols.data() + gw * tile * K, K, out, np);
         add_bias(out, gw * mg, (gw + 1) * mg, count, np);
       }
+      release_if_large(s.cols);
     });
     return;
   }
@@ -405,6 +431,7 @@ void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T
   const int64_t chunk = std::min(total, std::max<int64_t>(1, kChunkBytes / int64_t(sizeof(T) * kg)));
   own.chunk.reserve(size_t(chunk * kg));
   T* cols = own.chunk.data();
+  const T* pk = strip_weight();  // an input weight is packed once per call, not per chunk
   for (int64_t j0 = 0; j0 < total; j0 += chunk) {
     const int64_t j1 = std::min(total, j0 + chunk), len = j1 - j0;
     // Phase 1: sample pieces of at least kMinSamplePositions and kMinTaskElements, never
@@ -424,7 +451,6 @@ void run(Context& ctx, Concurrency& concurrency, const dcn::Geometry& g, const T
     // Phase 2: the strips GEMM, tasks of (weight group, block of strips, block of rows);
     // strips are split first (each task reads only its part of the weight), rows when there
     // are fewer strips than threads. A sum's order never depends on the split.
-    const T* pk = strip_weight();
     const int64_t want = cdiv(std::clamp<int64_t>(concurrency.threads(), 2, kMaxBlocks), g.groups);
     const int64_t sb = cdiv(strips, std::min(want, strips)), sblocks = cdiv(strips, sb);
     const int64_t rb = cdiv(cdiv(len, std::min(cdiv(want, sblocks), cdiv(len, MR))), MR) * MR;
@@ -536,6 +562,7 @@ struct DeformConv2d {
     };
     run<T>(ctx, concurrency, g, x.as<T>(), wr, strip_weight, wr == reordered.data(), off.as<T>(), has_bias ? b.as<T>() : nullptr, has_mask ? m.as<T>() : nullptr,
            y);
+    scratch<T>().release_large();
   }
 
   // (N, M, Ho, Wo) = (input[0], weight[0], offset[2], offset[3]); symbolic dims kept.

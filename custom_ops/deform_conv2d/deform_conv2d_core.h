@@ -110,6 +110,12 @@ inline std::string check(const Attributes& a, const std::vector<int64_t>& input,
            dims_str({g.kh, g.kw}) + ", padding " + dims_str(a.padding) + ", dilation " + dims_str(a.dilation) + ")";
   if (g.h * g.w >= (int64_t(1) << 31) - 1)  // pixel indices are 32-bit
     return "input is too large: H * W = " + std::to_string(g.h * g.w) + " must stay below 2^31 - 1";
+  // OpenBLAS (scipy-openblas32) takes the GEMM's dimensions as 32-bit ints.
+  const int64_t blas_limit = (int64_t(1) << 31) - 1;
+  if (g.m / groups > blas_limit || g.ho * g.wo > blas_limit || g.cin_g * g.kh * g.kw > blas_limit)
+    return "too large for the GEMM's 32-bit dimensions: output channels per group " + std::to_string(g.m / groups) +
+           ", output positions Ho * Wo = " + std::to_string(g.ho * g.wo) + ", C/groups * kh * kw = " +
+           std::to_string(g.cin_g * g.kh * g.kw) + " must each stay below 2^31";
   const int64_t kk = g.taps();
   if (offset[1] != 2 * og * kk)
     return "offset has " + std::to_string(offset[1]) + " channels; expected 2 * offset_groups * kh * kw = " +
