@@ -144,3 +144,30 @@ def test_a_function_reading_its_callers_attribute_keeps_the_callers_value():
     for nodes, _ in node_lists(out):
         assert not any(a.ref_attr_name for node in nodes for a in node.attribute)
     onnx.checker.check_model(out)
+
+
+def test_the_split_sizes_constant_takes_a_name_nothing_else_has():
+    """x: float[2, 7] split unevenly by a node named "s"; the model already has a tensor named
+    "s_split_sizes" (an input) and two Splits named "s" (one in an If branch)."""
+    then = helper.make_graph([helper.make_node("Split", ["x"], ["t0", "t1", "t2"], name="s", axis=1, num_outputs=3)],
+                             "then", [], [helper.make_tensor_value_info("t2", F, [2, 1])])
+    other = helper.make_graph([helper.make_node("Identity", ["w"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", F, [2, 1])])
+    graph = helper.make_graph(
+        [helper.make_node("Split", ["x"], ["a0", "a1", "a2"], name="s", axis=1, num_outputs=3),
+         helper.make_node("Add", ["a2", "s_split_sizes"], ["m"]),
+         helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+        "g", [helper.make_tensor_value_info("x", F, [2, 7]), helper.make_tensor_value_info("s_split_sizes", F, [2, 1]),
+              helper.make_tensor_value_info("w", F, [2, 1]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("m", F, [2, 1]), helper.make_tensor_value_info("y", F, [2, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    out = convert_down(model, 17)
+    made = [n.output[0] for nodes, _ in node_lists(out) for n in nodes if n.op_type == "Constant"]
+    assert len(made) == 2 and len(set(made)) == 2 and "s_split_sizes" not in made, made
+    onnx.checker.check_model(out)
+    x = np.arange(14, dtype=np.float32).reshape(2, 7)
+    feeds = {"x": x, "s_split_sizes": np.full((2, 1), 10, np.float32), "w": np.zeros((2, 1), np.float32),
+             "c": np.array(True)}
+    m, y = ort.InferenceSession(out.SerializeToString()).run(None, feeds)
+    np.testing.assert_array_equal(m, x[:, 6:] + 10)
+    np.testing.assert_array_equal(y, x[:, 6:])

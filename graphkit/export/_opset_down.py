@@ -28,7 +28,8 @@ import onnx.inliner
 import onnx.numpy_helper
 import onnx.version_converter
 
-from graphkit.rewrite._walk import AI_ONNX, graphs, node_lists, value_types
+from graphkit.rewrite._walk import AI_ONNX, ModelIndex, graphs, node_lists, value_types
+from graphkit.rewrite.builder import NameGenerator
 
 __all__ = ["ConverterError", "convert_down", "drop_default_attributes", "split_without_num_outputs"]
 
@@ -149,13 +150,14 @@ def split_without_num_outputs(model: onnx.ModelProto) -> None:
     last one smaller) as the ``split`` input, a Constant made just before the node. Every
     graph, subgraph and function body; lengths from the types stated in the body's scope.
     Unknown lengths are left to the load check."""
-    _split_fix_graphs(model)
+    names = NameGenerator(ModelIndex(model).names)  # the Constants' names clash with nothing
+    _split_fix_graphs(model, names)
     for fn in model.functions:
         with _body_model(fn) as body:
-            _split_fix_graphs(body)
+            _split_fix_graphs(body, names)
 
 
-def _split_fix_graphs(model: onnx.ModelProto) -> None:
+def _split_fix_graphs(model: onnx.ModelProto, names: NameGenerator) -> None:
     types = value_types(model, infer=False)
     for g in graphs(model.graph):
         if not any(n.op_type == "Split" for n in g.node):
@@ -168,7 +170,7 @@ def _split_fix_graphs(model: onnx.ModelProto) -> None:
                 del node.attribute[:]
                 node.attribute.extend(keep)
             if sizes:  # uneven: opset 18's sizes as the split input
-                name = f"{node.name or node.output[0]}_split_sizes"
+                name = names.fresh(f"{node.name or node.output[0]}_split_sizes")
                 nodes.append(onnx.helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(
                     np.array(sizes, dtype=np.int64), name)))
                 del node.input[1:]
