@@ -443,15 +443,16 @@ def test_translation_fixes_step_aside_for_an_onnxscript_without_their_internals(
     """A torchlib without the symbols the fixes build on: exports go on with torch's own."""
     from graphkit.export import _translation_fixes
 
-    def missing():
+    def missing(*args):
         raise ImportError("cannot import name 'TFloat'")
 
-    monkeypatch.setattr(_translation_fixes, "_sdpa", missing)
-    monkeypatch.setattr(_translation_fixes, "_clamp_tensor", missing)
+    for name in ("_sdpa", "_clamp_tensor", "_erf", "_gelu"):
+        monkeypatch.setattr(_translation_fixes, name, missing)
     with pytest.warns(UserWarning) as caught:
         assert _translation_fixes.translation_fixes() == {}
     assert [str(w.message).split(" with ")[0] for w in caught] == [
-        "graphkit: sdpa translation fix off", "graphkit: clamp translation fix off"]
+        "graphkit: sdpa translation fix off", "graphkit: clamp translation fix off",
+        "graphkit: erf/gelu translation fix off"]
 
 
 # --------------------------------------------------------------------------- trace fixes (dynamo)

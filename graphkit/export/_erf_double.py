@@ -16,15 +16,19 @@ in never reaches it):
   float32 and back rounds to 24 bits, short enough (z^2 has 48 bits, 0.5625 fits beside them);
 - |x| >= 28: erfc is 0 or 2, erf +-1; NaN stays NaN.
 
-Ops: Abs, Mul, Add, Sub, Div, Exp, Less, Where, IsNaN, Cast, Constant: all opset <= 9, all
-with double kernels in ONNX Runtime.
+Ops: Abs, Mul, Add, Sub, Div, Exp, Less, Where, IsNaN, Cast, Constant (and Or, Tanh for
+:func:`gelu_double`): all opset <= 9, all with double kernels in ONNX Runtime.
+
+``g`` is anything with TorchScript's ``g.op(name, *inputs, **attrs)`` (attributes suffixed
+``_i``, ``_t``...): the gap fillers pass the exporter's graph context, the dynamo translations
+(:mod:`graphkit.export._translation_fixes`) an adapter over onnxscript's opset.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["erf_double", "erfc_double"]
+__all__ = ["erf_double", "erfc_double", "gelu_double"]
 
 _ERX = 8.45062911510467529297e-01
 _EFX8 = 1.02703333676410069053e+00
@@ -112,8 +116,10 @@ def erfc_double(g, x):
     return _pick(g, x, a, small, middle, tail, large)
 
 
-def erf_double(g, x):
-    """erf(x) of a float64 ``x``, within about an ulp of libm (erf(-0.0) is +0.0: Where)."""
+def erf_double(g, x, *, signed_zero: bool = False):
+    """erf(x) of a float64 ``x``, within about an ulp of libm. erf(-0.0) is +0.0 (Where
+    drops the sign) unless ``signed_zero``: then the result's sign is set from x's sign bit
+    by a multiplication (erf is odd and keeps its argument's sign)."""
     one = _c(g, 1.0)
     a, negative, y, pq, tail = _regions(g, x)
     tiny = g.op("Mul", _c(g, 0.125), g.op("Add", g.op("Mul", _c(g, 8.0), x), g.op("Mul", _c(g, _EFX8), x)))
@@ -122,4 +128,20 @@ def erf_double(g, x):
     middle = g.op("Where", negative, g.op("Sub", _c(g, 0.0), erx_pq), erx_pq)
     tail = g.op("Where", negative, g.op("Sub", tail, one), g.op("Sub", one, tail))
     large = g.op("Where", negative, _c(g, -1.0), one)
-    return _pick(g, x, a, small, middle, tail, large)
+    value = _pick(g, x, a, small, middle, tail, large)
+    if not signed_zero:
+        return value
+    sign_bit = g.op("Or", negative, g.op("Less", g.op("Div", one, x), _c(g, 0.0)))  # 1 / -0.0 is -inf
+    return g.op("Mul", g.op("Abs", value), g.op("Where", sign_bit, _c(g, -1.0), one))
+
+
+def gelu_double(g, x, approximate: str = "none"):
+    """torch's gelu of a float64 ``x`` as its CPU kernel computes it: x / 2 (1 + erf(x
+    sqrt(1/2))) with :func:`erf_double`, or in ``"tanh"`` mode x / 2 (1 + tanh(sqrt(2 / pi)
+    (x + 0.044715 x^3))): x / 2 first, so x near the largest double does not overflow."""
+    one, half_x = _c(g, 1.0), g.op("Mul", x, _c(g, 0.5))
+    if approximate == "tanh":
+        cube = g.op("Mul", g.op("Mul", x, x), x)
+        inner = g.op("Mul", _c(g, 0.7978845608028654), g.op("Add", x, g.op("Mul", _c(g, 0.044715), cube)))
+        return g.op("Mul", half_x, g.op("Add", one, g.op("Tanh", inner)))
+    return g.op("Mul", half_x, g.op("Add", one, erf_double(g, g.op("Mul", x, _c(g, 0.7071067811865476)))))

@@ -355,7 +355,7 @@ def _export_dynamo(model, args, kwargs, registry, opset, names, output_names, dy
                    *, given_names: bool, placeholder_ops: Sequence[OpDef] = (),
                    torch_translations: Sequence[str] = ()) -> onnx.ModelProto:
     with _registry_ops(registry):
-        table = translation_fixes()  # graphkit's own ops, placeholders and foreign ops win
+        table = translation_fixes(max(opset, _DYNAMO_MIN_OPSET))  # graphkit's own ops, placeholders and foreign ops win
         table.update(torch_ops.custom_translation_table())
         table.update(placeholder_translations(placeholder_ops))
         table.update(foreign_translations(registry, skip=torch_translations))

@@ -16,6 +16,10 @@ Each entry replaces one ATen op's translation in ``custom_translation_table`` wh
   ONNX Runtime refuses the model ("Node input 'x_min_1' is not a graph input"). The fix
   writes the ``Clip`` itself (torch's own translation of ``aten::clamp`` with number bounds,
   which float32 gets; ``Clip`` with min > max gives max, as torch does).
+- ``aten::erf`` (``special_erf``) and ``aten::gelu`` of float64: torchlib writes Erf (Gelu from opset 20, whose
+  function body is Erf), which ONNX Runtime has no double kernel for. The fixes write
+  fdlibm's erf (:mod:`graphkit.export._erf_double`, the gap fillers' builder) for float64
+  and keep torchlib's translation for every other dtype.
 """
 
 # No `from __future__ import annotations`: torch's exporter reads the translation's type
@@ -72,8 +76,60 @@ def _clamp_tensor() -> Callable[..., Any]:
     return clamp_tensor
 
 
-def translation_fixes() -> dict[Any, Callable[..., Any]]:
-    """``custom_translation_table`` entries correcting torch's translations (see above)."""
+class _Graph:
+    """TorchScript's ``g.op(name, *inputs, **attrs)`` over onnxscript's opset, for the
+    builders in :mod:`graphkit.export._erf_double` (attribute names lose their ``_i``/``_t``)."""
+
+    def __init__(self, opset: Any) -> None:
+        self._opset = opset
+
+    def op(self, name: str, *inputs: Any, **attrs: Any) -> Any:
+        import onnx_ir as ir
+
+        attrs = {key.rsplit("_", 1)[0]: value for key, value in attrs.items()}
+        if name == "Constant":
+            return self._opset.Constant(value=ir.tensor(attrs["value"].numpy()))
+        return getattr(self._opset, name)(*inputs, **attrs)
+
+
+def _erf() -> Callable[..., Any]:
+    import onnx_ir as ir
+    from onnxscript import opset18 as op
+    from onnxscript.function_libs.torch_lib.tensor_typing import TFloat
+
+    from graphkit.export._erf_double import erf_double
+
+    def erf(self: TFloat) -> TFloat:
+        if self.dtype == ir.DataType.DOUBLE:
+            return erf_double(_Graph(op), self, signed_zero=True)
+        return op.Erf(self)  # torchlib's translation
+
+    return erf
+
+
+def _gelu(opset: int) -> Callable[..., Any]:
+    import onnx_ir as ir
+    from onnxscript import opset18 as op
+    from onnxscript.function_libs.torch_lib.ops import nn as torchlib
+    from onnxscript.function_libs.torch_lib.tensor_typing import TReal
+
+    from graphkit.export._erf_double import gelu_double
+
+    base = torchlib.aten_gelu
+    if opset >= 20:  # torch's own translation from opset 20 on: Gelu
+        from torch.onnx._internal.exporter._torchlib.ops.nn import aten_gelu_opset20 as base
+
+    def gelu(self: TReal, approximate: str = "none") -> TReal:
+        if self.dtype == ir.DataType.DOUBLE:
+            return gelu_double(_Graph(op), self, approximate)
+        return base(self, approximate=approximate)
+
+    return gelu
+
+
+def translation_fixes(opset: int = 18) -> dict[Any, Callable[..., Any]]:
+    """``custom_translation_table`` entries correcting torch's translations (see above) for
+    an export at ``opset`` (>= 18, what the dynamo exporter builds)."""
     import torch
 
     fixes: dict[Any, Callable[..., Any]] = {}
@@ -87,4 +143,10 @@ def translation_fixes() -> dict[Any, Callable[..., Any]]:
     except (ImportError, AttributeError) as exc:
         warnings.warn(f"graphkit: clamp translation fix off with this onnxscript ({exc}): two clamps of "
                       "one float16 tensor may give a model ONNX Runtime refuses", stacklevel=2)
+    try:
+        fixes[torch.ops.aten.erf.default] = fixes[torch.ops.aten.special_erf.default] = _erf()
+        fixes[torch.ops.aten.gelu.default] = _gelu(opset)
+    except (ImportError, AttributeError) as exc:
+        warnings.warn(f"graphkit: erf/gelu translation fix off with this onnxscript ({exc}): float64 erf "
+                      "and gelu export as Erf, which ONNX Runtime cannot run (use dynamo=False)", stacklevel=2)
     return fixes

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch.onnx import symbolic_helper, symbolic_opset9, symbolic_opset20
 
-from graphkit.export._erf_double import erf_double, erfc_double
+from graphkit.export._erf_double import erf_double, erfc_double, gelu_double
 from graphkit.export.aten import Example, GapFiller, GapFillerTable
 
 __all__ = ["GAP_FILLERS"]
@@ -387,7 +387,7 @@ def _erf(g, x):
     torch's own Erf."""
     dtype = _dtype(x)
     if dtype == torch.float64:
-        return _with_sign(g, erf_double(g, x), x)
+        return erf_double(g, x, signed_zero=True)
     if dtype is not None and not dtype.is_floating_point:
         return _floating(symbolic_opset9.erf)(g, x)
     return symbolic_opset9.erf(g, x)
@@ -402,14 +402,7 @@ def _gelu(g, x, approximate: str = "none"):
     Tanh composition before opset 20, Gelu from 20)."""
     if _dtype(x) != torch.float64:
         return (symbolic_opset20 if g.opset >= 20 else symbolic_opset9).gelu(g, x, approximate)
-    one, half_x = _const(g, 1.0, x), g.op("Mul", x, _const(g, 0.5, x))
-    if approximate == "tanh":
-        cube = g.op("Mul", g.op("Mul", x, x), x)
-        inner = g.op("Mul", _const(g, math.sqrt(2.0 / math.pi), x),
-                     g.op("Add", x, g.op("Mul", _const(g, 0.044715, x), cube)))
-        return g.op("Mul", half_x, g.op("Add", one, g.op("Tanh", inner)))
-    erf = erf_double(g, g.op("Mul", x, _const(g, math.sqrt(0.5), x)))
-    return g.op("Mul", half_x, g.op("Add", one, erf))
+    return gelu_double(g, x, approximate)
 
 
 def _sinc(g, x):
