@@ -45,19 +45,20 @@ def _prefer(lowering) -> tuple:
 
 
 def same(model: onnx.ModelProto, *, registry: OpRegistry | None = None, lowering=DEFAULT_PREFERENCE,
-         check: bool = True, data: bytes | None = None) -> bytes:
-    """Rewrite ``model`` both ways; the results must be equal field for field, reports too."""
+         check: bool = True, data: bytes | None = None, **options) -> bytes:
+    """Rewrite ``model`` both ways; the results must be equal field for field, reports too.
+    ``options``: target_opset."""
     registry = registry or default_registry()
     data = model.SerializeToString() if data is None else data
-    fast, fast_report = lower_bytes(data, model, registry=registry, prefer=_prefer(lowering), check=check)
-    slow, slow_report = rewrite_model(model, registry=registry, lowering=lowering, check=check)
+    fast, fast_report = lower_bytes(data, model, registry=registry, prefer=_prefer(lowering), check=check, **options)
+    slow, slow_report = rewrite_model(model, registry=registry, lowering=lowering, check=check, **options)
     assert onnx.ModelProto.FromString(fast).SerializeToString() == slow.SerializeToString()
     assert _without_writer(fast_report) == _without_writer(slow_report)
     assert fast_report.writer == "bytes" and slow_report.writer == "objects"
     assert fast_report.actions == slow_report.actions
     assert +fast_report.ops_before == +slow_report.ops_before
-    via_api, _ = rewrite_bytes(data, registry=registry, lowering=lowering, check=check)
-    assert via_api == fast
+    via_api, api_report = rewrite_bytes(data, registry=registry, lowering=lowering, check=check, **options)
+    assert via_api == fast and api_report.writer == "bytes"
     return fast
 
 
@@ -596,9 +597,11 @@ def test_rewrite_file_is_the_clis_one_entry_point(tmp_path, monkeypatch):
     assert result.output == (tmp_path / "api.onnx").read_bytes()
     assert report.writer == "bytes" and [p for p, _ in report.passes] == ["lower", "fix-imports"]
     assert sizes["bytes_after"] == (tmp_path / "api.onnx").stat().st_size
-    report = rewrite_file(src, None, target_opset=18).report  # a dry run, by the objects writer
-    assert report.writer == "objects" and "--target-opset" in report.writer_reason
+    report = rewrite_file(src, None, target_opset=18).report  # a dry run; imports only: the byte writer
+    assert report.writer == "bytes" and "--target-opset: imports only" in report.writer_reason
     assert [p for p, _ in report.passes] == ["convert-opset", "lower", "fix-imports"]
+    report = rewrite_file(src, None, target_opset=18, as_functions=True).report  # the objects writer
+    assert report.writer == "objects" and "--as-functions" in report.writer_reason
     proc = run_cli("rewrite", src, tmp_path / "cli.onnx", "--json")
     assert json.loads(proc.stdout)["writer"]["name"] == "bytes"
     assert (tmp_path / "cli.onnx").read_bytes() == (tmp_path / "api.onnx").read_bytes()
@@ -831,3 +834,70 @@ def test_forward_pass_waits_when_placeholders_read_declared_names():
     assert waiting._pending is not None and at_once._pending is None
     assert waiting.elem_type("x") == F and waiting._pending is not None
     assert waiting.elem_type("y3") == at_once.elem_type("y3") == F and waiting._pending is None
+
+
+# -- --target-opset: the byte writer where the conversion moves only the imports ------------
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx"))
+
+
+@pytest.mark.parametrize("target", [17, 18, 20, 16], ids=["same", "17-18", "17-20", "17-16"])
+@pytest.mark.parametrize("shape", ["named", "unnamed", "fan-out"])
+def test_target_opset_imports_only(target, shape):
+    """my_add + Relu (no standard op has a new version from 16 to 20): the byte writer lowers at
+    the target opset and writes the new import; the report says "imports only" as the objects
+    writer's convert-opset pass does."""
+    model = {"named": lambda: _bench_model(20), "unnamed": lambda: _unnamed("my_add", 20, False),
+             "fan-out": lambda: _unnamed("asinh", 20, True)}[shape]()
+    before = _opset(model)
+    out = onnx.ModelProto.FromString(same(model, target_opset=target))
+    assert _opset(out) == target
+    report = lower_bytes(model.SerializeToString(), model, registry=default_registry(),
+                         prefer=DEFAULT_PREFERENCE, target_opset=target)[1]
+    if target == before:
+        assert report.conversions == [] and "convert-opset" not in dict(report.passes)
+    else:
+        assert report.conversions == [(before, target, "imports only")]
+        assert report.passes[0] == ("convert-opset", f"ai.onnx opset {before} -> {target}")
+        assert "--target-opset: imports only" in report.writer_reason
+
+
+def test_target_opset_down_from_18():
+    same(my_add_model(TensorProto.FLOAT, 18), target_opset=17)
+    same(_unnamed("asinh", 10, False), target_opset=21)
+
+
+def test_target_opset_checked_by_parts(monkeypatch):
+    """An imports-only conversion keeps every kept node's meaning: the parts still decide."""
+    out, report, whole = _by_parts(_unnamed("my_add", 30, False), monkeypatch, target_opset=18)
+    assert not whole and report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS)
+    onnx.checker.check_model(out)
+
+
+def test_target_opset_with_a_real_conversion_goes_the_object_way():
+    """ReduceMean has a new version at 18: the version converter is needed, so the objects
+    writer runs, and the report names the precondition that failed."""
+    model = _unnamed("my_add", 4, False)
+    model.graph.node.append(helper.make_node("ReduceMean", ["y3"], ["m"], axes=[0], keepdims=1))
+    model.graph.output.append(helper.make_tensor_value_info("m", F, [1]))
+    data = model.SerializeToString()
+    with pytest.raises(Unsupported, match="needs the version converter"):
+        lower_bytes(data, model, registry=default_registry(), prefer=DEFAULT_PREFERENCE, target_opset=18)
+    out, report = rewrite_bytes(data, target_opset=18)
+    slow, slow_report = rewrite_model(model, target_opset=18)
+    assert out == slow.SerializeToString() and _without_writer(report) == _without_writer(slow_report)
+    assert report.writer == "objects" and "--target-opset 18 needs the version converter" in report.writer_reason
+    assert report.conversions == [(17, 18, "version converter")]
+    same(model, target_opset=17)  # no conversion: the byte writer
+
+
+def test_target_opset_with_nothing_to_lower_goes_the_object_way():
+    model = _unnamed("my_add", 2, False)
+    model.graph.node[0].domain = model.graph.node[1].domain = ""
+    model.graph.node[0].op_type = model.graph.node[1].op_type = "Add"
+    data = model.SerializeToString()
+    with pytest.raises(Unsupported, match="nothing to lower"):
+        lower_bytes(data, model, registry=default_registry(), prefer=DEFAULT_PREFERENCE, target_opset=18)
+    out, report = rewrite_bytes(data, target_opset=18)
+    assert out == rewrite_model(model, target_opset=18)[0].SerializeToString() and report.writer == "objects"

@@ -53,7 +53,9 @@ The result is the object path's, field for field (tests/test_fastpath.py compare
 Its preconditions, each an ``Unsupported`` naming it (the report's ``writer_reason``
 when the object path runs instead): custom nodes only in the main graph, no model-local
 functions or training info, every placeholder input typed by the forward pass (else the
-engine would run ONNX shape inference). An error while lowering is the plan's, raised as
+engine would run ONNX shape inference), and with a target opset other than the model's, a
+conversion that moves only the imports (no standard op of the model has a new version
+between the two opsets) and something to lower. An error while lowering is the plan's, raised as
 it is: both writers report it in the same words.
 """
 
@@ -108,6 +110,9 @@ _PROBE_TAILS = 64  # at most this many distinct prefix endings are searched for 
 # Why the byte writer runs where it can (the report's writer_reason).
 WHY = ("lowering only, custom nodes in the main graph only, no model-local functions: "
        "the replacements are spliced into the serialized model")
+# Added to it where --target-opset moved only the imports.
+IMPORTS_ONLY = ("--target-opset: imports only (no standard op of the model has a new version between "
+                "opsets {} and {}), the replacements made at the target opset")
 # Added to it where the output's check was found from parts (see the module docstring).
 CHECKED_BY_PARTS = ("checked by parts: the input model, and each kind of replacement under the output's "
                     "opset imports (generated names are unique by construction)")
@@ -115,6 +120,17 @@ CHECKED_BY_PARTS = ("checked by parts: the input model, and each kind of replace
 
 class Unsupported(Exception):
     """The fast path does not handle this model or option; use the object path."""
+
+
+def _imports_only(ops: collections.Counter, current: int | None, target: int) -> None:
+    """Precondition of a --target-opset rewrite: converting from ``current`` to ``target``
+    moves only the ai.onnx import (engine._convert_opset's "imports only")."""
+    if current is None:
+        raise Unsupported("--target-opset on a model without an ai.onnx opset import")
+    standard = {op for d, op in ops if d in AI_ONNX}
+    if standard and not _engine._same_schemas(standard, current, target):
+        raise Unsupported(f"--target-opset {target} needs the version converter (a standard op of the model "
+                          f"has a new version between opsets {current} and {target})")
 
 
 # -- the wire format ----------------------------------------------------------------------
@@ -654,12 +670,20 @@ def _all_names(model: onnx.ModelProto) -> set[str]:
     return ModelIndex(model).names
 
 
-def _fixed_imports(model: onnx.ModelProto, opset: int, used: set[str], placeholders: frozenset[str]) -> bytes:
-    """The model's opset_import entries (field 8) after engine._fix_opset_imports."""
+def _fixed_imports(model: onnx.ModelProto, opset: int, used: set[str], placeholders: frozenset[str],
+                   target: int | None = None) -> tuple[bytes, list[tuple[str, int]]]:
+    """The model's opset_import entries (field 8) after engine._fix_opset_imports, and the
+    imports that pass starts from. With a ``target`` opset, the convert-opset pass's
+    imports first: ai.onnx at ``target`` first, the other domains as they were."""
     tiny = onnx.ModelProto()
-    tiny.opset_import.extend(model.opset_import)
+    if target is None:
+        tiny.opset_import.extend(model.opset_import)
+    else:
+        tiny.opset_import.extend([onnx.helper.make_opsetid("", target),
+                                  *(i for i in model.opset_import if i.domain not in AI_ONNX)])
+    start = [(i.domain, i.version) for i in tiny.opset_import]
     _engine._fix_opset_imports(tiny, opset, used, placeholders)
-    return tiny.SerializeToString()
+    return tiny.SerializeToString(), start
 
 
 def _representatives(planned: list[int], kinds: dict[Any, Any], values_of: list[list[str]]) -> list[int]:
@@ -684,7 +708,7 @@ def _representatives(planned: list[int], kinds: dict[Any, Any], values_of: list[
 
 def _check_parts(data: bytes, model: onnx.ModelProto, header: bytes,
                  replaced: list[tuple[bytes, Sequence[str], Sequence[str]]], used_domains: set[str],
-                 registry: OpRegistry) -> str | None:
+                 registry: OpRegistry, same_schemas: frozenset[str] = frozenset()) -> str | None:
     """The ONNX checker's verdict on the output, found from parts (see the module docstring):
     the input model (``data``) and a model of the chosen replacements under the output's
     top-level fields (``header``: its opset imports). None: the output passes. Else why the
@@ -692,9 +716,11 @@ def _check_parts(data: bytes, model: onnx.ModelProto, header: bytes,
     the caller checks the whole output.
 
     ``replaced``: (the serialized replacement nodes, the placeholder's inputs and outputs) in
-    the output's order.
+    the output's order. ``same_schemas``: domains whose version moved where every op the
+    model uses has the same schema at both versions (an imports-only conversion): a kept
+    node means the same there.
     """
-    before = {i.domain: i.version for i in model.opset_import}
+    before = {i.domain: i.version for i in model.opset_import if i.domain not in same_schemas}
     after = {i.domain: i.version for i in onnx.ModelProto.FromString(header).opset_import}
     if any(before[d] != after[d] for d in before.keys() & after.keys()) or not used_domains <= after.keys():
         return "an opset import changed"  # a kept node could mean something else
@@ -852,12 +878,15 @@ def _same(values: list) -> list:
 
 def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
                 prefer: tuple[Lowering, ...], check: bool = True, full_check: bool = False,
-                path: str | None = None,
-                progress: Callable[[str, int, int], None] | None = None) -> tuple[bytes, RewriteReport]:
+                path: str | None = None, progress: Callable[[str, int, int], None] | None = None,
+                target_opset: int | None = None) -> tuple[bytes, RewriteReport]:
     """Lower the custom:: nodes of the serialized ``data`` (``model`` is it, parsed).
 
     Returns the rewritten model's bytes and the report ``rewrite_model`` gives for the
     same input and options; raises Unsupported where the object path must do it.
+    ``target_opset`` (already validated) is handled where the conversion moves only the
+    imports (no standard op of the model has a new version between the two opsets): the
+    nodes are lowered at ``target_opset`` and the new ai.onnx import written.
     """
     # Hundreds of thousands of small objects (and no cycles) are made here: the cyclic
     # collector would walk them again and again for nothing.
@@ -865,7 +894,8 @@ def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
     try:
         gc.disable()
         try:
-            out, report, run_check = _lower(data, model, registry, prefer, check, full_check, path, progress)
+            out, report, run_check = _lower(data, model, registry, prefer, check, full_check, path, progress,
+                                            target_opset)
         finally:
             if collecting:
                 gc.enable()
@@ -878,7 +908,7 @@ def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
 
 def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tuple[Lowering, ...], check: bool,
            full_check: bool, path: str | None, progress: Callable[[str, int, int], None] | None,
-           ) -> tuple[bytes, RewriteReport, Callable[[], None] | None]:
+           target_opset: int | None = None) -> tuple[bytes, RewriteReport, Callable[[], None] | None]:
     """The rewritten bytes, the report, and the check to run on them (None: no check)."""
     top = _entries(data, 0, len(data))
     fields = [e[0] for e in top]
@@ -908,8 +938,14 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     if standard and prefer != (Lowering.KEEP,) and not standard.isdisjoint(report.ops_before):
         raise Unsupported("standard ops lowered as graphkit ops (" + ", ".join(
             sorted({o for d, o in standard & set(report.ops_before)})) + ")")
+    current = _engine.ai_onnx_opset(model)
+    converting = target_opset is not None and target_opset != current
+    if converting:
+        _imports_only(report.ops_before, current, target_opset)
     custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
     if not custom or prefer == (Lowering.KEEP,):
+        if converting:
+            raise Unsupported("--target-opset with nothing to lower (the objects writer moves the imports)")
         report.ops_after = report.ops_before.copy()
         return data, report, None
 
@@ -930,7 +966,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     if sub_names and any(not sub_names.isdisjoint(i) for i in inputs_of):
         raise Unsupported("a custom node reads a name a subgraph declares")
 
-    opset = _engine.ai_onnx_opset(model) or _engine._DEFAULT_OPSET
+    opset = target_opset if target_opset is not None else current or _engine._DEFAULT_OPSET
     # Where names can be: the top level but the graph, the graph but its initializers.
     regions = [(start, end) for field, start, _, end in top if field != _M_GRAPH]
     regions += [(start, end) for field, start, end in others if field not in (5, 15)]
@@ -1051,12 +1087,19 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     gaps = [view[g0:custom_starts[0]], *map(data.__getitem__, map(slice, custom_ends[:-1], custom_starts[1:])),
             view[custom_ends[-1]:g1]]
     graph = b"".join([*itertools.chain.from_iterable(zip(gaps, slots)), gaps[-1]])
-    imports = import_entries = _fixed_imports(model, opset, {d for d, _ in report.ops_after}, placeholders)
+    import_entries, start_imports = _fixed_imports(model, opset, {d for d, _ in report.ops_after}, placeholders,
+                                                   target_opset)
+    imports = import_entries
+    if converting:  # as the objects writer's convert-opset pass reports it
+        report.conversions.append((current, target_opset, "imports only"))
+        report.passes.append(("convert-opset", f"ai.onnx opset {current} -> {target_opset}"))
     report.passes.append(("lower", f"{len(custom)} placeholders lowered"))
     fixed = [(i.domain, i.version) for i in onnx.ModelProto.FromString(import_entries).opset_import]
-    if fixed != [(i.domain, i.version) for i in model.opset_import]:
+    if fixed != start_imports:
         report.passes.append(("fix-imports", f"opset imports {fixed}"))
     report.writer, report.writer_reason = "bytes", WHY
+    if converting:
+        report.writer_reason += f"; {IMPORTS_ONLY.format(current, target_opset)}"
     parts = []
     graph_at = 0
     for field, start, _, end in top:
@@ -1110,7 +1153,8 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         if full or holders or shapeless or has_external_data(data, model):
             _engine.check_model(output_model(), registry, path=path, context=context, full=full)
         else:
-            why = _check_parts(data, model, header, replaced, {d for d, _ in report.ops_after}, registry)
+            why = _check_parts(data, model, header, replaced, {d for d, _ in report.ops_after}, registry,
+                               frozenset(AI_ONNX) if converting else frozenset())
             if why is None:
                 report.writer_reason += f"; {CHECKED_BY_PARTS}"
             else:  # the whole output: the checker's own verdict, in its words

@@ -2,7 +2,8 @@
 
 ``rewrite_file`` reads, rewrites, checks and publishes a model file; ``rewrite_bytes``
 does the rewrite on a serialized model. Both pick the writer the same way: lowering
-alone (no rules, target opset or functions) splices the replacements into the
+alone (no rules or functions; a target opset only where the conversion moves just the
+imports) splices the replacements into the
 serialized model (graphkit.rewrite._fastpath, the "bytes" writer) where that writer's
 preconditions hold; anything else goes through ``rewrite_model``'s passes (the
 "objects" writer). Both lower through one LoweringPlan; the report says which ran and why.
@@ -20,6 +21,7 @@ import onnx
 from graphkit.ops import OpRegistry, default_registry
 from graphkit.rewrite import _fastpath
 from graphkit.rewrite import engine as _engine
+from graphkit.rewrite._selection import check_target_opset
 from graphkit.rewrite.engine import DEFAULT_PREFERENCE, Lowering, RewriteReport, rewrite_model
 
 __all__ = ["FileRewrite", "rewrite_bytes", "rewrite_file"]
@@ -65,13 +67,16 @@ def _rewrite_bytes(data: bytes, parsed: list[onnx.ModelProto], owned: bool, *, r
         model, owned = onnx.load_model_from_string(data), True
     if not fast:
         why = "the byte writer was turned off (fast=False)"
-    elif options.get("rules") or options.get("target_opset") is not None or options.get("as_functions"):
-        why = "rules, --target-opset or --as-functions: the byte writer only lowers"
+    elif options.get("rules") or options.get("as_functions"):
+        why = "rules or --as-functions: the byte writer only lowers"
     else:
+        target = options.get("target_opset")
+        if target is not None:
+            check_target_opset(target)  # the objects writer's error, before either writer runs
         try:
             return _fastpath.lower_bytes(data, model, registry=registry, prefer=prefer, check=check,
                                          full_check=options.get("full_check", False), path=path,
-                                         progress=options.get("progress"))
+                                         progress=options.get("progress"), target_opset=target)
         except _fastpath.Unsupported as exc:
             why = f"the byte writer does not handle this model: {exc}"
     _fastpath._Canonical.forget()  # it may hold the model (has_external_data)
