@@ -121,6 +121,18 @@ def test_readme_python_blocks_print_what_they_say(session):
     _, outputs = session
     python_out = "\n".join(out for _, kind, out in outputs if kind == "python")
     assert "rule fuse_my_add: applied 1x" in python_out
+    # every `# prints:` line of a block is a line of that block's output, in order
+    by_line = {line: out.splitlines() for line, kind, out in outputs if kind == "python"}
+    checked = 0
+    for lang, options, body, line in blocks(REPO / "README.md"):
+        want = [ln.split("# prints: ", 1)[1] for ln in body.splitlines() if "# prints: " in ln]
+        if lang != "python" or "file" in options or not want:
+            continue
+        got = iter(by_line[line])
+        missing = [w for w in want if not any(g == w for g in got)]
+        assert not missing, f"README.md:{line}: does not print {missing[0]!r}; it printed {by_line[line]}"
+        checked += 1
+    assert checked >= 6
 
 
 def test_readme_rule_patterns_print_what_they_say(session):
