@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import gc
 import heapq
 import itertools
 import operator
@@ -77,6 +76,7 @@ import onnx
 from graphkit.errors import ValidationError
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
 from graphkit.rewrite import engine as _engine
+from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite.builder import _FIXED, _SAME_AS_INPUT0, NameGenerator, TypeTable
 from graphkit.rewrite.engine import RewriteReport
 from graphkit.rewrite._walk import AI_ONNX
@@ -888,17 +888,10 @@ def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
     imports (no standard op of the model has a new version between the two opsets): the
     nodes are lowered at ``target_opset`` and the new ai.onnx import written.
     """
-    # Hundreds of thousands of small objects (and no cycles) are made here: the cyclic
-    # collector would walk them again and again for nothing.
-    collecting = gc.isenabled()
     try:
-        gc.disable()
-        try:
+        with gc_paused():
             out, report, run_check = _lower(data, model, registry, prefer, check, full_check, path, progress,
                                             target_opset)
-        finally:
-            if collecting:
-                gc.enable()
         if run_check is not None:
             run_check()
         return out, report

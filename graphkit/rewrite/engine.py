@@ -12,7 +12,6 @@ model-local functions) is visited.
 from __future__ import annotations
 
 import collections
-import gc
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ from onnx import helper
 
 from graphkit.errors import ModelLoadError, RewriteError, UnsupportedOpError, ValidationError
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpDef, OpRegistry, default_registry
+from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite._gsrules import GraphSurgeonRule, apply_graphsurgeon_rules
 from graphkit.rewrite._rules import GraphPass, Rule, RuleReport, RuleSet, apply_rule_set
 from graphkit.rewrite._selection import check_target_opset
@@ -585,18 +585,10 @@ def _rewrite(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
              ) -> tuple[onnx.ModelProto, RewriteReport, Callable[[bytes], None] | None]:
     """rewrite_model; with ``defer_check``, the ONNX checker's part of the check may come back
     as a function to run on the serialized result (None: nothing left to check)."""
-    # The passes make millions of small objects and (almost) no cycles: the cyclic collector
-    # would walk all that are alive again and again, a cost growing faster than the model
-    # (25% of the time at 400k nodes). Cycles made here are collected after.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         return _passes(model, registry=registry, lowering=lowering, rules=rules, target_opset=target_opset,
                        as_functions=as_functions, check=check, full_check=full_check, path=path,
                        progress=progress, copy=copy, defer_check=defer_check)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _passes(model: onnx.ModelProto, *, registry: OpRegistry | None, lowering: Lowering | Sequence[Lowering],

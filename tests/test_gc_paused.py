@@ -1,0 +1,77 @@
+"""gc_paused: the one "cyclic collector off" block both writers run their passes in."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+from onnx import TensorProto, helper
+
+from graphkit.ops import Decomposition, OpDef, OpRegistry, Param
+from graphkit.rewrite import rewrite_model
+from graphkit.rewrite._fastpath import lower_bytes
+from graphkit.rewrite._gcpause import gc_paused
+from graphkit.rewrite.engine import DEFAULT_PREFERENCE
+
+
+@pytest.fixture
+def collector_on():
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    if not was:
+        gc.disable()
+
+
+def test_off_inside_restored_after_even_on_error(collector_on):
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ZeroDivisionError), gc_paused():
+        1 / 0
+    assert gc.isenabled()
+
+
+def test_nested_and_caller_disabled_stay_off(collector_on):
+    with gc_paused():
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # the inner block does not turn it back on
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # the caller's own disable is kept
+    finally:
+        gc.enable()
+
+
+def _recording_registry(seen: list[bool]) -> OpRegistry:
+    def twice(b, inputs, attrs):
+        seen.append(gc.isenabled())
+        return [b.Add(inputs[0], inputs[0])]
+
+    op = OpDef(name="twice", doc="x + x", inputs=(Param("x", "T"),), outputs=(Param("y", "T"),), reference=None,
+               infer_shapes=lambda shapes, attrs: [shapes[0]], type_constraints={"T": ("tensor(float)",)},
+               decompositions=(Decomposition("add", twice, min_opset=7),))
+    return OpRegistry([op])
+
+
+def _model():
+    graph = helper.make_graph([helper.make_node("twice", ["x"], ["y"], domain="custom", name="t0")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                             ir_version=10)
+
+
+def test_both_writers_lower_with_the_collector_off_and_restore_it(collector_on):
+    seen: list[bool] = []
+    registry = _recording_registry(seen)
+    model = _model()
+    rewrite_model(model, registry=registry)
+    assert seen and not any(seen) and gc.isenabled()
+    del seen[:]
+    _, report = lower_bytes(model.SerializeToString(), model, registry=registry, prefer=DEFAULT_PREFERENCE)
+    assert report.writer == "bytes"
+    assert seen and not any(seen) and gc.isenabled()
