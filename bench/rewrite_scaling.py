@@ -36,101 +36,28 @@ import time
 from pathlib import Path
 
 import onnx
-from onnx import TensorProto, helper
 
-OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)]
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the shapes tests/test_scaling.py grows
 
-
-def _vi(name: str) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4])
+import scaling_models as shapes  # noqa: E402
 
 
-def _model(nodes, outputs, functions=()) -> onnx.ModelProto:
-    return helper.make_model(helper.make_graph(nodes, "g", [_vi("x")], [_vi(o) for o in outputs]),
-                             opset_imports=[*OPSETS, helper.make_opsetid("local", 1)], ir_version=10,
-                             functions=list(functions))
-
-
-def chain(nodes_total: int, named: bool) -> onnx.ModelProto:
-    nodes, prev = [], "x"
-    for i in range(nodes_total // 2):
-        nodes += [helper.make_node("my_add", [prev, prev], [f"a{i}"], domain="custom", name=f"m{i}" if named else ""),
-                  helper.make_node("Relu", [f"a{i}"], [f"r{i}"], name=f"r{i}" if named else "")]
-        prev = f"r{i}"
-    return _model(nodes, [prev])
-
-
-def fanout(nodes_total: int) -> onnx.ModelProto:
-    n = nodes_total - 1
-    nodes = [helper.make_node("my_add", ["x", "x"], [f"y{i}"], domain="custom") for i in range(n)]
-    nodes.append(helper.make_node("Sum", [f"y{i}" for i in range(n)], ["s"]))
-    return _model(nodes, ["s"])
-
-
-def multi_output(nodes_total: int) -> onnx.ModelProto:
-    """my_add -> Split (2 outputs) -> Concat, repeated."""
-    nodes, prev = [], "x"
-    for i in range(nodes_total // 3):
-        nodes += [helper.make_node("my_add", [prev, prev], [f"a{i}"], domain="custom"),
-                  helper.make_node("Split", [f"a{i}"], [f"s{i}a", f"s{i}b"], axis=1, num_outputs=2),
-                  helper.make_node("Concat", [f"s{i}b", f"s{i}a"], [f"c{i}"], axis=1)]
-        prev = f"c{i}"
-    model = _model(nodes, [prev])
-    model.opset_import[0].version = 18  # Split's num_outputs
-    return model
-
-
-def if_bodies(nodes_total: int) -> onnx.ModelProto:
-    """Chained If nodes, each branch one my_add (3 nodes per If)."""
-    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
-    nodes, prev = [cond], "x"
-    for i in range(nodes_total // 3):
-        def body(tag: str) -> onnx.GraphProto:
-            return helper.make_graph([helper.make_node("my_add", [prev, prev], [f"{tag}{i}"], domain="custom")],
-                                     f"{tag}{i}", [], [_vi(f"{tag}{i}")])
-        nodes.append(helper.make_node("If", ["c"], [f"o{i}"], then_branch=body("t"), else_branch=body("e")))
-        prev = f"o{i}"
-    return _model(nodes, [prev])
-
-
-def loop_bodies(nodes_total: int) -> onnx.ModelProto:
-    """Chained Loop nodes (one trip), each body an Identity of the condition and a my_add (3 nodes per Loop)."""
-    nodes = [helper.make_node("Constant", [], ["m"], value=helper.make_tensor("m", TensorProto.INT64, [], [1])),
-             helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))]
-    prev = "x"
-    for i in range(nodes_total // 3):
-        body = helper.make_graph(
-            [helper.make_node("Identity", [f"ci{i}"], [f"co{i}"]),
-             helper.make_node("my_add", [f"v{i}", f"v{i}"], [f"vo{i}"], domain="custom")], f"b{i}",
-            [helper.make_tensor_value_info(f"it{i}", TensorProto.INT64, []),
-             helper.make_tensor_value_info(f"ci{i}", TensorProto.BOOL, []), _vi(f"v{i}")],
-            [helper.make_tensor_value_info(f"co{i}", TensorProto.BOOL, []), _vi(f"vo{i}")])
-        nodes.append(helper.make_node("Loop", ["m", "c", prev], [f"o{i}"], body=body))
-        prev = f"o{i}"
-    return _model(nodes, [prev])
-
-
-def functions(nodes_total: int) -> onnx.ModelProto:
+def _functions(nodes_total: int) -> onnx.ModelProto:
     """Up to 5000 local functions (each a my_add), called in a chain by the rest."""
     count = max(1, min(5000, nodes_total // 20))
-    fns = [helper.make_function("local", f"f{k}", ["a"], ["b"],
-                                [helper.make_node("my_add", ["a", "a"], ["b"], domain="custom")], OPSETS)
-           for k in range(count)]
-    nodes, prev = [], "x"
-    for i in range(nodes_total - count):
-        nodes.append(helper.make_node(f"f{i % count}", [prev], [f"o{i}"], domain="local"))
-        prev = f"o{i}"
-    return _model(nodes, [prev], fns)
+    return shapes.functions(nodes_total - count, count)
 
 
+# Shape name -> model of about that many nodes.
 SHAPES = {
-    "named": lambda n: chain(n, True),
-    "unnamed": lambda n: chain(n, False),
-    "fanout": fanout,
-    "multi_output": multi_output,
-    "if_bodies": if_bodies,
-    "loop_bodies": loop_bodies,
-    "functions": functions,
+    "named": lambda n: shapes.chain(n // 2, named=True),
+    "unnamed": lambda n: shapes.chain(n // 2),
+    "fanout": lambda n: shapes.fan_out(n - 1),
+    "multi_output": lambda n: shapes.multi_output(n // 3),
+    "if_bodies": lambda n: shapes.if_bodies(n // 3),
+    "loop_bodies": lambda n: shapes.loop_bodies(n // 3),
+    "functions": _functions,
 }
 FLOOR = "import onnx, sys; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])"
 # The user rule of --rule: a rules file as `graphkit rewrite --rules` reads it.

@@ -12,67 +12,9 @@ import time
 
 import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from graphkit.rewrite import Lowering, rewrite_model
-
-OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)]
-
-
-def _vi(name: str) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4])
-
-
-def unnamed_chain(n: int) -> onnx.ModelProto:
-    """x -> my_add -> Relu -> my_add -> Relu ... (n pairs, no node names)."""
-    nodes, prev = [], "x"
-    for i in range(n):
-        nodes += [helper.make_node("my_add", [prev, prev], [f"a{i}"], domain="custom"),
-                  helper.make_node("Relu", [f"a{i}"], [f"r{i}"])]
-        prev = f"r{i}"
-    return helper.make_model(helper.make_graph(nodes, "g", [_vi("x")], [_vi(prev)]),
-                             opset_imports=OPSETS, ir_version=10)
-
-
-def fan_out(n: int) -> onnx.ModelProto:
-    """One input read by n unnamed my_add nodes, summed."""
-    nodes = [helper.make_node("my_add", ["x", "x"], [f"y{i}"], domain="custom") for i in range(n)]
-    nodes.append(helper.make_node("Sum", [f"y{i}" for i in range(n)], ["s"]))
-    return helper.make_model(helper.make_graph(nodes, "g", [_vi("x")], [_vi("s")]),
-                             opset_imports=OPSETS, ir_version=10)
-
-
-def if_bodies(n: int) -> onnx.ModelProto:
-    """n chained If nodes, each branch holding one my_add of the previous If's output."""
-    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
-    nodes, prev = [cond], "x"
-    for i in range(n):
-        def body(tag: str) -> onnx.GraphProto:
-            return helper.make_graph([helper.make_node("my_add", [prev, prev], [f"{tag}{i}"], domain="custom")],
-                                     f"{tag}{i}", [], [_vi(f"{tag}{i}")])
-        nodes.append(helper.make_node("If", ["c"], [f"o{i}"], then_branch=body("t"), else_branch=body("e")))
-        prev = f"o{i}"
-    return helper.make_model(helper.make_graph(nodes, "g", [_vi("x")], [_vi(prev)]),
-                             opset_imports=OPSETS, ir_version=10)
-
-
-def loop_bodies(n: int) -> onnx.ModelProto:
-    """n chained Loop nodes (one trip), each body holding one my_add of the carried value."""
-    nodes = [helper.make_node("Constant", [], ["m"], value=helper.make_tensor("m", TensorProto.INT64, [], [1])),
-             helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))]
-    prev = "x"
-    for i in range(n):
-        body = helper.make_graph(
-            [helper.make_node("Identity", [f"ci{i}"], [f"co{i}"]),
-             helper.make_node("my_add", [f"v{i}", f"v{i}"], [f"vo{i}"], domain="custom")], f"b{i}",
-            [helper.make_tensor_value_info(f"it{i}", TensorProto.INT64, []),
-             helper.make_tensor_value_info(f"ci{i}", TensorProto.BOOL, []), _vi(f"v{i}")],
-            [helper.make_tensor_value_info(f"co{i}", TensorProto.BOOL, []), _vi(f"vo{i}")])
-        nodes.append(helper.make_node("Loop", ["m", "c", prev], [f"o{i}"], body=body))
-        prev = f"o{i}"
-    return helper.make_model(helper.make_graph(nodes, "g", [_vi("x")], [_vi(prev)]),
-                             opset_imports=OPSETS, ir_version=10)
-
+from scaling_models import chain, fan_out, if_bodies, loop_bodies
 
 def _seconds(model: onnx.ModelProto, lowering: Lowering) -> float:
     best = float("inf")
@@ -83,7 +25,7 @@ def _seconds(model: onnx.ModelProto, lowering: Lowering) -> float:
     return best
 
 
-@pytest.mark.parametrize("shape, n", [(unnamed_chain, 1000), (fan_out, 1000), (if_bodies, 300)],
+@pytest.mark.parametrize("shape, n", [(chain, 1000), (fan_out, 1000), (if_bodies, 300)],
                          ids=["unnamed-chain", "fan-out", "if-bodies"])
 @pytest.mark.parametrize("lowering", [Lowering.DECOMPOSE, Lowering.PYTHON], ids=["decompose", "python"])
 def test_rewrite_cost_grows_linearly(shape, n, lowering):
@@ -93,7 +35,7 @@ def test_rewrite_cost_grows_linearly(shape, n, lowering):
     assert ratio < 20, f"{shape.__name__}: 8x the nodes took {ratio:.1f}x the time (linear is ~8x)"
 
 
-@pytest.mark.parametrize("shape, n", [(unnamed_chain, 2000), (fan_out, 2000)], ids=["unnamed-chain", "fan-out"])
+@pytest.mark.parametrize("shape, n", [(chain, 2000), (fan_out, 2000)], ids=["unnamed-chain", "fan-out"])
 def test_byte_writer_cost_grows_linearly(shape, n):
     """The byte writer (what `graphkit rewrite` runs on these) on the serialized model."""
     from graphkit.rewrite import rewrite_bytes
@@ -113,7 +55,7 @@ def test_byte_writer_cost_grows_linearly(shape, n):
     assert ratio < 20, f"{shape.__name__}: 8x the nodes took {ratio:.1f}x the time (linear is ~8x)"
 
 
-@pytest.mark.parametrize("shape, n", [(unnamed_chain, 2000), (fan_out, 2000)], ids=["unnamed-chain", "fan-out"])
+@pytest.mark.parametrize("shape, n", [(chain, 2000), (fan_out, 2000)], ids=["unnamed-chain", "fan-out"])
 def test_file_rewrite_cost_grows_linearly(shape, n, tmp_path, monkeypatch):
     """`graphkit rewrite`'s one entry point (rewrite_file: read, lower, check, atomic write), at
     n and 8n both over FULL_CHECK_NODES, so both sizes take the check by parts."""
@@ -156,13 +98,13 @@ def _as_add():
     (if_bodies, {"as_functions": True}),
     (if_bodies, {"target_opset": 18}),
     (if_bodies, {"rules": "as_add"}),
-    (unnamed_chain, {"rules": "as_add"}),
+    (chain, {"rules": "as_add"}),
 ], ids=["loop-bodies", "if-bodies-as-functions", "if-bodies-target-opset", "if-bodies-user-rule",
         "unnamed-chain-user-rule"])
 def test_lowerings_and_rules_grow_linearly(shape, options):
     """The other built-in lowerings and a user rule, once at n and 8n (small: the suite's time)."""
     options = {**options, "rules": _as_add()} if options.get("rules") else options
-    n = 150 if shape is not unnamed_chain else 400
+    n = 150 if shape is not chain else 400
     small, big = shape(n), shape(8 * n)
     _cpu_seconds(small, **options)  # warm caches (schemas, imports)
     _, report = rewrite_model(small, **options)
@@ -172,3 +114,17 @@ def test_lowerings_and_rules_grow_linearly(shape, options):
         assert report.conversions == [(17, 18, "imports only")]
     ratio = _cpu_seconds(big, **options) / _cpu_seconds(small, **options)
     assert ratio < 20, f"{shape.__name__} {options}: 8x the nodes took {ratio:.1f}x the time (linear is ~8x)"
+
+
+def test_the_benchmark_times_these_shapes():
+    """bench/rewrite_scaling.py builds its models with this file's builders (tests/scaling_models.py)."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("rewrite_scaling", REPO / "bench" / "rewrite_scaling.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for name, built in [("unnamed", chain(50)), ("fanout", fan_out(99)), ("if_bodies", if_bodies(33)),
+                        ("loop_bodies", loop_bodies(33))]:
+        assert bench.SHAPES[name](100).SerializeToString() == built.SerializeToString(), name

@@ -1,0 +1,102 @@
+"""The graph shapes the rewrite must handle in linear time, shared by tests/test_scaling.py
+and bench/rewrite_scaling.py (which puts tests/ on its path, as bench/fusions.py does).
+
+Each builder takes a count of repeated units (pairs, If or Loop nodes, calls), not of nodes:
+the benchmark converts node totals, the tests grow the count 8x. Every model reads a float
+[1, 4] input ``x`` and imports ai.onnx 17, ``custom`` 1 and ``local`` 1 (local functions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx
+from onnx import TensorProto, helper
+
+__all__ = ["OPSETS", "chain", "fan_out", "functions", "if_bodies", "loop_bodies", "multi_output"]
+
+OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)]
+
+
+def _vi(name: str) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4])
+
+
+def _model(nodes: list[onnx.NodeProto], outputs: Sequence[str],
+           functions: Sequence[onnx.FunctionProto] = ()) -> onnx.ModelProto:
+    return helper.make_model(helper.make_graph(nodes, "g", [_vi("x")], [_vi(o) for o in outputs]),
+                             opset_imports=[*OPSETS, helper.make_opsetid("local", 1)], ir_version=10,
+                             functions=list(functions))
+
+
+def chain(pairs: int, *, named: bool = False) -> onnx.ModelProto:
+    """x -> my_add -> Relu -> my_add -> Relu ... (``pairs`` pairs; node names only if ``named``)."""
+    nodes, prev = [], "x"
+    for i in range(pairs):
+        nodes += [helper.make_node("my_add", [prev, prev], [f"a{i}"], domain="custom", name=f"m{i}" if named else ""),
+                  helper.make_node("Relu", [f"a{i}"], [f"r{i}"], name=f"r{i}" if named else "")]
+        prev = f"r{i}"
+    return _model(nodes, [prev])
+
+
+def fan_out(n: int) -> onnx.ModelProto:
+    """One input read by ``n`` unnamed my_add nodes, summed."""
+    nodes = [helper.make_node("my_add", ["x", "x"], [f"y{i}"], domain="custom") for i in range(n)]
+    nodes.append(helper.make_node("Sum", [f"y{i}" for i in range(n)], ["s"]))
+    return _model(nodes, ["s"])
+
+
+def multi_output(n: int) -> onnx.ModelProto:
+    """my_add -> Split (2 outputs) -> Concat, ``n`` times (ai.onnx 18: Split's num_outputs)."""
+    nodes, prev = [], "x"
+    for i in range(n):
+        nodes += [helper.make_node("my_add", [prev, prev], [f"a{i}"], domain="custom"),
+                  helper.make_node("Split", [f"a{i}"], [f"s{i}a", f"s{i}b"], axis=1, num_outputs=2),
+                  helper.make_node("Concat", [f"s{i}b", f"s{i}a"], [f"c{i}"], axis=1)]
+        prev = f"c{i}"
+    model = _model(nodes, [prev])
+    model.opset_import[0].version = 18
+    return model
+
+
+def if_bodies(n: int) -> onnx.ModelProto:
+    """``n`` chained If nodes, each branch one my_add of the previous If's output (3 nodes per If)."""
+    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
+    nodes, prev = [cond], "x"
+    for i in range(n):
+        def body(tag: str) -> onnx.GraphProto:
+            return helper.make_graph([helper.make_node("my_add", [prev, prev], [f"{tag}{i}"], domain="custom")],
+                                     f"{tag}{i}", [], [_vi(f"{tag}{i}")])
+        nodes.append(helper.make_node("If", ["c"], [f"o{i}"], then_branch=body("t"), else_branch=body("e")))
+        prev = f"o{i}"
+    return _model(nodes, [prev])
+
+
+def loop_bodies(n: int) -> onnx.ModelProto:
+    """``n`` chained Loop nodes (one trip), each body an Identity of the condition and a my_add
+    of the carried value (3 nodes per Loop)."""
+    nodes = [helper.make_node("Constant", [], ["m"], value=helper.make_tensor("m", TensorProto.INT64, [], [1])),
+             helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))]
+    prev = "x"
+    for i in range(n):
+        body = helper.make_graph(
+            [helper.make_node("Identity", [f"ci{i}"], [f"co{i}"]),
+             helper.make_node("my_add", [f"v{i}", f"v{i}"], [f"vo{i}"], domain="custom")], f"b{i}",
+            [helper.make_tensor_value_info(f"it{i}", TensorProto.INT64, []),
+             helper.make_tensor_value_info(f"ci{i}", TensorProto.BOOL, []), _vi(f"v{i}")],
+            [helper.make_tensor_value_info(f"co{i}", TensorProto.BOOL, []), _vi(f"vo{i}")])
+        nodes.append(helper.make_node("Loop", ["m", "c", prev], [f"o{i}"], body=body))
+        prev = f"o{i}"
+    return _model(nodes, [prev])
+
+
+def functions(calls: int, count: int) -> onnx.ModelProto:
+    """``count`` local functions (each a my_add), called ``calls`` times in a chain, in turn."""
+    fns = [helper.make_function("local", f"f{k}", ["a"], ["b"],
+                                [helper.make_node("my_add", ["a", "a"], ["b"], domain="custom")], OPSETS)
+           for k in range(count)]
+    nodes, prev = [], "x"
+    for i in range(calls):
+        nodes.append(helper.make_node(f"f{i % count}", [prev], [f"o{i}"], domain="local"))
+        prev = f"o{i}"
+    return _model(nodes, [prev], fns)
