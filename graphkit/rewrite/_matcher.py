@@ -19,7 +19,7 @@ from graphkit.errors import RuleError
 from graphkit.rewrite._graphview import GraphView
 from graphkit.rewrite._pattern import Const, Either, Many, Number, Optional, Out, PNode, Var, pattern_nodes, variables
 
-__all__ = ["Match", "Matcher", "attribute_default"]
+__all__ = ["Match", "Matcher", "attribute_default", "deterministic"]
 
 COMMUTATIVE = frozenset({("", "Add"), ("", "Mul"), ("", "Max"), ("", "Min"), ("", "Sum"), ("", "And"),
                          ("", "Or"), ("", "Xor"), ("", "Equal")})
@@ -63,6 +63,34 @@ def _same(have: Any, want: Any) -> bool:
     return have == want
 
 
+def deterministic(roots: list[Any], commute: bool) -> bool:
+    """Does the pattern leave the matcher no choice to make? One root, no ``either``, no
+    node whose two inputs may be swapped: then a node matches in at most one way, and
+    :meth:`Matcher.first` finds it without generators."""
+    if len(roots) != 1:
+        return False
+    seen: set[int] = set()
+
+    def plain(value: Any) -> bool:
+        if isinstance(value, Either):
+            return False
+        if isinstance(value, Optional):
+            return plain(value.inner)
+        if isinstance(value, Out):
+            value = value.node
+        if not isinstance(value, PNode) or id(value) in seen:
+            return True
+        seen.add(id(value))
+        swaps = value.commute if value.commute is not None else (
+            commute and (value.domain, value.op_type) in COMMUTATIVE)
+        fixed = [p for p in value.inputs if not isinstance(p, Many)]
+        if swaps and len(fixed) == 2:
+            return False
+        return all(plain(p) for p in value.inputs)
+
+    return plain(roots[0])
+
+
 class _State:
     """One partial match: variable bindings, pattern node -> graph node, nodes taken."""
 
@@ -90,16 +118,18 @@ class Matcher:
     """Matches one pattern (its output values ``roots``) anchored at a node of ``view``."""
 
     def __init__(self, roots: list[Any], *, commute: bool, view: GraphView, rule: str, opset: int,
-                 max_alternatives: int = 16) -> None:
+                 max_alternatives: int = 16, vars: dict[str, Var] | None = None) -> None:
         self.roots = roots
         self.commute = commute
         self.view = view
         self.rule = rule
         self.opset = opset
         self.max_alternatives = max_alternatives
-        self.vars: dict[str, Var] = {}
-        for r in roots:
-            variables(r, self.vars)
+        if vars is None:  # the pattern's variables (a caller matching it often passes them in)
+            vars = {}
+            for r in roots:
+                variables(r, vars)
+        self.vars = vars
         self.failures: list[tuple[int, str, str]] = []  # (depth, text, generic) of the current anchor
         self._at = 0  # how many nodes the partial match being tried holds
         self._reach: dict[int, tuple[set[str], set[int]]] = {}  # per extra root: its variables and nodes
@@ -122,6 +152,110 @@ class Matcher:
                     count += 1
                     if count >= self.max_alternatives:
                         return
+
+    def first(self, index: int) -> Match | None:
+        """For a :func:`deterministic` pattern: the match at node ``index``, the one
+        :meth:`matches` would yield (it yields no other), or None (``matches`` then says why).
+
+        The same checks in the same order as ``_node`` and ``_value``, on one mutable state
+        instead of a generator per choice point.
+        """
+        first = self.roots[0]
+        pnode = first.node if isinstance(first, Out) else first
+        bindings: dict[str, Any] = {}
+        nodes: dict[int, int] = {}
+        used: set[int] = set()
+        if not self._first_node(pnode, index, bindings, nodes, used):
+            return None
+        return self._complete(_State(bindings, nodes, frozenset(used)))
+
+    def _first_node(self, pat: PNode, index: int, bindings: dict[str, Any], nodes: dict[int, int],
+                    used: set[int]) -> bool:
+        view = self.view
+        seen = nodes.get(id(pat))
+        if seen is not None:
+            return seen == index
+        domain = view.domains[index]
+        if view.ops[index] != pat.op_type or (domain != pat.domain and not (domain == "ai.onnx" and not pat.domain)):
+            return False
+        if index in used or index in self.taken:
+            return False
+        names = view.inputs[index]
+        pats = pat.inputs
+        if pat.attrs:
+            captured = self._attrs(pat, view.nodes[index], index, bindings)
+            if captured is None:
+                return False
+        else:
+            captured = None
+        many = pats[-1] if pats and isinstance(pats[-1], Many) else None
+        fixed = pats[:-1] if many is not None else pats
+        rest: list[str] = []
+        if len(names) > len(fixed):
+            rest = list(names[len(fixed):])
+            names = names[:len(fixed)]
+            if many is None and any(rest):
+                return False
+        if many is not None:
+            bound = bindings.get(many.name, _MISSING)
+            if bound is not _MISSING and bound != rest:
+                return False
+        if captured:
+            bindings.update(captured)
+        if many is not None:
+            bindings[many.name] = rest
+        nodes[id(pat)] = index
+        used.add(index)
+        value = self._first_value
+        for k, p in enumerate(fixed):
+            if not value(p, names[k] if k < len(names) else "", bindings, nodes, used):
+                return False
+        return True
+
+    def _first_value(self, pat: Any, name: str, bindings: dict[str, Any], nodes: dict[int, int],
+                     used: set[int]) -> bool:
+        cls = pat.__class__
+        if cls is Var:
+            if not name:
+                return False
+            bound = bindings.get(pat.name, _MISSING)
+            if bound is _MISSING:
+                bindings[pat.name] = name
+                return True
+            return bound == name
+        if cls is Optional:
+            if not name:
+                for v in variables(pat.inner):
+                    if v not in bindings:
+                        bindings[v] = None
+                return True
+            return self._first_value(pat.inner, name, bindings, nodes, used)
+        if not name:
+            return False
+        if cls is Number or cls is Const:
+            value = self.view.constant_value(name)
+            if value is None:
+                return False
+            if cls is Number:
+                return not (value.size == 0 or not np.all(value == pat.value))
+            bound = bindings.get(pat.var.name, _MISSING)
+            if bound is _MISSING:
+                bindings[pat.var.name] = value
+                return True
+            return _same(bound, value)
+        if cls is Out:
+            pnode, out = pat.node, pat.index
+        elif cls is PNode:
+            pnode, out = pat, 0
+        else:  # a Var subclass, an Either: what deterministic() let through is above
+            raise AssertionError(f"not a deterministic pattern value: {pat!r}")
+        producer = self.view.producer.get(name)
+        if producer is None:
+            return False
+        outs = self.view.outputs[producer]
+        if out >= len(outs) or outs[out] != name:
+            return False
+        return self._first_node(pnode, producer, bindings, nodes, used)
 
     def reason(self) -> tuple[str, str]:
         """Why the last anchor did not match: (text, generic) of the failures that came
@@ -205,7 +339,7 @@ class Matcher:
             self._fail(f"{self._label(index)} is part of an earlier match", "overlaps an earlier match")
             return
         node = view.nodes[index]
-        captured = self._attrs(pat, node, index, st)
+        captured = self._attrs(pat, node, index, st.bindings)
         if captured is None:
             return
         names = list(view.inputs[index])
@@ -326,7 +460,7 @@ class Matcher:
             return
         yield from self._node(pnode, producer, st)
 
-    def _attrs(self, pat: PNode, node: onnx.NodeProto, at: int, st: _State) -> dict[str, Any] | None:
+    def _attrs(self, pat: PNode, node: onnx.NodeProto, at: int, bindings: dict[str, Any]) -> dict[str, Any] | None:
         """Check the attribute constraints; returns the captured values (None: no match)."""
         if not pat.attrs:
             return {}
@@ -339,7 +473,7 @@ class Matcher:
                 domain = "" if node.domain == "ai.onnx" else node.domain
                 have = attribute_default(domain, node.op_type, self.opset, key)
             if isinstance(want, Var):
-                bound = st.bindings.get(want.name, captured.get(want.name, _MISSING))
+                bound = bindings.get(want.name, captured.get(want.name, _MISSING))
                 if bound is not _MISSING and not _same(have, bound):
                     self._fail(f"{self._label(at)}: attribute {key}={have!r} differs from {want.name}={bound!r}",
                                f"attribute {key} differs from {want.name}")

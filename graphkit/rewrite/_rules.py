@@ -37,7 +37,7 @@ from onnx import helper
 
 from graphkit.errors import GraphkitError, RewriteError, RuleError
 from graphkit.rewrite._graphview import GraphView
-from graphkit.rewrite._matcher import Match, Matcher
+from graphkit.rewrite._matcher import Match, Matcher, deterministic
 from graphkit.rewrite._pattern import Either, Many, Out, PatternOps, PNode, Var, variables
 from graphkit.rewrite._walk import AI_ONNX, graphs, subgraphs
 from graphkit.rewrite.builder import TypeTable
@@ -152,6 +152,8 @@ def _param_names(fn: Callable[..., Any], skip: int) -> list[tuple[str, bool]]:
 class _Compiled:
     roots: list[Any]  # the pattern's output values
     anchor: tuple[str, str]  # (domain, op_type) of the first root's node
+    vars: dict[str, Var] = field(default_factory=dict)  # every variable, by name
+    simple: bool = False  # deterministic(): matched by Matcher.first, without generators
 
 
 def _compile(name: str, pattern: Callable[..., Any]) -> list[_Compiled]:
@@ -195,6 +197,19 @@ def _call_plan(fn: Callable[..., Any]) -> tuple[tuple[str, str], ...]:
     return tuple(plan)
 
 
+@functools.lru_cache(maxsize=1024)
+def _caller(fn: Callable[..., Any]) -> Callable[[Any, dict[str, Any]], Any]:
+    """``_call`` for one function: where it takes only positional parameters, without the
+    plan's loop."""
+    plan = _call_plan(fn)
+    names = [name for _, name in plan]
+    if all(kind == "arg" for kind, _ in plan):
+        return lambda first, bindings: fn(first, *map(bindings.get, names))
+    if all(kind == "kw" for kind, _ in plan):
+        return lambda first, bindings: fn(first, **{name: bindings.get(name) for name in names})
+    return functools.partial(_call, fn)
+
+
 def _call(fn: Callable[..., Any], first: Any, bindings: dict[str, Any]) -> Any:
     """``fn(first, ...)`` with the bindings its parameters name (``*xs`` gets a variadic list)."""
     args, kwargs = [first], {}
@@ -226,6 +241,7 @@ class Rule:
     check: Callable[..., Any] | None = None
     commute: bool = False
     _patterns: list[_Compiled] = field(default_factory=list, init=False, repr=False)
+    _simple_as_of: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         fns = self.pattern if isinstance(self.pattern, (list, tuple)) else [self.pattern]
@@ -234,6 +250,9 @@ class Rule:
         for p in self._patterns:
             for r in p.roots:
                 variables(r, bound)
+                variables(r, p.vars)
+            p.simple = deterministic(p.roots, self.commute)
+        self._simple_as_of = self.commute
         for part, fn in (("rewrite", self.rewrite), ("check", self.check)):
             if fn is None:
                 continue
@@ -260,6 +279,14 @@ class Rule:
             [inspect.Parameter("op", inspect.Parameter.POSITIONAL_ONLY)]
             + [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in var_names])
         return cls(name, pattern, rewrite, check=check)
+
+    def _simple(self) -> bool:
+        """Is the (one) pattern deterministic()? (``commute`` may have been set since.)"""
+        if self.commute != self._simple_as_of:
+            for p in self._patterns:
+                p.simple = deterministic(p.roots, self.commute)
+            self._simple_as_of = self.commute
+        return self._patterns[0].simple
 
     @property
     def anchor(self) -> tuple[str, str]:
@@ -482,14 +509,24 @@ def _apply_pass(scope: Scope, gpass: GraphPass, report: RuleReport, path: str | 
     return result
 
 
+# Matcher.first for deterministic patterns; False: the generators for every pattern (what the
+# differential test compares it with).
+_FIRST = True
+
+
 def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str], path: str | None) -> int:
     nodes = scope.nodes
-    anchors = {op for _, op in (p.anchor for p in rule._patterns)}
+    patterns = rule._patterns
+    anchors = {p.anchor[1] for p in patterns}
     if not any(n.op_type in anchors for n in nodes):
         return 0
     view = scope.view()
-    matchers = [(p.anchor[1], Matcher(p.roots, commute=rule.commute, view=view, rule=rule.name, opset=scope.opset))
-                for p in rule._patterns]
+    matchers = [(p.anchor[1], Matcher(p.roots, commute=rule.commute, view=view, rule=rule.name, opset=scope.opset,
+                                      vars=p.vars))
+                for p in patterns]
+    # One pattern without choice points: Matcher.first finds its only match at a node
+    # without generators; where there is none, _first_match runs to say why.
+    first = matchers[0][1].first if _FIRST and len(patterns) == 1 and rule._simple() else None
     candidates = sorted(i for op in anchors for i in view.by_op.get(op, ()))
     used: set[int] = set()
     for _, matcher in matchers:
@@ -498,39 +535,75 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
     removed: set[int] = set()
     aliases: dict[str, str] = {}
     reorder = False
+    name, check, call = rule.name, rule.check, _caller(rule.rewrite)
+    protected, outer_used = scope.protected, view.outer_used
+    alias = lambda out: out not in protected and out not in outer_used  # noqa: E731
+    in_graph = scope.graph is not None
+    make_builder, lookup = scope.make_builder, view.constant_value
+    vnodes = view.nodes
     for index in candidates:
         if index in used:
             continue
-        node = view.nodes[index]
-        label = f"node '{node.name or view.ops[index]}'"
-        match, failure, structural = _first_match(rule, matchers, index, view, scope, used, label, path)
-        if structural:
-            report.matched[rule.name] = report.matched.get(rule.name, 0) + 1
-        if match is None:
-            report.fail(rule.name, *failure)
-            continue
-        builder = scope.builder(node, rule.name)
-        builder._lookup = view.constant_value
-        with _user_code(rule.name, "rewrite", node, path):
-            results = _call(rule.rewrite, builder, match.bindings)
-        results = _results(rule, results, len(match.outputs), node, path)
-        protected = scope.protected
-        new_nodes = builder.finish(
-            results, match.outputs,
-            alias=lambda name: name not in protected and name not in view.outer_used)
-        if not builder.aliases and _same_nodes(new_nodes, [view.nodes[i] for i in match.nodes]):
-            report.fail(rule.name, f"{label}: the replacement is the matched node itself "
-                         f"(output '{match.outputs[0]}' keeps its name)", "the replacement is the matched node itself")
+        node = vnodes[index]
+        match = None if first is None else first(index)
+        if match is not None:  # first() refuses nodes taken by earlier matches: no overlap
+            report.matched[name] = report.matched.get(name, 0) + 1
+            if check is not None:
+                ctx = MatchContext(view, [vnodes[i] for i in match.nodes], scope.types, scope.opset)
+                try:
+                    verdict = _call(check, ctx, match.bindings)
+                except GraphkitError:
+                    raise
+                except Exception as exc:
+                    raise _user_error(name, "check", node, path, exc) from exc
+                if not verdict:
+                    reason = (verdict.reason or "check failed") if isinstance(verdict, MatchResult) else \
+                        f"check returned {verdict!r}"
+                    report.fail(name, f"{_label(node, view, index)}: {reason}", reason)
+                    continue
+        else:
+            label = _label(node, view, index)
+            match, failure, structural = _first_match(rule, matchers, index, view, scope, used, label, path)
+            if structural:
+                report.matched[name] = report.matched.get(name, 0) + 1
+            if match is None:
+                report.fail(name, *failure)
+                continue
+        builder = make_builder(node, name)  # what scope.builder() makes
+        if in_graph:
+            builder.initializers = []
+        builder._lookup = lookup
+        try:
+            results = call(builder, match.bindings)
+        except GraphkitError:
+            raise
+        except Exception as exc:
+            raise _user_error(name, "rewrite", node, path, exc) from exc
+        outputs = match.outputs
+        if results.__class__ is not str or len(outputs) != 1:
+            results = _results(rule, results, len(outputs), node, path)
+        else:
+            results = [results]
+        new_nodes = builder.finish(results, outputs, alias=alias)
+        if not builder.aliases and _same_nodes(new_nodes, [vnodes[i] for i in match.nodes]):
+            report.fail(name, f"{_label(node, view, index)}: the replacement is the matched node itself "
+                        f"(output '{outputs[0]}' keeps its name)", "the replacement is the matched node itself")
             continue
         if builder.initializers:
             released.update(t.name for t in builder.initializers)
             new_nodes = scope.add_initializers(builder.initializers) + new_nodes
-        aliases.update(builder.aliases)
-        used.update(match.nodes)
-        last = max(match.nodes)
-        reorder |= len(match.outputs) > 1
-        replacements[last] = new_nodes
-        removed.update(i for i in match.nodes if i != last)
+        if builder.aliases:
+            aliases.update(builder.aliases)
+        matched = match.nodes
+        if len(matched) == 1:
+            used.add(index)
+            replacements[index] = new_nodes
+        else:
+            used.update(matched)
+            last = max(matched)
+            replacements[last] = new_nodes
+            removed.update(i for i in matched if i != last)
+        reorder |= len(outputs) > 1
     if not replacements:
         return 0
     # Producers that fed only the replaced nodes (constants, typically) die with them.
@@ -553,6 +626,10 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
     nodes.extend(rebuilt)
     report.applied[rule.name] = report.applied.get(rule.name, 0) + len(replacements)
     return len(replacements)
+
+
+def _label(node: onnx.NodeProto, view: GraphView, index: int) -> str:
+    return f"node '{node.name or view.ops[index]}'"
 
 
 def _results(rule: Rule, results: Any, wanted: int, node: onnx.NodeProto, path: str | None) -> list[str]:
@@ -608,7 +685,7 @@ def _first_match(rule: Rule, matchers: list[tuple[str, Matcher]], index: int, vi
 def _same_nodes(new: list[onnx.NodeProto], old: list[onnx.NodeProto]) -> bool:
     """Is the replacement the matched nodes again (names aside)? Then it changes nothing:
     an Identity kept for a graph output, typically."""
-    if len(new) != len(old):
+    if len(new) != len(old) or sorted(n.op_type for n in new) != sorted(n.op_type for n in old):
         return False
     key = lambda n: (n.domain, n.op_type, tuple(n.input), tuple(n.output),  # noqa: E731
                      tuple(a.SerializeToString() for a in n.attribute))
@@ -687,8 +764,11 @@ def _prune_initializers(model: onnx.ModelProto, released: set[str]) -> None:
     Graph inputs of the same name stay (they may be fed). A dropped initializer stored as
     external data is only removed from the model; its file is left as it is.
     """
+    owners = [g for g in graphs(model.graph) if g.initializer]
+    if not owners or not any(t.name in released for g in owners for t in g.initializer):
+        return  # no initializer a rewrite released: nothing to count
     after = _referenced(model)
-    for g in graphs(model.graph):
+    for g in owners:
         inputs = {i.name for i in g.input}
         dead = [k for k, t in enumerate(g.initializer)
                 if t.name in released and t.name not in after and t.name not in inputs]
@@ -704,7 +784,11 @@ def _user_code(rule: str, part: str, node: onnx.NodeProto | None, path: str | No
     except GraphkitError:
         raise
     except Exception as exc:
-        raise RuleError(f"rule '{rule}': {part}() raised {type(exc).__name__}: {exc}", path=path,
-                        node=None if node is None else (node.name or node.op_type),
-                        op=None if node is None else node.op_type,
-                        hint="fix the rule (rerun with --debug for the traceback)") from exc
+        raise _user_error(rule, part, node, path, exc) from exc
+
+
+def _user_error(rule: str, part: str, node: onnx.NodeProto | None, path: str | None, exc: Exception) -> RuleError:
+    return RuleError(f"rule '{rule}': {part}() raised {type(exc).__name__}: {exc}", path=path,
+                     node=None if node is None else (node.name or node.op_type),
+                     op=None if node is None else node.op_type,
+                     hint="fix the rule (rerun with --debug for the traceback)")

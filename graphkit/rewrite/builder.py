@@ -218,6 +218,7 @@ class Builder:
         # Outputs replaced by an existing tensor instead of an Identity (see finish(alias=)).
         self.aliases: dict[str, str] = {}
         self._lookup: Any = None
+        self._made: list[tuple[Any, list[str]]] = []  # (inputs, outputs) of each node op() made
 
     def op(self, op_type: str, *inputs: str, domain: str = "", outputs: int = 1,
            **attrs: Any) -> Any:
@@ -229,6 +230,7 @@ class Builder:
         if attrs:
             node.attribute.extend(helper.make_attribute(k, v) for k, v in sorted(attrs.items()))
         self.nodes.append(node)
+        self._made.append((inputs, out_names))
         return out_names[0] if outputs == 1 else tuple(out_names)
 
     @property
@@ -256,6 +258,7 @@ class Builder:
             name = self._names.fresh(f"{self._prefix}/const")
             tensor = numpy_helper.from_array(array, name=name)
             self.nodes.append(helper.make_node("Constant", [], [name], name=name, value=tensor))
+            self._made.append(((), [name]))
             self._constants[key] = name
         return name
 
@@ -313,7 +316,10 @@ class Builder:
                                node=self._node_name, op=self._op_name,
                                hint="return one tensor per output of the replaced node")
         nodes = self.nodes
-        produced = {o for n in nodes for o in n.output}
+        made = self._made
+        if len(made) != len(nodes):  # nodes appended from outside op() and constant()
+            made = [(tuple(n.input), list(n.output)) for n in nodes]
+        produced = {o for _, outs in made for o in outs}
         rename: dict[str, str] = {}
         for new, orig in zip(results, outputs):
             if not orig:
@@ -325,11 +331,12 @@ class Builder:
             else:  # the result is an input, or already stands for another output
                 nodes.append(helper.make_node("Identity", [rename.get(new, new)], [orig],
                                               name=self._names.fresh(f"{self._prefix}/Identity")))
-        for n in nodes:
-            for i, name in enumerate(n.input):
-                if name in rename:
-                    n.input[i] = rename[name]
-            for i, name in enumerate(n.output):
-                if name in rename:
-                    n.output[i] = rename[name]
+        if rename:  # the nodes' fields as Python lists: reading protobuf fields costs more
+            for n, (ins, outs) in zip(nodes, made):
+                for i, name in enumerate(ins):
+                    if name in rename:
+                        n.input[i] = rename[name]
+                for i, name in enumerate(outs):
+                    if name in rename:
+                        n.output[i] = rename[name]
         return nodes

@@ -1,0 +1,203 @@
+"""The rule engine's fast path (Matcher.first for patterns without choice points, the lean
+replacement loop) against its generators, on random graphs and varied rule sets: the same
+rewritten model, byte for byte, and the same report (matches, rewrites, every reason)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from graphkit.rewrite import Lowering, MatchResult, Rule, RuleSet, const, either, optional, rewrite_model
+from graphkit.rewrite import _rules
+from graphkit.rewrite._graphview import GraphView
+from graphkit.rewrite._matcher import Matcher, _same, deterministic
+
+F = TensorProto.FLOAT
+
+
+# ---------------------------------------------------------------- random graphs
+#
+#   a, b (inputs), two = 2, three = 3 (initializers), c2 (a Constant node, 2)
+#        |
+#   n0 = OP(tensors made so far) ... n_k       outputs: the last tensor and a few others
+#
+# x is one of the last three tensors (chains form), y often a constant.
+# OP: Add Mul Sub (two inputs), Relu Neg Sqrt (one), Concat (1-3, axis 0 or 1), t::scale
+# (alpha 1 or 2), t::opt (x, absent or y, z), t::pair (two outputs), custom my_add.
+
+MOTIFS = {  # what the rules below look for, among random nodes
+    "mul2_add": [("Mul", "x", "two"), ("Add", "-1", "y")],
+    "dag": [("Sub", "x", "y"), ("Relu", "-1"), ("Mul", "-2", "-1")],
+    "neg_neg": [("Neg", "x"), ("Neg", "-1")],
+    "pair_neg": [("pair", "x"), ("Neg", "-1")],
+    "concat_relu": [("Concat", "x", "y"), ("Relu", "-1")],
+    "relu_relu": [("Relu", "x"), ("Relu", "-1")],
+}
+STEP = st.tuples(st.sampled_from(["Add", "Mul", "Sub", "Relu", "Neg", "Sqrt", "Concat", "scale", "opt", "pair",
+                                  "my_add", *MOTIFS]),
+                 st.lists(st.integers(0, 10_000), min_size=3, max_size=3), st.integers(0, 1), st.booleans())
+
+
+def graph_of(steps, named: bool, extra_outputs: list[int]) -> onnx.ModelProto:
+    tensors = ["a", "b", "two", "three", "c2"]
+    nodes = [helper.make_node("Constant", [], ["c2"], value=numpy_helper.from_array(np.float32(2), "c2v"))]
+    expanded = []
+    for op, picks, flag, absent in steps:
+        expanded += [(part, picks, flag, absent) for part in MOTIFS[op]] if op in MOTIFS else [(op, picks, flag, absent)]
+    for k, (op, picks, flag, absent) in enumerate(expanded):
+        if isinstance(op, tuple):  # a motif's node: "-1" is the tensor made just before
+            op, *ins = op
+            ins = [tensors[int(i)] if i.startswith("-") else i for i in ins]
+            ins = [tensors[-1 - picks[0] % min(3, len(tensors))] if i == "x" else
+                   tensors[picks[1] % len(tensors)] if i == "y" else i for i in ins]
+            if op == "pair":
+                nodes.append(helper.make_node("pair", ins, [f"t{k}", f"t{k}b"], name=f"n{k}" if named else "",
+                                              domain="t"))
+                tensors += [f"t{k}b", f"t{k}"]
+            else:
+                nodes.append(helper.make_node(op, ins, [f"t{k}"], name=f"n{k}" if named else "",
+                                              **({"axis": flag} if op == "Concat" else {})))
+                tensors.append(f"t{k}")
+            continue
+        # x: one of the last three tensors (chains form); y: often a constant; z: any
+        x = tensors[-1 - picks[0] % min(3, len(tensors))]
+        y = ("two", "c2", "three")[picks[1] % 3] if picks[1] % 2 else tensors[picks[1] % len(tensors)]
+        z = tensors[picks[2] % len(tensors)]
+        out = f"t{k}"
+        name = f"n{k}" if named else ""
+        if op in ("Add", "Mul", "Sub"):
+            nodes.append(helper.make_node(op, [x, y], [out], name=name))
+        elif op in ("Relu", "Neg", "Sqrt"):
+            nodes.append(helper.make_node(op, [x], [out], name=name))
+        elif op == "Concat":
+            nodes.append(helper.make_node("Concat", [x, y, z][:1 + picks[0] % 3], [out], name=name, axis=flag))
+        elif op == "scale":
+            nodes.append(helper.make_node("scale", [x], [out], name=name, domain="t", alpha=float(1 + flag)))
+        elif op == "opt":
+            nodes.append(helper.make_node("opt", [x, "" if absent else y, z], [out], name=name, domain="t"))
+        elif op == "pair":
+            nodes.append(helper.make_node("pair", [x], [out, out + "b"], name=name, domain="t"))
+            tensors.append(out + "b")
+        else:
+            nodes.append(helper.make_node("my_add", [x, y], [out], name=name, domain="custom"))
+        tensors.append(out)
+    made = [o for n in nodes[1:] for o in n.output]
+    outs = list(dict.fromkeys([made[-1], *(made[i % len(made)] for i in extra_outputs)]))
+    vi = lambda n: helper.make_tensor_value_info(n, F, [2, 3])  # noqa: E731
+    graph = helper.make_graph(nodes, "g", [vi("a"), vi("b")], [helper.make_tensor_value_info(o, F, None) for o in outs],
+                              [numpy_helper.from_array(np.float32(2), "two"),
+                               numpy_helper.from_array(np.full(3, 3, np.float32), "three")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("t", 1),
+                                                   helper.make_opsetid("custom", 1)], ir_version=10)
+
+
+# ---------------------------------------------------------------- rules (deterministic ones first)
+
+def _rank2(ctx, x):
+    return MatchResult() if ctx.rank(x) in (2, None) else MatchResult().fail(f"rank {ctx.rank(x)}")
+
+
+def _distinct(ctx, x, y):
+    return MatchResult() if x != y else MatchResult().fail("x and y are the same tensor")
+
+
+def _dag(op, x, y):
+    d = op.Sub(x, y)
+    return op.Mul(d, op.Relu(d))
+
+
+RULES = [
+    Rule.node("relu_neg", "Relu", lambda op, x0: op.Neg(x0)),
+    Rule("mul2_add", lambda op, x, y: op.Add(op.Mul(x, 2.0), y), lambda op, x, y: op.my_add(x, y, _domain="custom")),
+    Rule("dag", _dag, lambda op, x, y: op.Relu(op.Sub(x, y))),
+    Rule("const_capture", lambda op, x, c: op.Mul(x, const(c)),
+         lambda op, x, c: op.Div(x, op.initializer(1 / np.asarray(c, np.float32), name="inv"))),
+    Rule("attr_capture", lambda op, x, al: op.scale(x, _domain="t", alpha=al),
+         lambda op, x, al: op.Mul(x, op.initializer(np.float32(al)))),
+    Rule("attr_value", lambda op, x: op.Neg(op.scale(x, _domain="t", alpha=2.0)), lambda op, x: op.Sqrt(x)),
+    Rule("concat_axis0", lambda op, *xs: op.Relu(op.Concat(*xs, axis=lambda v: v == 0)),
+         lambda op, *xs: op.Concat(*[op.Relu(x) for x in xs], axis=0)),
+    Rule("opt", lambda op, x, y, z: op.opt(x, optional(y), z, _domain="t"),
+         lambda op, x, y, z: op.Add(x, z) if y is None else op.Sub(op.Add(x, z), y)),
+    Rule("pair_first", lambda op, x: op.Neg(op.pair(x, _domain="t", _outputs=2)[0]), lambda op, x: op.Relu(x)),
+    Rule("rank_check", lambda op, x: op.Sqrt(x), lambda op, x: op.Pow(x, op.initializer(np.float32(0.5))),
+         check=_rank2),
+    Rule("neg_neg", lambda op, x: op.Neg(op.Neg(x)), lambda op, x: x),
+    Rule("distinct", lambda op, x, y: op.my_add(x, y, _domain="custom"), lambda op, x, y: op.Add(x, y),
+         check=_distinct),
+    Rule("relu_relu", lambda op, x: op.Relu(op.Relu(x)), lambda op, x: op.Relu(x)),
+    # choice points: the generators run for these, beside the fast path of the others
+    Rule("commuted", lambda op, x, y: op.Add(op.Mul(x, 2.0), y), lambda op, x, y: op.my_add(x, y, _domain="custom"),
+         commute=True),
+    Rule("either", lambda op, x: op.Relu(either(op.Neg(x), op.Sqrt(x))), lambda op, x: op.Neg(x)),
+    Rule("two_roots", lambda op, x: (op.Relu(x), op.Neg(x)), lambda op, x: (op.Neg(op.Relu(x)), op.Relu(op.Neg(x)))),
+    Rule("alternatives", [lambda op, x: op.Sqrt(op.Relu(x)), lambda op, x: op.Sqrt(op.Neg(x))],
+         lambda op, x: op.Relu(x)),
+]
+SIMPLE = 13  # RULES[:SIMPLE] have no choice points
+BY_NAME = {r.name: r for r in RULES}
+
+
+def test_the_first_rules_are_the_deterministic_ones():
+    assert [deterministic(r._patterns[0].roots, r.commute) and len(r._patterns) == 1 for r in RULES] == \
+        [True] * SIMPLE + [False] * (len(RULES) - SIMPLE)
+
+
+def _rewrite(model, rules, fast: bool):
+    saved, _rules._FIRST = _rules._FIRST, fast
+    try:
+        out, report = rewrite_model(model, rules=RuleSet([RULES[i] for i in rules], max_rounds=4),
+                                    lowering=Lowering.KEEP, check=False)
+    finally:
+        _rules._FIRST = saved
+    return out.SerializeToString(), report.rules.applied, report.rules.matched, report.rules.reasons, \
+        {k: dict(v) for k, v in report.rules.failures.items()}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(STEP, min_size=1, max_size=14), st.booleans(), st.lists(st.integers(0, 50), max_size=2),
+       st.lists(st.integers(0, len(RULES) - 1), min_size=1, max_size=5, unique=True))
+def test_fast_path_rewrites_as_the_generators_do(steps, named, extra, rules):
+    model = graph_of(steps, named, extra)
+    try:
+        slow = _rewrite(model, rules, False)
+    except Exception as exc:  # a rule set that does not converge: the fast path must fail alike
+        with pytest.raises(type(exc)) as info:
+            _rewrite(model, rules, True)
+        assert str(info.value) == str(exc)
+        return
+    assert _rewrite(model, rules, True) == slow
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(STEP, min_size=1, max_size=14), st.booleans())
+def test_first_is_the_first_match_of_the_generators(steps, named):
+    model = graph_of(steps, named, [])
+    view = GraphView(model.graph.node, protected={o.name for o in model.graph.output},
+                     initializers=model.graph.initializer)
+    for rule in RULES[:SIMPLE]:
+        p = rule._patterns[0]
+        matcher = Matcher(p.roots, commute=rule.commute, view=view, rule=rule.name, opset=17)
+        for index in range(len(view.nodes)):
+            fast = matcher.first(index)
+            slow = next(matcher.matches(index), None)
+            if slow is None:
+                assert fast is None
+                continue
+            assert fast is not None and (fast.nodes, fast.outputs) == (slow.nodes, slow.outputs)
+            assert list(fast.bindings) == list(slow.bindings)
+            assert all(_same(fast.bindings[k], v) if v is not None else fast.bindings[k] is None
+                       for k, v in slow.bindings.items())
+
+
+def test_first_respects_nodes_taken_by_earlier_matches():
+    model = graph_of([("Relu", [0, 0, 0], 0, False), ("Relu", [0, 0, 0], 0, False)], True, [])
+    view = GraphView(model.graph.node, protected={o.name for o in model.graph.output})
+    matcher = Matcher(BY_NAME["relu_relu"]._patterns[0].roots, commute=False, view=view, rule="relu_relu", opset=17)
+    assert matcher.first(2).nodes == [2, 1]
+    matcher.taken = {1}
+    assert matcher.first(2) is None and next(matcher.matches(2), None) is None
