@@ -14,8 +14,8 @@ from conftest import NP_TYPES, REPO, my_add_model, run_cli
 from graphkit.errors import ValidationError
 from graphkit.ops import Decomposition, NativeKernels, OpDef, OpPackage, OpRegistry, Param, default_registry
 from graphkit.rewrite import Lowering, rewrite_model
-from graphkit.rewrite import _fastpath
-from graphkit.rewrite._fastpath import Unsupported, lower_bytes
+from graphkit.rewrite import _bodybytes, _fastpath
+from graphkit.rewrite._fastpath import InBodies, Unsupported
 from graphkit.rewrite.engine import DEFAULT_PREFERENCE
 from graphkit.rewrite.serialized import rewrite_bytes
 
@@ -32,6 +32,14 @@ def _bench_model(pairs: int) -> onnx.ModelProto:
         path = Path(tmp) / "chain.onnx"
         bench.make_model(path, pairs)
         return onnx.load(path)
+
+
+def lower_bytes(data: bytes, model: onnx.ModelProto, **options):
+    """The byte writer rewrite_bytes runs: the main graph's, else (placeholders in subgraphs) the bodies'."""
+    try:
+        return _fastpath.lower_bytes(data, model, **options)
+    except InBodies:
+        return _bodybytes.lower_bytes(data, model, **options)
 
 
 def _without_writer(report) -> dict:
@@ -323,8 +331,10 @@ def _subgraph_holding_custom() -> onnx.ModelProto:
                              ir_version=10)
 
 
-def test_custom_nodes_in_subgraphs_go_the_object_way():
-    steps_aside(_subgraph_holding_custom(), "subgraph", check=False)
+def test_custom_nodes_in_subgraphs_and_the_main_graph():
+    """Placeholders in the main graph and in a branch (shapeless body outputs): the bodies' writer."""
+    for check in (False, True):
+        assert onnx.ModelProto.FromString(same(_subgraph_holding_custom(), check=check)).graph.node[0].op_type == "Constant"
 
 
 def test_engine_lowers_custom_nodes_inside_subgraphs():
@@ -901,3 +911,168 @@ def test_target_opset_with_nothing_to_lower_goes_the_object_way():
         lower_bytes(data, model, registry=default_registry(), prefer=DEFAULT_PREFERENCE, target_opset=18)
     out, report = rewrite_bytes(data, target_opset=18)
     assert out == rewrite_model(model, target_opset=18)[0].SerializeToString() and report.writer == "objects"
+
+
+# -- placeholders inside subgraphs: the bodies' byte writer (graphkit.rewrite._bodybytes) ------
+
+def _scaling(shape: str, n: int) -> onnx.ModelProto:
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests"))
+    import scaling_models
+
+    return getattr(scaling_models, shape)(n)
+
+
+def _body(nodes: list, name: str, inputs=(), outputs=(), elem=F) -> onnx.GraphProto:
+    return helper.make_graph(nodes, name, [helper.make_tensor_value_info(i, t, s) for i, t, s in inputs],
+                             [helper.make_tensor_value_info(o, elem, [3]) for o in outputs])
+
+
+def _nested_model(named: bool, unknown: bool = False) -> onnx.ModelProto:
+    """A Loop whose body holds an If whose branches hold placeholders (two kinds, repeats of a
+    kind in one branch, outer values read at two levels), placeholders in the Loop body and
+    in the main graph too; a branch's placeholder makes the branch's output."""
+    def name(n: str) -> str:
+        return n if named else ""
+
+    then_g = _body([helper.make_node("my_add", ["v", "x"], ["t0"], domain="custom", name=name("t_add")),
+                    helper.make_node("asinh", ["t0"], ["t1"], domain="custom", name=name("t_asinh")),
+                    helper.make_node("my_add", ["t1", "t1"], ["t2"], domain="custom", name=name("t_add2"))],
+                   "then", outputs=["t2"])
+    else_g = _body([helper.make_node("Neg", ["v"], ["e0"], name="neg"),
+                    helper.make_node("asinh", ["e0"], ["e1"], domain="custom", name=name("e_asinh"))],
+                   "else", outputs=["e1"])
+    loop_body = _body([helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                       helper.make_node("my_add", ["v_in", "x"], ["v"], domain="custom", name=name("l_add")),
+                       helper.make_node("If", ["c"], ["v_out"], then_branch=then_g, else_branch=else_g)],
+                      "loop", inputs=[("i", TensorProto.INT64, []), ("cond_in", TensorProto.BOOL, []),
+                                      ("v_in", F, [3])], outputs=["cond_out", "v_out"])
+    loop_body.output[0].type.tensor_type.elem_type = TensorProto.BOOL
+    del loop_body.output[0].type.tensor_type.shape.dim[:]
+    if unknown:  # the carried value's type declared nowhere: the engine would infer it
+        loop_body.input[2].type.tensor_type.elem_type = 0
+    nodes = [helper.make_node("my_add", ["x", "x"], ["a"], domain="custom", name=name("m_add")),
+             helper.make_node("Loop", ["m", "", "a"], ["y"], body=loop_body),
+             helper.make_node("my_add", ["y", "a"], ["z"], domain="custom", name=name("m_add2"))]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [3]),
+                                           helper.make_tensor_value_info("m", TensorProto.INT64, []),
+                                           helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("z", F, [3])],
+                              value_info=[helper.make_tensor_value_info("y", F, [3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                             ir_version=10)
+
+
+def _same_bytes(model: onnx.ModelProto, **options) -> bytes:
+    """same(), and the bodies' writer ran; the input is canonical, so even the bytes are the objects writer's."""
+    fast = same(model, **options)
+    report = rewrite_bytes(model.SerializeToString(), **options)[1]
+    assert report.writer == "bytes" and report.writer_reason.startswith(_bodybytes.WHY)
+    slow = rewrite_model(model, **options)[0]
+    assert fast == slow.SerializeToString()
+    return fast
+
+
+@pytest.mark.parametrize("lowering", [Lowering.DECOMPOSE, Lowering.NATIVE, Lowering.PYTHON,
+                                      (Lowering.NATIVE, Lowering.DECOMPOSE)], ids=["decompose", "native", "python",
+                                                                                   "native-decompose"])
+@pytest.mark.parametrize("shape", ["if_bodies", "loop_bodies"])
+def test_bodies_byte_identical(shape, lowering):
+    """If branches reading the outer value, Loop bodies reading their own input: each
+    placeholder makes its body's output; each body adopts the first one's template with a
+    constant of its own."""
+    _same_bytes(_scaling(shape, 7), lowering=lowering)
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["named", "unnamed"])
+@pytest.mark.parametrize("lowering", [Lowering.DECOMPOSE, Lowering.PYTHON])
+def test_nested_bodies_byte_identical(named, lowering):
+    """Nested bodies, outer names read two levels down, two kinds and repeats in one branch
+    (constants shared by value there), placeholders in the main graph besides."""
+    out = onnx.ModelProto.FromString(_same_bytes(_nested_model(named), lowering=lowering))
+    assert not any(n.domain == "custom" for g in _walk_graphs(out.graph) for n in g.node)
+
+
+def _walk_graphs(graph: onnx.GraphProto):
+    from graphkit.rewrite._walk import graphs
+
+    return list(graphs(graph))
+
+
+def test_nested_bodies_numerics():
+    """The rewritten nested model computes what the placeholders stand for."""
+    from graphkit.runtime import open_session
+
+    out = onnx.ModelProto.FromString(_same_bytes(_nested_model(False)))
+    x = np.array([-1.0, 0.25, 2.0], np.float32)
+    for cond in (True, False):
+        got = open_session(out).run({"x": x, "m": np.array(2, np.int64), "c": np.array(cond)})["z"]
+        a = 2 * x + x
+        v = a
+        for _ in range(2):
+            v = 2 * v + x
+            if cond:
+                t1 = np.arcsinh(2 * v + x)
+                v = 2 * t1 + t1
+            else:
+                v = np.arcsinh(-v)
+        np.testing.assert_allclose(got, 2 * v + a, rtol=1e-5, atol=1e-5)
+
+
+def test_bodies_names_shared_and_taken():
+    """Placeholders of one name in many bodies, and names of the input (in a body) that the
+    generator would make: it sees every name of every scope, as the engine's."""
+    model = _scaling("if_bodies", 5)
+    for node in model.graph.node[1:]:
+        for attr in node.attribute:
+            attr.g.node[0].name = "same"
+    model.graph.node[3].attribute[0].g.node[0].output[0] = "same/Mul_out"  # an output of a then branch
+    model.graph.node[3].attribute[0].g.output[0].name = "same/Mul_out"
+    out = onnx.ModelProto.FromString(_same_bytes(model))
+    names = [n.name for g in _walk_graphs(out.graph) for n in g.node if n.name]
+    assert len(set(names)) == len(names) and "same/Mul_1" in names
+
+
+def test_bodies_target_opset_imports_only():
+    out = onnx.ModelProto.FromString(_same_bytes(_scaling("loop_bodies", 4), target_opset=18))
+    assert _opset(out) == 18
+
+
+def test_bodies_unknown_type_goes_the_object_way():
+    """A body's placeholder reading a value no declaration or forward rule types."""
+    steps_aside(_nested_model(True, unknown=True), "inference")
+
+
+def test_custom_node_holding_a_subgraph_goes_the_object_way():
+    model = _scaling("if_bodies", 2)
+    model.graph.node[1].domain = "custom"
+    model.graph.node[1].op_type = "my_add"
+    with pytest.raises(Unsupported, match="a custom node with a subgraph"):
+        lower_bytes(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE,
+                    check=False)
+
+
+@pytest.mark.parametrize("shape", ["if_bodies", "loop_bodies", "nested"])
+def test_bodies_checked_by_parts(shape, monkeypatch):
+    """Over FULL_CHECK_NODES, bodies are checked by parts like the main graph."""
+    model = _nested_model(True) if shape == "nested" else _scaling(shape, 20)
+    out, report, whole = _by_parts(model, monkeypatch)
+    assert report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS), report.writer_reason
+    onnx.checker.check_model(out)
+
+
+def test_bodies_invalid_node_found_by_parts_reported_by_the_whole_check(monkeypatch):
+    model = _scaling("loop_bodies", 20)
+    model.graph.node[5].attribute[0].g.node[0].attribute.append(helper.make_attribute("bogus", 1))
+    with pytest.raises(ValidationError, match="bogus"):
+        _by_parts(model, monkeypatch)
+
+
+def test_bodies_non_canonical_encoding():
+    """An If whose attributes come in another order, and a length written with padding: the
+    located entries are the parsed model's, and the output is the objects writer's (reparsed)."""
+    model = _scaling("if_bodies", 3)
+    for node in model.graph.node[1:]:
+        node.attribute.reverse()
+    same(model)

@@ -364,13 +364,14 @@ def test_objects_writer_checks_the_serialized_result(monkeypatch):
     from graphkit.rewrite import engine, rewrite_bytes
 
     monkeypatch.setattr(engine, "FULL_CHECK_NODES", 0)  # no whole-model inference: the checker alone
-    data, report = rewrite_bytes(_if_model(shapeless=True).SerializeToString())
-    assert report.writer == "objects" and report.actions
-    out = onnx.load_model_from_string(data)
-    assert not out.graph.node[1].attribute[0].g.output[0].type.tensor_type.HasField("shape")  # left as it was
-    x = np.float32([1, -2])
-    (y,) = run_ort(out, {"x": x})
-    np.testing.assert_allclose(y, np.maximum(3 * x, 0))  # my_add(a, b) = 2a + b
-    with pytest.raises(ValidationError, match="invalid model after rewrite"):
-        rewrite_bytes(_if_model(bad_attribute=True).SerializeToString())
-    rewrite_bytes(_if_model(bad_attribute=True).SerializeToString(), check=False)  # the check it was
+    for fast, writer in ((False, "objects"), (True, "bytes")):  # the bytes writer for bodies alike
+        data, report = rewrite_bytes(_if_model(shapeless=True).SerializeToString(), fast=fast)
+        assert report.writer == writer and report.actions
+        out = onnx.load_model_from_string(data)
+        assert not out.graph.node[1].attribute[0].g.output[0].type.tensor_type.HasField("shape")  # left as it was
+        x = np.float32([1, -2])
+        (y,) = run_ort(out, {"x": x})
+        np.testing.assert_allclose(y, np.maximum(3 * x, 0))  # my_add(a, b) = 2a + b
+        with pytest.raises(ValidationError, match="invalid model after rewrite"):
+            rewrite_bytes(_if_model(bad_attribute=True).SerializeToString(), fast=fast)
+        rewrite_bytes(_if_model(bad_attribute=True).SerializeToString(), check=False, fast=fast)  # the check it was

@@ -122,6 +122,10 @@ class Unsupported(Exception):
     """The fast path does not handle this model or option; use the object path."""
 
 
+class InBodies(Unsupported):
+    """Placeholders inside subgraphs: graphkit.rewrite._bodybytes's business."""
+
+
 def _imports_only(ops: collections.Counter, current: int | None, target: int) -> None:
     """Precondition of a --target-opset rewrite: converting from ``current`` to ``target``
     moves only the ai.onnx import (engine._convert_opset's "imports only")."""
@@ -574,12 +578,7 @@ class _ForwardTypes(TypeTable):
             else:  # _GENERAL, _HOLDER: TypeTable's rules on the node, then its subgraphs
                 self._forward_node(nodes[p], domains[p], op_types[p])
                 if code == _HOLDER:
-                    for attr in nodes[p].attribute:
-                        if attr.type == _GRAPH:
-                            self._forward_graph(attr.g)
-                        elif attr.type == _GRAPHS:
-                            for g in attr.graphs:
-                                self._forward_graph(g)
+                    self._forward_subgraphs(nodes[p], domains[p])
 
 # -- the model around the nodes -----------------------------------------------------------
 
@@ -617,7 +616,7 @@ def _subgraph_info(nodes: Sequence[onnx.NodeProto], data: bytes, g0: int, g1: in
                     names.update(t.name for t in g.initializer)
                     for n in g.node:
                         if n.domain == PLACEHOLDER_DOMAIN:
-                            raise Unsupported("custom nodes inside a subgraph")
+                            raise InBodies("custom nodes inside a subgraph")
                         counts[(n.domain, n.op_type)] += 1
                         names.update(n.output)
     return counts, names, holders

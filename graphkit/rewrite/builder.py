@@ -154,22 +154,25 @@ class TypeTable:
         for node in graph.node:
             domain = node.domain
             forward_node(node, domain, node.op_type)
-            attributes = node.attribute
-            if not attributes:
-                continue
-            bodies = None
-            for attr in attributes:
-                t = attr.type
-                if t == _GRAPH:
-                    self._forward_graph(attr.g)
-                    if bodies is None:
-                        bodies = {}
-                    bodies[attr.name] = attr.g
-                elif t == _GRAPHS:
-                    for g in attr.graphs:
-                        self._forward_graph(g)
-            if bodies and domain in ("", "ai.onnx"):
-                self._forward_control_flow(node, bodies)
+            if node.attribute:
+                self._forward_subgraphs(node, domain)
+
+    def _forward_subgraphs(self, node: onnx.NodeProto, domain: str) -> None:
+        """The forward pass through the graphs held in ``node``'s attributes, then the
+        element types its outputs take from them (If/Loop/Scan)."""
+        bodies = None
+        for attr in node.attribute:
+            t = attr.type
+            if t == _GRAPH:
+                self._forward_graph(attr.g)
+                if bodies is None:
+                    bodies = {}
+                bodies[attr.name] = attr.g
+            elif t == _GRAPHS:
+                for g in attr.graphs:
+                    self._forward_graph(g)
+        if bodies and domain in ("", "ai.onnx"):
+            self._forward_control_flow(node, bodies)
 
     def _forward_control_flow(self, node: onnx.NodeProto, bodies: dict[str, onnx.GraphProto]) -> None:
         """If/Loop/Scan outputs take the element types of their body's outputs.

@@ -143,6 +143,8 @@ class Lowered:
     template: Template | None = None
     # Set where ``nodes`` are these constants then ``template``'s instance (what count() needs).
     constants: list[onnx.NodeProto] | None = None
+    # A decomposition's template key: in one scope, nodes of one key share one template.
+    key: tuple | None = None
 
 
 @dataclass
@@ -364,10 +366,10 @@ class LoweringPlan:
         template = scope.templates.get(key)
         made: list[onnx.NodeProto] = []
         if template is None and key in self._portable:
-            template, made = self._adopt(key, prefix, scope)
+            template, made = self.adopt(key, prefix, scope)
         if template is not None:
             nodes = template.instantiate(inputs, list(node.output), prefix, self.names.fresh)
-            return Lowered(op, Lowering.DECOMPOSE, action, [*made, *nodes], template, made)
+            return Lowered(op, Lowering.DECOMPOSE, action, [*made, *nodes], template, made, key)
         builder = Builder(opset=self.opset, prefix=prefix, names=self.names, types=scope.types,
                           node_name=node.name, op_name=op.qualified_name, constants=scope.constants)
         shared = set(scope.constants.values())
@@ -387,7 +389,7 @@ class LoweringPlan:
             self._checked.add(key)
             self.replacements.append(Replacement(node, list(nodes), f"decomposition '{dec.name}' of "
                                                  f"{op.qualified_name}", scope.types))
-        return Lowered(op, Lowering.DECOMPOSE, action, nodes, template)
+        return Lowered(op, Lowering.DECOMPOSE, action, nodes, template, key=key)
 
     def _keep_portable(self, key: tuple, template: Template, nodes: list[onnx.NodeProto], scope: LoweringScope) -> None:
         """Remember ``template`` for other scopes when the only names it reads from its scope
@@ -404,9 +406,14 @@ class LoweringPlan:
         by_name = {name: value for value, name in scope.constants.items() if name in reads}
         self._portable[key] = (template, {r: (by_name.get(r), scope.constant_nodes[r]) for r in sorted(reads)})
 
-    def _adopt(self, key: tuple, prefix: str, scope: LoweringScope) -> tuple[Template, list[onnx.NodeProto]]:
-        """Another scope's template for ``scope``: its constants found in ``scope`` by value or
-        made here (returned, to go before the first instance)."""
+    def adoptable(self, key: tuple) -> bool:
+        """Whether a scope without a template of ``key`` adopts another scope's (:meth:`adopt`)."""
+        return key in self._portable
+
+    def adopt(self, key: tuple, prefix: str, scope: LoweringScope) -> tuple[Template, list[onnx.NodeProto]]:
+        """Another scope's template of ``key`` for ``scope`` (what :meth:`lower` does for the
+        first node of that key there): its constants found in ``scope`` by value or made
+        here (returned, to go before the first instance). Needs :meth:`adoptable`."""
         template, reads = self._portable[key]
         rename: dict[str, str] = {}
         made = []

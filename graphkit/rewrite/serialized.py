@@ -4,8 +4,8 @@
 does the rewrite on a serialized model. Both pick the writer the same way: lowering
 alone (no rules or functions; a target opset only where the conversion moves just the
 imports) splices the replacements into the
-serialized model (graphkit.rewrite._fastpath, the "bytes" writer) where that writer's
-preconditions hold; anything else goes through ``rewrite_model``'s passes (the
+serialized model (graphkit.rewrite._fastpath, the "bytes" writer; graphkit.rewrite._bodybytes
+where placeholders are inside subgraphs) where that writer's preconditions hold; anything else goes through ``rewrite_model``'s passes (the
 "objects" writer). Both lower through one LoweringPlan; the report says which ran and why.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 import onnx
 
 from graphkit.ops import OpRegistry, default_registry
-from graphkit.rewrite import _fastpath
+from graphkit.rewrite import _bodybytes, _fastpath
 from graphkit.rewrite import engine as _engine
 from graphkit.rewrite._selection import check_target_opset
 from graphkit.rewrite.engine import DEFAULT_PREFERENCE, Lowering, RewriteReport, rewrite_model
@@ -73,10 +73,13 @@ def _rewrite_bytes(data: bytes, parsed: list[onnx.ModelProto], owned: bool, *, r
         target = options.get("target_opset")
         if target is not None:
             check_target_opset(target)  # the objects writer's error, before either writer runs
+        writer_options = dict(registry=registry, prefer=prefer, check=check, full_check=options.get("full_check", False),
+                              path=path, progress=options.get("progress"), target_opset=target)
         try:
-            return _fastpath.lower_bytes(data, model, registry=registry, prefer=prefer, check=check,
-                                         full_check=options.get("full_check", False), path=path,
-                                         progress=options.get("progress"), target_opset=target)
+            try:
+                return _fastpath.lower_bytes(data, model, **writer_options)
+            except _fastpath.InBodies:  # placeholders in subgraphs: the byte writer for bodies
+                return _bodybytes.lower_bytes(data, model, **writer_options)
         except _fastpath.Unsupported as exc:
             why = f"the byte writer does not handle this model: {exc}"
     _fastpath._Canonical.forget()  # it may hold the model (has_external_data)
