@@ -706,6 +706,56 @@ def _by_parts(model: onnx.ModelProto, monkeypatch, registry: OpRegistry | None =
     return out, report, whole
 
 
+def test_input_checked_before_the_lowering_lists(monkeypatch):
+    """Checked by parts, the checker runs on the input before the nodes' names are read
+    (its parse of the model and the lowering's lists are never held at once) and once only."""
+    from graphkit.rewrite import engine
+
+    monkeypatch.setattr(engine, "FULL_CHECK_NODES", 0)
+    calls = []
+    for name in ("_input_refused", "_node_names"):
+        fn = getattr(_fastpath, name)
+        monkeypatch.setattr(_fastpath, name, lambda *a, _fn=fn, _name=name: (calls.append(_name), _fn(*a))[1])
+    model = _bench_model(30)
+    _, report = lower_bytes(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE)
+    assert report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS)
+    assert calls == ["_input_refused", "_node_names", "_input_refused"]  # the input, then the replacements
+    calls.clear()
+    lower_bytes(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE, check=False)
+    assert calls == ["_node_names"]
+
+
+@pytest.mark.parametrize("model", [_bench_model(7), _unnamed("my_add", 7, True), _unnamed("asinh", 7, False),
+                                   _unnamed("my_add", 8, False, mixed=True)],
+                         ids=["named", "fan-out", "asinh-chain", "two-kinds"])
+def test_repeats_written_a_block_at_a_time(model, monkeypatch):
+    """A kind's repeats are written a block at a time; the blocks' seams change nothing."""
+    monkeypatch.setattr(_fastpath, "_EMIT_BLOCK", 2)
+    same(model)
+
+
+def test_pieces_write_what_join_makes(tmp_path):
+    """The output written piece by piece, a few joined at a time, is the joined output."""
+    data = bytes(range(256)) * 3
+    pieces = _fastpath.Pieces([memoryview(data)[:5], b"", data[5:300], memoryview(data)[300:], b"tail"])
+    assert len(pieces) == len(data) + 4 and pieces.join() == data + b"tail"
+    with open(tmp_path / "out", "wb") as fh:
+        pieces.write(fh, block=2)
+    assert (tmp_path / "out").read_bytes() == pieces.join()
+
+
+def test_freed_memory_released_where_glibc_can():
+    """On Linux with glibc, the checker's freed memory is handed back (malloc_trim is found)."""
+    import platform
+    import sys
+
+    from graphkit.rewrite import _memory
+
+    _memory.release_freed_memory()
+    if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+        assert _memory._trim[0] is not None
+
+
 @pytest.mark.parametrize("model", [_bench_model(30), _unnamed("my_add", 30, True), _unnamed("asinh", 30, False),
                                    _unnamed("my_add", 30, False, mixed=True)],
                          ids=["named", "fan-out", "asinh-chain", "two-kinds"])

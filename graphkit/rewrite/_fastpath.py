@@ -67,6 +67,8 @@ import heapq
 import itertools
 import operator
 import re
+import sys
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -77,12 +79,13 @@ from graphkit.errors import ValidationError
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
 from graphkit.rewrite import engine as _engine
 from graphkit.rewrite._gcpause import gc_paused
+from graphkit.rewrite._memory import release_freed_memory
 from graphkit.rewrite.builder import _FIXED, _SAME_AS_INPUT0, NameGenerator, TypeTable
 from graphkit.rewrite.engine import RewriteReport
 from graphkit.rewrite._walk import AI_ONNX
 from graphkit.rewrite.plan import Lowering, LoweringPlan, LoweringScope, Template
 
-__all__ = ["Unsupported", "lower_bytes", "has_external_data"]
+__all__ = ["Pieces", "Unsupported", "has_external_data", "lower_bytes", "lower_pieces"]
 
 # ModelProto fields
 _M_OPSET_IMPORT = 8
@@ -105,6 +108,7 @@ _PADDED_EXTERNAL = b"\xf0"
 # Above this many (slash, prefix length) pairs, seed the name generator instead of probing.
 _PROBE_BUDGET = 2_000_000
 _PROBE_TAILS = 64  # at most this many distinct prefix endings are searched for one by one
+_EMIT_BLOCK = 1 << 15  # repeats of a kind written at a time
 
 
 # Why the byte writer runs where it can (the report's writer_reason).
@@ -208,7 +212,7 @@ def _entries(data: bytes, pos: int, end: int) -> list[tuple[int, int, int, int]]
     return out
 
 
-def _node_entries(data: bytes, pos: int, end: int) -> tuple[list[int], list[int], list[tuple[int, int, int]]]:
+def _node_entries(data: bytes, pos: int, end: int) -> tuple[array, array, list[tuple[int, int, int]]]:
     """Start and end offsets of a GraphProto's node entries (field 1), in order, and the
     (field, start, end) of its other entries."""
     starts: list[int] = []
@@ -243,7 +247,7 @@ def _node_entries(data: bytes, pos: int, end: int) -> tuple[list[int], list[int]
         others.append((key >> 3, start, pos))
     if pos != end:
         raise Unsupported("truncated graph")
-    return starts, ends, others
+    return array("q", starts), array("q", ends), others  # 8 bytes an offset, not a list of ints
 
 
 def _field_bytes(tag: bytes, value: str) -> bytes:
@@ -494,19 +498,25 @@ class _ForwardTypes(TypeTable):
         if "" in self._elem:
             raise Unsupported("a declared tensor without a name")
         self._state = "forward"
-        self._pending: tuple | None = (nodes, domains, op_types, ins, outs, holders)
         # The pass only adds types (setdefault), so a declared name's type is final: where
         # every name the placeholders read is declared (fan-out from a graph input), the
-        # pass waits until a name that is not is asked for.
+        # pass waits until a name that is not is asked for, and then reads the nodes'
+        # inputs and outputs again (holding every node's lists until then costs more
+        # memory than the lowering itself).
         if holders or avoid or not self._elem.keys() >= set(read) - {""}:
+            self._pending: tuple | None = (nodes, domains, op_types, ins, outs, holders)
             self._run_pending()
+        else:
+            self._pending = (nodes, domains, op_types, None, None, holders)
         for name in avoid & self._elem.keys():
             del self._elem[name]
 
     def _run_pending(self) -> None:
         if self._pending is not None:
-            pending, self._pending = self._pending, None
-            self._run(*pending)
+            (nodes, domains, op_types, ins, outs, holders), self._pending = self._pending, None
+            if ins is None:
+                ins, outs = _node_names(nodes, len(domains))
+            self._run(nodes, domains, op_types, ins, outs, holders)
 
     def elem_type(self, name: str) -> int | None:
         if self._avoid and name in self._avoid:
@@ -581,6 +591,13 @@ class _ForwardTypes(TypeTable):
                     self._forward_subgraphs(nodes[p], domains[p])
 
 # -- the model around the nodes -----------------------------------------------------------
+
+def _node_names(nodes: Sequence[onnx.NodeProto], count: int) -> tuple[list[list[str]], list[list[str]]]:
+    """The inputs and the outputs of the first ``count`` nodes, as lists."""
+    everything = itemgetter(slice(None))  # a field's values as a list (quicker than tuple())
+    return (list(map(everything, map(attrgetter("input"), itertools.islice(nodes, count)))),
+            list(map(everything, map(attrgetter("output"), itertools.islice(nodes, count)))))
+
 
 def _subgraph_info(nodes: Sequence[onnx.NodeProto], data: bytes, g0: int, g1: int,
                    canonical: Callable[[], bool]) -> tuple[collections.Counter, set[str], set[int]]:
@@ -707,7 +724,8 @@ def _representatives(planned: list[int], kinds: dict[Any, Any], values_of: list[
 
 def _check_parts(data: bytes, model: onnx.ModelProto, header: bytes,
                  replaced: list[tuple[bytes, Sequence[str], Sequence[str]]], used_domains: set[str],
-                 registry: OpRegistry, same_schemas: frozenset[str] = frozenset()) -> str | None:
+                 registry: OpRegistry, same_schemas: frozenset[str] = frozenset(),
+                 input_refused: bool | None = None) -> str | None:
     """The ONNX checker's verdict on the output, found from parts (see the module docstring):
     the input model (``data``) and a model of the chosen replacements under the output's
     top-level fields (``header``: its opset imports). None: the output passes. Else why the
@@ -717,7 +735,8 @@ def _check_parts(data: bytes, model: onnx.ModelProto, header: bytes,
     ``replaced``: (the serialized replacement nodes, the placeholder's inputs and outputs) in
     the output's order. ``same_schemas``: domains whose version moved where every op the
     model uses has the same schema at both versions (an imports-only conversion): a kept
-    node means the same there.
+    node means the same there. ``input_refused``: the checker's verdict on the input, if
+    it ran already (``_input_refused``); None: it runs here.
     """
     before = {i.domain: i.version for i in model.opset_import if i.domain not in same_schemas}
     after = {i.domain: i.version for i in onnx.ModelProto.FromString(header).opset_import}
@@ -748,13 +767,33 @@ def _check_parts(data: bytes, model: onnx.ModelProto, header: bytes,
         vi.type.tensor_type.shape.SetInParent()
     mini = onnx.ModelProto.FromString(header)
     mini.graph.CopyFrom(graph)
-    with registry.onnx_schemas():
-        for part, what in ((data, "the input"), (mini.SerializeToString(), "the replacements")):
-            try:
-                onnx.checker.check_model(part)
-            except onnx.checker.ValidationError:
-                return f"the checker refuses {what}"
+    if input_refused is None:
+        input_refused = _input_refused(data, registry)
+    if input_refused:
+        return "the checker refuses the input"
+    if _input_refused(mini.SerializeToString(), registry):
+        return "the checker refuses the replacements"
     return None
+
+
+def _input_refused(data: bytes, registry: OpRegistry) -> bool:
+    """Whether the ONNX checker refuses the serialized model ``data`` (the registry's schemas known)."""
+    with registry.onnx_schemas():
+        try:
+            onnx.checker.check_model(data)
+        except onnx.checker.ValidationError:
+            return True
+        finally:
+            release_freed_memory()  # the checker's parse of the model
+    return False
+
+
+def _whole_check(data: bytes, model: onnx.ModelProto, holders: set[int], full: bool) -> bool:
+    """Whether the output is checked whole, not by parts (see the module docstring): ``full``
+    (a small output, or asked for), subgraphs, a shapeless graph input or output, external data."""
+    shapeless = any(vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")
+                    for vi in (*model.graph.input, *model.graph.output))
+    return full or bool(holders) or shapeless or has_external_data(data, model)
 
 
 def _check_bytes(out: bytes, registry: OpRegistry, path: str | None, context: str) -> None:
@@ -875,6 +914,30 @@ def _same(values: list) -> list:
 
 # -- the rewrite --------------------------------------------------------------------------
 
+class Pieces:
+    """A serialized model as the pieces it is made of (bytes, memoryviews of the input), in
+    order: the byte writer's output, written to a file piece by piece (``write``) rather
+    than joined into one buffer beside the pieces; ``join`` makes that buffer where bytes
+    are asked for."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self._parts = parts
+        self.size = sum(map(len, parts))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def join(self) -> bytes:
+        return b"".join(self._parts)
+
+    def write(self, fh: Any, block: int = 1 << 12) -> None:
+        """Write the model to the binary file ``fh``, ``block`` pieces joined at a time
+        (a write per piece costs more than joining them)."""
+        parts = self._parts
+        for at in range(0, len(parts), block):
+            fh.write(b"".join(parts[at:at + block]))
+
+
 def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
                 prefer: tuple[Lowering, ...], check: bool = True, full_check: bool = False,
                 path: str | None = None, progress: Callable[[str, int, int], None] | None = None,
@@ -887,6 +950,16 @@ def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
     imports (no standard op of the model has a new version between the two opsets): the
     nodes are lowered at ``target_opset`` and the new ai.onnx import written.
     """
+    out, report = lower_pieces(data, model, registry=registry, prefer=prefer, check=check, full_check=full_check,
+                               path=path, progress=progress, target_opset=target_opset)
+    return out.join(), report
+
+
+def lower_pieces(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
+                 prefer: tuple[Lowering, ...], check: bool = True, full_check: bool = False,
+                 path: str | None = None, progress: Callable[[str, int, int], None] | None = None,
+                 target_opset: int | None = None) -> tuple[Pieces, RewriteReport]:
+    """lower_bytes, the output as its :class:`Pieces`."""
     try:
         with gc_paused():
             out, report, run_check = _lower(data, model, registry, prefer, check, full_check, path, progress,
@@ -900,7 +973,7 @@ def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
 
 def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tuple[Lowering, ...], check: bool,
            full_check: bool, path: str | None, progress: Callable[[str, int, int], None] | None,
-           target_opset: int | None = None) -> tuple[bytes, RewriteReport, Callable[[], None] | None]:
+           target_opset: int | None = None) -> tuple[Pieces, RewriteReport, Callable[[], None] | None]:
     """The rewritten bytes, the report, and the check to run on them (None: no check)."""
     top = _entries(data, 0, len(data))
     fields = [e[0] for e in top]
@@ -918,8 +991,10 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         raise Unsupported("node entries do not match the parsed graph")
     canonical = functools.partial(_Canonical.check, data, model)
 
-    domains = list(map(attrgetter("domain"), nodes))
-    op_types = list(map(attrgetter("op_type"), nodes))
+    # Interned: every node's domain and op_type read from the parsed graph is a new str
+    # (tens of bytes each, a million nodes); the lists keep a few shared ones.
+    domains = list(map(sys.intern, map(attrgetter("domain"), nodes)))
+    op_types = list(map(sys.intern, map(attrgetter("op_type"), nodes)))
     sub_counts, sub_names, holders = _subgraph_info(nodes, data, g0, g1, canonical)
     report = RewriteReport(ops_before=collections.Counter(zip(domains, op_types)) + sub_counts)
     placeholders = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
@@ -934,18 +1009,24 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     converting = target_opset is not None and target_opset != current
     if converting:
         _imports_only(report.ops_before, current, target_opset)
-    custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
+    custom = array("q", itertools.compress(range(len(domains)), map(operator.eq, domains,
+                                                                     itertools.repeat(PLACEHOLDER_DOMAIN))))
     if not custom or prefer == (Lowering.KEEP,):
         if converting:
             raise Unsupported("--target-opset with nothing to lower (the objects writer moves the imports)")
         report.ops_after = report.ops_before.copy()
-        return data, report, None
+        return Pieces([data]), report, None
+    # The checker on the input (a part of the check by parts) runs now, before the
+    # lowering's lists exist: its own parse of the model is the biggest thing it makes,
+    # and the output is not made yet either.
+    input_refused = None
+    if check and not _whole_check(data, model, holders, full_check or sum(
+            report.ops_before.values()) <= _engine.FULL_CHECK_NODES):
+        input_refused = _input_refused(data, registry)
 
     # Fields of every node up to the last placeholder, read once for all that follows.
     listed = custom[-1] + 1
-    everything = itemgetter(slice(None))  # a field's values as a list (quicker than tuple())
-    ins = list(map(everything, map(attrgetter("input"), itertools.islice(nodes, listed))))
-    outs = list(map(everything, map(attrgetter("output"), itertools.islice(nodes, listed))))
+    ins, outs = _node_names(nodes, listed)
     node_at = nodes.__getitem__
     inputs_of = list(map(ins.__getitem__, custom))
     outputs_of = list(map(outs.__getitem__, custom))
@@ -988,12 +1069,13 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     if not all(aliasing):
         aliasing = (flag or tuple(map(v.index, v)) for flag, v in zip(aliasing, values_of))
     in_types_of = map(tuple, map(map, itertools.repeat(elem.get), inputs_of))
+    n_inputs = list(map(len, inputs_of))
     # Each kind as a number (the first of its kind's index in a count): small keys, no tuple kept per node.
     kind_numbers: dict[tuple, int] = {}
-    kind_keys = list(map(kind_numbers.setdefault, zip(custom_ops, attr_keys, map(len, inputs_of),
+    kind_keys = list(map(kind_numbers.setdefault, zip(custom_ops, attr_keys, n_inputs,
                                                       map(len, outputs_of), aliasing, in_types_of),
                          itertools.count()))
-    del attr_keys, aliasing, kind_numbers
+    del attr_keys, aliasing, kind_numbers, inputs_of, outputs_of  # values_of holds the names
     batched = seed is None and _grouped(prefixes, kind_keys)
     tails = _tails(prefixes) if batched else None
 
@@ -1032,7 +1114,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         slots[k] = b"".join(_entry(r.SerializeToString()) for r in lowered.nodes)
         if key in kinds:
             continue
-        made = kinds[key] = _repeater(lowered, len(inputs_of[k]), batched)
+        made = kinds[key] = _repeater(lowered, n_inputs[k], batched)
         if made is None:
             if groups is not None:
                 order.extend(groups[key][1:])
@@ -1046,20 +1128,26 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         used[kind] += len(members)
         if not batched:
             continue  # written in the loop above
-        if kind.__class__ is _Bound:
-            results = list(map(kind.emit, map(node_at, map(custom.__getitem__, members))))
-        else:
-            values = list(map(kind.pad, map(values_of.__getitem__, members)))
-            names_ = list(map(prefixes.__getitem__, members))
-            tails_ = list(map(tails.__getitem__, members))
-            if not kind.plain and any(tails_):  # the generator's own names, in this prefix's order
-                results = [kind.emit(v, p, fresh) for v, p in zip(values, names_)]
-            elif kind.ascii and "".join(names_).isascii() and "".join(itertools.chain.from_iterable(values)).isascii():
-                results = kind.emit_ascii(values, names_, tails_)
+        own_names = kind.__class__ is not _Bound and not kind.plain and any(map(tails.__getitem__, members))
+        # A block of members at a time: what emitting makes besides the entries (names,
+        # texts) stays the size of a block.
+        for at in range(0, len(members), _EMIT_BLOCK):
+            block = members[at:at + _EMIT_BLOCK]
+            if kind.__class__ is _Bound:
+                results = list(map(kind.emit, map(node_at, map(custom.__getitem__, block))))
             else:
-                results = kind.emit_all(values, names_, tails_)
-        for k, entries in zip(members, results):
-            slots[k] = entries
+                values = list(map(kind.pad, map(values_of.__getitem__, block)))
+                names_ = list(map(prefixes.__getitem__, block))
+                tails_ = list(map(tails.__getitem__, block))
+                if own_names:  # the generator's own names, in this prefix's order
+                    results = [kind.emit(v, p, fresh) for v, p in zip(values, names_)]
+                elif kind.ascii and "".join(names_).isascii() and "".join(
+                        itertools.chain.from_iterable(values)).isascii():
+                    results = kind.emit_ascii(values, names_, tails_)
+                else:
+                    results = kind.emit_all(values, names_, tails_)
+            for k, entries in zip(block, results):
+                slots[k] = entries
     if progress is not None:
         progress("lowering", total, total)
 
@@ -1073,12 +1161,14 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     report.ops_after = +after
 
     # The graph: the bytes between placeholders as they were, each placeholder replaced.
-    custom_starts = list(map(starts.__getitem__, custom))
-    custom_ends = list(map(ends.__getitem__, custom))
+    custom_starts = array("q", map(starts.__getitem__, custom))
+    custom_ends = array("q", map(ends.__getitem__, custom))
     view = memoryview(data)  # big slices without a copy (small ones are cheaper as bytes)
     gaps = [view[g0:custom_starts[0]], *map(data.__getitem__, map(slice, custom_ends[:-1], custom_starts[1:])),
             view[custom_ends[-1]:g1]]
-    graph = b"".join([*itertools.chain.from_iterable(zip(gaps, slots)), gaps[-1]])
+    # The graph's pieces go into the output as they are: one copy of the graph, not two.
+    graph = [*itertools.chain.from_iterable(zip(gaps, slots)), gaps[-1]]
+    del gaps, custom_starts, custom_ends
     import_entries, start_imports = _fixed_imports(model, opset, {d for d, _ in report.ops_after}, placeholders,
                                                    target_opset)
     imports = import_entries
@@ -1101,25 +1191,27 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                 imports = b""
         elif field == _M_GRAPH:
             graph_at = len(parts)
-            parts += [b"\x3a", _LENGTHS[len(graph)], graph]  # field 7, length-delimited
+            parts += [b"\x3a", _LENGTHS[sum(map(len, graph))], *graph]  # field 7, length-delimited
         else:
             parts.append(view[start:end])
-    out = b"".join([*parts, imports])
-    header = b"".join([*parts[:graph_at], *parts[graph_at + 3:], imports])  # all but the graph
-    del view, gaps, parts, graph
+    parts.append(imports)
+    header = b"".join([*parts[:graph_at], *parts[graph_at + 2 + len(graph):]])  # all but the graph
+    out = Pieces(parts)  # written to a file as they are; joined only where bytes are asked for
+    del view, parts, graph
 
     if not check:
         return out, report, None
     # What the check reads of the lowering, so that the rest is freed before it runs.
-    replaced = [(slots[k], inputs_of[k], outputs_of[k]) for k in _representatives(planned, kinds, values_of)]
-    del slots, values_of, inputs_of, outputs_of, kinds, planned, prefixes, names, kind_keys
+    replaced = [(slots[k], values_of[k][:n_inputs[k]], values_of[k][n_inputs[k]:])
+                for k in _representatives(planned, kinds, values_of)]
+    del slots, values_of, n_inputs, kinds, planned, prefixes, names, kind_keys
 
     def run_check() -> None:
         out_model: list[onnx.ModelProto] = []
 
         def output_model() -> onnx.ModelProto:
             if not out_model:
-                out_model.append(onnx.load_model_from_string(out))
+                out_model.append(onnx.load_model_from_string(out.join()))
             return out_model[0]
 
         def inference_model() -> onnx.ModelProto:
@@ -1130,7 +1222,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             for r in plan.replacements:
                 produced = {o for n in r.nodes for o in n.output}
                 asked.update(i for n in r.nodes for i in n.input if i and i not in produced)
-            return _inference_prefix(onnx.load_model_from_string(out), asked)
+            return _inference_prefix(onnx.load_model_from_string(out.join()), asked)
 
         types.lowering = False
         types.inference_model = inference_model
@@ -1140,17 +1232,15 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         applied = ", ".join(sorted({how for _, how in plan.actions}))
         context = f" after rewrite ({applied})"
         full = full_check or sum(report.ops_after.values()) <= _engine.FULL_CHECK_NODES
-        shapeless = any(vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")
-                        for vi in (*model.graph.input, *model.graph.output))
-        if full or holders or shapeless or has_external_data(data, model):
+        if _whole_check(data, model, holders, full):
             _engine.check_model(output_model(), registry, path=path, context=context, full=full)
         else:
             why = _check_parts(data, model, header, replaced, {d for d, _ in report.ops_after}, registry,
-                               frozenset(AI_ONNX) if converting else frozenset())
+                               frozenset(AI_ONNX) if converting else frozenset(), input_refused)
             if why is None:
                 report.writer_reason += f"; {CHECKED_BY_PARTS}"
             else:  # the whole output: the checker's own verdict, in its words
                 report.writer_reason += f"; checked whole ({why})"
-                _check_bytes(out, registry, path, context)
+                _check_bytes(out.join(), registry, path, context)
 
     return out, report, run_check

@@ -30,12 +30,19 @@ __all__ = ["FileRewrite", "rewrite_bytes", "rewrite_file"]
 @dataclass
 class FileRewrite:
     """What ``rewrite_file`` did: the report, the model files' sizes (``bytes_before``,
-    ``bytes_after``; external weights not counted) and the rewritten model (its bytes, or
-    the ModelProto where it has external data)."""
+    ``bytes_after``; external weights not counted) and the rewritten model (``output``: its
+    bytes, or the ModelProto where it has external data)."""
 
     report: RewriteReport
     sizes: dict[str, int]
-    output: bytes | onnx.ModelProto
+    # The byte writer's output stays in pieces (what it wrote); bytes are joined when asked for.
+    _output: bytes | onnx.ModelProto | _fastpath.Pieces
+
+    @property
+    def output(self) -> bytes | onnx.ModelProto:
+        if isinstance(self._output, _fastpath.Pieces):
+            self._output = self._output.join()
+        return self._output
 
 
 def rewrite_bytes(data: bytes, *, registry: OpRegistry | None = None,
@@ -47,15 +54,17 @@ def rewrite_bytes(data: bytes, *, registry: OpRegistry | None = None,
     ``model`` is ``data`` already parsed, if the caller has it (it is not modified);
     ``fast=False`` turns the byte writer off; ``options`` are ``rewrite_model``'s other keywords.
     """
-    return _rewrite_bytes(data, [] if model is None else [model], False, registry=registry, lowering=lowering,
-                          check=check, path=path, fast=fast, **options)
+    out, report = _rewrite_bytes(data, [] if model is None else [model], False, registry=registry,
+                                 lowering=lowering, check=check, path=path, fast=fast, **options)
+    return out.join(), report
 
 
 def _rewrite_bytes(data: bytes, parsed: list[onnx.ModelProto], owned: bool, *, registry: OpRegistry | None = None,
                    lowering: Lowering | Sequence[Lowering] = DEFAULT_PREFERENCE, check: bool = True,
-                   path: str | None = None, fast: bool = True, **options: Any) -> tuple[bytes, RewriteReport]:
-    """rewrite_bytes. ``parsed`` holds ``data`` parsed, or nothing (then it is parsed here);
-    ``owned``: the list held the only reference to it, so the objects writer rewrites it in
+                   path: str | None = None, fast: bool = True,
+                   **options: Any) -> tuple[_fastpath.Pieces, RewriteReport]:
+    """rewrite_bytes, the output as its pieces. ``parsed`` holds ``data`` parsed, or nothing
+    (then it is parsed here); ``owned``: the list held the only reference to it, so the objects writer rewrites it in
     place and its objects are gone before the ONNX checker parses the serialized result."""
     registry = default_registry() if registry is None else registry
     prefer = (lowering,) if isinstance(lowering, Lowering) else tuple(lowering)
@@ -77,9 +86,10 @@ def _rewrite_bytes(data: bytes, parsed: list[onnx.ModelProto], owned: bool, *, r
                               path=path, progress=options.get("progress"), target_opset=target)
         try:
             try:
-                return _fastpath.lower_bytes(data, model, **writer_options)
+                return _fastpath.lower_pieces(data, model, **writer_options)
             except _fastpath.InBodies:  # placeholders in subgraphs: the byte writer for bodies
-                return _bodybytes.lower_bytes(data, model, **writer_options)
+                out, report = _bodybytes.lower_bytes(data, model, **writer_options)
+                return _fastpath.Pieces([out]), report
         except _fastpath.Unsupported as exc:
             why = f"the byte writer does not handle this model: {exc}"
     _fastpath._Canonical.forget()  # it may hold the model (has_external_data)
@@ -91,7 +101,7 @@ def _rewrite_bytes(data: bytes, parsed: list[onnx.ModelProto], owned: bool, *, r
     del out
     if deferred is not None:
         deferred(result)
-    return result, report
+    return _fastpath.Pieces([result]), report
 
 
 def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None, *,
@@ -139,15 +149,15 @@ def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None
         return FileRewrite(report, sizes, out)
     parsed = [model]
     del model  # the list holds the only reference: the rewrite may drop it early
-    out_bytes, report = _rewrite_bytes(data, parsed, True, registry=registry, lowering=lowering, path=src, **options)
-    sizes = {"bytes_before": len(data), "bytes_after": len(out_bytes)}
+    out, report = _rewrite_bytes(data, parsed, True, registry=registry, lowering=lowering, path=src, **options)
+    sizes = {"bytes_before": len(data), "bytes_after": len(out)}
     del data
     if before_write is not None:
         before_write(report, sizes)
     if dst is not None:
-        if len(out_bytes) > PROTOBUF_LIMIT:
+        if len(out) > PROTOBUF_LIMIT:
             raise OutputError("model is over protobuf's 2 GiB limit and has inline weights",
                               path=os.fspath(dst), hint="move its weights to external data first")
-        with atomic_write(dst) as tmp:
-            tmp.write_bytes(out_bytes)
-    return FileRewrite(report, sizes, out_bytes)
+        with atomic_write(dst) as tmp, open(tmp, "wb") as fh:
+            out.write(fh)
+    return FileRewrite(report, sizes, out)
