@@ -27,27 +27,51 @@ class GraphView:
         self.base_dir = base_dir  # where external data lives (None: external tensors are not read)
         self.protected = set(protected)
         producer: dict[str, int] = {}
-        consumers: dict[str, list[int]] = {}
         by_op: dict[str, list[int]] = {}
-        self.outer_used: set[str] = set()  # names read from inside a subgraph of some node
         # Plain-Python copies of each node's fields: matching reads them many times.
         self.ops: list[str] = []
         self.domains: list[str] = []
         self.inputs: list[tuple[str, ...]] = []
         self.outputs: list[tuple[str, ...]] = []
+        ops, domains, inputs, outputs = self.ops, self.domains, self.inputs, self.outputs
         for i, node in enumerate(self.nodes):
             op = node.op_type
-            ins, outs = tuple(node.input), tuple(node.output)
-            self.ops.append(op)
-            self.domains.append(node.domain)
-            self.inputs.append(ins)
-            self.outputs.append(outs)
+            outs = tuple(node.output)
+            ops.append(op)
+            domains.append(node.domain)
+            inputs.append(tuple(node.input))
+            outputs.append(outs)
             if op in by_op:
                 by_op[op].append(i)
             else:
                 by_op[op] = [i]
             for name in outs:
                 producer[name] = i
+        producer.pop("", None)
+        self.producer, self.by_op = producer, by_op
+        self._consumers: dict[str, list[int]] | None = None  # built on first use (many rules never ask)
+        self._outer_used: set[str] = set()
+        self._initializers = {t.name: t for t in initializers}
+        self._const_cache: dict[str, np.ndarray | None] = {}
+
+    @property
+    def consumers(self) -> dict[str, list[int]]:
+        """Tensor name -> indices of the nodes reading it (subgraphs' reads of outer names included)."""
+        if self._consumers is None:
+            self._index_consumers()
+        return self._consumers
+
+    @property
+    def outer_used(self) -> set[str]:
+        """Names read from inside a subgraph of some node."""
+        if self._consumers is None:
+            self._index_consumers()
+        return self._outer_used
+
+    def _index_consumers(self) -> None:
+        consumers: dict[str, list[int]] = {}
+        outer_used = self._outer_used
+        for i, (ins, node) in enumerate(zip(self.inputs, self.nodes)):
             for name in ins:
                 if name in consumers:
                     consumers[name].append(i)
@@ -57,12 +81,9 @@ class GraphView:
                 for g in subgraphs(node):  # outer-scope uses from subgraphs count as consumers
                     for name in _outer_refs(g):
                         consumers.setdefault(name, []).append(i)
-                        self.outer_used.add(name)
-        producer.pop("", None)
+                        outer_used.add(name)
         consumers.pop("", None)
-        self.producer, self.consumers, self.by_op = producer, consumers, by_op
-        self._initializers = {t.name: t for t in initializers}
-        self._const_cache: dict[str, np.ndarray | None] = {}
+        self._consumers = consumers
 
     def constant_value(self, name: str) -> np.ndarray | None:
         """The value of ``name`` if it is an initializer or a Constant node's output."""

@@ -130,6 +130,7 @@ class Matcher:
             for r in roots:
                 variables(r, vars)
         self.vars = vars
+        self._root_outs = [(id(r.node), r.index) if isinstance(r, Out) else (id(r), 0) for r in roots]
         self.failures: list[tuple[int, str, str]] = []  # (depth, text, generic) of the current anchor
         self._at = 0  # how many nodes the partial match being tried holds
         self._reach: dict[int, tuple[set[str], set[int]]] = {}  # per extra root: its variables and nodes
@@ -167,7 +168,7 @@ class Matcher:
         used: set[int] = set()
         if not self._first_node(pnode, index, bindings, nodes, used):
             return None
-        return self._complete(_State(bindings, nodes, frozenset(used)))
+        return self._whole(bindings, nodes, used)
 
     def _first_node(self, pat: PNode, index: int, bindings: dict[str, Any], nodes: dict[int, int],
                     used: set[int]) -> bool:
@@ -500,24 +501,27 @@ class Matcher:
     # -- the whole match: inner nodes' outputs may not escape
 
     def _complete(self, st: _State) -> Match | None:
+        return self._whole(st.bindings, st.nodes, st.used)
+
+    def _whole(self, bindings: dict[str, Any], nodes: dict[int, int], matched: Any) -> Match | None:
         view = self.view
         outputs = []
-        for root in self.roots:
-            pnode, out = (root.node, root.index) if isinstance(root, Out) else (root, 0)
-            node_outs = view.outputs[st.nodes[id(pnode)]]
+        for pid, out in self._root_outs:
+            node_outs = view.outputs[nodes[pid]]
             outputs.append(node_outs[out] if out < len(node_outs) else "")
-        keep = set(outputs)
-        matched = st.used
         self._at = len(matched) + 1
+        view_outputs = view.outputs
         for i in matched:
-            for name in view.outputs[i]:
-                if not name or name in keep:
+            for name in view_outputs[i]:
+                if not name or name in outputs:
                     continue
                 if name in view.protected or any(c not in matched for c in view.consumers.get(name, ())):
                     self._fail(f"{self._label(i)} output '{name}' has other consumers",
                                f"{view.ops[i]} output has other consumers")
                     return None
-        bindings = {name: st.bindings.get(name) for name in self.vars}
-        anchor = st.nodes[id(self.roots[0].node if isinstance(self.roots[0], Out) else self.roots[0])]
-        nodes = [anchor] + sorted(i for i in matched if i != anchor)
-        return Match(bindings, nodes, outputs)
+        get = bindings.get
+        anchor = nodes[self._root_outs[0][0]]
+        if len(matched) == 1:
+            return Match({name: get(name) for name in self.vars}, [anchor], outputs)
+        return Match({name: get(name) for name in self.vars}, [anchor] + sorted(i for i in matched if i != anchor),
+                     outputs)

@@ -242,6 +242,7 @@ class Rule:
     commute: bool = False
     _patterns: list[_Compiled] = field(default_factory=list, init=False, repr=False)
     _simple_as_of: bool = field(default=False, init=False, repr=False, compare=False)
+    _anchor_ops: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         fns = self.pattern if isinstance(self.pattern, (list, tuple)) else [self.pattern]
@@ -253,6 +254,7 @@ class Rule:
                 variables(r, p.vars)
             p.simple = deterministic(p.roots, self.commute)
         self._simple_as_of = self.commute
+        self._anchor_ops = frozenset(p.anchor[1] for p in self._patterns)
         for part, fn in (("rewrite", self.rewrite), ("check", self.check)):
             if fn is None:
                 continue
@@ -471,16 +473,26 @@ def _apply_scope(scope: Scope, rules: list[Any], max_rounds: int, report: RuleRe
     """
     total = 0
     last: dict[str, RuleReport] = {}
+    present: set[str] | None = None  # the scope's op types, while no rule changed its nodes
     for round_no in range(max_rounds):
         changed_by: dict[str, int] = {}
         for rule in rules:
-            if isinstance(rule, GraphPass) and round_no:
-                continue
-            mine = last[rule.name] = RuleReport()
             if isinstance(rule, GraphPass):
+                if round_no:
+                    continue
+                mine = last[rule.name] = RuleReport()
                 n = _apply_pass(scope, rule, mine, path)
+                present = None
             else:
+                if present is None:
+                    present = {n.op_type for n in scope.nodes}
+                if rule._anchor_ops.isdisjoint(present):  # no node to start from: nothing to report
+                    last[rule.name] = _NO_REPORT
+                    continue
+                mine = last[rule.name] = RuleReport()
                 n = _apply_rule(scope, rule, mine, released, path)
+                if n:
+                    present = None
             report.merge_round(mine)
             if n:
                 changed_by[rule.name] = n
@@ -493,6 +505,9 @@ def _apply_scope(scope: Scope, rules: list[Any], max_rounds: int, report: RuleRe
     raise RuleError(f"rules did not converge: after {max_rounds} rounds rule {names} still rewrites", path=path,
                     hint="make the replacement something the pattern does not match again "
                          "(or raise RuleSet(max_rounds=...))")
+
+
+_NO_REPORT = RuleReport()  # a rule's round in a scope without its anchor op (never written to)
 
 
 def _apply_pass(scope: Scope, gpass: GraphPass, report: RuleReport, path: str | None) -> int:
@@ -517,9 +532,7 @@ _FIRST = True
 def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str], path: str | None) -> int:
     nodes = scope.nodes
     patterns = rule._patterns
-    anchors = {p.anchor[1] for p in patterns}
-    if not any(n.op_type in anchors for n in nodes):
-        return 0
+    anchors = rule._anchor_ops  # the caller saw one of them in the scope
     view = scope.view()
     matchers = [(p.anchor[1], Matcher(p.roots, commute=rule.commute, view=view, rule=rule.name, opset=scope.opset,
                                       vars=p.vars))
@@ -536,11 +549,12 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
     aliases: dict[str, str] = {}
     reorder = False
     name, check, call = rule.name, rule.check, _caller(rule.rewrite)
-    protected, outer_used = scope.protected, view.outer_used
-    alias = lambda out: out not in protected and out not in outer_used  # noqa: E731
+    protected = scope.protected
+    alias = lambda out: out not in protected and out not in view.outer_used  # noqa: E731
     in_graph = scope.graph is not None
     make_builder, lookup = scope.make_builder, view.constant_value
     vnodes = view.nodes
+    builder = restart = None
     for index in candidates:
         if index in used:
             continue
@@ -569,10 +583,19 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
             if match is None:
                 report.fail(name, *failure)
                 continue
-        builder = make_builder(node, name)  # what scope.builder() makes
-        if in_graph:
-            builder.initializers = []
-        builder._lookup = lookup
+        if builder is None:  # what scope.builder() makes, restarted for each later match
+            builder = make_builder(node, name)
+            if in_graph:
+                builder.initializers = []
+            builder._lookup = lookup
+            restart = getattr(builder, "_restart", None)
+        elif restart is not None:
+            restart(node.name or name, node.name)  # the prefix and name make_builder gives
+        else:
+            builder = make_builder(node, name)
+            if in_graph:
+                builder.initializers = []
+            builder._lookup = lookup
         try:
             results = call(builder, match.bindings)
         except GraphkitError:
@@ -685,7 +708,12 @@ def _first_match(rule: Rule, matchers: list[tuple[str, Matcher]], index: int, vi
 def _same_nodes(new: list[onnx.NodeProto], old: list[onnx.NodeProto]) -> bool:
     """Is the replacement the matched nodes again (names aside)? Then it changes nothing:
     an Identity kept for a graph output, typically."""
-    if len(new) != len(old) or sorted(n.op_type for n in new) != sorted(n.op_type for n in old):
+    if len(new) != len(old):
+        return False
+    if len(new) == 1:
+        if new[0].op_type != old[0].op_type:
+            return False
+    elif sorted(n.op_type for n in new) != sorted(n.op_type for n in old):
         return False
     key = lambda n: (n.domain, n.op_type, tuple(n.input), tuple(n.output),  # noqa: E731
                      tuple(a.SerializeToString() for a in n.attribute))

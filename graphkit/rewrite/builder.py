@@ -210,6 +210,7 @@ class Builder:
         self.nodes: list[onnx.NodeProto] = []
         # Constants already made in this scope (by earlier replacements), shared by value.
         self._constants = {} if constants is None else constants
+        self._own_constants = constants is None
         self._prefix = prefix
         self._names = names
         self._types = types
@@ -222,6 +223,20 @@ class Builder:
         self.aliases: dict[str, str] = {}
         self._lookup: Any = None
         self._made: list[tuple[Any, list[str]]] = []  # (inputs, outputs) of each node op() made
+
+    def _restart(self, prefix: str, node_name: str) -> None:
+        """Start on the replacement of another node, as a new Builder with this prefix and
+        node name would (the rule engine keeps one per rule and scope)."""
+        self.nodes = []
+        self._made = []
+        self._prefix = prefix
+        self._node_name = node_name
+        self.used_shapes = False
+        self.aliases = {}
+        if self._own_constants:
+            self._constants = {}
+        if self.initializers is not None:
+            self.initializers = []
 
     def op(self, op_type: str, *inputs: str, domain: str = "", outputs: int = 1,
            **attrs: Any) -> Any:
@@ -304,6 +319,7 @@ class Builder:
         def make(*inputs: str, _domain: str = "", _outputs: int = 1, **attrs: Any) -> Any:
             return self.op(op_type, *inputs, domain=_domain, outputs=_outputs, **attrs)
 
+        self.__dict__[op_type] = make  # the next b.X finds it without failing a lookup first
         return make
 
     def finish(self, results: list[str], outputs: list[str], *,
