@@ -319,7 +319,6 @@ class Builder:
         def make(*inputs: str, _domain: str = "", _outputs: int = 1, **attrs: Any) -> Any:
             return self.op(op_type, *inputs, domain=_domain, outputs=_outputs, **attrs)
 
-        self.__dict__[op_type] = make  # the next b.X finds it without failing a lookup first
         return make
 
     def finish(self, results: list[str], outputs: list[str], *,
