@@ -14,6 +14,7 @@ import sys
 import warnings
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -313,6 +314,35 @@ def test_load_check_on_handmade_models():
     assert result.checked and result.stand_ins == 1 and result.lowerings == {"custom::no_such_op": "stand-in"}
     assert result.reason == "custom::no_such_op not checked: no op package defines it"
     assert len(typed.graph.node) == 2  # the caller's model is not modified
+
+
+def test_load_check_types_stand_ins_in_their_own_subgraph():
+    """An unknown op in both branches of an If, each output named "t": a stand-in input
+    needs one type for "t", which it has only where the branches agree.
+
+        x (float), h (float16) ─> If(c)    then: no_such_op(x) ─> t (float)   ─ Relu ─> a
+                                           else: no_such_op(v) ─> t (?)       ─ Cast(float) ─> b
+    """
+    def model(else_input: str, else_type: int) -> onnx.ModelProto:
+        then = helper.make_graph([helper.make_node("no_such_op", ["x"], ["t"], domain="custom"),
+                                  helper.make_node("Relu", ["t"], ["a"])], "then", [],
+                                 [helper.make_tensor_value_info("a", TensorProto.FLOAT, [3])],
+                                 value_info=[helper.make_tensor_value_info("t", TensorProto.FLOAT, [3])])
+        other = helper.make_graph([helper.make_node("no_such_op", [else_input], ["t"], domain="custom"),
+                                   helper.make_node("Cast", ["t"], ["b"], to=TensorProto.FLOAT)], "else", [],
+                                  [helper.make_tensor_value_info("b", TensorProto.FLOAT, [3])],
+                                  value_info=[helper.make_tensor_value_info("t", else_type, [3])])
+        return _graph_model([helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+                            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
+                             helper.make_tensor_value_info("h", TensorProto.FLOAT16, [3]),
+                             helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+
+    kw = {"model_name": "Handmade", "exporter": "dynamo=True", "path": "h.onnx"}
+    result = check_loads(model("x", TensorProto.FLOAT), default_registry(), **kw)
+    assert result.checked and result.stand_ins == 2
+    result = check_loads(model("h", TensorProto.FLOAT16), default_registry(), **kw)
+    assert not result.checked and "placeholder output 't' has different types in two subgraphs" in result.reason
 
 
 def test_load_check_stands_in_for_a_kernel_graphkit_refuses():

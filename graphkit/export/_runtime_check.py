@@ -25,7 +25,7 @@ import onnx
 
 from graphkit.errors import ExportError, KernelError, UnsupportedOpError
 from graphkit.ops import OpRegistry
-from graphkit.rewrite._walk import graphs, value_types
+from graphkit.rewrite._walk import ScopedTypes, graph_tree, graphs, value_types
 
 __all__ = ["RuntimeCheck", "check_loads"]
 
@@ -83,13 +83,15 @@ def _stand_ins(model: onnx.ModelProto, registry: OpRegistry, cut_ops: set[str]
         return model, 0, ""
     work = onnx.ModelProto()
     work.CopyFrom(model)
-    cut: list[str] = []
+    # The copy's graphs beside the model's: each cut output is typed in its own graph's scope.
+    pairs = list(zip((g for g, _ in graph_tree(model.graph)), (g for g, _ in graph_tree(work.graph))))
+    cut: list[tuple[onnx.GraphProto, str]] = []
     count = 0
-    for g in graphs(work.graph):
+    for original, g in pairs:
         keep = []
         for node in g.node:
             if _label(node) in cut_ops:
-                cut += [o for o in node.output if o]
+                cut += [(original, o) for o in node.output if o]
                 count += 1
             else:
                 keep.append(node)
@@ -98,16 +100,24 @@ def _stand_ins(model: onnx.ModelProto, registry: OpRegistry, cut_ops: set[str]
             g.node.extend(keep)
     if not cut:
         return work, 0, ""
+
+    def missing(types: ScopedTypes) -> list[str]:
+        return [name for g, name in cut if name not in types.scope(g)]
+
     types = value_types(model, infer=False)
-    if any(name not in types for name in cut):
+    if missing(types):
         types = value_types(model, registry)
-    missing = [name for name in cut if name not in types]
-    if missing:
-        return None, 0, f"the type of placeholder output '{missing[0]}' is unknown"
+    if missing(types):
+        return None, 0, f"the type of placeholder output '{missing(types)[0]}' is unknown"
+    stand_ins: dict[str, onnx.TypeProto] = {}
+    for g, name in cut:
+        tp = types.scope(g)[name]
+        if stand_ins.setdefault(name, tp) != tp:  # sibling graphs: one name, two types
+            return None, 0, f"placeholder output '{name}' has different types in two subgraphs"
     known_inputs = {i.name for i in work.graph.input}
-    for name in cut:
+    for name, tp in stand_ins.items():
         if name not in known_inputs:
-            work.graph.input.append(onnx.helper.make_value_info(name, types[name]))
+            work.graph.input.append(onnx.helper.make_value_info(name, tp))
     return work, count, ""
 
 
@@ -217,7 +227,9 @@ def _reader(model: onnx.ModelProto, value: str) -> onnx.NodeProto | None:
 
 
 def _input_types(model: onnx.ModelProto, node: onnx.NodeProto, registry: OpRegistry) -> list[str]:
-    types = value_types(model, registry)
+    scoped = value_types(model, registry)
+    graph = next((g for g in graphs(model.graph) if any(n is node for n in g.node)), None)
+    types = scoped if graph is None else scoped.scope(graph)
     out = []
     for name in node.input:
         tp = types.get(name)

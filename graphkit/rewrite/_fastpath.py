@@ -511,6 +511,9 @@ class _ForwardTypes(TypeTable):
         for name in avoid & self._elem.keys():
             del self._elem[name]
 
+    def _sibling_reuse(self, name: str) -> None:
+        raise Unsupported(f"sibling subgraphs both define '{name}'")
+
     def _run_pending(self) -> None:
         if self._pending is not None:
             (nodes, domains, op_types, ins, outs, holders), self._pending = self._pending, None

@@ -408,7 +408,7 @@ def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, ba
                          base_dir))
         for node in graph.node:
             for g in subgraphs(node):
-                walk(g, visible, opset, tt)
+                walk(g, visible, opset, tt.scope(g))
 
     walk(model.graph, [], model_opset, types)
     for fn in model.functions:

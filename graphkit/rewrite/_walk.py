@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 import contextlib
 from typing import Any, ContextManager, Protocol
 
 import onnx
 
-__all__ = ["AI_ONNX", "elem_types", "graphs", "node_lists", "scopes", "value_types", "ModelIndex"]
+__all__ = ["AI_ONNX", "elem_types", "graph_node_lists", "graph_tree", "graphs", "node_lists", "scopes", "value_types", "ModelIndex",
+           "ScopedTypes"]
 
 # The two spellings of the standard ONNX domain in opset imports and nodes.
 AI_ONNX = ("", "ai.onnx")
@@ -164,10 +165,16 @@ class ModelIndex:
 
 def node_lists(model: onnx.ModelProto) -> list[tuple[Any, bool]]:
     """(nodes, in a function body) of every graph, subgraph and function, in ModelIndex's order."""
-    out = [(g.node, False) for g in graphs(model.graph)]
+    return [(nodes, in_function) for nodes, in_function, _ in graph_node_lists(model)]
+
+
+def graph_node_lists(model: onnx.ModelProto) -> list[tuple[Any, bool, onnx.GraphProto | None]]:
+    """(nodes, in a function body, the graph holding them; None for a function's own body) of
+    every graph, subgraph and function, in ModelIndex's order."""
+    out: list[tuple[Any, bool, onnx.GraphProto | None]] = [(g.node, False, g) for g in graphs(model.graph)]
     for fn in model.functions:
-        out.append((fn.node, True))
-        out.extend((g.node, True) for sub in _nested(fn.node) for g in graphs(sub))
+        out.append((fn.node, True, None))
+        out.extend((g.node, True, g) for sub in _nested(fn.node) for g in graphs(sub))
     return out
 
 
@@ -185,12 +192,72 @@ class _Schemas(Protocol):
     def onnx_schemas(self) -> ContextManager[Any]: ...
 
 
+def graph_tree(graph: onnx.GraphProto) -> list[tuple[onnx.GraphProto, int]]:
+    """(graph, index of the graph it is nested in; -1 for ``graph``) for ``graph`` and every
+    subgraph, in :func:`graphs`' order."""
+    out: list[tuple[onnx.GraphProto, int]] = []
+    stack = [(graph, -1)]
+    while stack:
+        g, parent = stack.pop()
+        here = len(out)
+        out.append((g, parent))
+        inner = _nested(g.node)
+        if inner:
+            stack.extend((sub, here) for sub in reversed(inner))
+    return out
+
+
+class ScopedTypes(Mapping[str, Any]):
+    """Value name -> type, per scope. ONNX's SSA form spans nested graphs (a subgraph may read
+    an outer value but not define that name again), while sibling graphs (then/else branches,
+    different Loop bodies) may each define the same name, with another type. So each graph
+    has its own names, looked up through the graphs it is nested in.
+
+    As a Mapping: the main graph's own values. ``scope(graph)``: what a node of ``graph`` (the
+    main graph or a subgraph of the model the map was made for) sees."""
+
+    def __init__(self, tree: list[tuple[onnx.GraphProto, int]], own: list[dict[str, Any]]) -> None:
+        self._tree = tree  # the graphs are held: their ids stay theirs
+        self._own = own
+        self._index = {id(g): i for i, (g, _) in enumerate(tree)}
+
+    def __getitem__(self, name: str) -> Any:
+        return self._own[0][name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._own[0])
+
+    def __len__(self) -> int:
+        return len(self._own[0])
+
+    def scope(self, graph: onnx.GraphProto, *, missing_ok: bool = False) -> Mapping[str, Any]:
+        """The values ``graph``'s nodes see: its own, then those of the graphs around it.
+        A graph not of the model's graph tree (one in a function body) sees nothing where
+        ``missing_ok``, else is a KeyError."""
+        i = self._index.get(id(graph))
+        if i is None or self._tree[i][0] is not graph:
+            if missing_ok:
+                return {}
+            raise KeyError(f"graph '{graph.name}' is not a graph of this model")
+        maps = []
+        while i >= 0:
+            maps.append(self._own[i])
+            i = self._tree[i][1]
+        return collections.ChainMap(*maps)
+
+    def by_graph(self) -> Iterator[tuple[onnx.GraphProto, dict[str, Any]]]:
+        """(graph, the values it defines itself) for every graph, in :func:`graphs`' order."""
+        return ((g, own) for (g, _), own in zip(self._tree, self._own))
+
+
 def value_types(model: onnx.ModelProto, registry: _Schemas | None = None, *,
-                infer: bool = True) -> dict[str, onnx.TypeProto]:
+                infer: bool = True) -> ScopedTypes:
     """Tensor type of every value of ``model``'s graph and subgraphs whose element type is
     known: initializers, inputs, value_info and outputs, after ONNX shape inference when
-    ``infer`` (custom ops typed through ``registry``'s schemas). Best effort: where
-    inference fails, the types the model states. The first type stated for a name wins."""
+    ``infer`` (custom ops typed through ``registry``'s schemas), per scope (:class:`ScopedTypes`).
+    Best effort: where inference fails, the types the model states. Within one graph, the
+    first type stated for a name wins; a graph output that is an outer value stays the outer
+    value's."""
     inferred = model
     if infer:
         schemas = registry.onnx_schemas() if registry is not None else contextlib.nullcontext()
@@ -199,17 +266,33 @@ def value_types(model: onnx.ModelProto, registry: _Schemas | None = None, *,
                 inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
         except Exception:  # noqa: BLE001 - inference is a best effort, never a requirement
             inferred = model
-    types: dict[str, onnx.TypeProto] = {}
-    for g in graphs(inferred.graph):
+    tree = graph_tree(model.graph)
+    read = graph_tree(inferred.graph) if inferred is not model else tree
+    own: list[dict[str, onnx.TypeProto]] = []
+    for (g, parent), (_, _) in zip(read, tree):
+        types: dict[str, onnx.TypeProto] = {}
+        outer = _outer(own, tree, parent)
         for init in g.initializer:
             if init.data_type:
                 types.setdefault(init.name, onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims)))
         for vi in (*g.input, *g.value_info, *g.output):
-            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type and vi.name not in outer:
                 types.setdefault(vi.name, vi.type)
-    return types
+        own.append(types)
+    return ScopedTypes(tree, own)
 
 
-def elem_types(model: onnx.ModelProto, registry: _Schemas | None = None) -> dict[str, int]:
-    """Element type (``TensorProto.FLOAT``...) of every value :func:`value_types` types."""
-    return {name: t.tensor_type.elem_type for name, t in value_types(model, registry).items()}
+def _outer(own: list[dict[str, Any]], tree: list[tuple[onnx.GraphProto, int]], parent: int) -> Any:
+    """The names the graphs around one (``parent`` and up) define."""
+    maps = []
+    while parent >= 0:
+        maps.append(own[parent])
+        parent = tree[parent][1]
+    return collections.ChainMap(*maps)
+
+
+def elem_types(model: onnx.ModelProto, registry: _Schemas | None = None) -> ScopedTypes:
+    """Element type (``TensorProto.FLOAT``...) of every value :func:`value_types` types, per scope."""
+    types = value_types(model, registry)
+    return ScopedTypes(types._tree, [{name: t.tensor_type.elem_type for name, t in own.items()}
+                                     for _, own in types.by_graph()])

@@ -24,7 +24,7 @@ from graphkit.errors import GraphkitError, KernelError
 from graphkit.ops import AttrType, OpDef, OpRegistry
 from graphkit.ops._encoding import F16_TAG, decode_kernel_attr, encode_kernel_attr, encode_kernel_attrs, kernel_attr_type
 from graphkit.ops.tensor_types import type_string
-from graphkit.rewrite._walk import ModelIndex, elem_types
+from graphkit.rewrite._walk import ModelIndex, ScopedTypes, elem_types
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 
 __all__ = ["PythonNode", "bind_node", "bind_python_nodes", "kernel_attribute"]
@@ -173,7 +173,8 @@ def bind_python_nodes(model: onnx.ModelProto, registry: OpRegistry,
     """Make ``model``'s graphkit.python nodes runnable by the declared kernels, in place.
 
     Attributes are brought to the kernel encoding (defaults filled in, FLOAT/INTS/FLOATS as
-    strings) and float16 nodes (element types from ONNX shape inference) are pointed at their
+    strings) and float16 nodes (element types from ONNX shape inference, in the node's own
+    scope: sibling If/Loop bodies may type one name differently) are pointed at their
     float32 declaration with exact Casts around them. Returns whether the model changed.
     Raises KernelError for a node whose attributes are wrong.
     """
@@ -188,7 +189,7 @@ def bind_python_nodes(model: onnx.ModelProto, registry: OpRegistry,
         resolved.append((ref, op, values, original))
         if ref.graph is not None and any(_F16 in op.type_constraints[p.type] for p in op.inputs):
             wants_types = True
-    types: dict[str, int] = {}
+    types: ScopedTypes | None = None
     if wants_types:
         # Shape inference wants the attributes in their ONNX types.
         for ref, op, values, _ in resolved:
@@ -204,7 +205,7 @@ def bind_python_nodes(model: onnx.ModelProto, registry: OpRegistry,
     for ref, op, _, _ in resolved:
         if ref.graph is None:
             continue
-        f16 = _f16_vars(op, ref.node, types)
+        f16 = _f16_vars(op, ref.node, types.scope(ref.graph, missing_ok=True)) if types is not None else []
         if f16:
             names = NameGenerator(ModelIndex(model).names) if names is None else names
             entry = wraps.setdefault(id(ref.graph), (ref.graph, ref.depth, {}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from typing import Any
 
@@ -10,7 +11,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphkit.errors import RewriteError
-from graphkit.rewrite._walk import value_types
+from graphkit.rewrite._walk import subgraphs, value_types
 
 __all__ = ["Builder", "NameGenerator", "TypeTable"]
 
@@ -66,6 +67,10 @@ _FIXED = {"Shape": _T.INT64, "Size": _T.INT64, "NonZero": _T.INT64, "ArgMax": _T
 _SECOND_OUTPUT = {"TopK": _T.INT64, "MaxPool": _T.INT64, "Dropout": _T.BOOL}
 
 
+class _SiblingReuse(Exception):
+    """Two sibling graphs define one name: the table goes from one map to one per scope."""
+
+
 class TypeTable:
     """Element types and shapes of a model's tensors, computed on first use.
 
@@ -73,13 +78,33 @@ class TypeTable:
     constants) and a forward pass over the nodes that knows the common standard ops and
     the registry's ops. Whatever that leaves unknown is asked of ONNX shape inference,
     once, the first time it is needed.
+
+    Scopes: ONNX's SSA form spans nested graphs (a subgraph reads outer values but never
+    defines an outer name again), but sibling graphs (an If's branches, two Loop bodies)
+    may each define one name, each with its own type. Where no two graphs define a name,
+    one map serves every scope; where some do (found by the forward pass), each subgraph
+    gets a table of the names it defines that looks the others up in the tables of the
+    graphs around it. ``scope(graph)`` is the table a node of ``graph`` sees.
     """
+
+    # A model with thousands of If/Loop bodies may have a table per body: kept small.
+    __slots__ = ("_defined", "_elem", "_graph", "_model", "_parent", "_registry", "_root", "_scoped", "_state",
+                 "_tables", "_types")
 
     def __init__(self, model: onnx.ModelProto | None = None, registry: Any = None) -> None:
         self._model = model
         self._registry = registry
         self._types: dict[str, onnx.TypeProto] = {}
         self._elem: dict[str, int] = {}
+        self._parent: TypeTable | None = None
+        self._root: TypeTable = self
+        self._graph: onnx.GraphProto | None = None  # a subgraph's table: its graph
+        # On the root: whether there is a table per scope; id(subgraph) -> its table then;
+        # while there is not, the names subgraphs define and leave untyped (to find one
+        # defined twice: a typed one is in the map).
+        self._scoped = False
+        self._tables: dict[int, TypeTable] = {}
+        self._defined: set[str] = set()
         self._state = "new" if model is not None else "done"
 
     def set(self, name: str, tp: onnx.TypeProto) -> None:
@@ -87,43 +112,152 @@ class TypeTable:
         if tp.HasField("tensor_type") and tp.tensor_type.elem_type:
             self._elem[name] = tp.tensor_type.elem_type
 
+    def _get(self, name: str) -> int | None:
+        """The element type of ``name`` as this scope sees it (its own, else an outer one)."""
+        table: TypeTable | None = self
+        while table is not None:
+            elem = table._elem.get(name)
+            if elem is not None:
+                return elem
+            table = table._parent
+        return None
+
+    def _type(self, name: str) -> onnx.TypeProto | None:
+        table: TypeTable | None = self
+        while table is not None:
+            tp = table._types.get(name)
+            if tp is not None:
+                return tp
+            table = table._parent
+        return None
+
     def elem_type(self, name: str) -> int | None:
-        if self._state == "new":
-            self._forward()
-        elem = self._elem.get(name)
-        if elem is None and self._state == "forward":
-            self._infer()
-            elem = self._elem.get(name)
+        root = self._root
+        if root._state == "new":
+            root._forward()
+        elem = self._get(name)
+        if elem is None and root._state == "forward":
+            root._infer()
+            elem = self._get(name)
         return elem
 
     def shape(self, name: str, *, infer: bool = True) -> list[Any] | None:
         """The shape of ``name``; unless ``infer`` is False, ask shape inference when undeclared."""
-        if self._state == "new":
-            self._forward()
-        if infer and name not in self._types and self._state == "forward":
-            self._infer()
-        tp = self._types.get(name)
+        root = self._root
+        if root._state == "new":
+            root._forward()
+        tp = self._type(name)
+        if infer and tp is None and root._state == "forward":
+            root._infer()
+            tp = self._type(name)
         if tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
             return None
         return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                 for d in tp.tensor_type.shape.dim]
 
+    def per_scope(self) -> bool:
+        """Whether subgraphs have tables of their own (two sibling graphs define one name);
+        runs the forward pass if it has not run. Where not, ``scope(graph)`` is this table."""
+        root = self._root
+        if root._state == "new":
+            root._forward()
+        return root._scoped
+
+    def scope(self, graph: onnx.GraphProto) -> TypeTable:
+        """The table a node of ``graph`` sees: ``graph`` is the model's main graph or one of
+        its subgraphs (a graph no longer in the model is typed on its own, inside this table's)."""
+        root = self._root
+        if root._model is None:
+            return self  # a function body's: nothing is declared, nothing to tell apart
+        if graph is root._model.graph:
+            return root
+        if root._state == "new":
+            root._forward()  # whether one map serves every scope
+        if not root._scoped:
+            return root
+        table = root._tables.get(id(graph))
+        if table is None or table._graph is not graph:
+            root._index_new_graphs()  # a graph rebuilt after the forward pass (a copy)
+            table = root._tables.get(id(graph))
+            if table is None or table._graph is not graph:
+                table = self._child(graph)
+                table._forward_graph(graph)
+        return table
+
+    def _child(self, graph: onnx.GraphProto) -> TypeTable:
+        """The table of ``graph``, nested in this table's graph: this one while one map
+        serves every scope, else a new one."""
+        root = self._root
+        if not root._scoped:
+            return root
+        table = TypeTable(None, self._registry)
+        table._parent, table._root, table._graph = self, root, graph
+        table._tables = table._defined = None  # the root's only
+        root._tables[id(graph)] = table
+        return table
+
+    def _index_new_graphs(self) -> None:
+        """Tables for the model's graphs that have none (copies made by rebuilding a node list)."""
+        tables = self._tables
+        stack: list[tuple[onnx.GraphProto, TypeTable]] = [(self._model.graph, self)]
+        while stack:
+            g, table = stack.pop()
+            for sub in (sub for node in g.node if node.attribute for sub in subgraphs(node)):
+                known = tables.get(id(sub))
+                if known is not None and known._graph is sub:
+                    stack.append((sub, known))
+                else:
+                    table._child(sub)._forward_graph(sub)
+
+    def _define(self, graph: onnx.GraphProto) -> list[str]:
+        """While one map serves every scope, before subgraph ``graph`` is typed: the names it
+        defines (inputs, initializers, node outputs); one already typed, or defined untyped,
+        is another graph's (SSA: never an outer one)."""
+        root = self._root
+        elem, types, untyped = root._elem, root._types, root._defined
+        names = [name for name in itertools.chain((i.name for i in graph.input), (t.name for t in graph.initializer),
+                                                  (o for n in graph.node for o in n.output)) if name]
+        for name in names:
+            if name in elem or name in types or name in untyped:
+                self._sibling_reuse(name)
+        return names
+
+    def _defined_untyped(self, names: list[str]) -> None:
+        """After a subgraph is typed: what it defines and left untyped (a sibling may type it)."""
+        root = self._root
+        elem, untyped = root._elem, root._defined
+        for name in names:
+            if name not in elem:
+                untyped.add(name)
+
+    def _sibling_reuse(self, name: str) -> None:
+        raise _SiblingReuse(name)
+
     def _declare(self, graph: onnx.GraphProto) -> None:
+        outer = self._parent
         for vi in (*graph.input, *graph.output, *graph.value_info):
-            self.set(vi.name, vi.type)
+            # A subgraph's output may be an outer value: it keeps the outer value's type.
+            if outer is None or outer._get(vi.name) is None:
+                self.set(vi.name, vi.type)
         for t in graph.initializer:
             self.set(t.name, helper.make_tensor_type_proto(t.data_type, list(t.dims)))
 
     def _forward(self) -> None:
         self._state = "forward"
-        self._forward_graph(self._model.graph)
+        try:
+            self._forward_graph(self._model.graph)
+        except _SiblingReuse:
+            self._types.clear()
+            self._elem.clear()
+            self._scoped, self._defined = True, None
+            self._forward_graph(self._model.graph)
 
     def _forward_node(self, node: onnx.NodeProto, domain: str, op: str) -> None:
         """The element types of one node's outputs from its inputs' (subgraphs aside)."""
         elem = self._elem
+        get = elem.get if self._parent is None else self._get
         std = domain in ("", "ai.onnx")
-        if std and op in _SAME_AS_INPUT0 and node.input and node.input[0] in elem:
-            t = elem[node.input[0]]
+        if std and op in _SAME_AS_INPUT0 and node.input and (t := get(node.input[0])) is not None:
             for i, out in enumerate(node.output):
                 elem.setdefault(out, _SECOND_OUTPUT.get(op, t) if i else t)
         elif std and op in _FIXED:
@@ -137,18 +271,20 @@ class TypeTable:
                     elem.setdefault(node.output[0], a.t.data_type)
             if op == "ConstantOfShape":
                 elem.setdefault(node.output[0], _T.FLOAT)
-        elif std and op in ("CastLike", "Where") and len(node.input) > 1 and node.input[1] in elem:
-            elem.setdefault(node.output[0], elem[node.input[1]])
+        elif std and op in ("CastLike", "Where") and len(node.input) > 1 and (t := get(node.input[1])) is not None:
+            elem.setdefault(node.output[0], t)
         elif self._registry is not None and (opdef := self._registry.lookup(domain, op)):
             bound = {}
             for p, name in zip(opdef.inputs, node.input):
-                if name in elem:
-                    bound.setdefault(p.type, elem[name])
+                t = get(name)
+                if t is not None:
+                    bound.setdefault(p.type, t)
             for p, out in zip(opdef.outputs, node.output):
                 if p.type in bound:
                     elem.setdefault(out, bound[p.type])
 
     def _forward_graph(self, graph: onnx.GraphProto) -> None:
+        """Declare and forward-type ``graph``, this table's graph, and its subgraphs (in tables of their own)."""
         self._declare(graph)
         forward_node = self._forward_node
         for node in graph.node:
@@ -158,43 +294,63 @@ class TypeTable:
                 self._forward_subgraphs(node, domain)
 
     def _forward_subgraphs(self, node: onnx.NodeProto, domain: str) -> None:
-        """The forward pass through the graphs held in ``node``'s attributes, then the
-        element types its outputs take from them (If/Loop/Scan)."""
+        """Forward-type the graphs ``node`` holds, each in its own table."""
         bodies = None
+        scoped = self._root._scoped
         for attr in node.attribute:
             t = attr.type
             if t == _GRAPH:
-                self._forward_graph(attr.g)
+                names = None if scoped else self._define(attr.g)
+                table = self._child(attr.g)
+                table._forward_graph(attr.g)
+                if names:
+                    self._defined_untyped(names)
                 if bodies is None:
                     bodies = {}
-                bodies[attr.name] = attr.g
+                bodies[attr.name] = table, attr.g
             elif t == _GRAPHS:
                 for g in attr.graphs:
-                    self._forward_graph(g)
+                    names = None if scoped else self._define(g)
+                    self._child(g)._forward_graph(g)
+                    if names:
+                        self._defined_untyped(names)
         if bodies and domain in ("", "ai.onnx"):
             self._forward_control_flow(node, bodies)
 
-    def _forward_control_flow(self, node: onnx.NodeProto, bodies: dict[str, onnx.GraphProto]) -> None:
+    def _forward_control_flow(self, node: onnx.NodeProto,
+                              bodies: dict[str, tuple[TypeTable, onnx.GraphProto]]) -> None:
         """If/Loop/Scan outputs take the element types of their body's outputs.
 
         Without this, every model with control flow fell back to whole-model ONNX shape
         inference, whose cost grows with the square of the number of subgraphs.
         """
-        elem = self._elem
-        body = bodies.get({"If": "then_branch", "Loop": "body", "Scan": "body"}.get(node.op_type, ""))
-        if body is None:
+        found = bodies.get({"If": "then_branch", "Loop": "body", "Scan": "body"}.get(node.op_type, ""))
+        if found is None:
             return
+        table, body = found
+        elem = self._elem
         outs = list(body.output)[1:] if node.op_type == "Loop" else list(body.output)
         for out, body_out in zip(node.output, outs):
-            if out and body_out.name in elem:
-                elem.setdefault(out, elem[body_out.name])
+            if out and (t := table._get(body_out.name)) is not None:
+                elem.setdefault(out, t)
 
     def _infer(self) -> None:
-        """Ask ONNX shape inference (custom ops known through their schemas)."""
+        """Ask ONNX shape inference (custom ops known through their schemas), for every scope."""
         self._state = "done"
-        for name, tp in value_types(self._model, self._registry).items():
-            if name not in self._types or not self._types[name].tensor_type.HasField("shape"):
-                self.set(name, tp)
+        types = value_types(self._model, self._registry)
+        if self._scoped:
+            found = [(self.scope(graph), own) for graph, own in types.by_graph()]
+        else:  # one map: the first type found for a name
+            flat: dict[str, onnx.TypeProto] = {}
+            for _, own in types.by_graph():
+                for name, tp in own.items():
+                    flat.setdefault(name, tp)
+            found = [(self, flat)]
+        for table, own in found:
+            have = table._types
+            for name, tp in own.items():
+                if name not in have or not have[name].tensor_type.HasField("shape"):
+                    table.set(name, tp)
 
 
 class Builder:

@@ -26,7 +26,7 @@ from graphkit.rewrite._gsrules import GraphSurgeonRule, apply_graphsurgeon_rules
 from graphkit.rewrite._rules import GraphPass, Rule, RuleReport, RuleSet, apply_rule_set
 from graphkit.rewrite._selection import check_target_opset
 from graphkit.rewrite._standard_ops import recognise
-from graphkit.rewrite._walk import AI_ONNX, ModelIndex, count_ops, graphs, node_lists, scopes
+from graphkit.rewrite._walk import AI_ONNX, ModelIndex, count_ops, graph_node_lists, graphs, node_lists, scopes
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 from graphkit.rewrite.plan import UNKNOWN_OP_HINT, Lowering, LoweringPlan, LoweringScope, node_attrs
 
@@ -455,19 +455,21 @@ def _lower_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     plan = ctx.plan
     # Every node list: the input's index while no pass before changed the model.
     lists = ctx.index.node_lists if ctx.index_valid else node_lists(model)
+    # Where sibling subgraphs define one name, each graph's nodes are typed by its own table.
+    lists = graph_node_lists(model) if len(lists) > 1 and ctx.types.per_scope() else [(*entry, None) for entry in lists]
     total = sum(ctx.report.ops_before.values())
     progress = ctx.progress if total > PROGRESS_MIN_NODES else None
     domains, standard = plan.domains, plan.standard
     done = 0
     count = 0
-    for nodes, in_function in reversed(lists):  # inner scopes first, as in the rules pass
+    for nodes, in_function, graph in reversed(lists):  # inner scopes first, as in the rules pass
         if not any(n.domain in domains for n in nodes) and not (
                 standard and any((n.domain, n.op_type) in standard for n in nodes)):
             done += len(nodes)
             continue
         # A function body's tensor types are its callers': nothing is looked up in the
         # model's table (which would also run whole-model shape inference per call site).
-        scope = LoweringScope(TypeTable() if in_function else ctx.types)
+        scope = LoweringScope(TypeTable() if in_function else ctx.types if graph is None else ctx.types.scope(graph))
         tick = None if progress is None else _ticker(progress, done, total)
         done += len(nodes)
         count += plan.lower_nodes(nodes, scope, progress=tick)

@@ -1,0 +1,150 @@
+"""Sibling graphs that reuse a value name with another element type are typed per scope.
+
+ONNX's SSA form spans nested graphs, but sibling graphs (an If's then/else branches, two
+Loop bodies) may each define the same name. A flat name -> type map gave every branch the
+first branch's type: my_add's decomposition (which guards float16 overflow and types its
+constants like its input) and the float16 Casts of a Python-kernel binding went wrong in
+the other branch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from conftest import run_ort
+from graphkit.rewrite import Lowering, rewrite_bytes, rewrite_model
+
+F, F16, F64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE
+
+
+def _model() -> onnx.ModelProto:
+    """x (float[3]) -> If(c) -> y; the branches and a Loop body each make "v" and "w":
+
+        then: v = Identity(x)        (float)    w = my_add(v, v)  ─ Cast(float) ─> t
+        else: v = Cast(x, float16)   (float16)  w = my_add(v, v)  ─ Cast(float) ─> e
+        Loop body (one trip): v = Cast(x, double) w = my_add(v, v) ─ Cast(float) ─> o
+    """
+    def body(cast_to: int | None, out: str) -> list[onnx.NodeProto]:
+        first = (helper.make_node("Identity", ["x"], ["v"]) if cast_to is None
+                 else helper.make_node("Cast", ["x"], ["v"], to=cast_to))
+        return [first, helper.make_node("my_add", ["v", "v"], ["w"], domain="custom"),
+                helper.make_node("Cast", ["w"], [out], to=F)]
+
+    then = helper.make_graph(body(None, "t"), "then", [], [helper.make_tensor_value_info("t", F, [3])])
+    other = helper.make_graph(body(F16, "e"), "else", [], [helper.make_tensor_value_info("e", F, [3])])
+    loop = helper.make_graph(
+        [helper.make_node("Identity", ["ci"], ["co"]), *body(F64, "o")], "loop",
+        [helper.make_tensor_value_info("it", TensorProto.INT64, []), helper.make_tensor_value_info("ci", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("co", TensorProto.BOOL, []), helper.make_tensor_value_info("o", F, [3])])
+    trips = helper.make_node("Constant", [], ["m"], value=helper.make_tensor("m", TensorProto.INT64, [], [1]))
+    go = helper.make_node("Constant", [], ["go"], value=helper.make_tensor("go", TensorProto.BOOL, [], [True]))
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other), trips, go,
+         helper.make_node("Loop", ["m", "go"], ["z"], body=loop)], "g",
+        [helper.make_tensor_value_info("x", F, [3]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", F, [3]), helper.make_tensor_value_info("z", F, [1, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                             ir_version=10)
+
+
+X = np.array([1.5, -2.25, 40000.0], np.float32)  # 2 * 40000 overflows float16: inf in that branch
+
+
+def _expected(c: bool) -> dict[str, np.ndarray]:
+    def my_add(a):  # torch's rounding: 2a in a's type, then the sum
+        return (a * a.dtype.type(2) + a).astype(np.float32)
+
+    return {"y": my_add(X if c else X.astype(np.float16)), "z": my_add(X.astype(np.float64))[None]}
+
+
+def _check_runs(model: onnx.ModelProto, run) -> None:
+    for c in (True, False):
+        got = run(model, {"x": X, "c": np.array(c)})
+        want = _expected(c)
+        assert not c or np.isfinite(want["y"]).all()
+        assert c or np.isinf(want["y"][2])  # the float16 branch overflows as torch does
+        np.testing.assert_array_equal(got[0], want["y"], err_msg=f"c={c}")
+        np.testing.assert_array_equal(got[1], want["z"], err_msg=f"c={c}")
+
+
+def _constants_of_my_add(model: onnx.ModelProto) -> dict[str, set[int]]:
+    """Per body: the element types of the Constants the decomposition made."""
+    out = {}
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                out[attr.g.name] = {n.attribute[0].t.data_type for n in attr.g.node
+                                    if n.op_type == "Constant"}
+    return out
+
+
+def test_decomposition_types_each_branch_in_its_own_scope():
+    out, report = rewrite_model(_model())
+    assert report.ops_after[("", "Greater")] == 1  # the float16 overflow guard, in the float16 branch only
+    assert _constants_of_my_add(out) == {"then": {F}, "else": {F16}, "loop": {F64}}
+    _check_runs(out, run_ort)
+
+
+def test_both_writers_agree():
+    model = _model()
+    objects, _ = rewrite_model(model)
+    data, report = rewrite_bytes(model.SerializeToString())
+    # Whichever writer ran (the byte writer where it takes bodies), the same model.
+    assert data == objects.SerializeToString(), report.writer
+    _check_runs(onnx.ModelProto.FromString(data), run_ort)
+
+
+def test_python_binding_casts_only_the_float16_branch():
+    pytest.importorskip("onnxruntime_extensions")
+    from graphkit.runtime import open_session
+
+    out, _ = rewrite_model(_model(), lowering=Lowering.PYTHON)
+    session = open_session(out)
+    _check_runs(out, lambda _, feeds: list(session.run(feeds).values()))
+
+
+def _if(then_nodes, else_nodes, outs=("w", "w")) -> onnx.ModelProto:
+    """x (float[3]) -> If(c) -> y, each branch's nodes then a float Cast of "v" (or of
+    what ``outs`` names) to its output ``outs[i]``."""
+    def branch(nodes, name, out):
+        last = [helper.make_node("Cast", ["v"], [out], to=F)] if out == "w" else []
+        return helper.make_graph([*nodes, *last], name, [], [helper.make_tensor_value_info(out, F, [3])])
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch(then_nodes, "then", outs[0]),
+                          else_branch=branch(else_nodes, "else", outs[1]))], "g",
+        [helper.make_tensor_value_info("x", F, [3]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", F, [3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def _tables(model: onnx.ModelProto):
+    from graphkit.rewrite import TypeTable
+
+    table = TypeTable(model)
+    branches = {a.name: a.g for a in model.graph.node[0].attribute}
+    return table, table.scope(branches["then_branch"]), table.scope(branches["else_branch"])
+
+
+@pytest.mark.parametrize("untyped_first", [False, True], ids=["typed-first", "untyped-first"])
+def test_type_table_scopes_only_where_siblings_reuse_a_name(untyped_first):
+    cast16 = helper.make_node("Cast", ["x"], ["v"], to=F16)
+    unknown = helper.make_node("Mystery", ["x"], ["v"], domain="elsewhere")  # nothing types its output
+    first = unknown if untyped_first else helper.make_node("Identity", ["x"], ["v"])
+    table, then, other = _tables(_if([first], [cast16]))
+    assert table.per_scope() and then is not other
+    assert then.elem_type("v") == (None if untyped_first else F)
+    assert other.elem_type("v") == F16
+    assert then.elem_type("x") == other.elem_type("x") == F  # outer values through the chain
+    assert table.elem_type("v") is None  # not a main-graph value
+
+
+def test_type_table_keeps_one_map_without_reuse():
+    """then: Identity(x) -> t; else: Neg(x) -> e: no name defined twice."""
+    model = _if([helper.make_node("Identity", ["x"], ["t"])], [helper.make_node("Neg", ["x"], ["e"])], outs=("t", "e"))
+    table, then, other = _tables(model)
+    assert not table.per_scope() and then is table and other is table
+    assert table.elem_type("t") == table.elem_type("e") == F
