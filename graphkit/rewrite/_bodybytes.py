@@ -36,8 +36,9 @@ The result is the objects writer's, byte for byte (tests/test_fastpath.py's corp
   the names generated are unique against every name of every scope (no shadowing of an
   outer name). Checked besides the input: every replacement the plan built, and the
   first adoption and the first repeat of each template with each pattern of empty names.
-  Graph inputs or outputs without a shape in any scope, external data, a small model or
-  ``full_check`` send the check to the whole output.
+  External data, a small model or ``full_check`` send the check to the whole output, and
+  so does a part the checker refuses (graph inputs or outputs without a shape, in any
+  scope, among the reasons: the whole check gives them an empty shape, as the engine's).
 
 Preconditions (each an ``Unsupported``, the report's ``writer_reason`` when the objects
 writer runs instead): no model-local functions or training info, no custom node holding
@@ -49,7 +50,8 @@ opset only where the conversion moves the imports alone.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Iterator
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -60,7 +62,7 @@ from graphkit.rewrite import _fastpath as _fp
 from graphkit.rewrite import engine as _engine
 from graphkit.rewrite._fastpath import _LENGTHS, Unsupported
 from graphkit.rewrite._gcpause import gc_paused
-from graphkit.rewrite._walk import AI_ONNX
+from graphkit.rewrite._walk import AI_ONNX, count_ops
 from graphkit.rewrite.builder import NameGenerator
 from graphkit.rewrite.engine import RewriteReport
 from graphkit.rewrite.plan import Lowered, Lowering, LoweringPlan, LoweringScope, Template
@@ -71,107 +73,178 @@ WHY = ("lowering only, custom nodes in subgraphs, no model-local functions: the 
        "into the serialized subgraphs, their nested length prefixes written again")
 _GRAPH = onnx.AttributeProto.GRAPH
 _GRAPHS = onnx.AttributeProto.GRAPHS
+_NAME, _TYPE, _ELEM = attrgetter("name"), attrgetter("type"), attrgetter("tensor_type.elem_type")
 _MAX_DEPTH = 64  # nested graphs deeper than this go to the objects writer (recursion here)
 
 
 class _Scope:
-    """One graph: its parsed message, where its value lies in the model's bytes, its node
-    entries, the placeholders' indices and the nested graphs (``subs``: per node holding
-    graphs, (node index, [(attribute index, [(position among the attribute's graphs, _Scope)])]));
-    ``spots``: where the nodes holding graphs with placeholders and their attributes are
-    (see _locate)."""
+    """One graph: its parsed message, its path from the main graph, the placeholders' indices
+    and the nested graphs (``subs``: per node holding graphs, (node index, [(attribute index,
+    [(position among the attribute's graphs, _Scope)])]))."""
 
-    __slots__ = ("graph", "path", "v0", "v1", "starts", "ends", "others", "custom", "subs", "spots", "dirty")
+    __slots__ = ("graph", "path", "custom", "subs", "dirty")
 
     def __init__(self, graph: onnx.GraphProto, path: tuple[int, ...]) -> None:
         self.graph = graph
         self.path = path  # (node, attribute, graph) indices down from the main graph: tuples sort in output order
-        self.v0 = self.v1 = 0
-        self.starts: list[int] = []
-        self.ends: list[int] = []
-        self.others: list[tuple[int, int, int]] = []
         self.custom: list[int] = []
         self.subs: list[tuple[int, list[tuple[int, list[tuple[int, _Scope]]]]]] = []
-        self.spots: list[tuple[int, int, list[tuple[int, int, int, bytes, list[tuple[int, _Scope]]]]]] = []
         self.dirty = False  # it or a graph nested in it holds a placeholder
 
 
-def _walk(graph: onnx.GraphProto, scopes: list[_Scope], pairs: list, shapeless: list[bool],
-          path: tuple[int, ...] = ()) -> _Scope:
-    """Append the scope of ``graph`` then those of the graphs nested in it (ModelIndex's order);
-    ``pairs`` gets every node's (domain, op type), ``shapeless[0]`` whether a subgraph's input
-    or output has a tensor type without a shape."""
-    if len(path) > 3 * _MAX_DEPTH:
-        raise Unsupported(f"graphs nested more than {_MAX_DEPTH} deep")
-    scope = _Scope(graph, path)
-    scopes.append(scope)
-    nodes = graph.node
-    domains = list(map(attrgetter("domain"), nodes))
-    pairs += zip(domains, map(attrgetter("op_type"), nodes))
-    if PLACEHOLDER_DOMAIN in domains:
-        scope.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
-        scope.dirty = True
-    if path and not shapeless[0]:
-        shapeless[0] = any(vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")
-                           for vis in (graph.input, graph.output) for vi in vis)
-    for index, node in enumerate(nodes):
-        attributes = node.attribute
-        if not attributes:
-            continue
-        held = []
-        for a, attr in enumerate(attributes):
-            t = attr.type
-            if t == _GRAPH:
-                subs = [attr.g]
-            elif t == _GRAPHS:
-                subs = list(attr.graphs)
+class _Types(_fp._ForwardTypes):
+    """The engine's type table (``_fastpath._ForwardTypes`` over every node of the main graph,
+    subgraphs through TypeTable's own pass) whose pass through the subgraphs also lists them:
+    ``scopes`` in ModelIndex's order (the order the pass enters them), ``pairs`` every node's
+    (domain, op type), each scope's placeholders and nested graphs."""
+
+    def __init__(self, model: onnx.ModelProto, registry: OpRegistry, main: _Scope, domains: list[str],
+                 op_types: list[str], holders: list[int]) -> None:
+        self.scopes = [main]
+        self.pairs: list[tuple[str, str]] = list(zip(domains, op_types))
+        self._main = main
+        self._main_holders = iter(holders)  # the pass reaches the main graph's holders in order
+        self._frames: list[tuple[_Scope, int, Iterator[tuple[int, int]], list]] = []
+        self._at: tuple[_Scope, int] | None = None
+        nodes = model.graph.node
+        everything = itemgetter(slice(None))
+        super().__init__(model, registry, nodes, domains, op_types, list(map(everything, map(attrgetter("input"), nodes))),
+                         list(map(everything, map(attrgetter("output"), nodes))), set(holders), set())
+
+    def _forward_subgraphs(self, node: onnx.NodeProto, domain: str) -> None:
+        parent, index = (self._main, next(self._main_holders)) if self._at is None else self._at
+        positions = [(a, k) for a, attr in enumerate(node.attribute) if attr.type in (_GRAPH, _GRAPHS)
+                     for k in range(1 if attr.type == _GRAPH else len(attr.graphs))]
+        if not positions:
+            return super()._forward_subgraphs(node, domain)
+        if domain == PLACEHOLDER_DOMAIN:
+            raise Unsupported("a custom node with a subgraph")
+        made: list[tuple[int, int, _Scope]] = []
+        self._frames.append((parent, index, iter(positions), made))
+        at, self._at = self._at, None
+        super()._forward_subgraphs(node, domain)
+        self._at = at
+        self._frames.pop()
+        held: dict[int, list[tuple[int, _Scope]]] = {}
+        for a, k, scope in made:
+            held.setdefault(a, []).append((k, scope))
+        parent.subs.append((index, list(held.items())))
+        parent.dirty = parent.dirty or any(scope.dirty for _, _, scope in made)
+
+    def _declare(self, graph: onnx.GraphProto) -> None:
+        """TypeTable._declare, each list read in bulk: the same TypeTable.set calls in order (a
+        TypeProto's ``tensor_type.elem_type`` reads 0 where it holds another type)."""
+        types, elem = self._types, self._elem
+        for vis in (graph.input, graph.output, graph.value_info):
+            if vis:
+                tps = list(map(_TYPE, vis))
+                for name, tp, e in zip(map(_NAME, vis), tps, map(_ELEM, tps)):
+                    types[name] = tp
+                    if e:
+                        elem[name] = e
+        if graph.initializer:
+            for t in graph.initializer:
+                self.set(t.name, onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims)))
+
+    def _forward_graph(self, graph: onnx.GraphProto) -> None:
+        """TypeTable._forward_graph, listing the graph as a scope."""
+        parent, index, positions, made = self._frames[-1]
+        a, k = next(positions)
+        path = (*parent.path, index, a, k)
+        if len(path) > 3 * _MAX_DEPTH:
+            raise Unsupported(f"graphs nested more than {_MAX_DEPTH} deep")
+        scope = _Scope(graph, path)
+        self.scopes.append(scope)
+        made.append((a, k, scope))
+        self._declare(graph)
+        nodes = graph.node
+        domains = list(map(attrgetter("domain"), nodes))
+        op_types = list(map(attrgetter("op_type"), nodes))
+        self.pairs += zip(domains, op_types)
+        if PLACEHOLDER_DOMAIN in domains:
+            scope.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
+            scope.dirty = True
+        forward_node = self._forward_node
+        for i, node in enumerate(nodes):
+            forward_node(node, domains[i], op_types[i])
+            if node.attribute:
+                self._at = (scope, i)
+                self._forward_subgraphs(node, domains[i])
+                self._at = None
+
+
+def _fields(data: bytes, pos: int, end: int, wanted: int) -> list[tuple[int, int, int]]:
+    """(entry start, value start, entry end) of each length-delimited field ``wanted`` of the
+    message at ``data[pos:end]`` (``_fastpath._entries``, with one-byte keys and lengths read inline)."""
+    out = []
+    varint = _fp._varint
+    while pos < end:
+        start = pos
+        key = data[pos]
+        pos += 1
+        if key >= 0x80:
+            key, pos = varint(data, start)
+        wire = key & 7
+        if wire == 2:
+            n = data[pos]
+            if n < 0x80:
+                value = pos + 1
             else:
-                continue
-            if domains[index] == PLACEHOLDER_DOMAIN:
-                raise Unsupported("a custom node with a subgraph")
-            held.append((a, [(k, _walk(g, scopes, pairs, shapeless, (*path, index, a, k)))
-                             for k, g in enumerate(subs)]))
-        if held:
-            scope.subs.append((index, held))
-            scope.dirty = scope.dirty or any(s.dirty for _, subs in held for _, s in subs)
-    return scope
+                n, value = varint(data, pos)
+            pos = value + n
+            if key >> 3 == wanted:
+                out.append((start, value, pos))
+        elif wire == 0:
+            while data[pos] >= 0x80:
+                pos += 1
+            pos += 1
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        else:
+            raise Unsupported(f"wire type {wire}")
+    if pos != end:
+        raise Unsupported("truncated field")
+    return out
 
 
-def _locate(data: bytes, scope: _Scope, v0: int, v1: int) -> None:
-    """Where ``scope``'s graph (its value at ``data[v0:v1]``) and its node entries are, and
-    the same for the nested graphs that hold placeholders: ``spots`` gets, per node holding
-    them, (node index, its value's start, [(attribute entry start, its value's start and
-    end, the graph field's tag, [(graph entry start, _Scope)])])."""
-    scope.v0, scope.v1 = v0, v1
-    starts, ends, scope.others = _fp._node_entries(data, v0, v1)
-    graph_nodes = scope.graph.node
-    if len(starts) != len(graph_nodes):
-        raise Unsupported("a graph's node entries do not match the parsed model")
-    scope.starts, scope.ends = starts, ends
-    for index, held in scope.subs:
-        if not any(s.dirty for _, subs in held for _, s in subs):
-            continue
-        _, n0 = _fp._varint(data, starts[index] + 1)
-        attributes = [e for e in _fp._entries(data, n0, ends[index]) if e[0] == 5]
-        node_attributes = graph_nodes[index].attribute
-        if len(attributes) != len(node_attributes) or any(data[e[1]] != 0x2A for e in attributes):
-            raise Unsupported("a node's attribute entries do not match the parsed model")
-        spot = []
-        for a, subs in held:
-            _, a_start, a0, a1 = attributes[a]
-            field = 6 if node_attributes[a].type == _GRAPH else 11
-            entries = [e for e in _fp._entries(data, a0, a1) if e[0] == field]
-            if len(entries) != len(subs) or any(data[e[1]] != (field << 3 | 2) for e in entries):
-                raise Unsupported("an attribute's graph entries do not match the parsed model")
-            dirty = []
-            for k, sub in subs:
-                if sub.dirty:
-                    _, e_start, s0, s1 = entries[k]
-                    _locate(data, sub, s0, s1)
-                    dirty.append((e_start, sub))
-            if dirty:
-                spot.append((a_start, a0, a1, bytes([field << 3 | 2]), dirty))
-        scope.spots.append((index, n0, spot))
+def _node_spans(data: bytes, pos: int, end: int) -> tuple[list[int], list[int]]:
+    """Starts and ends of a GraphProto's node entries (``_fastpath._node_entries`` for small
+    graphs: one-byte keys and lengths read inline)."""
+    starts: list[int] = []
+    ends: list[int] = []
+    varint = _fp._varint
+    while pos < end:
+        start = pos
+        key = data[pos]
+        pos += 1
+        if key >= 0x80:
+            key, pos = varint(data, start)
+        wire = key & 7
+        if wire == 2:
+            n = data[pos]
+            if n < 0x80:
+                pos += 1 + n
+            else:
+                n, value = varint(data, pos)
+                pos = value + n
+            if key == 0x0A:
+                starts.append(start)
+                ends.append(pos)
+        elif wire == 0:
+            while data[pos] >= 0x80:
+                pos += 1
+            pos += 1
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        else:
+            raise Unsupported(f"wire type {wire}")
+    if pos != end:
+        raise Unsupported("truncated graph")
+    return starts, ends
 
 
 def _splice(data: bytes, v0: int, v1: int, edits: list[tuple[int, int, bytes]]) -> bytes:
@@ -185,26 +258,49 @@ def _splice(data: bytes, v0: int, v1: int, edits: list[tuple[int, int, bytes]]) 
     return b"".join(parts)
 
 
-def _graph_bytes(data: bytes, scope: _Scope, slots: dict[tuple[int, int], bytes]) -> bytes:
-    """The value of ``scope``'s graph with its placeholders replaced (``slots`` by (scope id,
-    node index)) and its nested graphs written again."""
-    starts, ends = scope.starts, scope.ends
+def _graph_bytes(data: bytes, scope: _Scope, v0: int, v1: int, slots: dict[tuple[int, int], bytes],
+                 entries: tuple[list[int], list[int]] | None = None) -> bytes:
+    """The value of ``scope``'s graph (at ``data[v0:v1]``; ``entries``: its node entries' starts
+    and ends where known) with its placeholders replaced (``slots`` by (scope id, node index))
+    and its nested graphs holding placeholders written again, their length prefixes new."""
+    starts, ends = entries if entries is not None else _node_spans(data, v0, v1)
+    graph_nodes = scope.graph.node
+    if len(starts) != len(graph_nodes):
+        raise Unsupported("a graph's node entries do not match the parsed model")
     key = id(scope)
     edits = [(starts[i], ends[i], slots[(key, i)]) for i in scope.custom]
-    for index, n0, spot in scope.spots:
+    L = _LENGTHS
+    for index, held in scope.subs:
+        if not any(sub.dirty for _, subs in held for _, sub in subs):
+            continue
+        start, end = starts[index], ends[index]
+        n0 = start + 2 if data[start + 1] < 0x80 else _fp._varint(data, start + 1)[1]
+        attributes = _fields(data, n0, end, 5)
+        node_attributes = graph_nodes[index].attribute
+        if len(attributes) != len(node_attributes):
+            raise Unsupported("a node's attribute entries do not match the parsed model")
         node_edits = []
-        for a_start, a0, a1, tag, dirty in spot:
+        for a, subs in held:
+            a_start, a0, a1 = attributes[a]
+            field = 6 if node_attributes[a].type == _GRAPH else 11
+            graphs = _fields(data, a0, a1, field)
+            if len(graphs) != len(subs):
+                raise Unsupported("an attribute's graph entries do not match the parsed model")
+            tag = b"\x32" if field == 6 else b"\x5a"
             attr_edits = []
-            for e_start, sub in dirty:
-                graph = _graph_bytes(data, sub, slots)
-                attr_edits.append((e_start, sub.v1, tag + _LENGTHS[len(graph)] + graph))
-            body = _splice(data, a0, a1, attr_edits)
-            node_edits.append((a_start, a1, b"\x2a" + _LENGTHS[len(body)] + body))
-        body = _splice(data, n0, ends[index], node_edits)
-        edits.append((starts[index], ends[index], b"\x0a" + _LENGTHS[len(body)] + body))
-    if scope.custom and scope.spots:
+            for k, sub in subs:
+                if sub.dirty:
+                    e_start, s0, s1 = graphs[k]
+                    graph = _graph_bytes(data, sub, s0, s1, slots)
+                    attr_edits.append((e_start, s1, tag + L[len(graph)] + graph))
+            if attr_edits:
+                body = _splice(data, a0, a1, attr_edits)
+                node_edits.append((a_start, a1, b"\x2a" + L[len(body)] + body))
+        body = _splice(data, n0, end, node_edits)
+        edits.append((start, end, b"\x0a" + L[len(body)] + body))
+    if scope.custom and scope.subs:
         edits.sort(key=itemgetter(0))
-    return _splice(data, scope.v0, scope.v1, edits)
+    return _splice(data, v0, v1, edits)
 
 
 class _Emitter:
@@ -220,9 +316,49 @@ class _Emitter:
 
     def emit(self, template: Template, inputs: list[str], outputs: list[str], prefix: str,
              fresh: Callable[[str], str]) -> bytes:
-        constants = template.constants
-        values = [*inputs, *[""] * (self.n_inputs - len(inputs)), *map(constants.__getitem__, self.reads), *outputs]
-        return self.written.emit(values, prefix, fresh)
+        """``template.instantiate(inputs, outputs, prefix, fresh)``, serialized."""
+        return self.emit_values(inputs, list(map(template.constants.__getitem__, self.reads)), outputs, prefix, fresh)
+
+    def emit_values(self, inputs: list[str], reads: list[str], outputs: list[str], prefix: str,
+                    fresh: Callable[[str], str]) -> bytes:
+        """The instance reading ``reads`` (names in this scope, in ``self.reads``' order)."""
+        return self.written.emit([*inputs, *[""] * (self.n_inputs - len(inputs)), *reads, *outputs], prefix, fresh)
+
+
+class _Adoption:
+    """``LoweringPlan.adopt`` in a scope with no constants yet (a body whose only placeholder
+    this is), written as bytes: each constant the template reads, a copy of its node named
+    and producing ``fresh(prefix + "/const")``, then the template's instance reading them."""
+
+    def __init__(self, plan: LoweringPlan, key: tuple) -> None:
+        template, reads = plan.adoption(key)
+        self.tails = []
+        for _, const in reads:
+            if const.input or len(const.output) != 1:
+                raise Unsupported("a template reading a constant that is not a Constant node")
+            rest = onnx.NodeProto()
+            rest.CopyFrom(const)
+            rest.ClearField("output")
+            rest.ClearField("name")
+            self.tails.append(rest.SerializeToString())  # the fields after output (2) and name (3)
+        self.emitter = _Emitter(Template(template.nodes, template.inputs, template.outputs, template.prefix,
+                                         {name: name for name, _ in reads}))
+        self.template = template
+        self.constants = [const for _, const in reads]  # what count() counts of each adoption
+
+    def emit(self, inputs: list[str], outputs: list[str], prefix: str, fresh: Callable[[str], str]) -> bytes:
+        L = _LENGTHS
+        parts = []
+        made = []
+        for tail in self.tails:
+            name = fresh(prefix + "/const")
+            made.append(name)
+            raw = name.encode()
+            field = L[len(raw)] + raw
+            body = b"".join((b"\x12", field, b"\x1a", field, tail))
+            parts += (b"\x0a", L[len(body)], body)
+        parts.append(self.emitter.emit_values(inputs, made, outputs, prefix, fresh))
+        return b"".join(parts)
 
 
 def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
@@ -253,18 +389,29 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         raise Unsupported("model-local functions or training info")
     _, _, g0, g1 = top[fields.index(_fp._M_GRAPH)]
 
-    scopes: list[_Scope] = []
-    pairs: list[tuple[str, str]] = []
-    shapeless = [any(vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")
-                     for vis in (model.graph.input, model.graph.output) for vi in vis)]
-    main = _walk(model.graph, scopes, pairs, shapeless)
-    report = RewriteReport(ops_before=collections.Counter(pairs))
-    del pairs
+    nodes = model.graph.node
+    if prefer == (Lowering.KEEP,):
+        if target_opset is not None and target_opset != _engine.ai_onnx_opset(model):
+            raise Unsupported("--target-opset with nothing to lower (the objects writer moves the imports)")
+        return data, RewriteReport(ops_before=count_ops(model), ops_after=count_ops(model)), None
+    # The engine's type table, its pass listing the scopes: every node is read once here.
+    main = _Scope(model.graph, ())
+    domains = list(map(attrgetter("domain"), nodes))
+    if PLACEHOLDER_DOMAIN in domains:
+        main.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
+        main.dirty = True
+    holders = [i for i, node in enumerate(nodes) if node.attribute and any(
+        a.type == _GRAPH or a.type == _GRAPHS for a in node.attribute)]
+    types = _Types(model, registry, main, domains, list(map(attrgetter("op_type"), nodes)), holders)
+    del domains
+    scopes = types.scopes
+    report = RewriteReport(ops_before=collections.Counter(types.pairs))
+    types.pairs = []
     placeholders = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
     if len(placeholders) > 1 and (placeholders - {PLACEHOLDER_DOMAIN}) & {d for d, _ in report.ops_before}:
         raise Unsupported("placeholders in op domains other than 'custom'")
     standard = registry.standard_op_types()
-    if standard and prefer != (Lowering.KEEP,) and not standard.isdisjoint(report.ops_before):
+    if standard and not standard.isdisjoint(report.ops_before):
         raise Unsupported("standard ops lowered as graphkit ops (" + ", ".join(
             sorted({o for d, o in standard & set(report.ops_before)})) + ")")
     current = _engine.ai_onnx_opset(model)
@@ -272,22 +419,12 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     if converting:
         _fp._imports_only(report.ops_before, current, target_opset)
     lists = [s for s in scopes if s.custom]
-    if not lists or prefer == (Lowering.KEEP,):
+    if not lists:
         if converting:
             raise Unsupported("--target-opset with nothing to lower (the objects writer moves the imports)")
         report.ops_after = report.ops_before.copy()
         return data, report, None
-    _locate(data, main, g0, g1)
-    starts, ends, others = main.starts, main.ends, main.others
-
-    # The engine's type table: the forward pass over every node, subgraphs included.
-    nodes = model.graph.node
-    everything = itemgetter(slice(None))
-    holders = {index for index, _ in main.subs}
-    types = _fp._ForwardTypes(model, registry, nodes, list(map(attrgetter("domain"), nodes)),
-                              list(map(attrgetter("op_type"), nodes)),
-                              list(map(everything, map(attrgetter("input"), nodes))),
-                              list(map(everything, map(attrgetter("output"), nodes))), holders, set())
+    starts, ends, others = _fp._node_entries(data, g0, g1)
 
     prefixes = {n.name or n.op_type for s in lists for n in map(s.graph.node.__getitem__, s.custom)}
     regions = [(start, end) for field, start, _, end in top if field != _fp._M_GRAPH]
@@ -326,11 +463,15 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             made = emitters[id(template.nodes)] = _Emitter(template)
         return made
 
+    adoptions: dict[tuple, _Adoption] = {}
+    adopted: collections.Counter = collections.Counter()  # (kind, template nodes' id) -> adoptions written
+    adopted_as: dict[tuple, Lowered] = {}
     for done, scope in enumerate(reversed(lists)):
         if progress is not None and done >= next_report:
             progress("lowering", done * total // len(lists), total)
             next_report = done + max(1, step * len(lists) // total)
-        lscope = LoweringScope(types)
+        lscope = None  # the scope's LoweringScope, made where the plan needs it
+        alone = len(scope.custom) == 1
         graph_nodes = scope.graph.node
         for i in scope.custom:
             node = graph_nodes[i]
@@ -338,17 +479,20 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             outputs = node.output[:]
             values = inputs + outputs
             attributes = node.attribute
-            kind = (node.op_type, b"".join([a.SerializeToString() for a in attributes]) if attributes else b"",
+            op_type = node.op_type
+            kind = (op_type, b"".join([a.SerializeToString() for a in attributes]) if attributes else b"",
                     len(inputs), tuple(map(values.index, values)), tuple([elem(x) if x else None for x in inputs]))
             first = kinds.get(kind)
             count += 1
             mode = None
             if first is None:
+                lscope = lscope or LoweringScope(types)
                 lowered = plan.lower(node, lscope)
                 kinds[kind] = lowered
             elif first.how is Lowering.DECOMPOSE:  # what LoweringPlan._decompose does, in bytes
-                template = lscope.templates.get(first.key)
-                prefix = node.name or node.op_type
+                key = first.key
+                template = None if lscope is None else lscope.templates.get(key)
+                prefix = node.name or op_type
                 if template is not None:  # a repeat in this scope
                     made = emitter(template)
                     slots[(id(scope), i)] = entries = made.emit(template, inputs, outputs, prefix, fresh)
@@ -356,17 +500,30 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                     if (kind, id(made.nodes)) not in repeated:
                         repeated[(kind, id(made.nodes))] = Lowered(first.op, first.how, first.action, [], template)
                     mode = ("repeat", kind, id(made.nodes))
-                elif plan.adoptable(first.key):  # the first in this scope: another scope's template adopted
-                    template, constants = plan.adopt(first.key, prefix, lscope)
+                elif alone and plan.adoptable(key):  # a body's one placeholder: adopted, in bytes
+                    adoption = adoptions.get(key)
+                    if adoption is None:
+                        adoption = adoptions[key] = _Adoption(plan, key)
+                    slots[(id(scope), i)] = entries = adoption.emit(inputs, outputs, prefix, fresh)
+                    group = (kind, id(adoption.template.nodes))
+                    adopted[group] += 1
+                    if group not in adopted_as:
+                        adopted_as[group] = Lowered(first.op, first.how, first.action, [], adoption.template,
+                                                    adoption.constants)
+                    mode = ("adopt", *group)
+                elif plan.adoptable(key):  # the first in this scope: another scope's template adopted
+                    lscope = lscope or LoweringScope(types)
+                    template, constants = plan.adopt(key, prefix, lscope)
                     made = emitter(template)
                     entries = b"".join(_fp._entry(c.SerializeToString()) for c in constants)
                     slots[(id(scope), i)] = entries = entries + made.emit(template, inputs, outputs, prefix, fresh)
                     plan.count(Lowered(first.op, first.how, first.action, [], template, constants),
-                               node.domain, node.op_type)
+                               node.domain, op_type)
                     mode = ("adopt", kind, id(made.nodes))
                 else:
+                    lscope = lscope or LoweringScope(types)
                     lowered = plan.lower(node, lscope)
-            elif first.how is not Lowering.DECOMPOSE and len(first.nodes) == 1:
+            elif len(first.nodes) == 1:  # bound: the node with the first one's domain and attributes
                 writer = bound.get(kind)
                 if writer is None:
                     writer = bound[kind] = _fp._Bound(first.nodes[0])
@@ -375,12 +532,13 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                 repeated.setdefault((kind, 0), first)
                 mode = ("bound", kind)
             else:
+                lscope = lscope or LoweringScope(types)
                 lowered = plan.lower(node, lscope)
             if mode is None:
                 slots[(id(scope), i)] = entries = b"".join(_fp._entry(r.SerializeToString()) for r in lowered.nodes)
                 checked.append(((*scope.path, i), entries, inputs, outputs))
             elif check:
-                pattern = (*mode, tuple(not v for v in values))
+                pattern = (*mode, "" in values and tuple(map(operator.not_, values)))
                 if pattern not in seen:
                     seen.add(pattern)
                     checked.append(((*scope.path, i), entries, inputs, outputs))
@@ -388,6 +546,8 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         progress("lowering", total, total)
     for (kind, _), n in repeats.items():
         plan.count(repeated[(kind, _)], PLACEHOLDER_DOMAIN, kind[0], n, repeated=True)
+    for group, n in adopted.items():
+        plan.count(adopted_as[group], PLACEHOLDER_DOMAIN, group[0][0], n)
     report.actions = plan.actions
     report.passed_over = plan.selection.passed_over
     after = report.ops_before.copy()
@@ -395,7 +555,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     after.update(plan.emitted)
     report.ops_after = +after
 
-    graph = _graph_bytes(data, main, slots)
+    graph = _graph_bytes(data, main, g0, g1, slots, (starts, ends))
     del slots
     import_entries, start_imports = _fp._fixed_imports(model, opset, {d for d, _ in report.ops_after}, placeholders,
                                                        target_opset)
@@ -444,7 +604,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         applied = ", ".join(sorted({how for _, how in plan.actions}))
         context = f" after rewrite ({applied})"
         full = full_check or sum(report.ops_after.values()) <= _engine.FULL_CHECK_NODES
-        if full or shapeless[0] or _fp.has_external_data(data, model):
+        if full or _fp.has_external_data(data, model):
             _engine.check_model(output_model(), registry, path=path, context=context, full=full)
             return
         # In the output's order (a subgraph where its node is): a name is made before it is read.
@@ -453,9 +613,10 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                                frozenset(AI_ONNX) if converting else frozenset())
         if why is None:
             report.writer_reason += f"; {_fp.CHECKED_BY_PARTS}"
-        else:
+        else:  # the checker's verdict on the whole output (graph inputs or outputs without a shape, in
+            # any scope, refuse the input's part: the engine's check gives them an empty one, as the objects writer's)
             report.writer_reason += f"; checked whole ({why})"
-            _fp._check_bytes(out, registry, path, context)
+            _engine.check_model(output_model(), registry, path=path, context=context, full=False)
 
     return out, report, run_check
 

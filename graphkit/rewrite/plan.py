@@ -410,6 +410,14 @@ class LoweringPlan:
         """Whether a scope without a template of ``key`` adopts another scope's (:meth:`adopt`)."""
         return key in self._portable
 
+    def adoption(self, key: tuple) -> tuple[Template, list[tuple[str, onnx.NodeProto]]]:
+        """What :meth:`adopt` adopts for ``key`` (needs :meth:`adoptable`): the template and the
+        constants it reads from its scope, (name, Constant node), in the order adopt() goes
+        through them. In a scope with no constants, adopt() makes each: a copy of the node
+        named and producing ``fresh(prefix + "/const")``, the template reading it."""
+        template, reads = self._portable[key]
+        return template, [(name, const) for name, (_, const) in reads.items()]
+
     def adopt(self, key: tuple, prefix: str, scope: LoweringScope) -> tuple[Template, list[onnx.NodeProto]]:
         """Another scope's template of ``key`` for ``scope`` (what :meth:`lower` does for the
         first node of that key there): its constants found in ``scope`` by value or made
