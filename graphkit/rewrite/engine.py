@@ -24,6 +24,7 @@ from graphkit.ops import PLACEHOLDER_DOMAIN, OpDef, OpRegistry, default_registry
 from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite._gsrules import GraphSurgeonRule, apply_graphsurgeon_rules
 from graphkit.rewrite._rules import GraphPass, Rule, RuleReport, RuleSet, apply_rule_set
+from graphkit.rewrite._convert import convert as convert_by_adapters
 from graphkit.rewrite._selection import check_target_opset
 from graphkit.rewrite._standard_ops import recognise
 from graphkit.rewrite._walk import AI_ONNX, ModelIndex, count_ops, graph_node_lists, graphs, node_lists, scopes
@@ -47,7 +48,8 @@ class RewriteReport:
 
     ``passes`` lists ``(pass, what it changed)`` for every pass that changed the model;
     ``conversions`` the ai.onnx version conversions made, ``(from, to, how)`` with ``how``
-    "version converter" or "imports only" (a model without standard ops);
+    "adapters" (graphkit's), "version converter" (onnx's) or "imports only" (no standard op
+    has a new version between the two);
     ``writer`` says which writer made the output and why (``"objects"``: the passes on
     the parsed model; ``"bytes"``: graphkit.rewrite._fastpath on the serialized one);
     ``passed_over`` says, per op, why lowerings preferred to the one it got were not used
@@ -266,31 +268,38 @@ def _check_replacement(original: onnx.NodeProto, nodes: list[onnx.NodeProto], ty
                                   hint=f"fix {rule}, or skip the check with --no-check") from exc
 
 
-def _convert_opset(model: onnx.ModelProto, target: int, path: str | None) -> tuple[onnx.ModelProto, bool]:
+def _convert_opset(model: onnx.ModelProto, target: int, path: str | None,
+                   taken: set[str] | None = None) -> tuple[onnx.ModelProto, str]:
     """Move the model's standard ops to ai.onnx opset ``target`` (custom nodes ride along).
 
-    Returns the model and whether onnx's version converter was skipped because no
-    standard op of the model (any scope) has a new version between the two opsets: every
-    node stays as it is, only the import moves (the converter, besides, costs the square
-    of the number of subgraphs: it copies the outer scope's names into each).
+    Returns the model and how: "imports only" where no standard op of the model (any scope)
+    has a new version between the two opsets (every node stays as it is), "adapters" where
+    graphkit's own adapters converted every node (rewrite/_convert.py: one pass, linear),
+    else "version converter": onnx's, whose cost grows with the square of the number of
+    subgraphs (see _convert.py), for the ops no adapter here covers.
     """
     from onnx import version_converter
 
     current = ai_onnx_opset(model)
     standard = {op for d, op in count_ops(model) if d in AI_ONNX}
     same = current is not None and current != target and bool(standard) and _same_schemas(standard, current, target)
+    how = "imports only"
     if current == target or not standard or same:
         converted = model
+    elif not (uncovered := convert_by_adapters(model, target, path=path, taken=taken)):
+        converted, how = model, "adapters"
     else:
+        how = "version converter"
         try:
             converted = version_converter.convert_version(model, target)
         except Exception as exc:  # the converter raises bare RuntimeErrors / its own types
             raise RewriteError(f"cannot convert from opset {current} to {target}: {str(exc).splitlines()[0]}",
-                               path=path, hint="pick a --target-opset the converter supports, or omit it") from exc
+                               path=path, op=f"ai.onnx::{uncovered[0].split()[0]}",
+                               hint="pick a --target-opset the converter supports, or omit it") from exc
     imports = [imp for imp in converted.opset_import if imp.domain not in AI_ONNX]
     del converted.opset_import[:]
     converted.opset_import.extend([helper.make_opsetid("", target), *imports])
-    return converted, same
+    return converted, how
 
 
 def _same_schemas(ops: set[str], a: int, b: int) -> bool:
@@ -412,13 +421,17 @@ def _recognise_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
 
 def _convert_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     before = ai_onnx_opset(model)
-    out, same = _convert_opset(model, ctx.target_opset, ctx.path)
+    taken = ctx.index.names if ctx.index_valid else None  # the index is stale after: extended in place
+    out, how = _convert_opset(model, ctx.target_opset, ctx.path, taken)
     if ctx.converting:
         standard = any(d in AI_ONNX for d, _ in ctx.report.ops_before)
-        ctx.report.conversions.append((before, ctx.target_opset, "version converter" if standard and before is not None
-                                       and not same else "imports only"))
-        if out is model and ctx.index_valid:  # the same nodes: the same names
+        ctx.report.conversions.append((before, ctx.target_opset, how if standard and before is not None
+                                       else "imports only"))
+        if out is model and ctx.index_valid and how == "imports only":  # the same nodes: the same names
             ctx.make_plan(out, ctx.index.names)
+        elif how == "adapters" and taken is not None:  # the names, with the adapters' constants'
+            ctx.index_valid = False
+            ctx.make_plan(out, taken)
         else:
             ctx.index_valid = False
             ctx.make_plan(out, ModelIndex(out).names)
