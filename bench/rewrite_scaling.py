@@ -4,6 +4,7 @@
     python bench/rewrite_scaling.py --sizes 10000 100000 1000000 --shapes unnamed fanout
     python bench/rewrite_scaling.py --shapes unnamed if_bodies --flags=--as-functions
     python bench/rewrite_scaling.py --shapes unnamed if_bodies --rule   # a user rule, then lowering
+    python bench/rewrite_scaling.py --shapes reduce_chain reduce_if_bodies --flags="--target-opset 18"
 
 For each shape and size it writes a model, then times, in the same run:
 - the floor: a Python process that only does onnx.load + onnx.save of that file;
@@ -58,6 +59,10 @@ SHAPES = {
     "if_bodies": lambda n: shapes.if_bodies(n // 3),
     "loop_bodies": lambda n: shapes.loop_bodies(n // 3),
     "functions": _functions,
+    # ReduceMean (axes an input from opset 18) in place of Relu / after each body's my_add:
+    # with --flags="--target-opset 18" every one of them is converted
+    "reduce_chain": lambda n: shapes.chain(n // 2, reduce=True),
+    "reduce_if_bodies": lambda n: shapes.if_bodies(n // 5, reduce=True),
 }
 FLOOR = "import onnx, sys; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])"
 # The user rule of --rule: a rules file as `graphkit rewrite --rules` reads it.

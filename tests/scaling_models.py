@@ -29,12 +29,20 @@ def _model(nodes: list[onnx.NodeProto], outputs: Sequence[str],
                              functions=list(functions))
 
 
-def chain(pairs: int, *, named: bool = False) -> onnx.ModelProto:
-    """x -> my_add -> Relu -> my_add -> Relu ... (``pairs`` pairs; node names only if ``named``)."""
+def _reduce(x: str, y: str) -> onnx.NodeProto:
+    """ReduceMean over axis 0 of a [1, 4] value: axes an attribute at 17, an input from 18."""
+    return helper.make_node("ReduceMean", [x], [y], axes=[0], keepdims=1)
+
+
+def chain(pairs: int, *, named: bool = False, reduce: bool = False) -> onnx.ModelProto:
+    """x -> my_add -> Relu -> my_add -> Relu ... (``pairs`` pairs; node names only if ``named``;
+    ReduceMean for Relu if ``reduce``: --target-opset 18 converts each)."""
     nodes, prev = [], "x"
     for i in range(pairs):
+        second = _reduce(f"a{i}", f"r{i}") if reduce else helper.make_node("Relu", [f"a{i}"], [f"r{i}"])
+        second.name = f"r{i}" if named else ""
         nodes += [helper.make_node("my_add", [prev, prev], [f"a{i}"], domain="custom", name=f"m{i}" if named else ""),
-                  helper.make_node("Relu", [f"a{i}"], [f"r{i}"], name=f"r{i}" if named else "")]
+                  second]
         prev = f"r{i}"
     return _model(nodes, [prev])
 
@@ -59,14 +67,18 @@ def multi_output(n: int) -> onnx.ModelProto:
     return model
 
 
-def if_bodies(n: int) -> onnx.ModelProto:
-    """``n`` chained If nodes, each branch one my_add of the previous If's output (3 nodes per If)."""
+def if_bodies(n: int, *, reduce: bool = False) -> onnx.ModelProto:
+    """``n`` chained If nodes, each branch one my_add of the previous If's output (3 nodes per
+    If); with ``reduce``, a ReduceMean of it after (5 nodes per If: --target-opset 18 converts them)."""
     cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
     nodes, prev = [cond], "x"
     for i in range(n):
         def body(tag: str) -> onnx.GraphProto:
-            return helper.make_graph([helper.make_node("my_add", [prev, prev], [f"{tag}{i}"], domain="custom")],
-                                     f"{tag}{i}", [], [_vi(f"{tag}{i}")])
+            add = helper.make_node("my_add", [prev, prev], [f"{tag}{i}"], domain="custom")
+            if not reduce:
+                return helper.make_graph([add], f"{tag}{i}", [], [_vi(f"{tag}{i}")])
+            add.output[0] = f"{tag}{i}a"
+            return helper.make_graph([add, _reduce(f"{tag}{i}a", f"{tag}{i}")], f"{tag}{i}", [], [_vi(f"{tag}{i}")])
         nodes.append(helper.make_node("If", ["c"], [f"o{i}"], then_branch=body("t"), else_branch=body("e")))
         prev = f"o{i}"
     return _model(nodes, [prev])

@@ -948,7 +948,7 @@ def test_target_opset_with_a_real_conversion_goes_the_object_way():
     slow, slow_report = rewrite_model(model, target_opset=18)
     assert out == slow.SerializeToString() and _without_writer(report) == _without_writer(slow_report)
     assert report.writer == "objects" and "--target-opset 18 needs the version converter" in report.writer_reason
-    assert report.conversions == [(17, 18, "version converter")]
+    assert report.conversions == [(17, 18, "adapters")]
     same(model, target_opset=17)  # no conversion: the byte writer
 
 

@@ -419,8 +419,8 @@ def test_supported_range_is_what_the_converter_and_onnxruntime_both_take():
     x = np.float32([[1, -2, 3]])
     for target in (MIN_OPSET, max_opset()):  # down and up
         out, report = rewrite_model(my_add_model(opset=9), target_opset=target)
-        # Relu is Relu-6 at 7 and 9: only the import moves; up to the newest it is converted
-        assert report.conversions == [(9, target, "imports only" if target == MIN_OPSET else "version converter")]
+        # Relu is Relu-6 at 7 and 9: only the import moves; up to the newest graphkit's adapters convert it
+        assert report.conversions == [(9, target, "imports only" if target == MIN_OPSET else "adapters")]
         np.testing.assert_allclose(graphkit.open_session(out).run({"a": x, "b": x})["z"], np.maximum(3 * x, 0))
 
 
@@ -438,10 +438,10 @@ def test_report_says_which_version_conversions_ran(tmp_path):
 
     onnx.save(my_add_model(opset=13), tmp_path / "m.onnx")
     text = run_cli("rewrite", tmp_path / "m.onnx", tmp_path / "o.onnx", "--target-opset", "19", check_rc=0).stdout
-    assert "  converted: ai.onnx opset 13 -> 19 (version converter)" in text.splitlines()
+    assert "  converted: ai.onnx opset 13 -> 19 (adapters)" in text.splitlines()
     data = json.loads(run_cli("rewrite", tmp_path / "m.onnx", tmp_path / "o.onnx", "--target-opset", "21",
                               "--json", check_rc=0).stdout)
-    assert data["conversions"] == [{"domain": "ai.onnx", "from": 13, "to": 21, "how": "version converter"}]
+    assert data["conversions"] == [{"domain": "ai.onnx", "from": 13, "to": 21, "how": "adapters"}]
     assert {"pass": "convert-opset", "changed": "ai.onnx opset 13 -> 21"} in data["passes"]
     # the same opset: nothing converted, nothing said
     data = json.loads(run_cli("rewrite", tmp_path / "m.onnx", tmp_path / "o.onnx", "--target-opset", "13",

@@ -20,10 +20,13 @@ against the schemas by the tests):
   (:data:`_ADDED_ATTRIBUTES`). Down: each must be absent or at that default, then dropped;
 - ``optional-input``: an optional input was added at the end (Pad-18's axes). Down: absent;
 - ``to-input``: an attribute became an input (ReduceX axes at 13/18, Squeeze/Unsqueeze axes
-  and Split's split at 13). Up: the attribute's value as an int64 initializer (a Constant
-  node in a function body, which has no initializers). Down: the input must be a constant
-  (Constant node or initializer); it becomes the attribute again, and a Constant or
-  initializer nothing else reads is removed, as onnx's converter does;
+  and Split's split at 13). Up: the attribute's value as an int64 initializer of the main
+  graph, one per distinct value, which every subgraph reads from the outer scope (no node
+  list is copied or reordered); in a function body (no initializers there) a Constant node
+  first in the body, ``value_ints = @attr`` where the attribute referred to the function's.
+  Down: the input must be a constant (Constant node or initializer); it becomes the
+  attribute again, and a Constant or initializer nothing else reads is removed, as onnx's
+  converter does;
 - ``num-outputs``: Split-18's ``num_outputs``. Up: set where no split sizes are given. Down:
   dropped where the parts are even (or the axis' length is unknown: Split-13 splits evenly),
   else the sizes opset 18 gives become the split input.
@@ -64,6 +67,7 @@ _ADDED_ATTRIBUTES: dict[tuple[str, int], dict[str, Any]] = {
     ("ArgMax", 12): {"select_last_index": 0}, ("ArgMin", 12): {"select_last_index": 0},
     ("AveragePool", 19): {"dilations": _ONES},
     ("Cast", 19): {"saturate": 1}, ("CastLike", 19): {"saturate": 1},
+    ("Constant", 11): {"sparse_value": _ABSENT},  # (and value no longer required: one of them is)
     ("Constant", 12): {n: _ABSENT for n in ("value_float", "value_floats", "value_int", "value_ints",
                                             "value_string", "value_strings")},
     ("DepthToSpace", 11): {"mode": b"DCR"},
@@ -158,28 +162,27 @@ def steps(op: str, a: int, b: int) -> tuple[Step, ...] | None:
     return tuple(out if a < b else reversed(out))
 
 
-@dataclass
-class _Scope:
-    """One node list being converted: a graph (initializers allowed) or a function body."""
-
-    nodes: Any
-    graph: onnx.GraphProto | None
-    before: dict[int, list[onnx.NodeProto]] = field(default_factory=dict)  # id(node) -> new nodes before it
+# Step kinds that change a node going up (the others only check going down).
+_ACTIVE_UP = frozenset({"to-input", "num-outputs"})
+_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
 
 
 @dataclass
 class _Conversion:
     target: int
-    up: bool
     path: str | None
     model: onnx.ModelProto
-    constants: dict[str, tuple[Any, Any]]  # name -> (Constant node or initializer, the list holding it)
-    function: str | None = None
-    types: dict[str, onnx.TypeProto] | None = None  # the main graph's declared types (down only)
-    released: list[tuple[Any, Any]] = field(default_factory=list)  # (constant, its list): read no more here
     taken: set[str] | None = None  # the model's names, where the caller knows them
+    up: bool = True
+    function: onnx.FunctionProto | None = None  # the node's, None in the main graph
     made: list[str] = field(default_factory=list)  # names of the constants made
+    values: dict[str, Any] = field(default_factory=dict)  # what they hold
+    released: list[tuple[Any, Any]] = field(default_factory=list)  # (constant, its list): read no more here
     _names: NameGenerator | None = None
+    _types: dict[str, onnx.TypeProto] | None = None
+    _constants: dict[int, dict[str, tuple[Any, Any]]] = field(default_factory=dict)
+    shared: dict[tuple, str] = field(default_factory=dict)  # (namespace, input, values) -> constant made
+    new_constants: dict[int, tuple[Any, list[tuple[str, Any]]]] = field(default_factory=dict)
 
     @property
     def names(self) -> NameGenerator:
@@ -188,8 +191,25 @@ class _Conversion:
             self._names = NameGenerator(ModelIndex(self.model).names if self.taken is None else self.taken)
         return self._names
 
+    @property
+    def types(self) -> dict[str, onnx.TypeProto] | None:
+        """The declared types of the main graph's values (None in a function body: it has none)."""
+        if self.function is not None:
+            return None
+        if self._types is None:
+            self._types = value_types(self.model, infer=False)
+        return self._types
+
+    @property
+    def constants(self) -> dict[str, tuple[Any, Any]]:
+        """The constants of the node's namespace (the main graph's or its function's)."""
+        holder = self.model.graph if self.function is None else self.function
+        if id(holder) not in self._constants:
+            self._constants[id(holder)] = _constants(holder)
+        return self._constants[id(holder)]
+
     def error(self, node: onnx.NodeProto, message: str, hint: str) -> RewriteError:
-        where = f" (in function {self.function})" if self.function else ""
+        where = f" (in function {self.function.name})" if self.function is not None else ""
         return RewriteError(f"cannot convert {node.op_type} to ai.onnx opset {self.target}{where}: {message}",
                             path=self.path, node=node.name or (node.output[0] if node.output else ""),
                             op=f"ai.onnx::{node.op_type}", hint=hint)
@@ -199,25 +219,24 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None,
             taken: set[str] | None = None) -> list[str]:
     """Convert ``model``'s standard ops, in place, to ai.onnx opset ``target`` with graphkit's
     adapters: every graph, subgraph and model-local function (each from its own import).
-    Returns the ops (``"Softmax 12->13"``) no adapter here covers: then nothing was changed,
-    for onnx's converter to do. Raises RewriteError where an adapter refuses a node.
-    ``taken``: every name in ``model``, where the caller has them; the names made are added."""
-    jobs = _jobs(model, target)
-    uncovered = sorted({f"{n.op_type} {a}->{target}" for a, lists in jobs for nodes, _, _ in lists for n in nodes
-                        if n.domain in AI_ONNX and steps(n.op_type, a, target) is None})
+    Returns the ops (``"Softmax 12->13"``: opsets) no adapter here covers: then nothing was
+    changed, for onnx's converter to do. Raises RewriteError where an adapter refuses a node.
+    ``taken``: every name in ``model``, where the caller has them; the names made are added.
+    The constants made (axes, split sizes) are shared by the nodes of one graph or function
+    body that read the same values."""
+    work: list[tuple[onnx.NodeProto, tuple[Step, ...], Any, bool]] = []
+    uncovered: set[str] = set()
+    for a, fn, nodes in _roots(model):
+        if a != target:
+            _collect(nodes, fn, a, target, work, uncovered)
     if uncovered:
-        return uncovered
-    conv = _Conversion(target, up=False, path=path, model=model, constants={}, taken=taken)
-    for a, scopes in jobs:
-        if a == target:
-            continue
-        conv.up = a < target
-        conv.constants = _constants(scopes[0][1] if scopes[0][2] is None else scopes[0][2])
-        for nodes, graph, fn in scopes:
-            conv.function = fn.name if fn is not None else None
-            if not conv.up and conv.types is None and fn is None:
-                conv.types = value_types(model, infer=False)
-            _convert_nodes(conv, nodes, graph, a)
+        return sorted(uncovered)
+    conv = _Conversion(target, path, model, taken)
+    for node, node_steps, fn, up in work:
+        conv.function, conv.up = fn, up
+        for step in node_steps:
+            _ADAPT[step.kind](conv, step, node)
+    _place_constants(model, conv.new_constants)
     _drop_unread(model, conv)
     if taken is not None:
         taken.update(conv.made)
@@ -228,23 +247,51 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None,
     return []
 
 
-def _jobs(model: onnx.ModelProto, target: int) -> list[tuple[int, list[tuple[Any, Any, Any]]]]:
-    """(source opset, [(node list, its graph or None in a function body, the function or
-    None)]) for the main graph and each function importing ai.onnx; every subgraph's node
-    list is one of its own."""
+def _roots(model: onnx.ModelProto) -> list[tuple[int, Any, Any]]:
+    """(ai.onnx opset, function or None, node list) of the main graph and of each function
+    importing ai.onnx."""
     def opset(imports: Any) -> int | None:
         return next((i.version for i in imports if i.domain in AI_ONNX), None)
 
     out = []
-    main = opset(model.opset_import)
-    if main is not None:
-        out.append((main, [(g.node, g, None) for g in graphs(model.graph)]))
+    if (main := opset(model.opset_import)) is not None:
+        out.append((main, None, model.graph.node))
     for fn in model.functions:
-        version = opset(fn.opset_import)
-        if version is not None:
-            out.append((version, [(fn.node, None, fn)] + [(g.node, g, fn) for node in fn.node
-                                                           for sub in subgraphs(node) for g in graphs(sub)]))
+        if (version := opset(fn.opset_import)) is not None:
+            out.append((version, fn, fn.node))
     return out
+
+
+def _collect(nodes: Any, fn: onnx.FunctionProto | None, a: int, target: int, work: list,
+             uncovered: set[str]) -> None:
+    """One walk over ``nodes`` and the subgraphs in them: the standard nodes an adapter changes
+    or checks, with their steps and function (None: the main graph), into ``work``; the ops
+    no adapter covers into ``uncovered``."""
+    up = a < target
+    plan: dict[str, tuple[Step, ...] | None] = {}
+    stack = [nodes]
+    while stack:
+        for node in stack.pop():
+            domain = node.domain
+            if domain == "" or domain == "ai.onnx":
+                op = node.op_type
+                if op in plan:
+                    found = plan[op]
+                else:
+                    found = steps(op, a, target)
+                    if found is not None and up:
+                        found = tuple(s for s in found if s.kind in _ACTIVE_UP)
+                    plan[op] = found
+                if found is None:
+                    uncovered.add(f"{op} {a}->{target}")
+                elif found:
+                    work.append((node, found, fn, up))
+            if node.attribute:
+                for attr in node.attribute:
+                    if attr.type == _GRAPH:
+                        stack.append(attr.g.node)
+                    elif attr.type == _GRAPHS:
+                        stack.extend(g.node for g in attr.graphs)
 
 
 def _constants(holder: onnx.GraphProto | onnx.FunctionProto) -> dict[str, tuple[Any, Any]]:
@@ -269,39 +316,36 @@ def _constants(holder: onnx.GraphProto | onnx.FunctionProto) -> dict[str, tuple[
     return out
 
 
-def _convert_nodes(conv: _Conversion, nodes: Any, graph: onnx.GraphProto | None, a: int) -> None:
-    """Adapt each standard node of one node list. The int64 constants adapters ask for go
-    before the node that reads them: a graph's as initializers (no reordering, no copies),
-    a function body's (which has no initializers) as Constant nodes."""
-    before: dict[int, list[tuple[str, list[int]]]] = {}
-    target = conv.target
-    for node in nodes:
-        if node.domain not in AI_ONNX:
-            continue
-        for step in steps(node.op_type, a, target) or ():
-            made = _ADAPT[step.kind](conv, step, node)
-            if made:
-                before.setdefault(id(node), []).extend(made)
-    if not before:
-        return
-    if graph is not None:
-        add = graph.initializer.add
-        for made in before.values():
-            for name, values in made:
+def _place_constants(model: onnx.ModelProto, made: dict[int, tuple[Any, list[tuple[str, Any]]]]) -> None:
+    """The int64 constants adapters asked for, where every node of their namespace sees them:
+    the main graph's initializers (its subgraphs read them from the outer scope; no node
+    list is reordered or copied), Constant nodes first in a function body (it has no
+    initializers)."""
+    for holder, constants in made.values():
+        if holder is model.graph:
+            add = holder.initializer.add
+            for name, values in constants:
                 t = add()
                 t.name = name
                 t.data_type = onnx.TensorProto.INT64
                 t.dims.append(len(values))
                 t.int64_data.extend(values)
-        return
-    ordered = []
-    for node in nodes:
-        for name, values in before.get(id(node), ()):
-            ordered.append(helper.make_node("Constant", [], [name], name=name, value=helper.make_tensor(
-                name, onnx.TensorProto.INT64, [len(values)], values)))
-        ordered.append(node)
-    del nodes[:]
-    nodes.extend(ordered)
+            continue
+        ordered = [_constant_node(name, values) for name, values in constants]
+        ordered.extend(holder.node)
+        del holder.node[:]
+        holder.node.extend(ordered)
+
+
+def _constant_node(name: str, values: tuple[int, ...] | str) -> onnx.NodeProto:
+    """A Constant of int64 ``values``, or of the ints the function's attribute ``values`` holds."""
+    if not isinstance(values, str):
+        return helper.make_node("Constant", [], [name], name=name,
+                                value=helper.make_tensor(name, onnx.TensorProto.INT64, [len(values)], values))
+    node = helper.make_node("Constant", [], [name], name=name)
+    node.attribute.append(onnx.AttributeProto(name="value_ints", ref_attr_name=values,
+                                              type=onnx.AttributeProto.INTS))
+    return node
 
 
 # ------------------------------------------------------------------------------- adapters
@@ -320,7 +364,8 @@ def _remove_attr(node: onnx.NodeProto, name: str) -> None:
 
 def _check_types(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
     """Down: the node's known element types are among those the older op takes."""
-    if conv.types is None or conv.function is not None:
+    types = conv.types
+    if types is None:
         return
     schema = step.schema_old
     allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
@@ -329,7 +374,7 @@ def _check_types(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
             continue
         for i, name in enumerate(actuals):
             formal = formals[min(i, len(formals) - 1)]
-            tp = conv.types.get(name) if name else None
+            tp = types.get(name) if name else None
             if tp is None or formal.type_str not in allowed or not tp.HasField("tensor_type"):
                 continue
             text = f"tensor({helper.tensor_dtype_to_string(tp.tensor_type.elem_type)[len('TensorProto.'):].lower()})"
@@ -338,9 +383,9 @@ def _check_types(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
                                  f"pick a --target-opset of at least {step.new}")
 
 
-def _types(conv: _Conversion, step: Step, node: onnx.NodeProto) -> list:
+def _types(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
     if conv.up:
-        return []
+        return
     _check_types(conv, step, node)
     new = _NEW_VALUES.get((step.op, step.new))
     if new is not None:
@@ -348,7 +393,6 @@ def _types(conv: _Conversion, step: Step, node: onnx.NodeProto) -> list:
         if attr is not None and helper.get_attribute_value(attr) in new[1]:
             raise conv.error(node, f"{new[0]}={helper.get_attribute_value(attr).decode()} is new in "
                              f"{step.op}-{step.new}", f"pick a --target-opset of at least {step.new}")
-    return []
 
 
 def _is_default(attr: onnx.AttributeProto, default: Any) -> bool:
@@ -360,9 +404,9 @@ def _is_default(attr: onnx.AttributeProto, default: Any) -> bool:
     return value == default
 
 
-def _attributes(conv: _Conversion, step: Step, node: onnx.NodeProto) -> list:
+def _attributes(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
     if conv.up:
-        return []
+        return
     _check_types(conv, step, node)
     for name, default in _ADDED_ATTRIBUTES[(step.op, step.new)].items():
         attr = _attr(node, name)
@@ -372,42 +416,48 @@ def _attributes(conv: _Conversion, step: Step, node: onnx.NodeProto) -> list:
             raise conv.error(node, f"attribute {name} is new in {step.op}-{step.new}",
                              f"pick a --target-opset of at least {step.new}, or drop {name}")
         _remove_attr(node, name)
-    return []
 
 
-def _optional_input(conv: _Conversion, step: Step, node: onnx.NodeProto) -> list:
+def _optional_input(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
     if conv.up:
-        return []
+        return
     _check_types(conv, step, node)
     index = _OPTIONAL_INPUT[(step.op, step.new)]
     if len(node.input) > index and node.input[index]:
         raise conv.error(node, f"input {index} is new in {step.op}-{step.new}",
                          f"pick a --target-opset of at least {step.new}")
     del node.input[index:]
-    return []
 
 
-def _int64_constant(conv: _Conversion, node: onnx.NodeProto, what: str, values: list[int]) -> tuple[str, list[int]]:
-    """A new int64 constant for ``node`` to read as input 1 (made by :func:`_convert_nodes`)."""
-    name = conv.names.fresh(f"{node.name or node.output[0]}_{what}")
-    conv.made.append(name)
+def _int64_constant(conv: _Conversion, node: onnx.NodeProto, what: str, values: tuple[int, ...] | str) -> None:
+    """``node`` reads ``values`` as input 1: an int64 constant of its namespace (the main
+    graph or its function), one for all the nodes there that read the same values. A str is
+    the name of the function's attribute holding them (a Constant whose value_ints refers to it)."""
+    holder = conv.model.graph if conv.function is None else conv.function
+    key = (id(holder), what, values)
+    name = conv.shared.get(key)
+    if name is None:
+        name = conv.shared[key] = conv.names.fresh(f"{node.name or node.output[0]}_{what}")
+        conv.made.append(name)
+        conv.values[name] = values
+        conv.new_constants.setdefault(id(holder), (holder, []))[1].append((name, values))
     del node.input[1:]
     node.input.append(name)
-    return name, values
 
 
-def _to_input(conv: _Conversion, step: Step, node: onnx.NodeProto) -> list:
+def _to_input(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
     name = _TO_INPUT[(step.op, step.new)]
     if conv.up:
-        attr = _attr(node, name)
-        if attr is None:
-            return []
-        values = list(attr.ints)
-        if attr.ref_attr_name:
-            raise conv.error(node, f"its {name} refer to the function's attribute {attr.ref_attr_name}",
-                             "inline the function first, or keep the model's opset")
-        _remove_attr(node, name)
-        return [_int64_constant(conv, node, name, values)]
+        attrs = node.attribute
+        for i, attr in enumerate(attrs):
+            if attr.name == name:
+                break
+        else:
+            return
+        values = attr.ref_attr_name or tuple(attr.ints)  # in a function: axes = @its_attribute
+        del attrs[i]
+        _int64_constant(conv, node, name, values)
+        return
     _check_types(conv, step, node)
     if step.new != 13 or step.op == "ReduceSum":  # ReduceX-18 / ReduceSum-13 added noop_with_empty_axes
         noop = _attr(node, "noop_with_empty_axes")
@@ -419,17 +469,24 @@ def _to_input(conv: _Conversion, step: Step, node: onnx.NodeProto) -> list:
                                  f"pick a --target-opset of at least {step.new}")
         _remove_attr(node, "noop_with_empty_axes")
     if len(node.input) > 1 and node.input[1]:
-        values = _constant_value(conv, step, node, name)
+        source = conv.constants.get(node.input[1])
+        ref = _attr(source[0], "value_ints") if source is not None and not isinstance(
+            source[0], onnx.TensorProto) else None
+        values = [] if ref is not None and ref.ref_attr_name else _constant_value(conv, step, node, name)
+        if ref is not None and ref.ref_attr_name:  # a function's Constant <value_ints = @attr>
+            node.attribute.append(onnx.AttributeProto(name=name, ref_attr_name=ref.ref_attr_name,
+                                                      type=onnx.AttributeProto.INTS))
         if node.input[1] in conv.constants:
             conv.released.append(conv.constants[node.input[1]])
         del node.input[1:]
         if values:  # empty axes of a Reduce: all of them, as no attribute says
             node.attribute.append(helper.make_attribute(name, values))
-    return []
 
 
 def _constant_value(conv: _Conversion, step: Step, node: onnx.NodeProto, what: str) -> list[int]:
     """The ints a Constant node or an initializer named by ``node``'s input 1 holds."""
+    if isinstance(conv.values.get(node.input[1]), tuple):  # made by an earlier step (Split-18's sizes below 13)
+        return list(conv.values[node.input[1]])
     source = conv.constants.get(node.input[1])
     tensor = None
     if source is not None:
@@ -447,23 +504,24 @@ def _constant_value(conv: _Conversion, step: Step, node: onnx.NodeProto, what: s
     return [int(v) for v in numpy_helper.to_array(tensor).reshape(-1)]
 
 
-def _num_outputs(conv: _Conversion, step: Step, node: onnx.NodeProto) -> list:
+def _num_outputs(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
     given = len(node.input) > 1 and node.input[1]
     if conv.up:
         if not given and _attr(node, "num_outputs") is None:
             node.attribute.append(helper.make_attribute("num_outputs", len(node.output)))
-        return []
+        return
     _check_types(conv, step, node)
     attr = _attr(node, "num_outputs")
     if attr is None:
-        return []
+        return
+    parts = attr.i
     _remove_attr(node, "num_outputs")
     if given:
-        return []
-    sizes = _split_sizes(conv, node, attr.i)
+        return
+    sizes = _split_sizes(conv, node, parts)
     if not sizes:
-        return []
-    return [_int64_constant(conv, node, "split", sizes)]
+        return
+    _int64_constant(conv, node, "split", tuple(sizes))
 
 
 def _split_sizes(conv: _Conversion, node: onnx.NodeProto, parts: int) -> list[int]:
@@ -471,7 +529,7 @@ def _split_sizes(conv: _Conversion, node: onnx.NodeProto, parts: int) -> list[in
     or the axis' length is unknown (Split-13 splits evenly into as many parts as outputs)."""
     axis_attr = _attr(node, "axis")
     axis = axis_attr.i if axis_attr is not None else 0
-    tp = (conv.types or {}).get(node.input[0]) if conv.function is None else None
+    tp = (conv.types or {}).get(node.input[0])
     shape = tp.tensor_type.shape if tp is not None and tp.tensor_type.HasField("shape") else None
     if shape is None or not -len(shape.dim) <= axis < len(shape.dim) or not shape.dim[axis].HasField("dim_value"):
         return []
@@ -481,7 +539,7 @@ def _split_sizes(conv: _Conversion, node: onnx.NodeProto, parts: int) -> list[in
     return [] if length % parts == 0 or sizes[-1] <= 0 else sizes
 
 
-_ADAPT: dict[str, Callable[[_Conversion, Step, onnx.NodeProto], list]] = {
+_ADAPT: dict[str, Callable[[_Conversion, Step, onnx.NodeProto], None]] = {
     "types": _types, "attributes": _attributes, "optional-input": _optional_input, "to-input": _to_input,
     "num-outputs": _num_outputs}
 

@@ -268,8 +268,8 @@ def _check_replacement(original: onnx.NodeProto, nodes: list[onnx.NodeProto], ty
                                   hint=f"fix {rule}, or skip the check with --no-check") from exc
 
 
-def _convert_opset(model: onnx.ModelProto, target: int, path: str | None,
-                   taken: set[str] | None = None) -> tuple[onnx.ModelProto, str]:
+def _convert_opset(model: onnx.ModelProto, target: int, path: str | None, taken: set[str] | None = None,
+                   op_counts: collections.Counter | None = None) -> tuple[onnx.ModelProto, str]:
     """Move the model's standard ops to ai.onnx opset ``target`` (custom nodes ride along).
 
     Returns the model and how: "imports only" where no standard op of the model (any scope)
@@ -281,7 +281,7 @@ def _convert_opset(model: onnx.ModelProto, target: int, path: str | None,
     from onnx import version_converter
 
     current = ai_onnx_opset(model)
-    standard = {op for d, op in count_ops(model) if d in AI_ONNX}
+    standard = {op for d, op in (count_ops(model) if op_counts is None else op_counts) if d in AI_ONNX}
     same = current is not None and current != target and bool(standard) and _same_schemas(standard, current, target)
     how = "imports only"
     if current == target or not standard or same:
@@ -388,6 +388,7 @@ class RewriteContext:
     defer_check: bool = False        # the caller serializes the result: check the bytes then
     deferred_check: Callable[[bytes], None] | None = None
     converting: bool = False
+    same_nodes: bool = False         # the conversion kept every node list (imports only, adapters going up)
     has_placeholders: bool = False   # in the input (rules may add some), standard ops an op computes included
     has_standard: bool = False       # standard ops an op computes (ai.onnx DeformConv) in the input
     plan: LoweringPlan | None = None
@@ -421,16 +422,19 @@ def _recognise_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
 
 def _convert_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     before = ai_onnx_opset(model)
-    taken = ctx.index.names if ctx.index_valid else None  # the index is stale after: extended in place
-    out, how = _convert_opset(model, ctx.target_opset, ctx.path, taken)
+    taken = ctx.index.names if ctx.index_valid else None  # extended in place with the names made
+    out, how = _convert_opset(model, ctx.target_opset, ctx.path, taken, ctx.index.op_counts if ctx.index_valid else None)
     if ctx.converting:
         standard = any(d in AI_ONNX for d, _ in ctx.report.ops_before)
         ctx.report.conversions.append((before, ctx.target_opset, how if standard and before is not None
                                        else "imports only"))
         if out is model and ctx.index_valid and how == "imports only":  # the same nodes: the same names
+            ctx.same_nodes = True
             ctx.make_plan(out, ctx.index.names)
         elif how == "adapters" and taken is not None:  # the names, with the adapters' constants'
-            ctx.index_valid = False
+            # Going up, the adapters add initializers and touch no node list but a function
+            # body's (Constant nodes): the index holds. Going down they may remove Constants.
+            ctx.index_valid = ctx.same_nodes = before < ctx.target_opset and not out.functions
             ctx.make_plan(out, taken)
         else:
             ctx.index_valid = False
@@ -538,7 +542,7 @@ def _check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
 
 def _ops_after(ctx: RewriteContext, model: onnx.ModelProto) -> collections.Counter:
     report = ctx.report
-    if report.rules.applied or ctx.converting or ctx.as_functions:
+    if report.rules.applied or (ctx.converting and not ctx.same_nodes) or ctx.as_functions:
         return count_ops(model)
     after = report.ops_before.copy()  # lowering only: derive the counts instead of walking the model
     after.subtract(ctx.plan.lowered)

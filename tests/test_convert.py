@@ -1,0 +1,352 @@
+"""--target-opset by graphkit's own adapters (graphkit/rewrite/_convert.py), against onnx's
+version converter and ONNX Runtime.
+
+Each case is one node at a source opset, put in the main graph, in both branches of an If,
+in a Loop body and in a model-local function. Converted by rewrite_model, it must be what
+onnx.version_converter makes of the same model (node for node: op, attributes, inputs with
+constants compared by value; onnx writes Constant nodes beside the node, graphkit shared
+initializers of the main graph) and run in ONNX Runtime as onnx's result and the original
+do. onnx's converter drops model-local functions, so a function's result is compared with
+the original model's run only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper, version_converter
+
+from conftest import error_lines, run_cli
+from graphkit.errors import RewriteError
+from graphkit.rewrite import Lowering, rewrite_model
+from graphkit.rewrite import _convert
+
+F = TensorProto.FLOAT
+SHAPE = [2, 1, 4]
+
+
+def _axes(name: str, values: list[int]) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(values, np.int64), name))
+
+
+def _reduce(op: str, opset: int) -> list[onnx.NodeProto]:
+    """op over axis 2 (keepdims 0), axes an attribute below the op's change, an input from it."""
+    if opset >= (13 if op == "ReduceSum" else 18):
+        return [_axes("ax", [2]), helper.make_node(op, ["x", "ax"], ["y"], keepdims=0)]
+    return [helper.make_node(op, ["x"], ["y"], axes=[2], keepdims=0)]
+
+
+def _squeeze(op: str, axes: list[int]):
+    def build(opset: int) -> list[onnx.NodeProto]:
+        if opset >= 13:
+            return [_axes("ax", axes), helper.make_node(op, ["x", "ax"], ["y"])]
+        return [helper.make_node(op, ["x"], ["y"], axes=axes)]
+    return build
+
+
+def _split_sizes(opset: int) -> list[onnx.NodeProto]:
+    if opset >= 13:
+        return [_axes("sp", [1, 3]), helper.make_node("Split", ["x", "sp"], ["y", "z"], axis=2)]
+    return [helper.make_node("Split", ["x"], ["y", "z"], axis=2, split=[1, 3])]
+
+
+def _split_even(opset: int) -> list[onnx.NodeProto]:
+    if opset >= 18:
+        return [helper.make_node("Split", ["x"], ["y", "z"], axis=2, num_outputs=2)]
+    return [helper.make_node("Split", ["x"], ["y", "z"], axis=2)]
+
+
+def _plain(op: str, **attrs):
+    return lambda opset: [helper.make_node(op, ["x"], ["y"], **attrs)]
+
+
+def _add(opset: int) -> list[onnx.NodeProto]:
+    return [helper.make_node("Add", ["x", "x"], ["y"])]
+
+
+def _reshape(opset: int) -> list[onnx.NodeProto]:
+    return [_axes("shape", [8]), helper.make_node("Reshape", ["x", "shape"], ["y"])]
+
+
+def _pad(opset: int) -> list[onnx.NodeProto]:
+    return [_axes("pads", [0, 0, 1, 0, 0, 2]), helper.make_node("Pad", ["x", "pads"], ["y"], mode="reflect")]
+
+
+def _topk(opset: int) -> list[onnx.NodeProto]:
+    k = helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array([2], np.int64), "k"))
+    return [k, helper.make_node("TopK", ["x", "k"], ["y", "z"], axis=2)]
+
+
+# name -> (node builder at an opset, [(source, target)], output count). Each pair onnx converts.
+CASES = {
+    **{op: (lambda opset, op=op: _reduce(op, opset), [(17, 18), (18, 17)], 1) for op in _convert._REDUCE},
+    "ReduceSum": (lambda opset: _reduce("ReduceSum", opset), [(12, 13), (13, 12), (11, 18)], 1),
+    "Squeeze": (_squeeze("Squeeze", [1]), [(12, 13), (13, 12)], 1),
+    "Unsqueeze": (_squeeze("Unsqueeze", [0, 4]), [(12, 13), (13, 12)], 1),
+    "Split sizes": (_split_sizes, [(12, 13), (13, 12)], 2),
+    "Split even": (_split_even, [(12, 13), (17, 18)], 2),
+    "Relu (types)": (_plain("Relu"), [(12, 13), (13, 12), (13, 14), (14, 13)], 1),
+    "Add (types)": (_add, [(13, 14), (14, 13)], 1),
+    "Softplus (types)": (_plain("Softplus"), [(17, 22), (22, 17)], 1),
+    "Reshape (attributes)": (_reshape, [(13, 14), (14, 13)], 1),
+    "TopK (attributes)": (_topk, [(10, 11), (11, 10)], 2),
+    "Cast (attributes)": (_plain("Cast", to=TensorProto.DOUBLE), [(18, 19), (19, 18)], 1),
+    "Pad (optional input)": (_pad, [(17, 18), (18, 17)], 1),
+}
+
+
+def _out(name: str) -> onnx.ValueInfoProto:
+    return onnx.ValueInfoProto(name=name)  # typed by _typed
+
+
+def _typed(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its graph outputs typed by shape inference."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    for vi, typed in zip(model.graph.output, inferred.graph.output):
+        vi.type.CopyFrom(typed.type)
+    return model
+
+
+def _model(nodes: list[onnx.NodeProto], opset: int, outs: int, where: str) -> onnx.ModelProto:
+    """``nodes`` (reading x, writing y[, z]) in the main graph, both If branches, a Loop body
+    or a model-local function."""
+    names = ["y", "z"][:outs]
+    if where != "main":  # the subgraphs' outputs typed as the main graph's
+        main = _model(nodes, opset, outs, "main").graph.output
+        types = {vi.name: vi.type for vi in main}
+
+        def _out(name: str) -> onnx.ValueInfoProto:  # noqa: F811 - typed for the bodies
+            vi = onnx.ValueInfoProto(name=name)
+            vi.type.CopyFrom(types[name.split("_")[-1]])
+            return vi
+    x = helper.make_tensor_value_info("x", F, SHAPE)
+    imports = [helper.make_opsetid("", opset)]
+    functions = []
+    if where == "main":
+        body = nodes
+    elif where == "if":
+        def branch(tag: str) -> onnx.GraphProto:
+            renamed = []
+            for n in nodes:
+                c = onnx.NodeProto()
+                c.CopyFrom(n)
+                c.input[:] = [i if i == "x" or not i else f"{tag}_{i}" for i in c.input]
+                c.output[:] = [f"{tag}_{o}" for o in c.output]
+                renamed.append(c)
+            return helper.make_graph(renamed, tag, [], [_out(f"{tag}_{o}") for o in names])
+        cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.BOOL, [], [True]))
+        body = [cond, helper.make_node("If", ["c"], names, then_branch=branch("t"), else_branch=branch("e"))]
+    elif where == "loop":
+        consts = [helper.make_node("Constant", [], ["m"], value=helper.make_tensor("m", TensorProto.INT64, [], [1])),
+                  helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.BOOL, [], [True]))]
+        graph = helper.make_graph([helper.make_node("Identity", ["ci"], ["co"]), *nodes], "b",
+                                  [helper.make_tensor_value_info("it", TensorProto.INT64, []),
+                                   helper.make_tensor_value_info("ci", TensorProto.BOOL, [])],
+                                  [helper.make_tensor_value_info("co", TensorProto.BOOL, []), *map(_out, names)])
+        body = [*consts, helper.make_node("Loop", ["m", "c"], names, body=graph)]
+    else:
+        fn = helper.make_function("local", "f", ["x"], names, nodes, imports)
+        functions = [fn]
+        imports = [*imports, helper.make_opsetid("local", 1)]
+        body = [helper.make_node("f", ["x"], names, domain="local")]
+    graph = helper.make_graph(body, "g", [x], [onnx.ValueInfoProto(name=o) for o in names])
+    return _typed(helper.make_model(graph, opset_imports=imports, ir_version=8, functions=functions))
+
+
+def _signature(model: onnx.ModelProto) -> list:
+    """Every non-Constant node of every graph, in order: op, attributes (subgraphs as their
+    signatures) and inputs, a constant input by its value (wherever it is defined)."""
+    constants: dict[str, list] = {}
+    graphs = [model.graph]
+    while graphs:
+        g = graphs.pop()
+        constants.update({t.name: numpy_helper.to_array(t).tolist() for t in g.initializer})
+        for n in g.node:
+            if n.op_type == "Constant":
+                constants[n.output[0]] = numpy_helper.to_array(n.attribute[0].t).tolist()
+            graphs.extend(a.g for a in n.attribute if a.type == onnx.AttributeProto.GRAPH)
+
+    def sig(g: onnx.GraphProto) -> list:
+        out = []
+        for n in g.node:
+            if n.op_type == "Constant":
+                continue
+            attrs = {a.name: sig(a.g) if a.type == onnx.AttributeProto.GRAPH else helper.get_attribute_value(a)
+                     for a in n.attribute}
+            out.append((n.op_type, sorted(attrs.items()), [constants.get(i, i) for i in n.input]))
+        return out
+    return sig(model.graph)
+
+
+def _run(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+
+
+PARAMS = [(name, a, b) for name, (_, pairs, _) in CASES.items() for a, b in pairs]
+
+
+@pytest.mark.parametrize("where", ["main", "if", "loop", "function"])
+@pytest.mark.parametrize("name, source, target", PARAMS, ids=[f"{n}-{a}-{b}" for n, a, b in PARAMS])
+def test_adapter_agrees_with_onnx_converter_and_onnxruntime(name, source, target, where):
+    if where in ("if", "loop") and min(source, target) < 11:
+        pytest.skip("Loop-1 needs a carried value; If-11 -> 10 is onnx's (below 12 down), which has no adapter")
+    build, _, outs = CASES[name]
+    model = _model(build(source), source, outs, where)
+    onnx.checker.check_model(model, full_check=True)
+    out, report = rewrite_model(model, target_opset=target, lowering=Lowering.KEEP)
+    assert report.conversions == [(source, target, "adapters")]
+    assert {i.domain: i.version for i in out.opset_import}[""] == target
+    assert all(i.version == target for fn in out.functions for i in fn.opset_import if i.domain == "")
+    onnx.checker.check_model(out, full_check=True)
+    x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
+    ours = _run(out, x)
+    for got, want in zip(ours, _run(model, x)):
+        np.testing.assert_array_equal(got, want)
+    if where == "function":
+        return
+    try:
+        reference = version_converter.convert_version(model, target)
+    except RuntimeError as exc:  # mostly down: onnx has no adapter (If-13 -> 12, Add-14 -> 13, Pad-18 -> 17...)
+        assert "No Adapter" in str(exc)
+        return
+    assert _signature(out) == _signature(reference)
+    for got, want in zip(ours, _run(reference, x)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_split_18_down_is_done_where_onnx_has_no_adapter():
+    """onnx has no adapter from Split-18: graphkit drops num_outputs where the parts are even,
+    else gives opset 18's sizes (ceil-sized parts, the last smaller) as the split input."""
+    for length, want in ((4, None), (5, [3, 2])):
+        x = helper.make_tensor_value_info("x", F, [2, length])
+        node = helper.make_node("Split", ["x"], ["y", "z"], axis=1, num_outputs=2)
+        model = _typed(helper.make_model(helper.make_graph([node], "g", [x], [_out("y"), _out("z")]),
+                                         opset_imports=[helper.make_opsetid("", 18)], ir_version=8))
+        with pytest.raises(Exception, match="No Adapter From Version \\$18 for Split"):
+            version_converter.convert_version(model, 17)
+        out, report = rewrite_model(model, target_opset=17, lowering=Lowering.KEEP)
+        assert report.conversions == [(18, 17, "adapters")]
+        (split,) = out.graph.node
+        assert not [a for a in split.attribute if a.name == "num_outputs"]
+        assert (numpy_helper.to_array(out.graph.initializer[0]).tolist() if want else len(split.input)) == (want or 1)
+        data = np.arange(2 * length, dtype=np.float32).reshape(2, length)
+        for got, ref in zip(_run(out, data), _run(model, data)):
+            np.testing.assert_array_equal(got, ref)
+
+
+def test_constants_are_shared_and_put_where_every_body_sees_them():
+    """Going up, one initializer of the main graph per distinct axes value, read by every If
+    body; no node is added to any graph."""
+    model = _model(_reduce("ReduceMean", 17) + [helper.make_node("ReduceMean", ["x"], ["w"], axes=[2], keepdims=0)],
+                   17, 1, "if")
+    out, _ = rewrite_model(model, target_opset=18, lowering=Lowering.KEEP)
+    assert [t.name for t in out.graph.initializer] == ["t_y_axes"] and len(out.graph.node) == 2
+    for attr in out.graph.node[1].attribute:
+        assert [n.input[1] for n in attr.g.node] == ["t_y_axes", "t_y_axes"]
+
+
+def test_function_attribute_reference_becomes_a_constant_referring_to_it():
+    """ReduceMean-17's axes = @ax in a function body: up, a Constant <value_ints = @ax> read as
+    the axes input (each call site's own value), and back down the attribute reference."""
+    body = [helper.make_node("ReduceMean", ["x"], ["y"], keepdims=0)]
+    body[0].attribute.append(onnx.AttributeProto(name="axes", ref_attr_name="ax", type=onnx.AttributeProto.INTS))
+    fn = helper.make_function("local", "f", ["x"], ["y"], body, [helper.make_opsetid("", 17)], attributes=["ax"])
+    calls = [helper.make_node("f", ["x"], ["a"], domain="local", ax=[2]),
+             helper.make_node("f", ["x"], ["b"], domain="local", ax=[0])]
+    model = _typed(helper.make_model(helper.make_graph(calls, "g", [helper.make_tensor_value_info("x", F, SHAPE)],
+                                                       [_out("a"), _out("b")]), functions=[fn], ir_version=8,
+                                     opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]))
+    x = np.random.default_rng(1).standard_normal(SHAPE).astype(np.float32)
+    want = _run(model, x)
+    up, _ = rewrite_model(model, target_opset=18, lowering=Lowering.KEEP)
+    constant, reduce = up.functions[0].node
+    assert constant.op_type == "Constant" and constant.attribute[0].ref_attr_name == "ax"
+    assert reduce.input[1] == constant.output[0]
+    down, _ = rewrite_model(up, target_opset=17, lowering=Lowering.KEEP)
+    (reduce,) = down.functions[0].node
+    assert [(a.name, a.ref_attr_name) for a in reduce.attribute] == [("keepdims", ""), ("axes", "ax")]
+    for converted in (up, down):
+        for got, ref in zip(_run(converted, x), want):
+            np.testing.assert_array_equal(got, ref)
+
+
+def _refusal(model: onnx.ModelProto, target: int) -> RewriteError:
+    with pytest.raises(RewriteError) as info:
+        rewrite_model(model, target_opset=target, lowering=Lowering.KEEP, path="m.onnx")
+    assert info.value.exit_code == 7 and info.value.path == "m.onnx" and info.value.hint
+    return info.value
+
+
+def _main(nodes, opset, inputs=(("x", F, SHAPE),), outs=("y",)) -> onnx.ModelProto:
+    return helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info(*i) for i in inputs],
+                                               [helper.make_tensor_value_info(o, F, None) for o in outs]),
+                             opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def test_axes_that_are_not_constant_are_refused():
+    model = _main([helper.make_node("ReduceMean", ["x", "ax"], ["y"], name="mean")], 18,
+                  inputs=(("x", F, SHAPE), ("ax", TensorProto.INT64, [1])))
+    err = _refusal(model, 17)
+    assert err.node == "mean" and err.op == "ai.onnx::ReduceMean"
+    assert "its axes (ax) are not a constant" in err.message and "--target-opset of at least 18" in err.hint
+
+
+def test_what_the_older_op_lacks_is_refused():
+    pads = _axes("pads", [0, 0, 1, 0, 0, 2])
+    err = _refusal(_main([pads, helper.make_node("Pad", ["x", "pads"], ["y"], mode="wrap", name="p")], 19), 18)
+    assert err.node == "p" and "mode=wrap is new in Pad-19" in err.message
+    int8 = _main([helper.make_node("Add", ["x", "x"], ["y"], name="a")], 14, inputs=(("x", TensorProto.INT8, [2]),))
+    err = _refusal(int8, 13)
+    assert err.node == "a" and "Add-13 does not take int8" in err.message and "at least 14" in err.hint
+    noop = _main([helper.make_node("ReduceMean", ["x"], ["y"], noop_with_empty_axes=1, name="r")], 18)
+    assert "noop_with_empty_axes=1" in _refusal(noop, 17).message
+    allowzero = _main([_reshape(14)[0], helper.make_node("Reshape", ["x", "shape"], ["y"], allowzero=1)], 14)
+    assert "attribute allowzero is new in Reshape-14" in _refusal(allowzero, 13).message
+    pad_axes = _main([pads, _axes("axes", [2]), helper.make_node("Pad", ["x", "pads", "", "axes"], ["y"])], 18)
+    assert "input 3 is new in Pad-18" in _refusal(pad_axes, 17).message
+
+
+def test_refusal_through_the_cli_is_one_line_with_exit_code_7(tmp_path):
+    model = _main([helper.make_node("ReduceMean", ["x", "ax"], ["y"], name="mean")], 18,
+                  inputs=(("x", F, SHAPE), ("ax", TensorProto.INT64, [1])))
+    onnx.save(model, tmp_path / "m.onnx")
+    proc = run_cli("rewrite", tmp_path / "m.onnx", tmp_path / "o.onnx", "--target-opset", "17", check_rc=7)
+    (line,) = error_lines(proc.stderr)
+    assert "m.onnx" in line and "node 'mean'" in line and "ReduceMean" in line and "not a constant" in line
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_an_op_no_adapter_covers_goes_to_onnx_converter():
+    """Softmax changed its meaning at 13: no adapter here, onnx's converter does the whole model."""
+    model = _main([helper.make_node("Softmax", ["x"], ["s"], axis=2),
+                   helper.make_node("ReduceMean", ["s"], ["y"], axes=[2], keepdims=0)], 12)
+    assert _convert.convert(onnx.ModelProto.FromString(model.SerializeToString()), 13) == ["Softmax 12->13"]
+    out, report = rewrite_model(model, target_opset=13, lowering=Lowering.KEEP)
+    assert report.conversions == [(12, 13, "version converter")]
+    assert _signature(out) == _signature(version_converter.convert_version(model, 13))
+
+
+def test_step_kinds_match_the_schemas():
+    """Each curated step says what changed between the two schemas, and nothing else did."""
+    def schema(op, v):
+        return onnx.defs.get_schema(op, v, "")
+
+    for (op, new), name in _convert._TO_INPUT.items():
+        old = schema(op, new - 1)
+        assert name in old.attributes and name not in schema(op, new).attributes
+        assert schema(op, new).inputs[1].name == name and len(old.inputs) == 1
+    for (op, new), added in _convert._ADDED_ATTRIBUTES.items():
+        before, after = set(schema(op, new - 1).attributes), set(schema(op, new).attributes)
+        assert after - before == set(added) and before <= after, op
+        assert [i.name for i in schema(op, new - 1).inputs] == [i.name for i in schema(op, new).inputs], op
+    for (op, new), index in _convert._OPTIONAL_INPUT.items():
+        old, cur = schema(op, new - 1), schema(op, new)
+        assert len(cur.inputs) == index + 1 == len(old.inputs) + 1
+        assert cur.inputs[index].option == onnx.defs.OpSchema.FormalParameterOption.Optional
+    for (op, new), (attr, values) in _convert._NEW_VALUES.items():
+        assert [s.kind for s in _convert.steps(op, new - 1, new)] == ["types"] and attr in schema(op, new).attributes
+    assert _convert.steps("Softmax", 12, 13) is None and _convert.steps("Upsample", 9, 10) is None
+    assert _convert.steps("Relu", 7, 10) == ()  # one schema: nothing to do
+    assert _convert.steps("Concat", 11, 10) is None  # negative axes before 11: onnx's
