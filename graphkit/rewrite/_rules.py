@@ -627,6 +627,8 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
             replacements[last] = new_nodes
             removed.update(i for i in matched if i != last)
         reorder |= len(outputs) > 1
+    if restart is not None:
+        builder._release()
     if not replacements:
         return 0
     # Producers that fed only the replaced nodes (constants, typically) die with them.
@@ -634,7 +636,13 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
     orphans = {name for i in gone for name in view.inputs[i] if name}
     released |= orphans
     read = {name for new in replacements.values() for n in new for name in n.input} | set(aliases.values())
-    gone |= _dead_producers(view, orphans, gone, read, scope.protected)
+    dead = _dead_producers(view, orphans, gone, read, scope.protected)
+    if not (removed or dead or aliases or reorder) and all(len(new) == 1 for new in replacements.values()):
+        for index, new in replacements.items():  # one node for one: overwrite it where it is
+            nodes[index].CopyFrom(new[0])
+        report.applied[rule.name] = report.applied.get(rule.name, 0) + len(replacements)
+        return len(replacements)
+    gone |= dead
     rebuilt = []
     for index, node in enumerate(nodes):
         if index in replacements:

@@ -379,10 +379,14 @@ class Builder:
         self.aliases: dict[str, str] = {}
         self._lookup: Any = None
         self._made: list[tuple[Any, list[str]]] = []  # (inputs, outputs) of each node op() made
+        self._keep_ops: list[str] | None = None  # b.X functions kept on the builder (see _restart)
 
     def _restart(self, prefix: str, node_name: str) -> None:
         """Start on the replacement of another node, as a new Builder with this prefix and
-        node name would (the rule engine keeps one per rule and scope)."""
+        node name would (the rule engine keeps one per rule and scope, and calls
+        :meth:`_release` when done with it)."""
+        if self._keep_ops is None:
+            self._keep_ops = []
         self.nodes = []
         self._made = []
         self._prefix = prefix
@@ -393,6 +397,13 @@ class Builder:
             self._constants = {}
         if self.initializers is not None:
             self.initializers = []
+
+    def _release(self) -> None:
+        """Drop the ``b.X`` functions kept since :meth:`_restart` (each refers to the builder:
+        left, they would keep it alive until the cyclic collector runs)."""
+        for op_type in self._keep_ops or ():
+            self.__dict__.pop(op_type, None)
+        self._keep_ops = None
 
     def op(self, op_type: str, *inputs: str, domain: str = "", outputs: int = 1,
            **attrs: Any) -> Any:
@@ -475,6 +486,9 @@ class Builder:
         def make(*inputs: str, _domain: str = "", _outputs: int = 1, **attrs: Any) -> Any:
             return self.op(op_type, *inputs, domain=_domain, outputs=_outputs, **attrs)
 
+        if self._keep_ops is not None:  # a builder used again and again: the next b.X finds it
+            self._keep_ops.append(op_type)
+            self.__dict__[op_type] = make
         return make
 
     def finish(self, results: list[str], outputs: list[str], *,
@@ -491,6 +505,10 @@ class Builder:
                                hint="return one tensor per output of the replaced node")
         nodes = self.nodes
         made = self._made
+        if len(results) == 1 and len(outputs) == 1 and len(nodes) == 1 and len(made) == 1 and outputs[0] \
+                and made[0][1] == [results[0]]:  # one node made, its one output the result: rename it
+            nodes[0].output[0] = outputs[0]
+            return nodes
         if len(made) != len(nodes):  # nodes appended from outside op() and constant()
             made = [(tuple(n.input), list(n.output)) for n in nodes]
         produced = {o for _, outs in made for o in outs}
