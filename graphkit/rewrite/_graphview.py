@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -34,11 +35,12 @@ class GraphView:
         self.inputs: list[tuple[str, ...]] = []
         self.outputs: list[tuple[str, ...]] = []
         ops, domains, inputs, outputs = self.ops, self.domains, self.inputs, self.outputs
+        intern = sys.intern  # each read of a field is a new str: a few shared ones instead of one per node
         for i, node in enumerate(self.nodes):
-            op = node.op_type
+            op = intern(node.op_type)
             outs = tuple(node.output)
             ops.append(op)
-            domains.append(node.domain)
+            domains.append(intern(node.domain))
             inputs.append(tuple(node.input))
             outputs.append(outs)
             if op in by_op:

@@ -380,6 +380,9 @@ class Builder:
         self._lookup: Any = None
         self._made: list[tuple[Any, list[str]]] = []  # (inputs, outputs) of each node op() made
         self._keep_ops: list[str] | None = None  # b.X functions kept on the builder (see _restart)
+        # The nodes op() makes live in one message's memory (kept across restarts): a
+        # NodeProto of its own costs about twice as much, and a rule may make a million.
+        self._arena = onnx.GraphProto()
 
     def _restart(self, prefix: str, node_name: str) -> None:
         """Start on the replacement of another node, as a new Builder with this prefix and
@@ -411,7 +414,7 @@ class Builder:
         node_name = self._names.fresh(f"{self._prefix}/{op_type}")
         out_names = [self._names.fresh(f"{node_name}_out{i}" if outputs > 1 else f"{node_name}_out")
                      for i in range(outputs)]
-        node = onnx.NodeProto(op_type=op_type, input=inputs, output=out_names, name=node_name, domain=domain)
+        node = self._arena.node.add(op_type=op_type, input=inputs, output=out_names, name=node_name, domain=domain)
         if attrs:
             node.attribute.extend(helper.make_attribute(k, v) for k, v in sorted(attrs.items()))
         self.nodes.append(node)
