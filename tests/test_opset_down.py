@@ -9,7 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from graphkit.export._opset_down import convert_down
+from graphkit.errors import ExportError
+from graphkit.export._opset_down import convert_down, split_without_num_outputs
 from graphkit.rewrite._walk import node_lists
 
 ort = pytest.importorskip("onnxruntime")
@@ -78,12 +79,177 @@ def test_split_is_fixed_in_if_bodies_and_local_functions():
         np.testing.assert_allclose(g, w, rtol=1e-6, err_msg=name)
 
 
-def test_a_split_of_unknown_length_is_left_for_the_load_check():
+def test_a_split_of_unknown_length_gets_its_sizes_from_the_shape():
     model = _model()
     model.functions[0].ClearField("value_info")  # the body's Split no longer knows its length
     out = convert_down(model, 17)
     (split,) = [n for n in out.functions[0].node if n.op_type == "Split"]
-    assert [a.name for a in split.attribute] == ["axis", "num_outputs"]
+    assert [a.name for a in split.attribute] == ["axis"] and len(split.input) == 2
+    onnx.checker.check_model(out)
+    x = np.arange(14, dtype=np.float32).reshape(2, 7)
+    got = ort.InferenceSession(out.SerializeToString()).run(None, {"x": x, "c": np.array(True)})
+    np.testing.assert_allclose(got[2], _expected(x)["z"], rtol=1e-6)
+
+
+# -- Split at every opset: sizes of unknown lengths, below 13 (attribute), below 11 (axis) --------
+
+def _split_model(length, *, parts: int = 3, axis: int = 1, sizes: list[int] | None = None,
+                 computed_sizes: bool = False, with_if: bool = True) -> onnx.ModelProto:
+    """Opset 18; x: float[2, length]. The same Split (num_outputs=parts, or the split input
+    ``sizes``: a Constant, or computed from it when ``computed_sizes``) in the main graph, in
+    both branches of an If (``with_if``: onnx's converter has no If adapter below 16) and in a
+    local function, each concatenated back reversed:
+
+        x ─ Split ─ p0..pk ─ Concat(pk..p0) ─> m
+        c ─ If ─> y      then/else: the same on x ─> t / e   (else: y = Neg(Neg(m)))
+        x ─ local.rev ─> z
+    """
+    def nodes(prefix: str, x: str, out: str) -> list[onnx.NodeProto]:
+        made, inputs = [], [x]
+        if sizes is not None:
+            made.append(helper.make_node("Constant", [], [f"{prefix}sz"], value=helper.make_tensor(
+                f"{prefix}sz", TensorProto.INT64, [len(sizes)], sizes)))
+            if computed_sizes:
+                made.append(helper.make_node("Max", [f"{prefix}sz", f"{prefix}sz"], [f"{prefix}sz2"]))
+            inputs.append(f"{prefix}sz2" if computed_sizes else f"{prefix}sz")
+        count = len(sizes) if sizes is not None else parts
+        outs = [f"{prefix}p{i}" for i in range(count)]
+        split = helper.make_node("Split", inputs, outs, name=f"{prefix}split", axis=axis,
+                                 **({} if sizes is not None else {"num_outputs": parts}))
+        return [*made, split, helper.make_node("Concat", outs[::-1], [out], axis=axis)]
+
+    def vi(name):
+        return helper.make_tensor_value_info(name, F, [2, length])
+
+    branch = {k: helper.make_graph(nodes(f"{k[0]}_", "x", k[0]), k, [], [vi(k[0])]) for k in ("then", "else")}
+    rev = helper.make_function("local", "rev", ["u"], ["v"], nodes("f_", "u", "v"), [helper.make_opsetid("", 18)])
+    rev.value_info.append(helper.make_tensor_value_info("u", F, [2, length]))
+    middle = ([helper.make_node("If", ["c"], ["y"], then_branch=branch["then"], else_branch=branch["else"])] if with_if
+              else [helper.make_node("Neg", ["m"], ["nm"]), helper.make_node("Neg", ["nm"], ["y"])])
+    graph = helper.make_graph(
+        [*nodes("m_", "x", "m"), *middle, helper.make_node("rev", ["x"], ["z"], domain="local")],
+        "g", [vi("x"), helper.make_tensor_value_info("c", TensorProto.BOOL, [])], [vi("m"), vi("y"), vi("z")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("local", 1)],
+                             functions=[rev], ir_version=10)
+
+
+def _reversed_parts(x: np.ndarray, parts: int, sizes: list[int] | None = None) -> np.ndarray:
+    length = x.shape[1]
+    if sizes is None:  # opset 18: ceil-sized parts, the last one the rest
+        chunk = -(-length // parts)
+        sizes = [chunk] * (parts - 1) + [length - chunk * (parts - 1)]
+    cuts = np.cumsum(sizes)[:-1]
+    return np.concatenate(np.split(x, cuts, axis=1)[::-1], axis=1)
+
+
+def _splits(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for nodes, _ in node_lists(model) for n in nodes if n.op_type == "Split"]
+
+
+def _runs_as_opset_18(out: onnx.ModelProto, lengths, parts: int, sizes=None) -> None:
+    onnx.checker.check_model(out)
+    session = ort.InferenceSession(out.SerializeToString())
+    for length in lengths:
+        x = np.arange(2 * length, dtype=np.float32).reshape(2, length)
+        want = _reversed_parts(x, parts, sizes)
+        for c in (True, False):
+            for name, got in zip(("m", "y", "z"), session.run(None, {"x": x, "c": np.array(c)})):
+                np.testing.assert_array_equal(got, want, err_msg=f"{name} length={length} c={c}")
+
+
+@pytest.mark.parametrize("opset", [17, 16, 13])
+def test_unknown_lengths_split_as_opset_18_from_the_shape(opset):
+    out = convert_down(_split_model("w", with_if=opset >= 16), opset)
+    assert all(len(s.input) == 2 and [a.name for a in s.attribute] == ["axis"] for s in _splits(out))
+    _runs_as_opset_18(out, [7, 9, 6, 2], parts=3)  # uneven, uneven, even, an empty last part
+
+
+def _fixed_at(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """``model``'s Splits brought to ``opset`` as convert_down does after the converter: below
+    13, onnx's converter has no adapter for nearly any op (Concat, Neg, Identity, If...), so
+    these cases start where it would leave the model (imports at ``opset``, Splits as they were)."""
+    for imports in (model.opset_import, *(fn.opset_import for fn in model.functions)):
+        for i in imports:
+            if i.domain == "":
+                i.version = opset
+    split_without_num_outputs(model, opset)
+    return model
+
+
+@pytest.mark.parametrize("opset", [12, 11, 10])
+def test_below_13_the_sizes_are_an_attribute(opset):
+    out = _fixed_at(_split_model(7, with_if=False), opset)
+    assert [i.version for i in out.opset_import if i.domain == ""] == [opset]
+    for split in _splits(out):
+        assert len(split.input) == 1
+        assert {a.name: helper.get_attribute_value(a) for a in split.attribute} == {"axis": 1, "split": [3, 3, 1]}
+    _runs_as_opset_18(out, [7], parts=3)
+    even = _fixed_at(_split_model(6, with_if=False), opset)
+    assert all([a.name for a in s.attribute] == ["axis"] for s in _splits(even))
+    _runs_as_opset_18(even, [6], parts=3)
+
+
+def test_below_13_a_constant_split_input_becomes_the_attribute():
+    out = _fixed_at(_split_model(7, sizes=[1, 4, 2], with_if=False), 12)
+    assert all(helper.get_attribute_value(s.attribute[-1]) == [1, 4, 2] and len(s.input) == 1 for s in _splits(out))
+    _runs_as_opset_18(out, [7], parts=3, sizes=[1, 4, 2])
+
+
+def test_below_11_a_negative_axis_counts_from_the_front():
+    out = _fixed_at(_split_model(7, axis=-1, with_if=False), 10)
+    assert all(helper.get_attribute_value(s.attribute[0]) == 1 for s in _splits(out))
+    _runs_as_opset_18(out, [7], parts=3)
+
+
+@pytest.mark.parametrize("make, opset, words", [
+    (lambda: _split_model("w", with_if=False), 12, "unknown length into 3 parts"),
+    (lambda: _split_model(7, sizes=[1, 4, 2], computed_sizes=True, with_if=False), 12, "part sizes 'm_sz2' are computed"),
+    (lambda: _split_model(5, parts=4, with_if=False), 17, "opset 18 refuses it"),
+], ids=["unknown-length-below-13", "computed-sizes-below-13", "negative-last-part"])
+def test_a_split_that_cannot_be_written_is_refused_naming_the_node(make, opset, words):
+    with pytest.raises(ExportError) as info:
+        _fixed_at(make(), opset)
+    assert words in info.value.message and info.value.op == "Split" and info.value.hint
+    assert info.value.node in ("m_split", "t_split", "e_split", "f_split")
+
+
+def test_below_11_a_negative_axis_of_unknown_rank_is_refused():
+    model = _split_model(7, axis=-1, sizes=[3, 3, 1], with_if=False)
+    for vi in (*model.graph.input, *model.graph.output, *model.functions[0].value_info):
+        vi.type.tensor_type.ClearField("shape")
+    with pytest.raises(ExportError, match="counts from the back") as info:
+        _fixed_at(model, 10)
+    assert info.value.hint == "export at opset >= 11, or give the input a shape"
+
+
+def test_sibling_branches_split_inputs_of_their_own_length():
+    """Both branches split a value named "u" into 3, of length 7 in one (Neg(x)) and 14 in
+    the other (Concat(x, x)): each Split gets the sizes of its own branch's "u" (a name ->
+    type map over the whole model gave both the first one's)."""
+    def branch(name: str, make_u: onnx.NodeProto, length: int) -> onnx.GraphProto:
+        return helper.make_graph(
+            [make_u, helper.make_node("Split", ["u"], ["p0", "p1", "p2"], axis=1, num_outputs=3),
+             helper.make_node("Concat", ["p2", "p0"], [name], axis=1)], name, [],
+            [helper.make_tensor_value_info(name, F, [2, None])],
+            value_info=[helper.make_tensor_value_info("u", F, [2, length])])
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch("t", helper.make_node("Neg", ["x"], ["u"]), 7),
+                          else_branch=branch("e", helper.make_node("Concat", ["x", "x"], ["u"], axis=1), 14))], "g",
+        [helper.make_tensor_value_info("x", F, [2, 7]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", F, [2, None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    out = convert_down(model, 17)
+    sizes = sorted(onnx.numpy_helper.to_array(n.attribute[0].t).tolist() for nodes, _ in node_lists(out)
+                   for n in nodes if n.op_type == "Constant")
+    assert sizes == [[3, 3, 1], [5, 5, 4]]
+    session = ort.InferenceSession(out.SerializeToString())
+    x = np.arange(14, dtype=np.float32).reshape(2, 7)
+    (then,) = session.run(None, {"x": x, "c": np.array(True)})
+    (other,) = session.run(None, {"x": x, "c": np.array(False)})
+    np.testing.assert_array_equal(then, -np.concatenate([x[:, 6:], x[:, :3]], axis=1))
+    doubled = np.concatenate([x, x], axis=1)
+    np.testing.assert_array_equal(other, np.concatenate([doubled[:, 10:], doubled[:, :5]], axis=1))
 
 
 def _ref(name: str, ref: str) -> onnx.AttributeProto:

@@ -399,7 +399,8 @@ def test_cli_export_refused_by_onnxruntime(tmp_path):
 @pytest.mark.parametrize("length,parts,sizes", [(6, 3, [2, 2, 2]), (7, 3, [3, 3, 1])])
 def test_split_num_outputs_dropped_below_opset_18(length, parts, sizes):
     """onnx's version converter leaves Split-18's num_outputs on a Split-13 (GPT-2 with
-    dynamo=True at opset 17): graphkit drops it, giving opset 18's sizes where uneven."""
+    dynamo=True at opset 17): graphkit drops it, giving opset 18's sizes where uneven (from
+    the input's shape where the length is unknown)."""
     from graphkit.export._opset_down import split_without_num_outputs as _split_without_num_outputs
 
     outs = [f"y{i}" for i in range(parts)]
@@ -408,7 +409,7 @@ def test_split_num_outputs_dropped_below_opset_18(length, parts, sizes):
                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], opset=17)
     with pytest.raises(Exception, match="num_outputs"):
         ort.InferenceSession(model.SerializeToString())
-    _split_without_num_outputs(model)
+    _split_without_num_outputs(model, 17)
     x = np.arange(2 * length, dtype=np.float32).reshape(2, length)
     got = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
     assert [g.shape[1] for g in got] == sizes
@@ -416,8 +417,9 @@ def test_split_num_outputs_dropped_below_opset_18(length, parts, sizes):
     unknown = _graph_model([helper.make_node("Split", ["x"], outs, axis=1, num_outputs=parts)],
                            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "n"])],
                            [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], opset=17)
-    _split_without_num_outputs(unknown)
-    assert [a.name for a in unknown.graph.node[0].attribute] == ["axis", "num_outputs"]  # left as it was
+    _split_without_num_outputs(unknown, 17)  # the sizes computed from the input's shape
+    got = ort.InferenceSession(unknown.SerializeToString()).run(None, {"x": x})
+    assert [g.shape[1] for g in got] == sizes
 
 
 def test_noop_with_empty_axes_dropped_below_opset_18():

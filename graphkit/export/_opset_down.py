@@ -5,9 +5,12 @@ conversion, asked for through ``opset_version``, fails on axes it does not see a
 yet and then keeps opset 18 silently), and fixes what the converter gets wrong, in every
 graph, subgraph (If/Loop/Scan bodies) and model-local function:
 
-- it has no adapter for Split-18, which differs from Split-13 only by ``num_outputs``: Split
-  nodes are hidden from it in a domain of their own, and :func:`split_without_num_outputs`
-  fixes them after;
+- it has no adapter for Split-18 (``num_outputs``): Split nodes are hidden from it in a
+  domain of their own, and :func:`split_without_num_outputs` writes them for the target
+  opset after (sizes from the types in the node's own scope, or from the input's shape at
+  run time; the ``split`` attribute below 13; an ExportError naming the node where they
+  cannot be written). Below 13 the converter itself has no adapter for most ops (Concat,
+  Neg, Identity, If: measured with onnx 1.23), so few models get that far;
 - it keeps ReduceX-18's ``noop_with_empty_axes=0`` (:func:`drop_default_attributes`);
 - it drops model-local functions and converts no function body: each body is converted on
   its own (as the graph of a model of its own) and put back;
@@ -20,7 +23,8 @@ graph, subgraph (If/Loop/Scan bodies) and model-local function:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import onnx
@@ -28,7 +32,8 @@ import onnx.inliner
 import onnx.numpy_helper
 import onnx.version_converter
 
-from graphkit.rewrite._walk import AI_ONNX, ModelIndex, graphs, node_lists, value_types
+from graphkit.errors import ExportError
+from graphkit.rewrite._walk import AI_ONNX, ModelIndex, graph_tree, node_lists, value_types
 from graphkit.rewrite.builder import NameGenerator
 
 __all__ = ["ConverterError", "convert_down", "drop_default_attributes", "split_without_num_outputs"]
@@ -71,7 +76,7 @@ def convert_down(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
         kept = [i for i in imports if i.domain != _HIDDEN_DOMAIN]
         del imports[:]
         imports.extend(kept)
-    split_without_num_outputs(converted)
+    split_without_num_outputs(converted, opset)
     drop_default_attributes(converted, opset)
     return converted
 
@@ -142,63 +147,154 @@ def _convert_function(fn: onnx.FunctionProto, opset: int) -> None:
     standard.version = opset
 
 
-def split_without_num_outputs(model: onnx.ModelProto) -> None:
-    """onnx's version converter leaves Split-18's ``num_outputs`` attribute on the Split-13 it
-    writes (found by bench/zoo.py: GPT-2 at opset 17; ONNX Runtime refuses the node). Split-13
-    splits evenly into as many parts as the node has outputs: drop the attribute where the
-    axis' length is known and even, else give the sizes opset 18 would (ceil-sized parts, the
-    last one smaller) as the ``split`` input, a Constant made just before the node. Every
-    graph, subgraph and function body; lengths from the types stated in the body's scope.
-    Unknown lengths are left to the load check."""
+def split_without_num_outputs(model: onnx.ModelProto, opset: int) -> None:
+    """Bring every Split of ``model`` (hidden from onnx's version converter, which has no
+    adapter for Split-18) to ai.onnx ``opset``, in every graph, subgraph and function body.
+
+    Split-18's ``num_outputs`` (found by bench/zoo.py on GPT-2 at opset 17: the converter
+    kept it and ONNX Runtime refused the node) becomes the sizes opset 18 gives: ceil-sized
+    parts, the last one smaller. An even split of a known length needs none (the older
+    Splits split evenly into as many parts as the node has outputs); other sizes are the
+    ``split`` input from opset 13 (a Constant made before the node, or, where the length is
+    unknown, computed from the input's shape) and the ``split`` attribute below it; below
+    13, a ``split`` input becomes that attribute (it must be a constant), and below 11 a
+    negative axis is counted from the front. Lengths and ranks come from the types stated
+    in the node's own scope. What cannot be written at ``opset`` is an ExportError naming
+    the node."""
     names = NameGenerator(ModelIndex(model).names)  # the Constants' names clash with nothing
-    _split_fix_graphs(model, names)
+    _split_fix_graphs(model, names, opset, "")
     for fn in model.functions:
         with _body_model(fn) as body:
-            _split_fix_graphs(body, names)
+            _split_fix_graphs(body, names, opset, f"function {fn.domain}::{fn.name}: ")
 
 
-def _split_fix_graphs(model: onnx.ModelProto, names: NameGenerator) -> None:
+def _split_fix_graphs(model: onnx.ModelProto, names: NameGenerator, opset: int, where: str) -> None:
     types = value_types(model, infer=False)
-    for g in graphs(model.graph):
-        if not any(n.op_type == "Split" for n in g.node):
+    tree = graph_tree(model.graph)
+    constants: dict[int, dict[str, onnx.TensorProto]] = {}
+
+    def constant(index: int, name: str) -> np.ndarray | None:
+        """The value of ``name`` where it is a constant seen from graph ``index``."""
+        while index >= 0:
+            if index not in constants:
+                g = tree[index][0]
+                found = {t.name: t for t in g.initializer}
+                for n in g.node:
+                    if n.op_type == "Constant" and n.domain in AI_ONNX and n.attribute and n.attribute[0].name == "value":
+                        found[n.output[0]] = n.attribute[0].t
+                constants[index] = found
+            if name in constants[index]:
+                return onnx.numpy_helper.to_array(constants[index][name])
+            index = tree[index][1]
+        return None
+
+    # Inner graphs first: rebuilding a node list copies the graphs held in it.
+    for index in reversed(range(len(tree))):
+        g = tree[index][0]
+        if not any(n.op_type == "Split" and n.domain in AI_ONNX for n in g.node):
             continue
+        scope = types.scope(g)
         nodes: list[onnx.NodeProto] = []
         for node in g.node:
-            sizes = _split_sizes(node, types) if node.op_type == "Split" and node.domain in AI_ONNX else None
-            if sizes is not None:
-                keep = [a for a in node.attribute if a.name != "num_outputs"]
-                del node.attribute[:]
-                node.attribute.extend(keep)
-            if sizes:  # uneven: opset 18's sizes as the split input
-                name = names.fresh(f"{node.name or node.output[0]}_split_sizes")
-                nodes.append(onnx.helper.make_node("Constant", [], [name], name=name, value=onnx.numpy_helper.from_array(
-                    np.array(sizes, dtype=np.int64), name)))
-                del node.input[1:]
-                node.input.append(name)
-            nodes.append(node)
+            if node.op_type == "Split" and node.domain in AI_ONNX:
+                nodes.extend(_split_at(node, scope, lambda name, i=index: constant(i, name), opset, names, where))
+            else:
+                nodes.append(node)
         if len(nodes) != len(g.node):
             del g.node[:]
             g.node.extend(nodes)
 
 
-def _split_sizes(node: onnx.NodeProto, types: dict[str, onnx.TypeProto]) -> list[int] | None:
-    """None: leave the Split as it is; []: drop num_outputs (even parts); else the sizes of
-    the parts opset 18 gives."""
+def _split_at(node: onnx.NodeProto, types: Mapping[str, onnx.TypeProto], constant: Callable[[str], Any],
+              opset: int, names: NameGenerator, where: str) -> list[onnx.NodeProto]:
+    """``node`` (a Split) at ``opset``, in place, with the nodes it now reads made before it."""
+    label = node.name or f"<unnamed Split of '{node.input[0]}'>"
+
+    def refuse(message: str, hint: str) -> ExportError:
+        return ExportError(f"{where}{message}", node=label, op="Split", hint=hint)
+
     attrs = {a.name: a for a in node.attribute}
-    if "num_outputs" not in attrs or (len(node.input) > 1 and node.input[1]):
-        return None
-    n = attrs["num_outputs"].i
     axis = attrs["axis"].i if "axis" in attrs else 0
+    parts = attrs["num_outputs"].i if "num_outputs" in attrs else None
+    split_input = node.input[1] if len(node.input) > 1 and node.input[1] else ""
     tp = types.get(node.input[0])
     shape = tp.tensor_type.shape if tp is not None and tp.tensor_type.HasField("shape") else None
-    if shape is None or not -len(shape.dim) <= axis < len(shape.dim) or not shape.dim[axis].HasField("dim_value"):
-        return None
-    length = shape.dim[axis].dim_value
-    chunk = -(-length // n)
-    sizes = [chunk] * (n - 1) + [length - chunk * (n - 1)]
-    if sizes[-1] <= 0:
-        return None
-    return [] if length % n == 0 else sizes
+    rank = len(shape.dim) if shape is not None else None
+    length = None
+    if rank is not None and -rank <= axis < rank and shape.dim[axis].HasField("dim_value"):
+        length = shape.dim[axis].dim_value
+    static_hint = (f"give '{node.input[0]}' a static length along axis {axis} (a fixed input shape), "
+                   f"or export at opset >= 13")
+    before: list[onnx.NodeProto] = []
+    sizes: list[int] | None = None  # the sizes to write; None: an even split (or the split input kept)
+    if parts is not None and not split_input:
+        if length is not None:
+            chunk = -(-length // parts)
+            if length - chunk * (parts - 1) < 0:
+                raise refuse(f"splits axis {axis} of length {length} into {parts} parts: opset 18 refuses it "
+                             f"(its last part would have a negative length)", hint="fix the model's num_outputs")
+            if length % parts:
+                sizes = [chunk] * (parts - 1) + [length - chunk * (parts - 1)]
+        elif opset >= 13:
+            before, split_input = _runtime_sizes(node, axis, parts, names)
+        else:
+            raise refuse(f"splits axis {axis} of unknown length into {parts} parts (Split-18 num_outputs); at "
+                         f"opset {opset} the part sizes are an attribute, fixed when the model is written",
+                         hint=static_hint)
+    elif split_input and opset < 13:
+        value = constant(split_input)
+        if value is None:
+            raise refuse(f"its part sizes '{split_input}' are computed, but at opset {opset} they are an "
+                         "attribute, fixed when the model is written", hint="export at opset >= 13")
+        sizes = [int(v) for v in np.asarray(value).reshape(-1)]
+        split_input = ""
+    if axis < 0 and opset < 11:
+        if rank is None:
+            raise refuse(f"axis {axis} counts from the back, which Split before opset 11 does not, and the rank of "
+                         f"'{node.input[0]}' is unknown", hint="export at opset >= 11, or give the input a shape")
+        axis += rank
+    keep = [a for a in node.attribute if a.name not in ("num_outputs", "axis", "split")]
+    del node.attribute[:]
+    if "axis" in attrs or axis != 0:
+        node.attribute.append(onnx.helper.make_attribute("axis", axis))
+    node.attribute.extend(keep)
+    if sizes is not None and opset >= 13:
+        name = names.fresh(f"{node.name or node.output[0]}_split_sizes")
+        before.append(onnx.helper.make_node("Constant", [], [name], name=name,
+                                            value=onnx.numpy_helper.from_array(np.array(sizes, dtype=np.int64), name)))
+        split_input = name
+    elif sizes is not None:
+        node.attribute.append(onnx.helper.make_attribute("split", sizes))
+    del node.input[1:]
+    if split_input:
+        node.input.append(split_input)
+    return [*before, node]
+
+
+def _runtime_sizes(node: onnx.NodeProto, axis: int, parts: int,
+                   names: NameGenerator) -> tuple[list[onnx.NodeProto], str]:
+    """Nodes computing opset 18's sizes of ``parts`` parts along ``axis`` from the input's
+    shape (ceil(length / parts) each, the last one the rest), and the name of the sizes."""
+    base = node.name or node.output[0]
+    made: list[onnx.NodeProto] = []
+
+    def op(op_type: str, *inputs: str, **attrs: Any) -> str:
+        out = names.fresh(f"{base}_split_sizes/{op_type}")
+        made.append(onnx.helper.make_node(op_type, list(inputs), [out], name=out, **attrs))
+        return out
+
+    def const(value: int) -> str:
+        out = names.fresh(f"{base}_split_sizes/const")
+        made.append(onnx.helper.make_node("Constant", [], [out], name=out, value=onnx.numpy_helper.from_array(
+            np.array([value], dtype=np.int64), out)))
+        return out
+
+    length = op("Gather", op("Shape", node.input[0]), const(axis), axis=0)  # [length]
+    chunk = op("Div", op("Add", length, const(parts - 1)), const(parts))  # ceil(length / parts)
+    last = op("Sub", length, op("Mul", chunk, const(parts - 1)))
+    sizes = names.fresh(f"{base}_split_sizes")
+    made.append(onnx.helper.make_node("Concat", [chunk] * (parts - 1) + [last], [sizes], name=sizes, axis=0))
+    return made, sizes
 
 
 def drop_default_attributes(model: onnx.ModelProto, opset: int) -> None:
