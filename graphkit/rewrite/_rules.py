@@ -408,7 +408,7 @@ def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, ba
                          base_dir))
         for node in graph.node:
             for g in subgraphs(node):
-                walk(g, visible, opset, tt.scope(g))
+                walk(g, visible, opset, _ScopeTypes(tt, g))
 
     walk(model.graph, [], model_opset, types)
     for fn in model.functions:
@@ -418,6 +418,23 @@ def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, ba
             for g in subgraphs(node):
                 walk(g, [], opset, TypeTable())
     return out
+
+
+class _ScopeTypes:
+    """``table.scope(graph)``, looked up the first time a rule asks a subgraph's types: the
+    forward typing pass that telling scopes apart needs runs then, or not at all (a rule
+    that reads no type costs no typing of the model)."""
+
+    __slots__ = ("_graph", "_scope", "_table")
+
+    def __init__(self, table: TypeTable, graph: onnx.GraphProto) -> None:
+        self._table, self._graph, self._scope = table, graph, None
+
+    def __getattr__(self, name: str) -> Any:
+        scope = self._scope
+        if scope is None:
+            scope = self._scope = self._table.scope(self._graph)
+        return getattr(scope, name)
 
 
 def _referenced(model: onnx.ModelProto) -> set[str]:
