@@ -236,6 +236,35 @@ def test_split_18_down_is_done_where_onnx_has_no_adapter():
             np.testing.assert_array_equal(got, ref)
 
 
+def test_split_18_down_in_sibling_bodies_takes_each_bodys_own_length():
+    """Both If branches split a value named "u" in two: Neg(x) of length 5 in one, Concat(x, x)
+    of length 10 in the other, each declared in its own branch: the sizes are each branch's
+    (a name -> type map over the whole model gave both the first's; one of the main graph's
+    only, none)."""
+    def branch(name: str, make_u: onnx.NodeProto, length: int) -> onnx.GraphProto:
+        return helper.make_graph(
+            [make_u, helper.make_node("Split", ["u"], ["p0", "p1"], axis=1, num_outputs=2),
+             helper.make_node("Concat", ["p1", "p0"], [name], axis=1)], name, [],
+            [helper.make_tensor_value_info(name, F, [2, None])],
+            value_info=[helper.make_tensor_value_info("u", F, [2, length])])
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch("t", helper.make_node("Neg", ["x"], ["u"]), 5),
+                          else_branch=branch("e", helper.make_node("Concat", ["x", "x"], ["u"], axis=1), 10))], "g",
+        [helper.make_tensor_value_info("x", F, [2, 5]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", F, [2, None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    out, report = rewrite_model(model, target_opset=17, lowering=Lowering.KEEP)
+    assert report.conversions == [(18, 17, "adapters")]
+    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.arange(10, dtype=np.float32).reshape(2, 5)
+    (then,) = session.run(None, {"x": x, "c": np.array(True)})
+    np.testing.assert_array_equal(then, -np.concatenate([x[:, 3:], x[:, :3]], axis=1))
+    (other,) = session.run(None, {"x": x, "c": np.array(False)})
+    doubled = np.concatenate([x, x], axis=1)
+    np.testing.assert_array_equal(other, np.concatenate([doubled[:, 5:], doubled[:, :5]], axis=1))
+
+
 def test_constants_are_shared_and_put_where_every_body_sees_them():
     """Going up, one initializer of the main graph per distinct axes value, read by every If
     body; no node is added to any graph."""

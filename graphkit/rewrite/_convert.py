@@ -41,7 +41,7 @@ naming the node, the op and what to do.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphkit.errors import RewriteError
-from graphkit.rewrite._walk import AI_ONNX, ModelIndex, graphs, subgraphs, value_types
+from graphkit.rewrite._walk import AI_ONNX, ModelIndex, ScopedTypes, graphs, subgraphs, value_types
 from graphkit.rewrite.builder import NameGenerator
 
 __all__ = ["STEP_KINDS", "convert", "steps"]
@@ -175,11 +175,12 @@ class _Conversion:
     taken: set[str] | None = None  # the model's names, where the caller knows them
     up: bool = True
     function: onnx.FunctionProto | None = None  # the node's, None in the main graph
+    graph: onnx.GraphProto | None = None  # the node's subgraph, None in the main graph (or a function's body)
     made: list[str] = field(default_factory=list)  # names of the constants made
     values: dict[str, Any] = field(default_factory=dict)  # what they hold
     released: list[tuple[Any, Any]] = field(default_factory=list)  # (constant, its list): read no more here
     _names: NameGenerator | None = None
-    _types: dict[str, onnx.TypeProto] | None = None
+    _types: ScopedTypes | None = None
     _constants: dict[int, dict[str, tuple[Any, Any]]] = field(default_factory=dict)
     shared: dict[tuple, str] = field(default_factory=dict)  # (namespace, input, values) -> constant made
     new_constants: dict[int, tuple[Any, list[tuple[str, Any]]]] = field(default_factory=dict)
@@ -192,13 +193,14 @@ class _Conversion:
         return self._names
 
     @property
-    def types(self) -> dict[str, onnx.TypeProto] | None:
-        """The declared types of the main graph's values (None in a function body: it has none)."""
+    def types(self) -> Mapping[str, onnx.TypeProto] | None:
+        """The declared types of the values the node sees (its subgraph's, then the graphs'
+        around it: sibling subgraphs may each define one name); None in a function body."""
         if self.function is not None:
             return None
         if self._types is None:
             self._types = value_types(self.model, infer=False)
-        return self._types
+        return self._types if self.graph is None else self._types.scope(self.graph)
 
     @property
     def constants(self) -> dict[str, tuple[Any, Any]]:
@@ -232,8 +234,8 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None,
     if uncovered:
         return sorted(uncovered)
     conv = _Conversion(target, path, model, taken)
-    for node, node_steps, fn, up in work:
-        conv.function, conv.up = fn, up
+    for node, node_steps, fn, up, graph in work:
+        conv.function, conv.up, conv.graph = fn, up, graph
         for step in node_steps:
             _ADAPT[step.kind](conv, step, node)
     _place_constants(model, conv.new_constants)
@@ -269,9 +271,10 @@ def _collect(nodes: Any, fn: onnx.FunctionProto | None, a: int, target: int, wor
     no adapter covers into ``uncovered``."""
     up = a < target
     plan: dict[str, tuple[Step, ...] | None] = {}
-    stack = [nodes]
+    stack: list[tuple[Any, onnx.GraphProto | None]] = [(nodes, None)]  # (nodes, their subgraph; None: the root's)
     while stack:
-        for node in stack.pop():
+        nodes, graph = stack.pop()
+        for node in nodes:
             domain = node.domain
             if domain == "" or domain == "ai.onnx":
                 op = node.op_type
@@ -285,13 +288,13 @@ def _collect(nodes: Any, fn: onnx.FunctionProto | None, a: int, target: int, wor
                 if found is None:
                     uncovered.add(f"{op} {a}->{target}")
                 elif found:
-                    work.append((node, found, fn, up))
+                    work.append((node, found, fn, up, graph))
             if node.attribute:
                 for attr in node.attribute:
                     if attr.type == _GRAPH:
-                        stack.append(attr.g.node)
+                        stack.append((attr.g.node, attr.g))
                     elif attr.type == _GRAPHS:
-                        stack.extend(g.node for g in attr.graphs)
+                        stack.extend((g.node, g) for g in attr.graphs)
 
 
 def _constants(holder: onnx.GraphProto | onnx.FunctionProto) -> dict[str, tuple[Any, Any]]:
