@@ -236,6 +236,24 @@ def test_split_18_down_is_done_where_onnx_has_no_adapter():
             np.testing.assert_array_equal(got, ref)
 
 
+def test_split_18_down_empty_last_part_and_refused_negative_one():
+    """length 2 in 3 parts: opset 18 gives 1, 1, 0 (the older Split's even split refuses it);
+    length 5 in 4 parts: opset 18 refuses the node (2, 2, 2, -1), so does the conversion."""
+    def model(length: int, parts: int) -> onnx.ModelProto:
+        outs = [f"y{i}" for i in range(parts)]
+        node = helper.make_node("Split", ["x"], outs, axis=1, num_outputs=parts, name="s")
+        return helper.make_model(helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, [2, length])],
+                                                   [helper.make_tensor_value_info(o, F, [2, None]) for o in outs]),
+                                 opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+    out, _ = rewrite_model(model(2, 3), target_opset=17, lowering=Lowering.KEEP)
+    data = np.arange(4, dtype=np.float32).reshape(2, 2)
+    assert [g.shape[1] for g in _run(out, data)] == [1, 1, 0]
+    with pytest.raises(RewriteError, match="opset 18 refuses it") as info:
+        rewrite_model(model(5, 4), target_opset=17, lowering=Lowering.KEEP)
+    assert info.value.node == "s" and info.value.op == "ai.onnx::Split"
+
+
 def test_split_18_down_in_sibling_bodies_takes_each_bodys_own_length():
     """Both If branches split a value named "u" in two: Neg(x) of length 5 in one, Concat(x, x)
     of length 10 in the other, each declared in its own branch: the sizes are each branch's

@@ -33,6 +33,7 @@ import onnx.numpy_helper
 import onnx.version_converter
 
 from graphkit.errors import ExportError
+from graphkit.rewrite._convert import split_18_sizes
 from graphkit.rewrite._walk import AI_ONNX, ModelIndex, graph_tree, node_lists, value_types
 from graphkit.rewrite.builder import NameGenerator
 
@@ -229,12 +230,10 @@ def _split_at(node: onnx.NodeProto, types: Mapping[str, onnx.TypeProto], constan
     sizes: list[int] | None = None  # the sizes to write; None: an even split (or the split input kept)
     if parts is not None and not split_input:
         if length is not None:
-            chunk = -(-length // parts)
-            if length - chunk * (parts - 1) < 0:
-                raise refuse(f"splits axis {axis} of length {length} into {parts} parts: opset 18 refuses it "
-                             f"(its last part would have a negative length)", hint="fix the model's num_outputs")
-            if length % parts:
-                sizes = [chunk] * (parts - 1) + [length - chunk * (parts - 1)]
+            try:
+                sizes = split_18_sizes(length, parts)
+            except ValueError as exc:
+                raise refuse(f"splits axis {axis}: {exc}", hint="fix the model's num_outputs") from exc
         elif opset >= 13:
             before, split_input = _runtime_sizes(node, axis, parts, names)
         else:

@@ -52,7 +52,7 @@ from graphkit.errors import RewriteError
 from graphkit.rewrite._walk import AI_ONNX, ModelIndex, ScopedTypes, graphs, subgraphs, value_types
 from graphkit.rewrite.builder import NameGenerator
 
-__all__ = ["STEP_KINDS", "convert", "steps"]
+__all__ = ["STEP_KINDS", "convert", "split_18_sizes", "steps"]
 
 _REDUCE = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
            "ReduceProd", "ReduceSumSquare")
@@ -536,10 +536,22 @@ def _split_sizes(conv: _Conversion, node: onnx.NodeProto, parts: int) -> list[in
     shape = tp.tensor_type.shape if tp is not None and tp.tensor_type.HasField("shape") else None
     if shape is None or not -len(shape.dim) <= axis < len(shape.dim) or not shape.dim[axis].HasField("dim_value"):
         return []
-    length = shape.dim[axis].dim_value
+    try:
+        return split_18_sizes(shape.dim[axis].dim_value, parts) or []
+    except ValueError as exc:
+        raise conv.error(node, str(exc), "fix the model's num_outputs") from exc
+
+
+def split_18_sizes(length: int, parts: int) -> list[int] | None:
+    """The part sizes Split-18's ``num_outputs=parts`` gives an axis of ``length``: ceil(length
+    / parts) each, the last one the rest; None where they are even (what the older Splits do
+    without sizes). ValueError where the last would be negative (opset 18 refuses the node)."""
     chunk = -(-length // parts)
-    sizes = [chunk] * (parts - 1) + [length - chunk * (parts - 1)]
-    return [] if length % parts == 0 or sizes[-1] <= 0 else sizes
+    last = length - chunk * (parts - 1)
+    if last < 0:
+        raise ValueError(f"num_outputs={parts} on an axis of length {length}: opset 18 refuses it "
+                         f"(its last part would have a negative length)")
+    return None if length % parts == 0 else [chunk] * (parts - 1) + [last]
 
 
 _ADAPT: dict[str, Callable[[_Conversion, Step, onnx.NodeProto], None]] = {
