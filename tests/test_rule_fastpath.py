@@ -27,7 +27,8 @@ F = TensorProto.FLOAT
 #
 # x is one of the last three tensors (chains form), y often a constant.
 # OP: Add Mul Sub (two inputs), Relu Neg Sqrt (one), Concat (1-3, axis 0 or 1), t::scale
-# (alpha 1 or 2), t::opt (x, absent or y, z), t::pair (two outputs), custom my_add.
+# (alpha 1 or 2), t::opt (x, absent or y, z), t::pair (two outputs), custom my_add, If (then:
+# Relu, Relu; else: Neg, Neg (, Sqrt) on x).
 
 MOTIFS = {  # what the rules below look for, among random nodes
     "mul2_add": [("Mul", "x", "two"), ("Add", "-1", "y")],
@@ -38,13 +39,14 @@ MOTIFS = {  # what the rules below look for, among random nodes
     "relu_relu": [("Relu", "x"), ("Relu", "-1")],
 }
 STEP = st.tuples(st.sampled_from(["Add", "Mul", "Sub", "Relu", "Neg", "Sqrt", "Concat", "scale", "opt", "pair",
-                                  "my_add", *MOTIFS]),
+                                  "my_add", "if", *MOTIFS]),
                  st.lists(st.integers(0, 10_000), min_size=3, max_size=3), st.integers(0, 1), st.booleans())
 
 
 def graph_of(steps, named: bool, extra_outputs: list[int]) -> onnx.ModelProto:
     tensors = ["a", "b", "two", "three", "c2"]
-    nodes = [helper.make_node("Constant", [], ["c2"], value=numpy_helper.from_array(np.float32(2), "c2v"))]
+    nodes = [helper.make_node("Constant", [], ["c2"], value=numpy_helper.from_array(np.float32(2), "c2v")),
+             helper.make_node("Constant", [], ["cond"], value=numpy_helper.from_array(np.array(True), "cv"))]
     expanded = []
     for op, picks, flag, absent in steps:
         expanded += [(part, picks, flag, absent) for part in MOTIFS[op]] if op in MOTIFS else [(op, picks, flag, absent)]
@@ -79,13 +81,22 @@ def graph_of(steps, named: bool, extra_outputs: list[int]) -> onnx.ModelProto:
             nodes.append(helper.make_node("scale", [x], [out], name=name, domain="t", alpha=float(1 + flag)))
         elif op == "opt":
             nodes.append(helper.make_node("opt", [x, "" if absent else y, z], [out], name=name, domain="t"))
+        elif op == "if":  # branches with nodes the rules match: scopes of their own
+            def branch(tag, ops):
+                inner, prev = [], x
+                for j, inner_op in enumerate(ops):
+                    inner.append(helper.make_node(inner_op, [prev], [f"{out}{tag}{j}"], name=f"{name}{tag}{j}"))
+                    prev = f"{out}{tag}{j}"
+                return helper.make_graph(inner, f"{out}{tag}", [], [helper.make_tensor_value_info(prev, F, None)])
+            nodes.append(helper.make_node("If", ["cond"], [out], name=name, then_branch=branch("t", ["Relu", "Relu"]),
+                                          else_branch=branch("e", ["Neg", "Neg", "Sqrt"][:2 + flag])))
         elif op == "pair":
             nodes.append(helper.make_node("pair", [x], [out, out + "b"], name=name, domain="t"))
             tensors.append(out + "b")
         else:
             nodes.append(helper.make_node("my_add", [x, y], [out], name=name, domain="custom"))
         tensors.append(out)
-    made = [o for n in nodes[1:] for o in n.output]
+    made = [o for n in nodes[2:] for o in n.output]
     outs = list(dict.fromkeys([made[-1], *(made[i % len(made)] for i in extra_outputs)]))
     vi = lambda n: helper.make_tensor_value_info(n, F, [2, 3])  # noqa: E731
     graph = helper.make_graph(nodes, "g", [vi("a"), vi("b")], [helper.make_tensor_value_info(o, F, None) for o in outs],
@@ -198,6 +209,6 @@ def test_first_respects_nodes_taken_by_earlier_matches():
     model = graph_of([("Relu", [0, 0, 0], 0, False), ("Relu", [0, 0, 0], 0, False)], True, [])
     view = GraphView(model.graph.node, protected={o.name for o in model.graph.output})
     matcher = Matcher(BY_NAME["relu_relu"]._patterns[0].roots, commute=False, view=view, rule="relu_relu", opset=17)
-    assert matcher.first(2).nodes == [2, 1]
-    matcher.taken = {1}
-    assert matcher.first(2) is None and next(matcher.matches(2), None) is None
+    assert matcher.first(3).nodes == [3, 2]
+    matcher.taken = {2}
+    assert matcher.first(3) is None and next(matcher.matches(3), None) is None

@@ -401,14 +401,17 @@ def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, ba
     out: list[Scope] = []
 
     def walk(graph: onnx.GraphProto, outer: list[onnx.TensorProto], opset: int, tt: TypeTable) -> None:
-        # An initializer that is also a graph input may be fed at run time: not a constant.
-        fed = {i.name for i in graph.input}
-        visible = [*outer, *(t for t in graph.initializer if t.name not in fed)]
-        out.append(Scope(graph.node, {o.name for o in graph.output}, visible, graph, tt, opset, make_builder,
-                         base_dir))
-        for node in graph.node:
-            for g in subgraphs(node):
-                walk(g, visible, opset, _ScopeTypes(tt, g))
+        visible = list(outer)  # a list of the scope's own: add_initializers() extends it
+        if graph.initializer:
+            # An initializer that is also a graph input may be fed at run time: not a constant.
+            fed = {i.name for i in graph.input}
+            visible += [t for t in graph.initializer if t.name not in fed]
+        nodes = graph.node
+        out.append(Scope(nodes, {o.name for o in graph.output}, visible, graph, tt, opset, make_builder, base_dir))
+        for node in nodes:
+            if node.attribute:
+                for g in subgraphs(node):
+                    walk(g, visible, opset, _ScopeTypes(tt, g))
 
     walk(model.graph, [], model_opset, types)
     for fn in model.functions:
@@ -475,15 +478,20 @@ def apply_rule_set(model: onnx.ModelProto, rules: RuleSet, *, make_builder: Call
     released: set[str] = set()
     before = _referenced(model) if any(isinstance(r, GraphPass) for r in active) else None
     total = 0
-    for scope in reversed(_scopes(model, types, make_builder, base_dir)):
-        total += _apply_scope(scope, active, rules.max_rounds, report, released, path)
+    runs: dict[int, _RuleRun] = {}  # per rule, made once
+    try:
+        for scope in reversed(_scopes(model, types, make_builder, base_dir)):
+            total += _apply_scope(scope, active, rules.max_rounds, report, released, path, runs)
+    finally:
+        for run in runs.values():
+            run.close()
     if total:
         _prune_initializers(model, released if before is None else released | before)
     return total
 
 
 def _apply_scope(scope: Scope, rules: list[Any], max_rounds: int, report: RuleReport, released: set[str],
-                 path: str | None) -> int:
+                 path: str | None, runs: dict[int, "_RuleRun"]) -> int:
     """Rules round after round until a round changes nothing; graph passes in the first round.
 
     Each rule's reasons are kept from the last round it ran in, so nothing repeats.
@@ -507,7 +515,7 @@ def _apply_scope(scope: Scope, rules: list[Any], max_rounds: int, report: RuleRe
                     last[rule.name] = _NO_REPORT
                     continue
                 mine = last[rule.name] = RuleReport()
-                n = _apply_rule(scope, rule, mine, released, path)
+                n = _apply_rule(scope, rule, mine, released, path, runs)
                 if n:
                     present = None
             report.merge_round(mine)
@@ -546,18 +554,46 @@ def _apply_pass(scope: Scope, gpass: GraphPass, report: RuleReport, path: str | 
 _FIRST = True
 
 
-def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str], path: str | None) -> int:
+class _RuleRun:
+    """What applying one rule keeps from scope to scope: its matchers (pointed at each
+    scope's view), the rewrite's caller, one builder restarted for every match."""
+
+    __slots__ = ("builder", "call", "matchers", "restart")
+
+    def __init__(self, rule: Rule, view: GraphView, opset: int) -> None:
+        self.matchers = [(p.anchor[1], Matcher(p.roots, commute=rule.commute, view=view, rule=rule.name,
+                                               opset=opset, vars=p.vars)) for p in rule._patterns]
+        self.call = _caller(rule.rewrite)
+        self.builder: Any = None
+        self.restart: Callable[[str, str], None] | None = None
+
+    def close(self) -> None:
+        if self.restart is not None:
+            self.builder._release()
+        self.builder = self.restart = None
+
+
+def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str], path: str | None,
+                runs: dict[int, _RuleRun]) -> int:
     nodes = scope.nodes
     patterns = rule._patterns
     anchors = rule._anchor_ops  # the caller saw one of them in the scope
     view = scope.view()
-    matchers = [(p.anchor[1], Matcher(p.roots, commute=rule.commute, view=view, rule=rule.name, opset=scope.opset,
-                                      vars=p.vars))
-                for p in patterns]
+    run = runs.get(id(rule))
+    if run is None:
+        run = runs[id(rule)] = _RuleRun(rule, view, scope.opset)
+    else:
+        for _, matcher in run.matchers:
+            matcher.view, matcher.opset, matcher.commute = view, scope.opset, rule.commute
+    matchers = run.matchers
     # One pattern without choice points: Matcher.first finds its only match at a node
     # without generators; where there is none, _first_match runs to say why.
     first = matchers[0][1].first if _FIRST and len(patterns) == 1 and rule._simple() else None
-    candidates = sorted(i for op in anchors for i in view.by_op.get(op, ()))
+    by_op = view.by_op
+    if len(anchors) == 1:
+        candidates = by_op.get(next(iter(anchors)), ())
+    else:
+        candidates = sorted(i for op in anchors for i in by_op.get(op, ()))
     used: set[int] = set()
     for _, matcher in matchers:
         matcher.taken = used  # later matches skip nodes earlier ones rewrite
@@ -565,13 +601,16 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
     removed: set[int] = set()
     aliases: dict[str, str] = {}
     reorder = False
-    name, check, call = rule.name, rule.check, _caller(rule.rewrite)
+    name, check, call = rule.name, rule.check, run.call
     protected = scope.protected
     alias = lambda out: out not in protected and out not in view.outer_used  # noqa: E731
     in_graph = scope.graph is not None
     make_builder, lookup = scope.make_builder, view.constant_value
     vnodes = view.nodes
-    builder = restart = None
+    builder, restart = run.builder, run.restart
+    if restart is not None:  # the builder of an earlier scope: this scope's constants and initializers
+        builder._lookup = lookup
+        builder.initializers = [] if in_graph else None
     for index in candidates:
         if index in used:
             continue
@@ -606,6 +645,8 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
                 builder.initializers = []
             builder._lookup = lookup
             restart = getattr(builder, "_restart", None)
+            if restart is not None:
+                run.builder, run.restart = builder, restart
         elif restart is not None:
             restart(node.name or name, node.name)  # the prefix and name make_builder gives
         else:
@@ -644,8 +685,6 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
             replacements[last] = new_nodes
             removed.update(i for i in matched if i != last)
         reorder |= len(outputs) > 1
-    if restart is not None:
-        builder._release()
     if not replacements:
         return 0
     # Producers that fed only the replaced nodes (constants, typically) die with them.
