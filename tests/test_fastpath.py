@@ -1126,3 +1126,31 @@ def test_bodies_non_canonical_encoding():
     for node in model.graph.node[1:]:
         node.attribute.reverse()
     same(model)
+
+
+def test_bodies_declaring_one_name_with_two_types():
+    """Sibling Loop bodies that define the same input name, float in one and double in the
+    other: the engine's type table has a table per scope then; the byte writer steps aside
+    (whether it reads declarations alone, every placeholder input being declared, or runs
+    the whole pass)."""
+    def loop(i: int, elem: int, carried: str) -> onnx.NodeProto:
+        body = helper.make_graph(
+            [helper.make_node("Identity", ["ci"], [f"co{i}"]),
+             helper.make_node("my_add", ["v", "v"], [f"vo{i}"], domain="custom")], f"b{i}",
+            [helper.make_tensor_value_info("it", TensorProto.INT64, []),
+             helper.make_tensor_value_info("ci", TensorProto.BOOL, []), helper.make_tensor_value_info("v", elem, [3])],
+            [helper.make_tensor_value_info(f"co{i}", TensorProto.BOOL, []), helper.make_tensor_value_info(f"vo{i}", elem, [3])])
+        return helper.make_node("Loop", ["m", "", carried], [f"o{i}"], body=body)
+
+    nodes = [helper.make_node("Constant", [], ["m"], value=helper.make_tensor("m", TensorProto.INT64, [], [1])),
+             loop(0, F, "x"), loop(1, TensorProto.DOUBLE, "xd")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [3]),
+                                           helper.make_tensor_value_info("xd", TensorProto.DOUBLE, [3])],
+                              [helper.make_tensor_value_info("o0", F, [3]),
+                               helper.make_tensor_value_info("o1", TensorProto.DOUBLE, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                              ir_version=10)
+    steps_aside(model, "sibling subgraphs both define", check=False)
+    out, _ = rewrite_model(model, check=False)
+    consts = [n for g in _walk_graphs(out.graph) for n in g.node if n.op_type == "Constant" and n.name]
+    assert sorted(c.attribute[0].t.data_type for c in consts) == [F, TensorProto.DOUBLE]

@@ -50,6 +50,7 @@ opset only where the conversion moves the imports alone.
 from __future__ import annotations
 
 import collections
+import itertools
 import operator
 from collections.abc import Callable, Iterator
 from operator import attrgetter, itemgetter
@@ -63,7 +64,7 @@ from graphkit.rewrite import engine as _engine
 from graphkit.rewrite._fastpath import _LENGTHS, Unsupported
 from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite._walk import AI_ONNX, count_ops
-from graphkit.rewrite.builder import NameGenerator
+from graphkit.rewrite.builder import NameGenerator, TypeTable
 from graphkit.rewrite.engine import RewriteReport
 from graphkit.rewrite.plan import Lowered, Lowering, LoweringPlan, LoweringScope, Template
 
@@ -92,24 +93,51 @@ class _Scope:
         self.dirty = False  # it or a graph nested in it holds a placeholder
 
 
+class _Undeclared(Exception):
+    """A placeholder reads a name not declared (so far): the types need the whole pass."""
+
+
 class _Types(_fp._ForwardTypes):
     """The engine's type table (``_fastpath._ForwardTypes`` over every node of the main graph,
     subgraphs through TypeTable's own pass) whose pass through the subgraphs also lists them:
     ``scopes`` in ModelIndex's order (the order the pass enters them), ``pairs`` every node's
-    (domain, op type), each scope's placeholders and nested graphs."""
+    (domain, op type), each scope's placeholders and nested graphs.
+
+    Without ``forward``, the pass only declares (every graph's inputs, outputs, value_info and
+    initializers, in the pass's order) and lists the scopes. That is the whole pass's answer
+    for every name declared with an element type: a declaration overwrites, the forward
+    rules only fill in names not typed yet (TypeTable.set, setdefault), so a declared name
+    ends with its last declaration's type, whatever the nodes do; shapes are declarations
+    only. The caller asks it only for such names, else runs the whole pass."""
 
     def __init__(self, model: onnx.ModelProto, registry: OpRegistry, main: _Scope, domains: list[str],
-                 op_types: list[str], holders: list[int]) -> None:
+                 op_types: list[str], holders: list[int], forward: bool = True) -> None:
         self.scopes = [main]
         self.pairs: list[tuple[str, str]] = list(zip(domains, op_types))
         self._main = main
         self._main_holders = iter(holders)  # the pass reaches the main graph's holders in order
         self._frames: list[tuple[_Scope, int, Iterator[tuple[int, int]], list]] = []
         self._at: tuple[_Scope, int] | None = None
+        self._forwarding = forward
         nodes = model.graph.node
-        everything = itemgetter(slice(None))
-        super().__init__(model, registry, nodes, domains, op_types, list(map(everything, map(attrgetter("input"), nodes))),
-                         list(map(everything, map(attrgetter("output"), nodes))), set(holders), set())
+        if forward:
+            everything = itemgetter(slice(None))
+            super().__init__(model, registry, nodes, domains, op_types,
+                             list(map(everything, map(attrgetter("input"), nodes))),
+                             list(map(everything, map(attrgetter("output"), nodes))), set(holders), set())
+            return
+        TypeTable.__init__(self, model, registry)
+        self._main_outputs = set(itertools.chain.from_iterable(map(attrgetter("output"), nodes)))
+        self._avoid: set[str] = set()
+        self.lowering = True
+        self.inference_model = None
+        self._declare(model.graph)
+        if "" in self._elem:
+            raise Unsupported("a declared tensor without a name")
+        self._state = "forward"
+        self._pending = None
+        for index in holders:
+            self._forward_subgraphs(nodes[index], domains[index])
 
     def _forward_subgraphs(self, node: onnx.NodeProto, domain: str) -> None:
         parent, index = (self._main, next(self._main_holders)) if self._at is None else self._at
@@ -122,7 +150,15 @@ class _Types(_fp._ForwardTypes):
         made: list[tuple[int, int, _Scope]] = []
         self._frames.append((parent, index, iter(positions), made))
         at, self._at = self._at, None
-        super()._forward_subgraphs(node, domain)
+        if self._forwarding:
+            super()._forward_subgraphs(node, domain)
+        else:  # the graphs only, no types from them; TypeTable's check that no two graphs define a name
+            for attr in node.attribute:
+                if attr.type == _GRAPH:
+                    self._declared_graph(attr.g)
+                elif attr.type == _GRAPHS:
+                    for g in attr.graphs:
+                        self._declared_graph(g)
         self._at = at
         self._frames.pop()
         held: dict[int, list[tuple[int, _Scope]]] = {}
@@ -130,6 +166,18 @@ class _Types(_fp._ForwardTypes):
             held.setdefault(a, []).append((k, scope))
         parent.subs.append((index, list(held.items())))
         parent.dirty = parent.dirty or any(scope.dirty for _, _, scope in made)
+
+    def _declared_graph(self, graph: onnx.GraphProto) -> None:
+        """A subgraph, declarations only: TypeTable._forward_subgraphs' ``_define`` before it and
+        ``_defined_untyped`` after (the names it defines that no declaration types are left
+        untyped: the union the check looks in is the same as the whole pass's). A name the
+        main graph's nodes make too (a model the checker refuses) is left to the whole pass."""
+        names = self._define(graph)
+        if not self._main_outputs.isdisjoint(names):
+            raise _Undeclared
+        self._forward_graph(graph)
+        if names:
+            self._defined_untyped(names)
 
     def _declare(self, graph: onnx.GraphProto) -> None:
         """TypeTable._declare, each list read in bulk: the same TypeTable.set calls in order (a
@@ -164,9 +212,12 @@ class _Types(_fp._ForwardTypes):
         if PLACEHOLDER_DOMAIN in domains:
             scope.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
             scope.dirty = True
-        forward_node = self._forward_node
+            if not self._forwarding and not all(x in self._elem for i in scope.custom for x in nodes[i].input if x):
+                raise _Undeclared  # not declared so far: the whole pass will be needed (If outputs, say)
+        forward_node = self._forward_node if self._forwarding else None
         for i, node in enumerate(nodes):
-            forward_node(node, domains[i], op_types[i])
+            if forward_node is not None:
+                forward_node(node, domains[i], op_types[i])
             if node.attribute:
                 self._at = (scope, i)
                 self._forward_subgraphs(node, domains[i])
@@ -402,8 +453,19 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         main.dirty = True
     holders = [i for i, node in enumerate(nodes) if node.attribute and any(
         a.type == _GRAPH or a.type == _GRAPHS for a in node.attribute)]
-    types = _Types(model, registry, main, domains, list(map(attrgetter("op_type"), nodes)), holders)
-    del domains
+    op_types = list(map(attrgetter("op_type"), nodes))
+    try:
+        types = _Types(model, registry, main, domains, op_types, holders, forward=False)
+        declared = types._elem.keys()
+        if not all(x in declared for s in types.scopes if s.custom for i in s.custom
+                   for x in s.graph.node[i].input if x):
+            raise _Undeclared
+    except _Undeclared:  # a placeholder reads a name no graph declares with a type: the forward rules'
+        custom, dirty = main.custom, main.dirty
+        main = _Scope(model.graph, ())
+        main.custom, main.dirty = custom, dirty
+        types = _Types(model, registry, main, domains, op_types, holders)
+    del domains, op_types
     scopes = types.scopes
     report = RewriteReport(ops_before=collections.Counter(types.pairs))
     types.pairs = []
