@@ -27,6 +27,10 @@ against the schemas by the tests):
   Down: the input must be a constant (Constant node or initializer); it becomes the
   attribute again, and a Constant or initializer nothing else reads is removed, as onnx's
   converter does;
+- ``last-axis``: Softmax, LogSoftmax and Hardmax at 13 no longer flatten to 2-D and default
+  to axis -1 (was 1): the same op where the axis is the last one (-1, or rank - 1 where the
+  rank is declared), whose value is then written out; any other axis is onnx's (it adds a
+  Flatten and a Reshape);
 - ``num-outputs``: Split-18's ``num_outputs``. Up: set where no split sizes are given. Down:
   dropped where the parts are even (or the axis' length is unknown: Split-13 splits evenly),
   else the sizes opset 18 gives become the split input.
@@ -89,12 +93,15 @@ _NEW_VALUES = {("Pad", 19): ("mode", {b"wrap"}),
                ("Resize", 19): ("coordinate_transformation_mode", {b"half_pixel_symmetric"}),
                ("ScatterElements", 18): ("reduction", {b"max", b"min"}),
                ("ScatterND", 18): ("reduction", {b"max", b"min"})}
+# (op, version) where an op over "axis" stopped flattening the input to 2-D there (and its
+# default axis went from 1 to -1): the same where the axis is the last one.
+_LAST_AXIS = {("Softmax", 13), ("LogSoftmax", 13), ("Hardmax", 13)}
 # Deprecated ops onnx's converter replaces by others: never "types".
 _DEPRECATED = frozenset({"Upsample", "Scatter"})
 # Below this, "types" steps also added negative axes and broadcasting: down is onnx's.
 _TYPES_DOWN_FROM = 12
 
-STEP_KINDS = ("types", "attributes", "optional-input", "to-input", "num-outputs")
+STEP_KINDS = ("types", "attributes", "optional-input", "to-input", "num-outputs", "last-axis")
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,8 @@ def _kind(op: str, old: onnx.defs.OpSchema, new: onnx.defs.OpSchema) -> str | No
         return "attributes"
     if key in _OPTIONAL_INPUT:
         return "optional-input"
+    if key in _LAST_AXIS:
+        return "last-axis"
     if op not in _DEPRECATED and _interface(old) == _interface(new):
         return "types"
     return None
@@ -163,7 +172,7 @@ def steps(op: str, a: int, b: int) -> tuple[Step, ...] | None:
 
 
 # Step kinds that change a node going up (the others only check going down).
-_ACTIVE_UP = frozenset({"to-input", "num-outputs"})
+_ACTIVE_UP = frozenset({"to-input", "num-outputs", "last-axis"})
 _GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
 
 
@@ -228,12 +237,19 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None,
     body that read the same values."""
     work: list[tuple[onnx.NodeProto, tuple[Step, ...], Any, bool]] = []
     uncovered: set[str] = set()
+    declared: list[ScopedTypes] = []
+
+    def types() -> ScopedTypes:
+        if not declared:
+            declared.append(value_types(model, infer=False))
+        return declared[0]
+
     for a, fn, nodes in _roots(model):
         if a != target:
-            _collect(nodes, fn, a, target, work, uncovered)
+            _collect(nodes, fn, a, target, work, uncovered, types)
     if uncovered:
         return sorted(uncovered)
-    conv = _Conversion(target, path, model, taken)
+    conv = _Conversion(target, path, model, taken, _types=declared[0] if declared else None)
     for node, node_steps, fn, up, graph in work:
         conv.function, conv.up, conv.graph = fn, up, graph
         for step in node_steps:
@@ -265,7 +281,7 @@ def _roots(model: onnx.ModelProto) -> list[tuple[int, Any, Any]]:
 
 
 def _collect(nodes: Any, fn: onnx.FunctionProto | None, a: int, target: int, work: list,
-             uncovered: set[str]) -> None:
+             uncovered: set[str], types: Callable[[], ScopedTypes]) -> None:
     """One walk over ``nodes`` and the subgraphs in them: the standard nodes an adapter changes
     or checks, with their steps and function (None: the main graph), into ``work``; the ops
     no adapter covers into ``uncovered``."""
@@ -288,6 +304,9 @@ def _collect(nodes: Any, fn: onnx.FunctionProto | None, a: int, target: int, wor
                 if found is None:
                     uncovered.add(f"{op} {a}->{target}")
                 elif found:
+                    if any(s.kind == "last-axis" for s in found) and _last_axis(
+                            node, up, None if fn else types() if graph is None else types().scope(graph)) is None:
+                        uncovered.add(f"{op} {a}->{target} (not over the last axis)")
                     work.append((node, found, fn, up, graph))
             if node.attribute:
                 for attr in node.attribute:
@@ -554,9 +573,39 @@ def split_18_sizes(length: int, parts: int) -> list[int] | None:
     return None if length % parts == 0 else [chunk] * (parts - 1) + [last]
 
 
+def _last_axis(node: onnx.NodeProto, up: bool, types: Mapping[str, onnx.TypeProto] | None) -> int | None:
+    """The axis of a Softmax-like ``node`` (at the older version going up, the newer going
+    down) where it is the input's last one, else None."""
+    attr = _attr(node, "axis")
+    axis = attr.i if attr is not None else (1 if up else -1)
+    if axis == -1:
+        return axis
+    tp = (types or {}).get(node.input[0])
+    if tp is None or not tp.tensor_type.HasField("shape"):
+        return None
+    rank = len(tp.tensor_type.shape.dim)
+    return axis if axis in (rank - 1, -1) else None
+
+
+def _last_axis_step(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
+    """Write the last axis out (the two versions' defaults differ), as onnx's converter does:
+    -1 going up (Hardmax keeps a value it has), rank - 1 going down where the rank is declared."""
+    if not conv.up:
+        _check_types(conv, step, node)
+    attr = _attr(node, "axis")
+    if conv.up and step.op == "Hardmax" and attr is not None:
+        return
+    axis = -1
+    tp = (conv.types or {}).get(node.input[0])
+    if not conv.up and tp is not None and tp.tensor_type.HasField("shape"):
+        axis = len(tp.tensor_type.shape.dim) - 1
+    _remove_attr(node, "axis")
+    node.attribute.append(helper.make_attribute("axis", axis))
+
+
 _ADAPT: dict[str, Callable[[_Conversion, Step, onnx.NodeProto], None]] = {
     "types": _types, "attributes": _attributes, "optional-input": _optional_input, "to-input": _to_input,
-    "num-outputs": _num_outputs}
+    "num-outputs": _num_outputs, "last-axis": _last_axis_step}
 
 
 def _drop_unread(model: onnx.ModelProto, conv: _Conversion) -> None:
