@@ -35,13 +35,18 @@ class GraphView:
         self.inputs: list[tuple[str, ...]] = []
         self.outputs: list[tuple[str, ...]] = []
         ops, domains, inputs, outputs = self.ops, self.domains, self.inputs, self.outputs
-        intern = sys.intern  # each read of a field is a new str: a few shared ones instead of one per node
+        # Each read of a field is a new str: op types and domains interned, and one str per
+        # tensor name (its producer's and its consumers' reads share it), not one per read.
+        intern = sys.intern
+        same = {}.setdefault
         for i, node in enumerate(self.nodes):
             op = intern(node.op_type)
-            outs = tuple(node.output)
+            read = node.output[:]
+            outs = tuple(map(same, read, read))
             ops.append(op)
             domains.append(intern(node.domain))
-            inputs.append(tuple(node.input))
+            read = node.input[:]
+            inputs.append(tuple(map(same, read, read)))
             outputs.append(outs)
             if op in by_op:
                 by_op[op].append(i)

@@ -54,20 +54,24 @@ def rewrite_bytes(data: bytes, *, registry: OpRegistry | None = None,
     ``model`` is ``data`` already parsed, if the caller has it (it is not modified);
     ``fast=False`` turns the byte writer off; ``options`` are ``rewrite_model``'s other keywords.
     """
-    out, report = _rewrite_bytes(data, [] if model is None else [model], False, registry=registry,
+    out, report = _rewrite_bytes([data], [] if model is None else [model], False, registry=registry,
                                  lowering=lowering, check=check, path=path, fast=fast, **options)
     return out.join(), report
 
 
-def _rewrite_bytes(data: bytes, parsed: list[onnx.ModelProto], owned: bool, *, registry: OpRegistry | None = None,
+def _rewrite_bytes(source: list[bytes], parsed: list[onnx.ModelProto], owned: bool, *,
+                   registry: OpRegistry | None = None,
                    lowering: Lowering | Sequence[Lowering] = DEFAULT_PREFERENCE, check: bool = True,
                    path: str | None = None, fast: bool = True,
                    **options: Any) -> tuple[_fastpath.Pieces, RewriteReport]:
-    """rewrite_bytes, the output as its pieces. ``parsed`` holds ``data`` parsed, or nothing
-    (then it is parsed here); ``owned``: the list held the only reference to it, so the objects writer rewrites it in
-    place and its objects are gone before the ONNX checker parses the serialized result."""
+    """rewrite_bytes, the output as its pieces. ``source`` holds the serialized model (taken
+    out: where it held the only reference, the objects writer lets the bytes go once parsed);
+    ``parsed`` holds it parsed, or nothing (then it is parsed here); ``owned``: the list held
+    the only reference to it, so the objects writer rewrites it in place and its objects are
+    gone before the ONNX checker parses the serialized result."""
     registry = default_registry() if registry is None else registry
     prefer = (lowering,) if isinstance(lowering, Lowering) else tuple(lowering)
+    data = source.pop()
     if not isinstance(data, bytes):
         data = bytes(data)
     if parsed:
@@ -93,6 +97,7 @@ def _rewrite_bytes(data: bytes, parsed: list[onnx.ModelProto], owned: bool, *, r
         except _fastpath.Unsupported as exc:
             why = f"the byte writer does not handle this model: {exc}"
     _fastpath._Canonical.forget()  # it may hold the model (has_external_data)
+    del data  # the objects writer needs the parsed model only
     out, report, deferred = _engine._rewrite(model, registry=registry, lowering=prefer, check=check, path=path,
                                              copy=not owned, defer_check=owned, **options)
     del model
@@ -149,9 +154,10 @@ def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None
         return FileRewrite(report, sizes, out)
     parsed = [model]
     del model  # the list holds the only reference: the rewrite may drop it early
-    out, report = _rewrite_bytes(data, parsed, True, registry=registry, lowering=lowering, path=src, **options)
-    sizes = {"bytes_before": len(data), "bytes_after": len(out)}
-    del data
+    size, source = len(data), [data]
+    del data  # the list holds the only reference: the objects writer lets the bytes go
+    out, report = _rewrite_bytes(source, parsed, True, registry=registry, lowering=lowering, path=src, **options)
+    sizes = {"bytes_before": size, "bytes_after": len(out)}
     if before_write is not None:
         before_write(report, sizes)
     if dst is not None:
