@@ -149,3 +149,20 @@ def test_type_table_keeps_one_map_without_reuse():
     table, then, other = _tables(model)
     assert not table.per_scope() and then is table and other is table
     assert table.elem_type("t") == table.elem_type("e") == F
+
+
+def test_scopes_found_again_after_a_rule_rebuilds_the_main_graph():
+    """A user rule rewriting a main-graph node rebuilds that node list, which copies the If
+    and Loop bodies in it: the lowering still types each copy in its own scope."""
+    from graphkit.rewrite import Rule
+
+    model = _model()
+    model.graph.node.append(helper.make_node("Relu", ["x"], ["r"]))
+    model.graph.output.append(helper.make_tensor_value_info("r", F, [3]))
+    # The check reads a type: the tables are made before the rewrite rebuilds the main graph.
+    rule = Rule.node("relu_as_max", "Relu", lambda op, x0: op.Max(x0, op.Sub(x0, x0)), inputs=1,
+                     check=lambda ctx, x0: ctx.dtype(x0) == F)
+    out, report = rewrite_model(model, rules=[rule])
+    assert report.rules.applied == {"relu_as_max": 1}
+    assert _constants_of_my_add(out) == {"then": {F}, "else": {F16}, "loop": {F64}}
+    _check_runs(out, run_ort)

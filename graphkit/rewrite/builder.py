@@ -114,22 +114,16 @@ class TypeTable:
 
     def _get(self, name: str) -> int | None:
         """The element type of ``name`` as this scope sees it (its own, else an outer one)."""
-        table: TypeTable | None = self
-        while table is not None:
-            elem = table._elem.get(name)
-            if elem is not None:
-                return elem
-            table = table._parent
-        return None
+        elem = self._elem.get(name)
+        if elem is None and self._parent is not None:
+            return self._parent._get(name)
+        return elem
 
     def _type(self, name: str) -> onnx.TypeProto | None:
-        table: TypeTable | None = self
-        while table is not None:
-            tp = table._types.get(name)
-            if tp is not None:
-                return tp
-            table = table._parent
-        return None
+        tp = self._types.get(name)
+        if tp is None and self._parent is not None:
+            return self._parent._type(name)
+        return tp
 
     def elem_type(self, name: str) -> int | None:
         root = self._root
