@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import onnx
 from onnx import TensorProto, helper
 
-__all__ = ["OPSETS", "chain", "fan_out", "functions", "if_bodies", "loop_bodies", "multi_output"]
+__all__ = ["OPSETS", "chain", "fan_out", "functions", "if_bodies", "loop_bodies", "multi_output", "sibling_reuse"]
 
 OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)]
 
@@ -80,6 +80,23 @@ def if_bodies(n: int, *, reduce: bool = False) -> onnx.ModelProto:
             add.output[0] = f"{tag}{i}a"
             return helper.make_graph([add, _reduce(f"{tag}{i}a", f"{tag}{i}")], f"{tag}{i}", [], [_vi(f"{tag}{i}")])
         nodes.append(helper.make_node("If", ["c"], [f"o{i}"], then_branch=body("t"), else_branch=body("e")))
+        prev = f"o{i}"
+    return _model(nodes, [prev])
+
+
+def sibling_reuse(n: int) -> onnx.ModelProto:
+    """``n`` chained If nodes whose branches all define "v" and "w", float in the then
+    branches and double in the else ones (5 nodes per If): types kept per scope."""
+    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
+    nodes, prev = [cond], "x"
+    for i in range(n):
+        def body(tag: str, to: int) -> onnx.GraphProto:
+            return helper.make_graph([helper.make_node("Cast", [prev], ["v"], to=to),
+                                      helper.make_node("my_add", ["v", "v"], ["w"], domain="custom"),
+                                      helper.make_node("Cast", ["w"], [f"{tag}{i}"], to=TensorProto.FLOAT)],
+                                     f"{tag}{i}", [], [_vi(f"{tag}{i}")])
+        nodes.append(helper.make_node("If", ["c"], [f"o{i}"], then_branch=body("t", TensorProto.FLOAT),
+                                      else_branch=body("e", TensorProto.DOUBLE)))
         prev = f"o{i}"
     return _model(nodes, [prev])
 

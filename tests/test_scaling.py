@@ -15,7 +15,7 @@ import onnx
 import pytest
 
 from graphkit.rewrite import Lowering, rewrite_model
-from scaling_models import chain, fan_out, if_bodies, loop_bodies
+from scaling_models import chain, fan_out, if_bodies, loop_bodies, sibling_reuse
 
 def _seconds(model: onnx.ModelProto, lowering: Lowering) -> float:
     best = float("inf")
@@ -26,8 +26,8 @@ def _seconds(model: onnx.ModelProto, lowering: Lowering) -> float:
     return best
 
 
-@pytest.mark.parametrize("shape, n", [(chain, 1000), (fan_out, 1000), (if_bodies, 300)],
-                         ids=["unnamed-chain", "fan-out", "if-bodies"])
+@pytest.mark.parametrize("shape, n", [(chain, 1000), (fan_out, 1000), (if_bodies, 300), (sibling_reuse, 200)],
+                         ids=["unnamed-chain", "fan-out", "if-bodies", "sibling-reuse"])
 @pytest.mark.parametrize("lowering", [Lowering.DECOMPOSE, Lowering.PYTHON], ids=["decompose", "python"])
 def test_rewrite_cost_grows_linearly(shape, n, lowering):
     small, big = shape(n), shape(8 * n)
