@@ -472,11 +472,16 @@ def _lower_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     plan = ctx.plan
     # Every node list: the input's index while no pass before changed the model.
     lists = ctx.index.node_lists if ctx.index_valid else node_lists(model)
-    # Where sibling subgraphs define one name, each graph's nodes are typed by its own table.
-    lists = graph_node_lists(model) if len(lists) > 1 and ctx.types.per_scope() else [(*entry, None) for entry in lists]
     total = sum(ctx.report.ops_before.values())
     progress = ctx.progress if total > PROGRESS_MIN_NODES else None
     domains, standard = plan.domains, plan.standard
+    if not any(any(n.domain in domains for n in nodes) or (standard and any((n.domain, n.op_type) in standard
+                                                                           for n in nodes)) for nodes, _ in lists):
+        if progress is not None:  # nothing to lower (rules replaced every placeholder): no typing pass
+            progress("lowering", total, total)
+        return PassResult(model, False, "0 placeholders lowered")
+    # Where sibling subgraphs define one name, each graph's nodes are typed by its own table.
+    lists = graph_node_lists(model) if len(lists) > 1 and ctx.types.per_scope() else [(*entry, None) for entry in lists]
     done = 0
     count = 0
     for nodes, in_function, graph in reversed(lists):  # inner scopes first, as in the rules pass
