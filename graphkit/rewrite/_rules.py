@@ -692,7 +692,8 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
     orphans = {name for i in gone for name in view.inputs[i] if name}
     released |= orphans
     read = {name for new in replacements.values() for n in new for name in n.input} | set(aliases.values())
-    dead = _dead_producers(view, orphans, gone, read, scope.protected)
+    # (a name the new nodes read keeps its producer: only the others are worth a look)
+    dead = _dead_producers(view, orphans - read, gone, read, scope.protected)
     if not (removed or dead or aliases or reorder) and all(len(new) == 1 for new in replacements.values()):
         for index, new in replacements.items():  # one node for one: overwrite it where it is
             nodes[index].CopyFrom(new[0])
