@@ -108,7 +108,9 @@ class _Types(_fp._ForwardTypes):
     for every name declared with an element type: a declaration overwrites, the forward
     rules only fill in names not typed yet (TypeTable.set, setdefault), so a declared name
     ends with its last declaration's type, whatever the nodes do; shapes are declarations
-    only. The caller asks it only for such names, else runs the whole pass."""
+    only. The main graph's If/Loop/Scan outputs take their body outputs' declared types
+    (_declared_control_flow). The caller asks it only for names so typed, else runs the
+    whole pass."""
 
     def __init__(self, model: onnx.ModelProto, registry: OpRegistry, main: _Scope, domains: list[str],
                  op_types: list[str], holders: list[int], forward: bool = True) -> None:
@@ -127,7 +129,8 @@ class _Types(_fp._ForwardTypes):
                              list(map(everything, map(attrgetter("output"), nodes))), set(holders), set())
             return
         TypeTable.__init__(self, model, registry)
-        self._main_outputs = set(itertools.chain.from_iterable(map(attrgetter("output"), nodes)))
+        self._made = collections.Counter(itertools.chain.from_iterable(map(attrgetter("output"), nodes)))
+        self._main_outputs = self._made.keys()
         self._avoid: set[str] = set()
         self.lowering = True
         self.inference_model = None
@@ -153,12 +156,16 @@ class _Types(_fp._ForwardTypes):
         if self._forwarding:
             super()._forward_subgraphs(node, domain)
         else:  # the graphs only, no types from them; TypeTable's check that no two graphs define a name
+            bodies = {}
             for attr in node.attribute:
                 if attr.type == _GRAPH:
                     self._declared_graph(attr.g)
+                    bodies[attr.name] = attr.g
                 elif attr.type == _GRAPHS:
                     for g in attr.graphs:
                         self._declared_graph(g)
+            if at is None and bodies and domain in AI_ONNX:
+                self._declared_control_flow(node, bodies)
         self._at = at
         self._frames.pop()
         held: dict[int, list[tuple[int, _Scope]]] = {}
@@ -166,6 +173,24 @@ class _Types(_fp._ForwardTypes):
             held.setdefault(a, []).append((k, scope))
         parent.subs.append((index, list(held.items())))
         parent.dirty = parent.dirty or any(scope.dirty for _, _, scope in made)
+
+    def _declared_control_flow(self, node: onnx.NodeProto, bodies: dict[str, onnx.GraphProto]) -> None:
+        """TypeTable._forward_control_flow for a node of the main graph, declarations only: an
+        output takes its body output's type where that is declared by now (the whole pass
+        has the same type for it then: a forward rule never changes a declared name's) and
+        no other node makes the output (else its forward type might come first); anything
+        else is left to the whole pass."""
+        body = bodies.get({"If": "then_branch", "Loop": "body", "Scan": "body"}.get(node.op_type, ""))
+        if body is None:
+            return
+        elem = self._elem
+        outs = list(body.output)[1:] if node.op_type == "Loop" else list(body.output)
+        for out, body_out in zip(node.output, outs):
+            if out:
+                t = elem.get(body_out.name)
+                if t is None or self._made[out] != 1:
+                    raise _Undeclared
+                elem.setdefault(out, t)
 
     def _declared_graph(self, graph: onnx.GraphProto) -> None:
         """A subgraph, declarations only: TypeTable._forward_subgraphs' ``_define`` before it and
