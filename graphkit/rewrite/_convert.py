@@ -226,16 +226,28 @@ class _Conversion:
                             op=f"ai.onnx::{node.op_type}", hint=hint)
 
 
+@dataclass
+class Converted:
+    """What :func:`convert` did: ``fallback``, the ops that leave the whole model to onnx's
+    converter (nothing was changed); ``by_onnx``, the ops of nodes onnx's converter converted
+    one at a time (no adapter here)."""
+
+    fallback: list[str] = field(default_factory=list)
+    by_onnx: list[str] = field(default_factory=list)
+
+
 def convert(model: onnx.ModelProto, target: int, *, path: str | None = None,
-            taken: set[str] | None = None) -> list[str]:
+            taken: set[str] | None = None) -> Converted:
     """Convert ``model``'s standard ops, in place, to ai.onnx opset ``target`` with graphkit's
-    adapters: every graph, subgraph and model-local function (each from its own import).
-    Returns the ops (``"Softmax 12->13"``: opsets) no adapter here covers: then nothing was
-    changed, for onnx's converter to do. Raises RewriteError where an adapter refuses a node.
-    ``taken``: every name in ``model``, where the caller has them; the names made are added.
-    The constants made (axes, split sizes) are shared by the nodes of one graph or function
-    body that read the same values."""
-    work: list[tuple[onnx.NodeProto, tuple[Step, ...], Any, bool]] = []
+    adapters: every graph, subgraph and model-local function (each from its own import). A
+    node no adapter covers is converted by onnx's converter on its own (a model of that one
+    node, its inputs typed as declared), its nodes put in its place; one that holds
+    subgraphs (If/Loop/Scan going below 12) leaves the whole model to onnx's converter:
+    ``fallback`` names it and nothing was changed. Raises RewriteError where an adapter, or
+    onnx's converter on one node, refuses a node. ``taken``: every name in ``model``, where
+    the caller has them; the names made are added. The constants made (axes, split sizes)
+    are shared by the nodes of one graph or function body that read the same values."""
+    work: list[tuple] = []
     uncovered: set[str] = set()
     declared: list[ScopedTypes] = []
 
@@ -248,13 +260,25 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None,
         if a != target:
             _collect(nodes, fn, a, target, work, uncovered, types)
     if uncovered:
-        return sorted(uncovered)
+        return Converted(fallback=sorted(uncovered))
     conv = _Conversion(target, path, model, taken, _types=declared[0] if declared else None)
-    for node, node_steps, fn, up, graph in work:
+    replaced: dict[int, tuple[Any, dict[int, list[onnx.NodeProto]]]] = {}
+    by_onnx: set[str] = set()
+    for node, node_steps, fn, up, graph, nodes, a in work:
         conv.function, conv.up, conv.graph = fn, up, graph
+        if node_steps is None:
+            replaced.setdefault(id(nodes), (nodes, {}))[1][id(node)] = _by_onnx(conv, node, a)
+            by_onnx.add(f"{node.op_type} {a}->{target}")
+            continue
         for step in node_steps:
             _ADAPT[step.kind](conv, step, node)
     _place_constants(model, conv.new_constants)
+    for nodes, new in replaced.values():
+        ordered = []
+        for node in nodes:
+            ordered.extend(new.get(id(node), (node,)))
+        del nodes[:]
+        nodes.extend(ordered)
     _drop_unread(model, conv)
     if taken is not None:
         taken.update(conv.made)
@@ -262,7 +286,53 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None,
         for imp in imports:
             if imp.domain in AI_ONNX:
                 imp.version = target
-    return []
+    return Converted(by_onnx=sorted(by_onnx))
+
+
+def _by_onnx(conv: _Conversion, node: onnx.NodeProto, a: int) -> list[onnx.NodeProto]:
+    """``node`` (of ai.onnx opset ``a``) converted by onnx's version converter as a model of
+    its own: the nodes to put in its place, the values they make named anew."""
+    from onnx import version_converter
+
+    if any(attr.ref_attr_name for attr in node.attribute):
+        raise conv.error(node, "no adapter here, and onnx's converter cannot see the function attribute it refers to",
+                         "inline the function, or keep the model's opset")
+    types = conv.types or {}
+    inputs: list[onnx.ValueInfoProto] = []
+    seen: set[str] = set()
+    for name in node.input:
+        if name and name not in seen:
+            seen.add(name)
+            vi = onnx.ValueInfoProto(name=name)
+            if name in types:
+                vi.type.CopyFrom(types[name])
+            inputs.append(vi)
+    outputs = [onnx.ValueInfoProto(name=o) for o in node.output if o]
+    mini = helper.make_model(helper.make_graph([node], "node", inputs, outputs), ir_version=conv.model.ir_version or 10,
+                             opset_imports=[helper.make_opsetid("", a)])
+    try:
+        converted = version_converter.convert_version(mini, conv.target).graph
+    except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors / its own types
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise conv.error(node, f"no adapter here, and onnx's version converter refuses it: {first}",
+                         "pick another --target-opset, or keep the model's opset") from exc
+    made = [helper.make_node("Constant", [], [t.name], value=t) for t in converted.initializer]
+    made.extend(converted.node)
+    keep = seen | set(node.output) | {""}
+    base = node.name or node.output[0]
+    rename: dict[str, str] = {}
+    for n in made:
+        for i, out in enumerate(n.output):
+            if out not in keep:
+                rename[out] = n.output[i] = conv.names.fresh(f"{base}_{out.lstrip('_')}")
+        if n.name and n.name != node.name:
+            n.name = conv.names.fresh(n.name)
+    for n in made:
+        for i, name in enumerate(n.input):
+            if name in rename:
+                n.input[i] = rename[name]
+    conv.made.extend(rename.values())
+    return made
 
 
 def _roots(model: onnx.ModelProto) -> list[tuple[int, Any, Any]]:
@@ -283,8 +353,9 @@ def _roots(model: onnx.ModelProto) -> list[tuple[int, Any, Any]]:
 def _collect(nodes: Any, fn: onnx.FunctionProto | None, a: int, target: int, work: list,
              uncovered: set[str], types: Callable[[], ScopedTypes]) -> None:
     """One walk over ``nodes`` and the subgraphs in them: the standard nodes an adapter changes
-    or checks, with their steps and function (None: the main graph), into ``work``; the ops
-    no adapter covers into ``uncovered``."""
+    or checks, with their steps (None: no adapter covers them, onnx's converter does the
+    node), function (None: the main graph), subgraph, node list and opset, into ``work``;
+    the ops no adapter covers that hold subgraphs into ``uncovered``."""
     up = a < target
     plan: dict[str, tuple[Step, ...] | None] = {}
     stack: list[tuple[Any, onnx.GraphProto | None]] = [(nodes, None)]  # (nodes, their subgraph; None: the root's)
@@ -301,13 +372,15 @@ def _collect(nodes: Any, fn: onnx.FunctionProto | None, a: int, target: int, wor
                     if found is not None and up:
                         found = tuple(s for s in found if s.kind in _ACTIVE_UP)
                     plan[op] = found
-                if found is None:
+                if found and any(s.kind == "last-axis" for s in found) and _last_axis(
+                        node, up, None if fn else types() if graph is None else types().scope(graph)) is None:
+                    found = None  # not over the last axis: onnx's (a Flatten and a Reshape)
+                if found is None and any(at.type in (_GRAPH, _GRAPHS) for at in node.attribute):
                     uncovered.add(f"{op} {a}->{target}")
+                elif found is None:
+                    work.append((node, None, fn, up, graph, nodes, a))
                 elif found:
-                    if any(s.kind == "last-axis" for s in found) and _last_axis(
-                            node, up, None if fn else types() if graph is None else types().scope(graph)) is None:
-                        uncovered.add(f"{op} {a}->{target} (not over the last axis)")
-                    work.append((node, found, fn, up, graph))
+                    work.append((node, found, fn, up, graph, nodes, a))
             if node.attribute:
                 for attr in node.attribute:
                     if attr.type == _GRAPH:

@@ -49,7 +49,8 @@ class RewriteReport:
     ``passes`` lists ``(pass, what it changed)`` for every pass that changed the model;
     ``conversions`` the ai.onnx version conversions made, ``(from, to, how)`` with ``how``
     "adapters" (graphkit's), "version converter" (onnx's) or "imports only" (no standard op
-    has a new version between the two);
+    has a new version between the two), "adapters; onnx's converter node by node: ..." where
+    onnx's converter did the nodes no adapter covers one at a time;
     ``writer`` says which writer made the output and why (``"objects"``: the passes on
     the parsed model; ``"bytes"``: graphkit.rewrite._fastpath on the serialized one);
     ``passed_over`` says, per op, why lowerings preferred to the one it got were not used
@@ -275,8 +276,10 @@ def _convert_opset(model: onnx.ModelProto, target: int, path: str | None, taken:
     Returns the model and how: "imports only" where no standard op of the model (any scope)
     has a new version between the two opsets (every node stays as it is), "adapters" where
     graphkit's own adapters converted every node (rewrite/_convert.py: one pass, linear),
-    else "version converter": onnx's, whose cost grows with the square of the number of
-    subgraphs (see _convert.py), for the ops no adapter here covers.
+    with onnx's converter on each node no adapter covers, one at a time ("adapters; onnx's
+    converter node by node: ..."), else "version converter": onnx's on the whole model, whose
+    cost grows with the square of the number of subgraphs (see _convert.py), where a node no
+    adapter covers holds subgraphs.
     """
     from onnx import version_converter
 
@@ -286,15 +289,17 @@ def _convert_opset(model: onnx.ModelProto, target: int, path: str | None, taken:
     how = "imports only"
     if current == target or not standard or same:
         converted = model
-    elif not (uncovered := convert_by_adapters(model, target, path=path, taken=taken)):
+    elif not (done := convert_by_adapters(model, target, path=path, taken=taken)).fallback:
         converted, how = model, "adapters"
+        if done.by_onnx:
+            how += f"; onnx's converter node by node: {', '.join(done.by_onnx)}"
     else:
         how = "version converter"
         try:
             converted = version_converter.convert_version(model, target)
         except Exception as exc:  # the converter raises bare RuntimeErrors / its own types
             raise RewriteError(f"cannot convert from opset {current} to {target}: {str(exc).splitlines()[0]}",
-                               path=path, op=f"ai.onnx::{uncovered[0].split()[0]}",
+                               path=path, op=f"ai.onnx::{done.fallback[0].split()[0]}",
                                hint="pick a --target-opset the converter supports, or omit it") from exc
     imports = [imp for imp in converted.opset_import if imp.domain not in AI_ONNX]
     del converted.opset_import[:]
@@ -431,10 +436,10 @@ def _convert_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
         if out is model and ctx.index_valid and how == "imports only":  # the same nodes: the same names
             ctx.same_nodes = True
             ctx.make_plan(out, ctx.index.names)
-        elif how == "adapters" and taken is not None:  # the names, with the adapters' constants'
+        elif how.startswith("adapters") and taken is not None:  # the names, with the adapters' constants'
             # Going up, the adapters add initializers and touch no node list but a function
             # body's (Constant nodes): the index holds. Going down they may remove Constants.
-            ctx.index_valid = ctx.same_nodes = before < ctx.target_opset and not out.functions
+            ctx.index_valid = ctx.same_nodes = how == "adapters" and before < ctx.target_opset and not out.functions
             ctx.make_plan(out, taken)
         else:
             ctx.index_valid = False
