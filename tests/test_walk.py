@@ -42,11 +42,11 @@ def test_value_types_reads_subgraphs_and_initializers():
     then, other = _branches(model.graph.node[0])
     assert types.scope(then)["t"].tensor_type.elem_type == TensorProto.FLOAT  # inferred inside the If body
     assert [d.dim_value for d in types["w"].tensor_type.shape.dim] == [3]
-    main = {"x": TensorProto.FLOAT, "c": TensorProto.BOOL, "y": TensorProto.FLOAT, "w": TensorProto.INT64}
+    every = {"x": TensorProto.FLOAT, "c": TensorProto.BOOL, "y": TensorProto.FLOAT, "w": TensorProto.INT64,
+             "t": TensorProto.FLOAT, "e": TensorProto.FLOAT}
     elems = elem_types(model)
-    assert dict(elems) == main  # as a Mapping: the main graph's own values
-    assert dict(elems.scope(then)) == {**main, "t": TensorProto.FLOAT}  # a body sees the outer values
-    assert dict(elems.scope(other)) == {**main, "e": TensorProto.FLOAT}
+    assert not elems.per_scope  # no two graphs define a name: one map serves every scope
+    assert dict(elems) == dict(elems.scope(then)) == dict(elems.scope(other)) == every
     assert "t" not in value_types(model, infer=False).scope(then)  # what the model states only
 
 
@@ -80,7 +80,7 @@ def test_sibling_graphs_keep_their_own_type_for_a_reused_name():
     then2, else2 = _branches(model.graph.node[1])
     for infer in (False, True):
         types = value_types(model, infer=infer)
-        assert "v" not in types
+        assert types.per_scope and "v" not in types
         assert types.scope(then1)["v"].tensor_type.elem_type == TensorProto.FLOAT
         assert types.scope(else1)["v"].tensor_type.elem_type == TensorProto.FLOAT
         assert types.scope(then2)["v"].tensor_type.elem_type == TensorProto.FLOAT16
