@@ -141,6 +141,8 @@ RULES = [
     Rule("distinct", lambda op, x, y: op.my_add(x, y, _domain="custom"), lambda op, x, y: op.Add(x, y),
          check=_distinct),
     Rule("relu_relu", lambda op, x: op.Relu(op.Relu(x)), lambda op, x: op.Relu(x)),
+    Rule("concat_same", lambda op, *xs: op.Concat(*xs, axis=1), lambda op, *xs: op.Concat(*xs, axis=1)),
+    Rule("pair_one", lambda op, x: op.pair(x, _domain="t"), lambda op, x: op.Neg(x)),
     # choice points: the generators run for these, beside the fast path of the others
     Rule("commuted", lambda op, x, y: op.Add(op.Mul(x, 2.0), y), lambda op, x, y: op.my_add(x, y, _domain="custom"),
          commute=True),
@@ -149,7 +151,7 @@ RULES = [
     Rule("alternatives", [lambda op, x: op.Sqrt(op.Relu(x)), lambda op, x: op.Sqrt(op.Neg(x))],
          lambda op, x: op.Relu(x)),
 ]
-SIMPLE = 13  # RULES[:SIMPLE] have no choice points
+SIMPLE = 15  # RULES[:SIMPLE] have no choice points
 BY_NAME = {r.name: r for r in RULES}
 
 
@@ -212,3 +214,10 @@ def test_first_respects_nodes_taken_by_earlier_matches():
     assert matcher.first(3).nodes == [3, 2]
     matcher.taken = {2}
     assert matcher.first(3) is None and next(matcher.matches(3), None) is None
+
+
+def test_single_node_patterns_of_distinct_variables_take_the_flat_plan():
+    view = GraphView([])
+    flat = [r.name for r in RULES if Matcher(r._patterns[0].roots, commute=r.commute, view=view, rule=r.name,
+                                             opset=17)._flat is not None]
+    assert flat == ["relu_neg", "rank_check", "distinct", "concat_same", "pair_one"]

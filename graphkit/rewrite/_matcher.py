@@ -91,6 +91,26 @@ def deterministic(roots: list[Any], commute: bool) -> bool:
     return plain(roots[0])
 
 
+def _flat_plan(roots: list[Any]) -> tuple[PNode, tuple[str, ...], str | None] | None:
+    """(node, its input variables' names, the ``*xs`` name) where the pattern is one node
+    whose inputs are distinct variables (optionally a trailing ``*xs``) and whose attribute
+    constraints capture nothing: Matcher.first's flat case."""
+    if len(roots) != 1 or roots[0].__class__ is not PNode:
+        return None
+    pat = roots[0]
+    if any(isinstance(v, Var) for v in pat.attrs.values()):
+        return None
+    inputs = pat.inputs
+    many = inputs[-1].name if inputs and inputs[-1].__class__ is Many else None
+    fixed = inputs[:-1] if many is not None else inputs
+    if any(p.__class__ is not Var for p in fixed):
+        return None
+    names = tuple(p.name for p in fixed)
+    if len(set(names) | {many}) != len(names) + 1:
+        return None  # a variable used twice: equal tensors, the general case
+    return pat, names, many
+
+
 class _State:
     """One partial match: variable bindings, pattern node -> graph node, nodes taken."""
 
@@ -131,6 +151,7 @@ class Matcher:
                 variables(r, vars)
         self.vars = vars
         self._root_outs = [(id(r.node), r.index) if isinstance(r, Out) else (id(r), 0) for r in roots]
+        self._flat = _flat_plan(roots)
         self.failures: list[tuple[int, str, str]] = []  # (depth, text, generic) of the current anchor
         self._at = 0  # how many nodes the partial match being tried holds
         self._reach: dict[int, tuple[set[str], set[int]]] = {}  # per extra root: its variables and nodes
@@ -161,6 +182,8 @@ class Matcher:
         The same checks in the same order as ``_node`` and ``_value``, on one mutable state
         instead of a generator per choice point.
         """
+        if self._flat is not None:
+            return self._first_flat(index)
         first = self.roots[0]
         pnode = first.node if isinstance(first, Out) else first
         bindings: dict[str, Any] = {}
@@ -169,6 +192,40 @@ class Matcher:
         if not self._first_node(pnode, index, bindings, nodes, used):
             return None
         return self._whole(bindings, nodes, used)
+
+    def _first_flat(self, index: int) -> Match | None:
+        """first() for one node whose inputs are distinct variables (``Rule.node``): the same
+        checks as _first_node, _first_value and _whole, in a row."""
+        pat, names_of, many = self._flat
+        view = self.view
+        domain = view.domains[index]
+        if view.ops[index] != pat.op_type or (domain != pat.domain and not (domain == "ai.onnx" and not pat.domain)):
+            return None
+        if index in self.taken:
+            return None
+        if pat.attrs and self._attrs(pat, view.nodes[index], index, {}) is None:
+            return None
+        names = view.inputs[index]
+        k = len(names_of)
+        rest: list[str] = []
+        if len(names) > k:
+            rest = list(names[k:])
+            names = names[:k]
+            if many is None and any(rest):
+                return None
+        if len(names) < k or not all(names):
+            return None  # an absent input: no variable binds it
+        outs = view.outputs[index]
+        outputs = [outs[0] if outs else ""]
+        for name in outs:
+            if name and name != outputs[0] and (
+                    name in view.protected or any(c != index for c in view.consumers.get(name, ()))):
+                return None
+        bindings = dict(zip(names_of, names))
+        if many is not None:
+            bindings[many] = rest
+        get = bindings.get
+        return Match({name: get(name) for name in self.vars}, [index], outputs)
 
     def _first_node(self, pat: PNode, index: int, bindings: dict[str, Any], nodes: dict[int, int],
                     used: set[int]) -> bool:
