@@ -479,13 +479,16 @@ def apply_rule_set(model: onnx.ModelProto, rules: RuleSet, *, make_builder: Call
     before = _referenced(model) if any(isinstance(r, GraphPass) for r in active) else None
     total = 0
     runs: dict[int, _RuleRun] = {}  # per rule, made once
+    scopes = _scopes(model, types, make_builder, base_dir)
     try:
-        for scope in reversed(_scopes(model, types, make_builder, base_dir)):
+        for scope in reversed(scopes):
             total += _apply_scope(scope, active, rules.max_rounds, report, released, path, runs)
     finally:
         for run in runs.values():
             run.close()
-    if total:
+    # Rules reach initializers only through their scopes' lists (add_initializers() extends
+    # them): where every list is empty, no initializer can have become unused.
+    if total and (before is not None or any(scope.initializers for scope in scopes)):
         _prune_initializers(model, released if before is None else released | before)
     return total
 
