@@ -19,8 +19,8 @@ otherwise compile graphkit's sources again (about 0.1 s).
 Processes are timed by CPU seconds (user + system, from wait4) as well as wall seconds:
 on a shared machine the CPU time is what the work costs; the ratios use it. It prints
 CPU microseconds per node, the growth factor per 10x nodes (1.0 = linear), and the CLI's
-ratio to the floor (CPU, wall, peak memory). Goal: growth <= 1.1 everywhere; CLI within
-3x of the floor at 100k and 1M nodes. `nodes` counts every node, subgraphs and functions
+ratio to the floor (CPU, wall, peak memory; the peaks themselves in MiB). Goal: growth <= 1.1
+everywhere; CLI within 3x of the floor at 100k and 1M nodes, its peak memory too. `nodes` counts every node, subgraphs and functions
 included. `--flags` are passed to `graphkit rewrite` and to the in-process writers (the
 lowering, --target-opset, --as-functions); `--rule` adds a user rule (every my_add becomes
 an Add) given to both as `--rules FILE` / ``rules=``, which the objects writer applies.
@@ -141,7 +141,7 @@ def main() -> None:
     flags = args.flags.split()
     registry = default_registry()
     print(f"{'shape':13} {'nodes':>8} {'floor cpu':>9} {'cli cpu':>8} {'cli/floor':>9} {'wall ratio':>10} "
-          f"{'rss/floor':>9} {'cli us/node':>11} {'growth':>6} {'objects s':>9} {'bytes s':>8} {'writer':>7}")
+          f"{'rss/floor':>9} {'floor MiB':>9} {'cli MiB':>7} {'cli us/node':>11} {'growth':>6} {'objects s':>9} {'bytes s':>8} {'writer':>7}")
     with tempfile.TemporaryDirectory() as tmp:
         if args.rule:
             rule_file = Path(tmp) / "scaling_rule.py"
@@ -182,7 +182,8 @@ def main() -> None:
                 if previous is not None:
                     growth = f"{(cli / previous[1]) / (nodes / previous[0]):.2f}"
                 print(f"{shape:13} {nodes:>8} {floor:>9.2f} {cli:>8.2f} {cli / floor:>9.2f} "
-                      f"{cli_wall / floor_wall:>10.2f} {cli_rss / floor_rss:>9.2f} {cli / nodes * 1e6:>11.2f} "
+                      f"{cli_wall / floor_wall:>10.2f} {cli_rss / floor_rss:>9.2f} {floor_rss / 1024:>9.0f} "
+                      f"{cli_rss / 1024:>7.0f} {cli / nodes * 1e6:>11.2f} "
                       f"{growth:>6} {timed.get('objects', float('nan')):>9.2f} {timed.get('bytes', float('nan')):>8.2f} "
                       f"{writer:>7}", flush=True)
                 previous = (nodes, cli)
