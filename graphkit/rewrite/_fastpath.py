@@ -49,6 +49,11 @@ The result is the object path's, field for field (tests/test_fastpath.py compare
   ``_check_replacement`` asks for a shape nothing declares, the engine infers shapes
   over the whole rewritten model; here over its nodes up to where those names are made,
   which gives them the same types (inference goes through the nodes in order).
+  Memory: the checker's part on the input runs first, before the lowering reads the
+  nodes' names (its own parse of the model, handed back to the system after, and the
+  lowering's lists are never held at once; where the lowering then steps aside, the
+  objects writer checks its own output and that check was for nothing); the output is
+  kept as the pieces it is made of (``Pieces``) and written to the file from them.
 
 Its preconditions, each an ``Unsupported`` naming it (the report's ``writer_reason``
 when the object path runs instead): custom nodes only in the main graph, no model-local
