@@ -83,13 +83,16 @@ class _Scope:
     and the nested graphs (``subs``: per node holding graphs, (node index, [(attribute index,
     [(position among the attribute's graphs, _Scope)])]))."""
 
-    __slots__ = ("graph", "path", "custom", "subs", "dirty")
+    __slots__ = ("graph", "path", "size", "custom", "subs", "dirty")
 
     def __init__(self, graph: onnx.GraphProto, path: tuple[int, ...]) -> None:
         self.graph = graph
         self.path = path  # (node, attribute, graph) indices down from the main graph: tuples sort in output order
         self.custom: list[int] = []
-        self.subs: list[tuple[int, list[tuple[int, list[tuple[int, _Scope]]]]]] = []
+        self.size = 0  # nodes
+        # per node holding graphs: (node index, its attribute count, whether a graph it holds is dirty,
+        # [(attribute index, its graphs' field number, [(position among them, _Scope)])])
+        self.subs: list[tuple[int, int, bool, list[tuple[int, int, list[tuple[int, _Scope]]]]]] = []
         self.dirty = False  # it or a graph nested in it holds a placeholder
 
 
@@ -171,8 +174,11 @@ class _Types(_fp._ForwardTypes):
         held: dict[int, list[tuple[int, _Scope]]] = {}
         for a, k, scope in made:
             held.setdefault(a, []).append((k, scope))
-        parent.subs.append((index, list(held.items())))
-        parent.dirty = parent.dirty or any(scope.dirty for _, _, scope in made)
+        attributes = node.attribute
+        dirty = any(scope.dirty for _, _, scope in made)
+        parent.subs.append((index, len(attributes), dirty,
+                            [(a, 6 if attributes[a].type == _GRAPH else 11, subs) for a, subs in held.items()]))
+        parent.dirty = parent.dirty or dirty
 
     def _declared_control_flow(self, node: onnx.NodeProto, bodies: dict[str, onnx.GraphProto]) -> None:
         """TypeTable._forward_control_flow for a node of the main graph, declarations only: an
@@ -233,6 +239,7 @@ class _Types(_fp._ForwardTypes):
         nodes = graph.node
         domains = list(map(attrgetter("domain"), nodes))
         op_types = list(map(attrgetter("op_type"), nodes))
+        scope.size = len(domains)
         self.pairs += zip(domains, op_types)
         if PLACEHOLDER_DOMAIN in domains:
             scope.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
@@ -340,25 +347,22 @@ def _graph_bytes(data: bytes, scope: _Scope, v0: int, v1: int, slots: dict[tuple
     and ends where known) with its placeholders replaced (``slots`` by (scope id, node index))
     and its nested graphs holding placeholders written again, their length prefixes new."""
     starts, ends = entries if entries is not None else _node_spans(data, v0, v1)
-    graph_nodes = scope.graph.node
-    if len(starts) != len(graph_nodes):
+    if len(starts) != scope.size:
         raise Unsupported("a graph's node entries do not match the parsed model")
     key = id(scope)
     edits = [(starts[i], ends[i], slots[(key, i)]) for i in scope.custom]
     L = _LENGTHS
-    for index, held in scope.subs:
-        if not any(sub.dirty for _, subs in held for _, sub in subs):
+    for index, n_attributes, dirty, held in scope.subs:
+        if not dirty:
             continue
         start, end = starts[index], ends[index]
         n0 = start + 2 if data[start + 1] < 0x80 else _fp._varint(data, start + 1)[1]
         attributes = _fields(data, n0, end, 5)
-        node_attributes = graph_nodes[index].attribute
-        if len(attributes) != len(node_attributes):
+        if len(attributes) != n_attributes:
             raise Unsupported("a node's attribute entries do not match the parsed model")
         node_edits = []
-        for a, subs in held:
+        for a, field, subs in held:
             a_start, a0, a1 = attributes[a]
-            field = 6 if node_attributes[a].type == _GRAPH else 11
             graphs = _fields(data, a0, a1, field)
             if len(graphs) != len(subs):
                 raise Unsupported("an attribute's graph entries do not match the parsed model")
@@ -473,6 +477,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     # The engine's type table, its pass listing the scopes: every node is read once here.
     main = _Scope(model.graph, ())
     domains = list(map(attrgetter("domain"), nodes))
+    main.size = len(domains)
     if PLACEHOLDER_DOMAIN in domains:
         main.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
         main.dirty = True
@@ -488,7 +493,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     except _Undeclared:  # a placeholder reads a name no graph declares with a type: the forward rules'
         custom, dirty = main.custom, main.dirty
         main = _Scope(model.graph, ())
-        main.custom, main.dirty = custom, dirty
+        main.custom, main.dirty, main.size = custom, dirty, len(nodes)
         types = _Types(model, registry, main, domains, op_types, holders)
     del domains, op_types
     scopes = types.scopes
