@@ -1112,6 +1112,18 @@ def test_bodies_checked_by_parts(shape, monkeypatch):
     onnx.checker.check_model(out)
 
 
+def test_bodies_input_checked_before_the_type_table(monkeypatch):
+    """As in the main graph's writer, the checker runs on the input before the bodies' writer
+    reads every node (test_input_checked_before_the_lowering_lists), and once only."""
+    calls = []
+    check, types = _fastpath._input_refused, _bodybytes._Types
+    monkeypatch.setattr(_fastpath, "_input_refused", lambda *a: (calls.append("check"), check(*a))[1])
+    monkeypatch.setattr(_bodybytes, "_Types", lambda *a, **k: (calls.append("types"), types(*a, **k))[1])
+    _, report, _ = _by_parts(_scaling("if_bodies", 20), monkeypatch)
+    assert report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS), report.writer_reason
+    assert calls[:2] == ["check", "types"] and calls.count("check") == 2  # the input, the replacements
+
+
 def test_bodies_invalid_node_found_by_parts_reported_by_the_whole_check(monkeypatch):
     model = _scaling("loop_bodies", 20)
     model.graph.node[5].attribute[0].g.node[0].attribute.append(helper.make_attribute("bogus", 1))

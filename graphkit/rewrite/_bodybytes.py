@@ -474,6 +474,13 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         if target_opset is not None and target_opset != _engine.ai_onnx_opset(model):
             raise Unsupported("--target-opset with nothing to lower (the objects writer moves the imports)")
         return data, RewriteReport(ops_before=count_ops(model), ops_after=count_ops(model)), None
+    # The checker's part on the input runs before the lists below are made (_fastpath's
+    # docstring: its parse of the model and those lists are never held at once), where the
+    # output will surely be checked by parts: more main-graph nodes than a full check takes.
+    input_refused = None
+    if check and not full_check and len(nodes) > _engine.FULL_CHECK_NODES and not _fp.has_external_data(
+            data, model):
+        input_refused = _fp._input_refused(data, registry)
     # The engine's type table, its pass listing the scopes: every node is read once here.
     main = _Scope(model.graph, ())
     domains = list(map(attrgetter("domain"), nodes))
@@ -702,7 +709,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         # In the output's order (a subgraph where its node is): a name is made before it is read.
         checked.sort(key=itemgetter(0))
         why = _fp._check_parts(data, model, header, [c[1:] for c in checked], {d for d, _ in report.ops_after}, registry,
-                               frozenset(AI_ONNX) if converting else frozenset())
+                               frozenset(AI_ONNX) if converting else frozenset(), input_refused)
         if why is None:
             report.writer_reason += f"; {_fp.CHECKED_BY_PARTS}"
         else:  # the checker's verdict on the whole output (graph inputs or outputs without a shape, in
