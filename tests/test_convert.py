@@ -436,3 +436,40 @@ def test_step_kinds_match_the_schemas():
     assert _convert.steps("Resize", 10, 11) is None and _convert.steps("Upsample", 9, 10) is None
     assert _convert.steps("Relu", 7, 10) == ()  # one schema: nothing to do
     assert _convert.steps("Concat", 11, 10) is None  # negative axes before 11: onnx's
+
+
+def _softmax_bodies(n: int) -> onnx.ModelProto:
+    """``n`` chained If nodes at opset 12, each branch a Softmax over axis 0 of a [1, 4] value
+    (no adapter: onnx's converter does each node)."""
+    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.BOOL, [], [True]))
+    nodes, prev = [cond], "x"
+    for i in range(n):
+        def branch(tag: str) -> onnx.GraphProto:
+            return helper.make_graph([helper.make_node("Softmax", [prev], [f"{tag}{i}"], axis=0)], f"{tag}{i}", [],
+                                     [helper.make_tensor_value_info(f"{tag}{i}", F, [1, 4])])
+        nodes.append(helper.make_node("If", ["c"], [f"o{i}"], then_branch=branch("t"), else_branch=branch("e")))
+        prev = f"o{i}"
+    return helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 4])],
+                                               [helper.make_tensor_value_info(prev, F, [1, 4])]),
+                             opset_imports=[helper.make_opsetid("", 12)], ir_version=8)
+
+
+def test_nodes_onnx_converts_cost_grows_linearly():
+    """onnx's converter on the nodes no adapter covers, in batches (_BATCH): 8x the If bodies
+    cost about 8x (one call per node: 14 ms each; all in one call: 25x per 8x, its IR checking
+    each new name against every graph input)."""
+    import time
+
+    def seconds(model: onnx.ModelProto) -> float:
+        start = time.process_time()
+        _, report = rewrite_model(model, target_opset=13, lowering=Lowering.KEEP, check=False)
+        assert report.conversions == [(12, 13, "adapters; onnx's converter node by node: Softmax 12->13")]
+        return time.process_time() - start
+
+    small, big = _softmax_bodies(150), _softmax_bodies(1200)
+    seconds(small)
+    ratio = seconds(big) / min(seconds(small), seconds(small))
+    assert ratio < 20, f"8x the If bodies took {ratio:.1f}x the time (linear is ~8x)"
+    x = np.random.default_rng(3).standard_normal([1, 4]).astype(np.float32)
+    out, _ = rewrite_model(small, target_opset=13, lowering=Lowering.KEEP)
+    np.testing.assert_allclose(_run(out, x)[0], _run(small, x)[0], rtol=1e-6)

@@ -171,6 +171,10 @@ def steps(op: str, a: int, b: int) -> tuple[Step, ...] | None:
     return tuple(out if a < b else reversed(out))
 
 
+# Nodes no adapter covers given to onnx's converter per call: a call costs ~14 ms whatever
+# the model (it builds its tables), and its IR costs the square of a graph's inputs (each new
+# value's name is checked against every node's outputs, the inputs' node's included).
+_BATCH = 200
 # Step kinds that change a node going up (the others only check going down).
 _ACTIVE_UP = frozenset({"to-input", "num-outputs", "last-axis"})
 _GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
@@ -240,8 +244,8 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None,
             taken: set[str] | None = None) -> Converted:
     """Convert ``model``'s standard ops, in place, to ai.onnx opset ``target`` with graphkit's
     adapters: every graph, subgraph and model-local function (each from its own import). A
-    node no adapter covers is converted by onnx's converter on its own (a model of that one
-    node, its inputs typed as declared), its nodes put in its place; one that holds
+    node no adapter covers is converted by onnx's converter (all such nodes in one call, each
+    on its own: :func:`_by_onnx`), its nodes put in its place; one that holds
     subgraphs (If/Loop/Scan going below 12) leaves the whole model to onnx's converter:
     ``fallback`` names it and nothing was changed. Raises RewriteError where an adapter, or
     onnx's converter on one node, refuses a node. ``taken``: every name in ``model``, where
@@ -262,21 +266,26 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None,
     if uncovered:
         return Converted(fallback=sorted(uncovered))
     conv = _Conversion(target, path, model, taken, _types=declared[0] if declared else None)
-    replaced: dict[int, tuple[Any, dict[int, list[onnx.NodeProto]]]] = {}
-    by_onnx: set[str] = set()
+    replaced: dict[int, Any] = {}  # id -> a node list holding nodes onnx's converter does
+    left: dict[int, list[tuple[onnx.NodeProto, Any, Any]]] = {}  # opset -> nodes no adapter covers
     for node, node_steps, fn, up, graph, nodes, a in work:
-        conv.function, conv.up, conv.graph = fn, up, graph
         if node_steps is None:
-            replaced.setdefault(id(nodes), (nodes, {}))[1][id(node)] = _by_onnx(conv, node, a)
-            by_onnx.add(f"{node.op_type} {a}->{target}")
+            left.setdefault(a, []).append((node, fn, graph))
+            replaced[id(nodes)] = nodes
             continue
+        conv.function, conv.up, conv.graph = fn, up, graph
         for step in node_steps:
             _ADAPT[step.kind](conv, step, node)
     _place_constants(model, conv.new_constants)
-    for nodes, new in replaced.values():
+    by_onnx = sorted({f"{n.op_type} {a}->{target}" for a, items in left.items() for n, _, _ in items})
+    made: dict[int, list[onnx.NodeProto]] = {}
+    for a, items in left.items():
+        for start in range(0, len(items), _BATCH):
+            made.update(_by_onnx(conv, items[start:start + _BATCH], a))
+    for nodes in replaced.values():
         ordered = []
         for node in nodes:
-            ordered.extend(new.get(id(node), (node,)))
+            ordered.extend(made.get(id(node), (node,)))
         del nodes[:]
         nodes.extend(ordered)
     _drop_unread(model, conv)
@@ -286,53 +295,86 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None,
         for imp in imports:
             if imp.domain in AI_ONNX:
                 imp.version = target
-    return Converted(by_onnx=sorted(by_onnx))
+    return Converted(by_onnx=by_onnx)
 
 
-def _by_onnx(conv: _Conversion, node: onnx.NodeProto, a: int) -> list[onnx.NodeProto]:
-    """``node`` (of ai.onnx opset ``a``) converted by onnx's version converter as a model of
-    its own: the nodes to put in its place, the values they make named anew."""
+def _by_onnx(conv: _Conversion, items: list[tuple[onnx.NodeProto, Any, Any]], a: int
+             ) -> dict[int, list[onnx.NodeProto]]:
+    """Nodes of ai.onnx opset ``a`` (with their function and subgraph) converted by onnx's
+    version converter in one call (see _BATCH): one model holding them all, each node's inputs and outputs
+    renamed apart (graph inputs typed as declared in the node's scope), so that no node reads
+    another and sibling subgraphs' names cannot clash. Returns id(node) -> the nodes to put
+    in its place, the values they make named anew."""
     from onnx import version_converter
 
-    if any(attr.ref_attr_name for attr in node.attribute):
-        raise conv.error(node, "no adapter here, and onnx's converter cannot see the function attribute it refers to",
-                         "inline the function, or keep the model's opset")
-    types = conv.types or {}
     inputs: list[onnx.ValueInfoProto] = []
-    seen: set[str] = set()
-    for name in node.input:
-        if name and name not in seen:
-            seen.add(name)
-            vi = onnx.ValueInfoProto(name=name)
-            if name in types:
-                vi.type.CopyFrom(types[name])
-            inputs.append(vi)
-    outputs = [onnx.ValueInfoProto(name=o) for o in node.output if o]
-    mini = helper.make_model(helper.make_graph([node], "node", inputs, outputs), ir_version=conv.model.ir_version or 10,
-                             opset_imports=[helper.make_opsetid("", a)])
+    copies: list[onnx.NodeProto] = []
+    for k, (node, fn, graph) in enumerate(items):
+        conv.function, conv.graph = fn, graph
+        if any(attr.ref_attr_name for attr in node.attribute):
+            raise conv.error(node, "no adapter here, and onnx's converter cannot see the function attribute it "
+                             "refers to", "inline the function, or keep the model's opset")
+        types = conv.types or {}
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        for j, name in enumerate(node.input):
+            if name:
+                copy.input[j] = f"gk{k}i{j}"
+                vi = onnx.ValueInfoProto(name=copy.input[j])
+                if name in types:
+                    vi.type.CopyFrom(types[name])
+                inputs.append(vi)
+        for j, name in enumerate(node.output):
+            if name:
+                copy.output[j] = f"gk{k}o{j}"
+        copies.append(copy)
+    outputs = [onnx.ValueInfoProto(name=o) for c in copies for o in c.output if o]
+    mini = helper.make_model(helper.make_graph(copies, "nodes", inputs, outputs), opset_imports=[
+        helper.make_opsetid("", a)], ir_version=conv.model.ir_version or 10)
     try:
         converted = version_converter.convert_version(mini, conv.target).graph
     except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors / its own types
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        node = next((n for n, _, _ in items if n.op_type in first), items[0][0])
+        conv.function, conv.graph = next((fn, g) for n, fn, g in items if n is node)
         raise conv.error(node, f"no adapter here, and onnx's version converter refuses it: {first}",
                          "pick another --target-opset, or keep the model's opset") from exc
     made = [helper.make_node("Constant", [], [t.name], value=t) for t in converted.initializer]
     made.extend(converted.node)
-    keep = seen | set(node.output) | {""}
-    base = node.name or node.output[0]
-    rename: dict[str, str] = {}
-    for n in made:
-        for i, out in enumerate(n.output):
-            if out not in keep:
-                rename[out] = n.output[i] = conv.names.fresh(f"{base}_{out.lstrip('_')}")
-        if n.name and n.name != node.name:
-            n.name = conv.names.fresh(n.name)
-    for n in made:
-        for i, name in enumerate(n.input):
-            if name in rename:
-                n.input[i] = rename[name]
-    conv.made.extend(rename.values())
-    return made
+    # which item each made node belongs to: by the renamed names it reads or writes, else
+    # (a Constant, an intermediate) by the node reading what it makes
+    owner: dict[str, int] = {}
+    for k, c in enumerate(copies):
+        owner.update((n, k) for n in (*c.input, *c.output) if n)
+    group: list[int | None] = [None] * len(made)
+    for _ in range(2):
+        for i, n in enumerate(made):
+            k = next((owner[x] for x in (*n.input, *n.output) if x in owner), None)
+            if k is not None:
+                group[i] = k
+                owner.update((x, k) for x in (*n.input, *n.output) if x)
+    out: dict[int, list[onnx.NodeProto]] = {}
+    for k, (node, _, _) in enumerate(items):
+        rename = {f"gk{k}i{j}": name for j, name in enumerate(node.input) if name}
+        rename.update({f"gk{k}o{j}": name for j, name in enumerate(node.output) if name})
+        base = node.name or node.output[0]
+        nodes = [n for i, n in enumerate(made) if group[i] == k]
+        for n in nodes:
+            for j, name in enumerate(n.output):
+                if name and name not in rename:
+                    rename[name] = conv.names.fresh(f"{base}_{name.lstrip('_')}")
+                    conv.made.append(rename[name])
+        for n in nodes:
+            n.input[:] = [rename.get(x, x) for x in n.input]
+            n.output[:] = [rename.get(x, x) for x in n.output]
+            n.name = node.name if n.op_type == node.op_type else (conv.names.fresh(f"{base}_{n.op_type}")
+                                                                   if node.name else "")
+        out[id(node)] = nodes
+    if any(g is None for g in group):
+        raise RewriteError(f"onnx's version converter made nodes graphkit cannot place (converting "
+                           f"{', '.join(sorted({n.op_type for n, _, _ in items}))} to opset {conv.target})",
+                           path=conv.path, hint="keep the model's opset")
+    return out
 
 
 def _roots(model: onnx.ModelProto) -> list[tuple[int, Any, Any]]:
