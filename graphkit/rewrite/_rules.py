@@ -203,7 +203,9 @@ def _caller(fn: Callable[..., Any]) -> Callable[[Any, dict[str, Any]], Any]:
     plan's loop."""
     plan = _call_plan(fn)
     names = [name for _, name in plan]
-    if all(kind == "arg" for kind, _ in plan):
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    in_order = all(kind == "kw" and p.kind is p.POSITIONAL_OR_KEYWORD for (kind, _), p in zip(plan, params))
+    if all(kind == "arg" for kind, _ in plan) or in_order:  # each parameter takes its binding by position
         return lambda first, bindings: fn(first, *map(bindings.get, names))
     if all(kind == "kw" for kind, _ in plan):
         return lambda first, bindings: fn(first, **{name: bindings.get(name) for name in names})
