@@ -11,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from graphkit.rewrite import Lowering, MatchResult, Rule, RuleSet, const, either, optional, rewrite_model
+from graphkit.rewrite import GraphPass, Lowering, MatchResult, Rule, RuleSet, const, either, optional, rewrite_model
 from graphkit.rewrite import _rules
 from graphkit.rewrite._graphview import GraphView
 from graphkit.rewrite._matcher import Matcher, _same, deterministic
+from graphkit.rewrite._walk import count_ops
 
 F = TensorProto.FLOAT
 
@@ -116,6 +117,14 @@ def _distinct(ctx, x, y):
     return MatchResult() if x != y else MatchResult().fail("x and y are the same tensor")
 
 
+def _drop(scope, op_type):
+    """Sqrt nodes made Identity nodes (a graph pass)."""
+    hits = [n for n in scope.nodes if n.op_type == op_type]
+    for n in hits:
+        n.op_type = "Identity"
+    return len(hits) or MatchResult().fail(f"no {op_type}")
+
+
 def _dag(op, x, y):
     d = op.Sub(x, y)
     return op.Mul(d, op.Relu(d))
@@ -143,6 +152,7 @@ RULES = [
     Rule("relu_relu", lambda op, x: op.Relu(op.Relu(x)), lambda op, x: op.Relu(x)),
     Rule("concat_same", lambda op, *xs: op.Concat(*xs, axis=1), lambda op, *xs: op.Concat(*xs, axis=1)),
     Rule("pair_one", lambda op, x: op.pair(x, _domain="t"), lambda op, x: op.Neg(x)),
+    Rule.node("if_gone", "If", lambda op, x0: op.Identity(x0)),  # a node holding subgraphs goes
     # choice points: the generators run for these, beside the fast path of the others
     Rule("commuted", lambda op, x, y: op.Add(op.Mul(x, 2.0), y), lambda op, x, y: op.my_add(x, y, _domain="custom"),
          commute=True),
@@ -150,40 +160,44 @@ RULES = [
     Rule("two_roots", lambda op, x: (op.Relu(x), op.Neg(x)), lambda op, x: (op.Neg(op.Relu(x)), op.Relu(op.Neg(x)))),
     Rule("alternatives", [lambda op, x: op.Sqrt(op.Relu(x)), lambda op, x: op.Sqrt(op.Neg(x))],
          lambda op, x: op.Relu(x)),
+    GraphPass("drop_sqrt", lambda scope: _drop(scope, "Sqrt")),  # any change: op counts counted again
 ]
-SIMPLE = 15  # RULES[:SIMPLE] have no choice points
+SIMPLE = 16  # RULES[:SIMPLE] have no choice points
 BY_NAME = {r.name: r for r in RULES}
 
 
 def test_the_first_rules_are_the_deterministic_ones():
-    assert [deterministic(r._patterns[0].roots, r.commute) and len(r._patterns) == 1 for r in RULES] == \
-        [True] * SIMPLE + [False] * (len(RULES) - SIMPLE)
+    rules = [r for r in RULES if isinstance(r, Rule)]
+    assert [deterministic(r._patterns[0].roots, r.commute) and len(r._patterns) == 1 for r in rules] == \
+        [True] * SIMPLE + [False] * (len(rules) - SIMPLE)
 
 
-def _rewrite(model, rules, fast: bool):
+def _rewrite(model, rules, fast: bool, lowering=Lowering.KEEP):
     saved, _rules._FIRST = _rules._FIRST, fast
     try:
         out, report = rewrite_model(model, rules=RuleSet([RULES[i] for i in rules], max_rounds=4),
-                                    lowering=Lowering.KEEP, check=False)
+                                    lowering=lowering, check=False)
     finally:
         _rules._FIRST = saved
+    assert report.ops_after == count_ops(out)  # derived from what the rules changed, not counted
     return out.SerializeToString(), report.rules.applied, report.rules.matched, report.rules.reasons, \
         {k: dict(v) for k, v in report.rules.failures.items()}
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(STEP, min_size=1, max_size=14), st.booleans(), st.lists(st.integers(0, 50), max_size=2),
-       st.lists(st.integers(0, len(RULES) - 1), min_size=1, max_size=5, unique=True))
-def test_fast_path_rewrites_as_the_generators_do(steps, named, extra, rules):
+       st.lists(st.integers(0, len(RULES) - 1), min_size=1, max_size=5, unique=True),
+       st.sampled_from([Lowering.KEEP, Lowering.DECOMPOSE]))
+def test_fast_path_rewrites_as_the_generators_do(steps, named, extra, rules, lowering):
     model = graph_of(steps, named, extra)
     try:
-        slow = _rewrite(model, rules, False)
+        slow = _rewrite(model, rules, False, lowering)
     except Exception as exc:  # a rule set that does not converge: the fast path must fail alike
         with pytest.raises(type(exc)) as info:
-            _rewrite(model, rules, True)
+            _rewrite(model, rules, True, lowering)
         assert str(info.value) == str(exc)
         return
-    assert _rewrite(model, rules, True) == slow
+    assert _rewrite(model, rules, True, lowering) == slow
 
 
 @settings(max_examples=150, deadline=None)
@@ -218,6 +232,21 @@ def test_first_respects_nodes_taken_by_earlier_matches():
 
 def test_single_node_patterns_of_distinct_variables_take_the_flat_plan():
     view = GraphView([])
-    flat = [r.name for r in RULES if Matcher(r._patterns[0].roots, commute=r.commute, view=view, rule=r.name,
+    flat = [r.name for r in RULES[:SIMPLE] if Matcher(r._patterns[0].roots, commute=r.commute, view=view, rule=r.name,
                                              opset=17)._flat is not None]
-    assert flat == ["relu_neg", "rank_check", "distinct", "concat_same", "pair_one"]
+    assert flat == ["relu_neg", "rank_check", "distinct", "concat_same", "pair_one", "if_gone"]
+
+
+@pytest.mark.parametrize("names", [["distinct"], ["distinct", "drop_sqrt"], ["if_gone", "distinct"],
+                                   ["drop_sqrt", "relu_neg"]])
+def test_op_counts_after_rules_are_the_models(names):
+    """The counts the rules pass reports (and lowering and the imports follow) are the
+    output's: rewrites counted, a graph pass or a node holding subgraphs counted again."""
+    steps = [("Sqrt", [0, 0, 0], 0, False), ("my_add", [0, 2, 0], 0, False), ("Relu", [0, 0, 0], 0, False),
+             ("if", [0, 0, 0], 0, False)]
+    model = graph_of(steps, False, [0])
+    for lowering in (Lowering.KEEP, Lowering.DECOMPOSE):
+        out, report = rewrite_model(model, rules=RuleSet([BY_NAME[n] for n in names]), lowering=lowering, check=False)
+        assert all(report.rules.applied.get(n) for n in names), report.rules.applied
+        assert report.ops_after == count_ops(out)
+        assert ("custom" in {i.domain for i in out.opset_import}) == (("custom", "my_add") in count_ops(out))

@@ -42,7 +42,7 @@ from graphkit.rewrite._pattern import Either, Many, Out, PatternOps, PNode, Var,
 from graphkit.rewrite._walk import AI_ONNX, graphs, subgraphs
 from graphkit.rewrite.builder import TypeTable
 
-__all__ = ["GraphPass", "MatchContext", "MatchResult", "Rule", "RuleReport", "RuleSet", "Scope",
+__all__ = ["GraphPass", "MatchContext", "MatchResult", "OpDelta", "Rule", "RuleReport", "RuleSet", "Scope",
            "apply_rule_set"]
 
 
@@ -371,6 +371,28 @@ class RuleReport:
         return "\n".join(lines)
 
 
+@dataclass
+class OpDelta:
+    """How applying rules changed the model's op counts: (domain, op_type) -> change. Not
+    ``exact`` where it cannot tell (a graph pass ran; a node holding subgraphs came or went):
+    count the model then."""
+
+    counts: collections.Counter = field(default_factory=collections.Counter)
+    exact: bool = True
+
+    def replaced(self, old: Iterable[onnx.NodeProto], new: Iterable[onnx.NodeProto]) -> None:
+        """``old`` nodes left the model, ``new`` ones came."""
+        if not self.exact:
+            return
+        counts = self.counts
+        for sign, nodes in ((-1, old), (1, new)):
+            for n in nodes:
+                if n.attribute and any(True for _ in subgraphs(n)):
+                    self.exact = False
+                    return
+                counts[(n.domain, n.op_type)] += sign
+
+
 class RuleSet:
     """An ordered group of rules applied together until none applies.
 
@@ -461,13 +483,14 @@ def _referenced(model: onnx.ModelProto) -> set[str]:
 
 
 def apply_rule_set(model: onnx.ModelProto, rules: RuleSet, *, make_builder: Callable[[onnx.NodeProto, str], Any],
-                   types: TypeTable, report: RuleReport, path: str | None = None) -> int:
+                   types: TypeTable, report: RuleReport, path: str | None = None,
+                   delta: OpDelta | None = None) -> int:
     """Apply the pattern rules and graph passes of ``rules`` to every scope of ``model`` in place.
 
     Initializers that a rewrite leaves unused are removed from the model (the external
     data files they point to are not touched). ``path``, the model's file, is where
     external weights are read from when a pattern needs their values. Returns the
-    number of rewrites.
+    number of rewrites; ``delta``, if given, learns how the op counts changed.
     """
     import os
 
@@ -479,12 +502,16 @@ def apply_rule_set(model: onnx.ModelProto, rules: RuleSet, *, make_builder: Call
     # can have become unused. A graph pass may drop any read: then compare with a full count.
     released: set[str] = set()
     before = _referenced(model) if any(isinstance(r, GraphPass) for r in active) else None
+    if delta is None:
+        delta = OpDelta(exact=False)
+    elif before is not None:  # a graph pass may change any node: not followed
+        delta.exact = False
     total = 0
     runs: dict[int, _RuleRun] = {}  # per rule, made once
     scopes = _scopes(model, types, make_builder, base_dir)
     try:
         for scope in reversed(scopes):
-            total += _apply_scope(scope, active, rules.max_rounds, report, released, path, runs)
+            total += _apply_scope(scope, active, rules.max_rounds, report, released, path, runs, delta)
     finally:
         for run in runs.values():
             run.close()
@@ -496,7 +523,7 @@ def apply_rule_set(model: onnx.ModelProto, rules: RuleSet, *, make_builder: Call
 
 
 def _apply_scope(scope: Scope, rules: list[Any], max_rounds: int, report: RuleReport, released: set[str],
-                 path: str | None, runs: dict[int, "_RuleRun"]) -> int:
+                 path: str | None, runs: dict[int, "_RuleRun"], delta: OpDelta) -> int:
     """Rules round after round until a round changes nothing; graph passes in the first round.
 
     Each rule's reasons are kept from the last round it ran in, so nothing repeats.
@@ -520,7 +547,7 @@ def _apply_scope(scope: Scope, rules: list[Any], max_rounds: int, report: RuleRe
                     last[rule.name] = _NO_REPORT
                     continue
                 mine = last[rule.name] = RuleReport()
-                n = _apply_rule(scope, rule, mine, released, path, runs)
+                n = _apply_rule(scope, rule, mine, released, path, runs, delta)
                 if n:
                     present = None
             report.merge_round(mine)
@@ -579,7 +606,7 @@ class _RuleRun:
 
 
 def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str], path: str | None,
-                runs: dict[int, _RuleRun]) -> int:
+                runs: dict[int, _RuleRun], delta: OpDelta) -> int:
     nodes = scope.nodes
     patterns = rule._patterns
     anchors = rule._anchor_ops  # the caller saw one of them in the scope
@@ -700,11 +727,15 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
     # (a name the new nodes read keeps its producer: only the others are worth a look)
     dead = _dead_producers(view, orphans - read, gone, read, scope.protected)
     if not (removed or dead or aliases or reorder) and all(len(new) == 1 for new in replacements.values()):
+        if delta.exact:
+            delta.replaced([vnodes[i] for i in replacements], [new[0] for new in replacements.values()])
         for index, new in replacements.items():  # one node for one: overwrite it where it is
             nodes[index].CopyFrom(new[0])
         report.applied[rule.name] = report.applied.get(rule.name, 0) + len(replacements)
         return len(replacements)
     gone |= dead
+    if delta.exact:
+        delta.replaced([vnodes[i] for i in sorted(gone)], [n for new in replacements.values() for n in new])
     rebuilt = []
     for index, node in enumerate(nodes):
         if index in replacements:

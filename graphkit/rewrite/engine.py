@@ -23,7 +23,7 @@ from graphkit.errors import ModelLoadError, RewriteError, UnsupportedOpError, Va
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpDef, OpRegistry, default_registry
 from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite._gsrules import GraphSurgeonRule, apply_graphsurgeon_rules
-from graphkit.rewrite._rules import GraphPass, Rule, RuleReport, RuleSet, apply_rule_set
+from graphkit.rewrite._rules import GraphPass, OpDelta, Rule, RuleReport, RuleSet, apply_rule_set
 from graphkit.rewrite._convert import convert as convert_by_adapters
 from graphkit.rewrite._selection import check_target_opset
 from graphkit.rewrite._standard_ops import recognise
@@ -400,6 +400,7 @@ class RewriteContext:
     index: ModelIndex | None = None  # of the input's copy
     index_valid: bool = True         # no pass but lowering changed the nodes or graphs since
     types: TypeTable | None = None   # the main graph's (and its subgraphs') tensor types
+    counts: collections.Counter | None = None  # op counts after the rules pass, where it could tell
 
     def make_plan(self, model: onnx.ModelProto, names: set[str]) -> None:
         """The one lowering plan of this rewrite, at the model's opset, avoiding ``names``."""
@@ -456,9 +457,14 @@ def _rules_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
         return Builder(opset=plan.opset, prefix=node.name or rule_name, names=plan.names,
                        types=types, node_name=node.name, op_name=rule_name)
 
+    delta = OpDelta()
     total = apply_rule_set(model, ctx.rules, make_builder=make_builder, types=types, report=ctx.report.rules,
-                           path=ctx.path)
+                           path=ctx.path, delta=delta)
     ctx.index_valid = ctx.index_valid and not total
+    if total and delta.exact and (not ctx.converting or ctx.same_nodes):  # the input's counts, changed
+        counts = ctx.report.ops_before.copy()
+        counts.update(delta.counts)
+        ctx.counts = +counts
     return PassResult(model, total > 0, f"{total} rewrites")
 
 
@@ -468,6 +474,7 @@ def _graphsurgeon_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResul
     if out is model:
         return PassResult(model, False)
     ctx.index_valid = False
+    ctx.counts = None
     ctx.make_plan(out, ModelIndex(out).names)  # names and types of the rebuilt graph
     applied = sum(ctx.report.rules.applied.get(r.name, 0) for r in gs_rules)
     return PassResult(out, True, f"{applied} rewrites")
@@ -475,16 +482,23 @@ def _graphsurgeon_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResul
 
 def _lower_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     plan = ctx.plan
-    # Every node list: the input's index while no pass before changed the model.
-    lists = ctx.index.node_lists if ctx.index_valid else node_lists(model)
     total = sum(ctx.report.ops_before.values())
     progress = ctx.progress if total > PROGRESS_MIN_NODES else None
     domains, standard = plan.domains, plan.standard
-    if not any(any(n.domain in domains for n in nodes) or (standard and any((n.domain, n.op_type) in standard
-                                                                           for n in nodes)) for nodes, _ in lists):
+    lists = None
+    if ctx.counts is not None:  # what the rules left, counted
+        left = any(d in domains or (standard and (d, op) in standard) for d, op in ctx.counts)
+    else:
+        # Every node list: the input's index while no pass before changed the model.
+        lists = ctx.index.node_lists if ctx.index_valid else node_lists(model)
+        left = any(any(n.domain in domains for n in nodes) or (standard and any((n.domain, n.op_type) in standard
+                                                                           for n in nodes)) for nodes, _ in lists)
+    if not left:
         if progress is not None:  # nothing to lower (rules replaced every placeholder): no typing pass
             progress("lowering", total, total)
         return PassResult(model, False, "0 placeholders lowered")
+    if lists is None:
+        lists = ctx.index.node_lists if ctx.index_valid else node_lists(model)
     # Where sibling subgraphs define one name, each graph's nodes are typed by its own table.
     lists = graph_node_lists(model) if len(lists) > 1 and ctx.types.per_scope() else [(*entry, None) for entry in lists]
     done = 0
@@ -552,6 +566,11 @@ def _check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
 
 def _ops_after(ctx: RewriteContext, model: onnx.ModelProto) -> collections.Counter:
     report = ctx.report
+    if ctx.counts is not None and not ctx.as_functions:  # rules (counted) and lowering
+        after = ctx.counts.copy()
+        after.subtract(ctx.plan.lowered)
+        after.update(ctx.plan.emitted)
+        return +after
     if report.rules.applied or (ctx.converting and not ctx.same_nodes) or ctx.as_functions:
         return count_ops(model)
     after = report.ops_before.copy()  # lowering only: derive the counts instead of walking the model
