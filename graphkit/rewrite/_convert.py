@@ -35,10 +35,14 @@ against the schemas by the tests):
   dropped where the parts are even (or the axis' length is unknown: Split-13 splits evenly),
   else the sizes opset 18 gives become the split input.
 
-A step of no kind (Softmax at 13, Resize at 11, anything before opset 11 going down, ...)
-leaves the whole model to onnx's converter: :func:`convert` returns the ops it could not
-cover, having changed nothing. A node our adapters refuse (axes that are not constants, a
-type or attribute value the older op lacks) is a :class:`~graphkit.errors.RewriteError`
+A node whose op has a step of no kind here (Resize at 11, Softmax over a middle axis at 13,
+anything before opset 12 going down, ...) is converted by onnx's converter, all such nodes
+in batches of :data:`_BATCH` per call, each node on its own in the batch's model (inputs
+typed as declared in its scope), and the nodes it makes put in its place. Only such a node
+holding subgraphs (If/Loop/Scan going below 12) leaves the whole model to onnx's converter:
+:func:`convert` says so (``Converted.fallback``), having changed nothing. A node our
+adapters, or onnx's converter on its own, refuse (axes that are not constants, a type or
+attribute value the older op lacks) is a :class:`~graphkit.errors.RewriteError`
 naming the node, the op and what to do.
 """
 
