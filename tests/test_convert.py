@@ -473,3 +473,41 @@ def test_nodes_onnx_converts_cost_grows_linearly():
     x = np.random.default_rng(3).standard_normal([1, 4]).astype(np.float32)
     out, _ = rewrite_model(small, target_opset=13, lowering=Lowering.KEEP)
     np.testing.assert_allclose(_run(out, x)[0], _run(small, x)[0], rtol=1e-6)
+
+
+# Conversions no adapter here covers, which onnx's converter does node by node:
+# name -> (nodes at the source opset, source, target, outputs)
+BY_ONNX = {
+    "Clip min/max attributes -> inputs": ([helper.make_node("Clip", ["x"], ["y"], min=-0.5, max=0.5)], 10, 11, 1),
+    "Pad pads attribute -> input": ([helper.make_node("Pad", ["x"], ["y"], pads=[0, 0, 1, 0, 0, 2], mode="edge")],
+                                    10, 11, 1),
+    "TopK k attribute -> input": ([helper.make_node("TopK", ["x"], ["y", "z"], k=2, axis=2)], 9, 10, 2),
+    "Slice attributes -> inputs": ([helper.make_node("Slice", ["x"], ["y"], starts=[1], ends=[3], axes=[2])], 9, 10, 1),
+    "Softmax over a middle axis": ([helper.make_node("Softmax", ["x"], ["y"], axis=1)], 12, 13, 1),
+    "Resize 10 -> 11": ([_axes("sc", [1]), helper.make_node("Cast", ["sc"], ["scf"], to=TensorProto.FLOAT),
+                         helper.make_node("Expand", ["scf", "shape3"], ["scales"]),
+                         helper.make_node("Resize", ["x", "scales"], ["y"], mode="nearest")], 10, 11, 1),
+}
+
+
+@pytest.mark.parametrize("where", ["main", "if", "function"])
+@pytest.mark.parametrize("name", list(BY_ONNX))
+def test_nodes_no_adapter_covers_are_onnx_s_node_by_node(name, where):
+    """Clip, Pad, TopK and Slice at 10/11 (attributes became inputs), Resize at 11, Softmax
+    over a middle axis at 13: onnx's converter on each node, in place; the model runs as the
+    original and as onnx's converter's whole-model result."""
+    nodes, source, target, outs = BY_ONNX[name]
+    nodes = list(nodes)
+    if name.startswith("Resize"):
+        nodes.insert(0, _axes("shape3", [3]))
+    model = _model(nodes, source, outs, where)
+    out, report = rewrite_model(model, target_opset=target, lowering=Lowering.KEEP)
+    (conversion,) = report.conversions
+    assert conversion[:2] == (source, target) and conversion[2].startswith("adapters; onnx's converter node by node")
+    x = np.random.default_rng(4).standard_normal(SHAPE).astype(np.float32)
+    want = _run(model, x)
+    for got, ref in zip(_run(out, x), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-6)
+    if where != "function":
+        for got, ref in zip(_run(version_converter.convert_version(model, target), x), want):
+            np.testing.assert_allclose(got, ref, rtol=1e-6)
