@@ -68,7 +68,7 @@ from graphkit.rewrite.builder import NameGenerator, TypeTable
 from graphkit.rewrite.engine import RewriteReport
 from graphkit.rewrite.plan import Lowered, Lowering, LoweringPlan, LoweringScope, Template
 
-__all__ = ["lower_bytes", "WHY"]
+__all__ = ["lower_bytes", "lower_pieces", "WHY"]
 
 WHY = ("lowering only, custom nodes in subgraphs, no model-local functions: the replacements are spliced "
        "into the serialized subgraphs, their nested length prefixes written again")
@@ -447,6 +447,16 @@ def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
                 target_opset: int | None = None) -> tuple[bytes, RewriteReport]:
     """``_fastpath.lower_bytes`` for models with placeholders in subgraphs: the rewritten
     bytes and the report ``rewrite_model`` gives; Unsupported where the objects writer must run."""
+    out, report = lower_pieces(data, model, registry=registry, prefer=prefer, check=check, full_check=full_check,
+                               path=path, progress=progress, target_opset=target_opset)
+    return out.join(), report
+
+
+def lower_pieces(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
+                 prefer: tuple[Lowering, ...], check: bool = True, full_check: bool = False,
+                 path: str | None = None, progress: Callable[[str, int, int], None] | None = None,
+                 target_opset: int | None = None) -> tuple[_fp.Pieces, RewriteReport]:
+    """lower_bytes, the output as its pieces (``_fastpath.Pieces``: written to a file as they are)."""
     try:
         with gc_paused():
             out, report, run_check = _lower(data, model, registry, prefer, check, full_check, path, progress,
@@ -460,7 +470,7 @@ def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
 
 def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tuple[Lowering, ...], check: bool,
            full_check: bool, path: str | None, progress: Callable[[str, int, int], None] | None,
-           target_opset: int | None) -> tuple[bytes, RewriteReport, Callable[[], None] | None]:
+           target_opset: int | None) -> tuple[_fp.Pieces, RewriteReport, Callable[[], None] | None]:
     top = _fp._entries(data, 0, len(data))
     fields = [e[0] for e in top]
     if fields.count(_fp._M_GRAPH) != 1:
@@ -473,7 +483,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     if prefer == (Lowering.KEEP,):
         if target_opset is not None and target_opset != _engine.ai_onnx_opset(model):
             raise Unsupported("--target-opset with nothing to lower (the objects writer moves the imports)")
-        return data, RewriteReport(ops_before=count_ops(model), ops_after=count_ops(model)), None
+        return _fp.Pieces([data]), RewriteReport(ops_before=count_ops(model), ops_after=count_ops(model)), None
     # The checker's part on the input runs before the lists below are made (_fastpath's
     # docstring: its parse of the model and those lists are never held at once), where the
     # output will surely be checked by parts: more main-graph nodes than a full check takes.
@@ -522,7 +532,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         if converting:
             raise Unsupported("--target-opset with nothing to lower (the objects writer moves the imports)")
         report.ops_after = report.ops_before.copy()
-        return data, report, None
+        return _fp.Pieces([data]), report, None
     starts, ends, others = _fp._node_entries(data, g0, g1)
 
     prefixes = {n.name or n.op_type for s in lists for n in map(s.graph.node.__getitem__, s.custom)}
@@ -681,7 +691,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             parts += [b"\x3a", _LENGTHS[len(graph)], graph]
         else:
             parts.append(data[start:end])
-    out = b"".join([*parts, imports])
+    out = _fp.Pieces([*parts, imports])  # not joined: a copy of the whole output less
     header = b"".join([*parts[:graph_at], *parts[graph_at + 3:], imports])
     del parts, graph
     if not check:
@@ -692,7 +702,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
 
         def output_model() -> onnx.ModelProto:
             if not out_model:
-                out_model.append(onnx.load_model_from_string(out))
+                out_model.append(onnx.load_model_from_string(out.join()))
             return out_model[0]
 
         types.lowering = False

@@ -92,8 +92,7 @@ def _rewrite_bytes(source: list[bytes], parsed: list[onnx.ModelProto], owned: bo
             try:
                 return _fastpath.lower_pieces(data, model, **writer_options)
             except _fastpath.InBodies:  # placeholders in subgraphs: the byte writer for bodies
-                out, report = _bodybytes.lower_bytes(data, model, **writer_options)
-                return _fastpath.Pieces([out]), report
+                return _bodybytes.lower_pieces(data, model, **writer_options)
         except _fastpath.Unsupported as exc:
             why = f"the byte writer does not handle this model: {exc}"
     _fastpath._Canonical.forget()  # it may hold the model (has_external_data)
