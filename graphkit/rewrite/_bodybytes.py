@@ -332,25 +332,31 @@ def _node_spans(data: bytes, pos: int, end: int) -> tuple[list[int], list[int]]:
 
 def _splice(data: bytes, v0: int, v1: int, edits: list[tuple[int, int, bytes]]) -> bytes:
     """``data[v0:v1]`` with each (start, end, bytes) of ``edits`` (in order) put in place."""
+    return b"".join(_spliced(data, v0, v1, edits))
+
+
+def _spliced(data: bytes, v0: int, v1: int, edits: list[tuple[int, int, bytes]]) -> list[bytes]:
+    """_splice's pieces, in order."""
     parts = []
     at = v0
     for start, end, new in edits:
         parts += (data[at:start], new)
         at = end
     parts.append(data[at:v1])
-    return b"".join(parts)
+    return parts
 
 
 def _graph_bytes(data: bytes, scope: _Scope, v0: int, v1: int, slots: dict[tuple[int, int], bytes],
-                 entries: tuple[list[int], list[int]] | None = None) -> bytes:
+                 entries: tuple[list[int], list[int]] | None = None, joined: bool = True) -> Any:
     """The value of ``scope``'s graph (at ``data[v0:v1]``; ``entries``: its node entries' starts
-    and ends where known) with its placeholders replaced (``slots`` by (scope id, node index))
-    and its nested graphs holding placeholders written again, their length prefixes new."""
+    and ends where known) with its placeholders replaced (``slots`` by (scope id, node index),
+    taken out of it: each written once) and its nested graphs holding placeholders written
+    again, their length prefixes new. ``joined=False``: as its pieces, in order."""
     starts, ends = entries if entries is not None else _node_spans(data, v0, v1)
     if len(starts) != scope.size:
         raise Unsupported("a graph's node entries do not match the parsed model")
     key = id(scope)
-    edits = [(starts[i], ends[i], slots[(key, i)]) for i in scope.custom]
+    edits = [(starts[i], ends[i], slots.pop((key, i))) for i in scope.custom]
     L = _LENGTHS
     for index, n_attributes, dirty, held in scope.subs:
         if not dirty:
@@ -380,7 +386,7 @@ def _graph_bytes(data: bytes, scope: _Scope, v0: int, v1: int, slots: dict[tuple
         edits.append((start, end, b"\x0a" + L[len(body)] + body))
     if scope.custom and scope.subs:
         edits.sort(key=itemgetter(0))
-    return _splice(data, v0, v1, edits)
+    return _splice(data, v0, v1, edits) if joined else _spliced(data, v0, v1, edits)
 
 
 class _Emitter:
@@ -664,7 +670,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     after.update(plan.emitted)
     report.ops_after = +after
 
-    graph = _graph_bytes(data, main, g0, g1, slots, (starts, ends))
+    graph = _graph_bytes(data, main, g0, g1, slots, (starts, ends), joined=False)  # pieces, joined only where asked
     del slots
     import_entries, start_imports = _fp._fixed_imports(model, opset, {d for d, _ in report.ops_after}, placeholders,
                                                        target_opset)
@@ -688,11 +694,11 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                 imports = b""
         elif field == _fp._M_GRAPH:
             graph_at = len(parts)
-            parts += [b"\x3a", _LENGTHS[len(graph)], graph]
+            parts += [b"\x3a", _LENGTHS[sum(map(len, graph))], *graph]
         else:
             parts.append(data[start:end])
     out = _fp.Pieces([*parts, imports])  # not joined: a copy of the whole output less
-    header = b"".join([*parts[:graph_at], *parts[graph_at + 3:], imports])
+    header = b"".join([*parts[:graph_at], *parts[graph_at + 2 + len(graph):], imports])
     del parts, graph
     if not check:
         return out, report, None
