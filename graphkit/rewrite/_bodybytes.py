@@ -18,17 +18,23 @@ The result is the objects writer's, byte for byte (tests/test_fastpath.py's corp
   repeats it (``_fastpath._Template``, with the names the template reads from its scope,
   an adopted template's constants, as slots); in a scope without one, where the plan
   would adopt another scope's template, ``LoweringPlan.adopt`` does (its constants made
-  in this scope) and the instance is written from it; anything else (shape-dependent
-  decompositions, bindings of several nodes, a template the plan builds again) is
-  lowered by the plan. ``LoweringPlan.count`` counts the repeats.
+  in this scope) and the instance is written from it, or, for a body whose one
+  placeholder this is (nothing else in the scope could see what adopt() leaves there),
+  the same constants and instance are written from ``LoweringPlan.adoption``; anything
+  else (shape-dependent decompositions, bindings of several nodes, a template the plan
+  builds again) is lowered by the plan. ``LoweringPlan.count`` counts the repeats.
 * Names: the generator starts empty where no name of the model starts with a
   placeholder's ``<prefix>/`` (every generated name does; bodies' names and the outer
   names they read are in the bytes searched), else with every name of the model, as the
   engine's (``_fastpath._name_seed``).
-* Element types: ``_fastpath._ForwardTypes`` over every node of the main graph, the
-  subgraphs through ``TypeTable``'s own pass (same declarations, rules and order as the
-  engine's type table); a placeholder input it leaves unknown sends the model to the
-  objects writer (the engine would run ONNX shape inference).
+* Element types: the engine's ``TypeTable`` (``_fastpath._ForwardTypes`` over the main
+  graph, subgraphs through TypeTable's own pass), whose pass also lists the scopes
+  (``_Types``). Where every placeholder input is declared with a type (or is an output
+  of a main-graph If/Loop/Scan whose body output is), the declarations alone give the
+  whole pass's answer for them (a forward rule never changes a declared name's type) and
+  the nodes are not typed; otherwise the whole pass runs. Where sibling subgraphs define
+  one name (the engine then keeps a table per scope) or a placeholder input stays
+  unknown (the engine would run ONNX shape inference), the objects writer runs.
 * Check: as ``_fastpath``'s, by parts where its conditions hold (see its docstring). They
   hold in bodies: a replacement reads its placeholder's inputs (visible where the
   placeholder is: the input passed the checker) and names made before it in its scope,
@@ -43,8 +49,9 @@ The result is the objects writer's, byte for byte (tests/test_fastpath.py's corp
 Preconditions (each an ``Unsupported``, the report's ``writer_reason`` when the objects
 writer runs instead): no model-local functions or training info, no custom node holding
 a subgraph, placeholders only in the ``custom`` domain, each graph's node entries where
-the parsed model has them, every placeholder input typed by the forward pass; a target
-opset only where the conversion moves the imports alone.
+the parsed model has them, every placeholder input typed by the forward pass, one type
+table for every scope (no two sibling graphs define a name); a target opset only where the
+conversion moves the imports alone.
 """
 
 from __future__ import annotations
@@ -103,7 +110,7 @@ class _Undeclared(Exception):
 class _Types(_fp._ForwardTypes):
     """The engine's type table (``_fastpath._ForwardTypes`` over every node of the main graph,
     subgraphs through TypeTable's own pass) whose pass through the subgraphs also lists them:
-    ``scopes`` in ModelIndex's order (the order the pass enters them), ``pairs`` every node's
+    ``scopes`` in ModelIndex's order (the order the pass enters them), ``counts`` every node's
     (domain, op type), each scope's placeholders and nested graphs.
 
     Without ``forward``, the pass only declares (every graph's inputs, outputs, value_info and
@@ -118,7 +125,7 @@ class _Types(_fp._ForwardTypes):
     def __init__(self, model: onnx.ModelProto, registry: OpRegistry, main: _Scope, domains: list[str],
                  op_types: list[str], holders: list[int], forward: bool = True) -> None:
         self.scopes = [main]
-        self.pairs: list[tuple[str, str]] = list(zip(domains, op_types))
+        self.counts = collections.Counter(zip(domains, op_types))
         self._main = main
         self._main_holders = iter(holders)  # the pass reaches the main graph's holders in order
         self._frames: list[tuple[_Scope, int, Iterator[tuple[int, int]], list]] = []
@@ -240,7 +247,7 @@ class _Types(_fp._ForwardTypes):
         domains = list(map(attrgetter("domain"), nodes))
         op_types = list(map(attrgetter("op_type"), nodes))
         scope.size = len(domains)
-        self.pairs += zip(domains, op_types)
+        self.counts.update(zip(domains, op_types))
         if PLACEHOLDER_DOMAIN in domains:
             scope.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
             scope.dirty = True
@@ -346,17 +353,17 @@ def _spliced(data: bytes, v0: int, v1: int, edits: list[tuple[int, int, bytes]])
     return parts
 
 
-def _graph_bytes(data: bytes, scope: _Scope, v0: int, v1: int, slots: dict[tuple[int, int], bytes],
+def _graph_bytes(data: bytes, scope: _Scope, v0: int, v1: int, slots: dict[int, list[bytes]],
                  entries: tuple[list[int], list[int]] | None = None, joined: bool = True) -> Any:
     """The value of ``scope``'s graph (at ``data[v0:v1]``; ``entries``: its node entries' starts
-    and ends where known) with its placeholders replaced (``slots`` by (scope id, node index),
-    taken out of it: each written once) and its nested graphs holding placeholders written
-    again, their length prefixes new. ``joined=False``: as its pieces, in order."""
+    and ends where known) with its placeholders replaced (``slots``: by scope id, in the
+    placeholders' order, taken out of it: each written once) and its nested graphs holding
+    placeholders written again, their length prefixes new. ``joined=False``: as its pieces, in order."""
     starts, ends = entries if entries is not None else _node_spans(data, v0, v1)
     if len(starts) != scope.size:
         raise Unsupported("a graph's node entries do not match the parsed model")
     key = id(scope)
-    edits = [(starts[i], ends[i], slots.pop((key, i))) for i in scope.custom]
+    edits = list(zip(map(starts.__getitem__, scope.custom), map(ends.__getitem__, scope.custom), slots.pop(key, ())))
     L = _LENGTHS
     for index, n_attributes, dirty, held in scope.subs:
         if not dirty:
@@ -520,8 +527,8 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         types = _Types(model, registry, main, domains, op_types, holders)
     del domains, op_types
     scopes = types.scopes
-    report = RewriteReport(ops_before=collections.Counter(types.pairs))
-    types.pairs = []
+    report = RewriteReport(ops_before=types.counts)
+    types.counts = collections.Counter()
     placeholders = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
     if len(placeholders) > 1 and (placeholders - {PLACEHOLDER_DOMAIN}) & {d for d, _ in report.ops_before}:
         raise Unsupported("placeholders in op domains other than 'custom'")
@@ -557,7 +564,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     fresh = plan.names.fresh
     elem = types.elem_type
 
-    slots: dict[tuple[int, int], bytes] = {}
+    slots: dict[int, list[bytes]] = {}  # scope id -> its placeholders' replacements, in order
     kinds: dict[tuple, Any] = {}  # kind of node -> the first such node's Lowered (its key, how, template)
     bound: dict[tuple, _fp._Bound] = {}
     emitters: dict[int, _Emitter] = {}
@@ -588,6 +595,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         lscope = None  # the scope's LoweringScope, made where the plan needs it
         alone = len(scope.custom) == 1
         graph_nodes = scope.graph.node
+        made_here = slots[id(scope)] = []
         for i in scope.custom:
             node = graph_nodes[i]
             inputs = node.input[:]
@@ -610,7 +618,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                 prefix = node.name or op_type
                 if template is not None:  # a repeat in this scope
                     made = emitter(template)
-                    slots[(id(scope), i)] = entries = made.emit(template, inputs, outputs, prefix, fresh)
+                    made_here.append(entries := made.emit(template, inputs, outputs, prefix, fresh))
                     repeats[(kind, id(made.nodes))] += 1
                     if (kind, id(made.nodes)) not in repeated:
                         repeated[(kind, id(made.nodes))] = Lowered(first.op, first.how, first.action, [], template)
@@ -619,7 +627,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                     adoption = adoptions.get(key)
                     if adoption is None:
                         adoption = adoptions[key] = _Adoption(plan, key)
-                    slots[(id(scope), i)] = entries = adoption.emit(inputs, outputs, prefix, fresh)
+                    made_here.append(entries := adoption.emit(inputs, outputs, prefix, fresh))
                     group = (kind, id(adoption.template.nodes))
                     adopted[group] += 1
                     if group not in adopted_as:
@@ -631,7 +639,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                     template, constants = plan.adopt(key, prefix, lscope)
                     made = emitter(template)
                     entries = b"".join(_fp._entry(c.SerializeToString()) for c in constants)
-                    slots[(id(scope), i)] = entries = entries + made.emit(template, inputs, outputs, prefix, fresh)
+                    made_here.append(entries := entries + made.emit(template, inputs, outputs, prefix, fresh))
                     plan.count(Lowered(first.op, first.how, first.action, [], template, constants),
                                node.domain, op_type)
                     mode = ("adopt", kind, id(made.nodes))
@@ -642,7 +650,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                 writer = bound.get(kind)
                 if writer is None:
                     writer = bound[kind] = _fp._Bound(first.nodes[0])
-                slots[(id(scope), i)] = entries = writer.emit(node)
+                made_here.append(entries := writer.emit(node))
                 repeats[(kind, 0)] += 1
                 repeated.setdefault((kind, 0), first)
                 mode = ("bound", kind)
@@ -650,7 +658,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                 lscope = lscope or LoweringScope(types)
                 lowered = plan.lower(node, lscope)
             if mode is None:
-                slots[(id(scope), i)] = entries = b"".join(_fp._entry(r.SerializeToString()) for r in lowered.nodes)
+                made_here.append(entries := b"".join(_fp._entry(r.SerializeToString()) for r in lowered.nodes))
                 checked.append(((*scope.path, i), entries, inputs, outputs))
             elif check:
                 pattern = (*mode, "" in values and tuple(map(operator.not_, values)))
