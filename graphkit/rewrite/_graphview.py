@@ -27,39 +27,55 @@ class GraphView:
         self.nodes = list(nodes)  # indexing a Python list is much cheaper than a protobuf field
         self.base_dir = base_dir  # where external data lives (None: external tensors are not read)
         self.protected = set(protected)
-        producer: dict[str, int] = {}
         by_op: dict[str, list[int]] = {}
-        # Plain-Python copies of each node's fields: matching reads them many times.
-        self.ops: list[str] = []
-        self.domains: list[str] = []
-        self.inputs: list[tuple[str, ...]] = []
-        self.outputs: list[tuple[str, ...]] = []
-        ops, domains, inputs, outputs = self.ops, self.domains, self.inputs, self.outputs
-        # Each read of a field is a new str: op types and domains interned, and one str per
-        # tensor name (its producer's and its consumers' reads share it), not one per read.
+        # Op types interned (each read of a field is a new str); the other fields are copied
+        # on first use (_index_fields): a single-node rule reads only its candidates' nodes.
         intern = sys.intern
-        same = {}.setdefault
-        for i, node in enumerate(self.nodes):
-            op = intern(node.op_type)
-            read = node.output[:]
-            outs = tuple(map(same, read, read))
-            ops.append(op)
-            domains.append(intern(node.domain))
-            read = node.input[:]
-            inputs.append(tuple(map(same, read, read)))
-            outputs.append(outs)
+        self.ops: list[str] = [intern(node.op_type) for node in self.nodes]
+        for i, op in enumerate(self.ops):
             if op in by_op:
                 by_op[op].append(i)
             else:
                 by_op[op] = [i]
-            for name in outs:
-                producer[name] = i
-        producer.pop("", None)
-        self.producer, self.by_op = producer, by_op
+        self.by_op = by_op
         self._consumers: dict[str, list[int]] | None = None  # built on first use (many rules never ask)
         self._outer_used: set[str] = set()
         self._initializers = {t.name: t for t in initializers}
         self._const_cache: dict[str, np.ndarray | None] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        """``domains``, ``inputs``, ``outputs`` and ``producer``, made on first use."""
+        if name in ("domains", "inputs", "outputs", "producer"):
+            self._index_fields()
+            return self.__dict__[name]
+        raise AttributeError(name)
+
+    def _index_fields(self) -> None:
+        """Plain-Python copies of each node's fields (matching reads them many times) and the
+        producer of each tensor. Domains interned; one str per tensor name (its producer's
+        and its consumers' reads share it), not one per read."""
+        intern = sys.intern
+        same = {}.setdefault
+        producer: dict[str, int] = {}
+        domains: list[str] = []
+        inputs: list[tuple[str, ...]] = []
+        outputs: list[tuple[str, ...]] = []
+        for i, node in enumerate(self.nodes):
+            read = node.output[:]
+            outs = tuple(map(same, read, read))
+            domains.append(intern(node.domain))
+            read = node.input[:]
+            inputs.append(tuple(map(same, read, read)))
+            outputs.append(outs)
+            for name in outs:
+                producer[name] = i
+        producer.pop("", None)
+        self.domains, self.inputs, self.outputs, self.producer = domains, inputs, outputs, producer
+
+    def node_inputs(self, index: int) -> tuple[str, ...]:
+        """The inputs of node ``index`` (from the copies where they were made, else the node)."""
+        inputs = self.__dict__.get("inputs")
+        return inputs[index] if inputs is not None else tuple(self.nodes[index].input)
 
     @property
     def consumers(self) -> dict[str, list[int]]:

@@ -198,14 +198,19 @@ class Matcher:
         checks as _first_node, _first_value and _whole, in a row."""
         pat, names_of, many = self._flat
         view = self.view
-        domain = view.domains[index]
-        if view.ops[index] != pat.op_type or (domain != pat.domain and not (domain == "ai.onnx" and not pat.domain)):
+        if view.ops[index] != pat.op_type:
+            return None
+        if "inputs" in view.__dict__:  # the view's copies of the fields, where made
+            domain, names, outs = view.domains[index], view.inputs[index], view.outputs[index]
+        else:  # else the node's own: a single-node rule needs no copy of every node
+            node = view.nodes[index]
+            domain, names, outs = node.domain, tuple(node.input), tuple(node.output)
+        if domain != pat.domain and not (domain == "ai.onnx" and not pat.domain):
             return None
         if index in self.taken:
             return None
         if pat.attrs and self._attrs(pat, view.nodes[index], index, {}) is None:
             return None
-        names = view.inputs[index]
         k = len(names_of)
         rest: list[str] = []
         if len(names) > k:
@@ -215,7 +220,6 @@ class Matcher:
                 return None
         if len(names) < k or not all(names):
             return None  # an absent input: no variable binds it
-        outs = view.outputs[index]
         outputs = [outs[0] if outs else ""]
         for name in outs:
             if name and name != outputs[0] and (

@@ -721,7 +721,7 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
         return 0
     # Producers that fed only the replaced nodes (constants, typically) die with them.
     gone = removed | set(replacements)
-    orphans = {name for i in gone for name in view.inputs[i] if name}
+    orphans = {name for i in gone for name in view.node_inputs(i) if name}
     released |= orphans
     read = {name for new in replacements.values() for n in new for name in n.input} | set(aliases.values())
     # (a name the new nodes read keeps its producer: only the others are worth a look)
