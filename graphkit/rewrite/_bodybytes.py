@@ -516,9 +516,10 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     op_types = list(map(attrgetter("op_type"), nodes))
     try:
         types = _Types(model, registry, main, domains, op_types, holders, forward=False)
+        # A subgraph's placeholders were checked as the pass reached them (types are only
+        # added to): the main graph's are left.
         declared = types._elem.keys()
-        if not all(x in declared for s in types.scopes if s.custom for i in s.custom
-                   for x in s.graph.node[i].input if x):
+        if not all(x in declared for i in main.custom for x in nodes[i].input if x):
             raise _Undeclared
     except _Undeclared:  # a placeholder reads a name no graph declares with a type: the forward rules'
         custom, dirty = main.custom, main.dirty
