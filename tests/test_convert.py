@@ -511,3 +511,92 @@ def test_nodes_no_adapter_covers_are_onnx_s_node_by_node(name, where):
     if where != "function":
         for got, ref in zip(_run(version_converter.convert_version(model, target), x), want):
             np.testing.assert_allclose(got, ref, rtol=1e-6)
+
+
+def _split_unknown_length(where: str, parts: int = 3) -> onnx.ModelProto:
+    """Opset 18; x: float[2, w] (w unknown), Split-18 of x along axis 1 into ``parts`` by
+    num_outputs, no sizes: in the main graph, both branches of an If (each of its own
+    kind: a Split and a Split of Neg(x)) or a model-local function."""
+    outs = [f"y{i}" for i in range(parts)]
+
+    def split(prefix: str, source: str = "x") -> onnx.NodeProto:
+        return helper.make_node("Split", [source], [f"{prefix}{o}" for o in outs], axis=1, num_outputs=parts,
+                                name=f"{prefix}split")
+
+    def typed(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, F, [2, None])
+
+    imports = [helper.make_opsetid("", 18)]
+    functions = []
+    if where == "main":
+        body = [split("")]
+    elif where == "if":
+        then = helper.make_graph([split("t_")], "t", [], [typed(f"t_{o}") for o in outs])
+        other = helper.make_graph([helper.make_node("Neg", ["x"], ["e_neg"]), split("e_", "e_neg")], "e", [],
+                                  [typed(f"e_{o}") for o in outs])
+        body = [helper.make_node("If", ["c"], outs, then_branch=then, else_branch=other)]
+    else:
+        functions = [helper.make_function("local", "f", ["x"], outs, [split("")], imports)]
+        imports = [*imports, helper.make_opsetid("local", 1)]
+        body = [helper.make_node("f", ["x"], outs, domain="local")]
+    inputs = [helper.make_tensor_value_info("x", F, [2, "w"]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])]
+    graph = helper.make_graph(body, "g", inputs if where == "if" else inputs[:1], [typed(o) for o in outs])
+    return helper.make_model(graph, opset_imports=imports, ir_version=8, functions=functions)
+
+
+def _torch_split(x: np.ndarray, parts: int) -> list[np.ndarray]:
+    """torch.split(x, ceil(w / parts), dim=1): what Split-18's num_outputs defines."""
+    chunk = -(-x.shape[1] // parts)
+    return [x[:, i:i + chunk] for i in range(0, chunk * parts, chunk)][:parts]
+
+
+@pytest.mark.parametrize("where", ["main", "if", "function"])
+def test_split_18_down_of_unknown_length_takes_its_sizes_from_the_shape(where):
+    """Split-18 num_outputs=3 of an axis whose length is not declared, down to 17: the older
+    Split splits evenly and ORT refuses an uneven length (7 in 3), so nodes before the Split
+    compute opset 18's sizes (3, 3, 1) from the input's shape at run time, in every scope."""
+    model = _split_unknown_length(where)
+    onnx.checker.check_model(model, full_check=True)
+    out, report = rewrite_model(model, target_opset=17, lowering=Lowering.KEEP)
+    assert report.conversions == [(18, 17, "adapters")]
+    onnx.checker.check_model(out, full_check=True)
+    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    for length in (7, 6, 5, 2):  # 3,3,1 / 2,2,2 / 2,2,1 / 1,1,0
+        x = np.random.default_rng(length).standard_normal([2, length]).astype(np.float32)
+        for cond in (True, False) if where == "if" else (None,):
+            feeds = {"x": x} if cond is None else {"x": x, "c": np.array(cond)}
+            want = _torch_split(x if cond in (None, True) else -x, 3)
+            got = session.run(None, feeds)
+            assert [g.shape for g in got] == [w.shape for w in want]
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("where", ["main", "if", "function"])
+def test_split_18_down_below_13_of_unknown_length_is_refused(where):
+    """Below opset 13 the sizes are an attribute, fixed when the model is written: a Split-18
+    of unknown length cannot get them; the error names the file, node, op and the fix."""
+    err = _refusal(_split_unknown_length(where), 12)
+    assert err.node.endswith("split") and err.op == "ai.onnx::Split"
+    assert "unknown length into 3 parts" in err.message and "at least 13" in err.hint
+
+
+def test_nodes_made_in_a_list_and_in_its_subgraphs_are_all_kept():
+    """Softmax-12 over a middle axis in the main graph and in an If's branches (onnx's, node
+    by node): the bodies' lists are rebuilt before the main graph's (rebuilding a list copies
+    the subgraphs its nodes hold; the other order lost the bodies' Flatten and Reshape)."""
+    def branch(name: str) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node("Softmax", ["x"], [name], axis=1)], name, [],
+                                 [helper.make_tensor_value_info(name, F, SHAPE)])
+
+    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.BOOL, [], [True]))
+    model = _main([helper.make_node("Softmax", ["x"], ["s"], axis=1), cond,
+                   helper.make_node("If", ["c"], ["y"], then_branch=branch("t"), else_branch=branch("e"))],
+                  12, outs=("y", "s"))
+    out, report = rewrite_model(model, target_opset=13, lowering=Lowering.KEEP)
+    assert report.conversions == [(12, 13, "adapters; onnx's converter node by node: Softmax 12->13")]
+    (if_node,) = [n for n in out.graph.node if n.op_type == "If"]
+    assert all("Flatten" in [n.op_type for n in a.g.node] for a in if_node.attribute)
+    x = np.random.default_rng(5).standard_normal(SHAPE).astype(np.float32)
+    for got, want in zip(_run(out, x), _run(model, x)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)

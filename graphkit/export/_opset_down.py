@@ -33,7 +33,7 @@ import onnx.numpy_helper
 import onnx.version_converter
 
 from graphkit.errors import ExportError
-from graphkit.rewrite._convert import split_18_sizes
+from graphkit.rewrite._convert import split_18_runtime_sizes, split_18_sizes
 from graphkit.rewrite._walk import AI_ONNX, ModelIndex, graph_tree, node_lists, value_types
 from graphkit.rewrite.builder import NameGenerator
 
@@ -235,7 +235,7 @@ def _split_at(node: onnx.NodeProto, types: Mapping[str, onnx.TypeProto], constan
             except ValueError as exc:
                 raise refuse(f"splits axis {axis}: {exc}", hint="fix the model's num_outputs") from exc
         elif opset >= 13:
-            before, split_input = _runtime_sizes(node, axis, parts, names)
+            before, split_input = split_18_runtime_sizes(node, axis, parts, names.fresh)
         else:
             raise refuse(f"splits axis {axis} of unknown length into {parts} parts (Split-18 num_outputs); at "
                          f"opset {opset} the part sizes are an attribute, fixed when the model is written",
@@ -268,32 +268,6 @@ def _split_at(node: onnx.NodeProto, types: Mapping[str, onnx.TypeProto], constan
     if split_input:
         node.input.append(split_input)
     return [*before, node]
-
-
-def _runtime_sizes(node: onnx.NodeProto, axis: int, parts: int,
-                   names: NameGenerator) -> tuple[list[onnx.NodeProto], str]:
-    """Nodes computing opset 18's sizes of ``parts`` parts along ``axis`` from the input's
-    shape (ceil(length / parts) each, the last one the rest), and the name of the sizes."""
-    base = node.name or node.output[0]
-    made: list[onnx.NodeProto] = []
-
-    def op(op_type: str, *inputs: str, **attrs: Any) -> str:
-        out = names.fresh(f"{base}_split_sizes/{op_type}")
-        made.append(onnx.helper.make_node(op_type, list(inputs), [out], name=out, **attrs))
-        return out
-
-    def const(value: int) -> str:
-        out = names.fresh(f"{base}_split_sizes/const")
-        made.append(onnx.helper.make_node("Constant", [], [out], name=out, value=onnx.numpy_helper.from_array(
-            np.array([value], dtype=np.int64), out)))
-        return out
-
-    length = op("Gather", op("Shape", node.input[0]), const(axis), axis=0)  # [length]
-    chunk = op("Div", op("Add", length, const(parts - 1)), const(parts))  # ceil(length / parts)
-    last = op("Sub", length, op("Mul", chunk, const(parts - 1)))
-    sizes = names.fresh(f"{base}_split_sizes")
-    made.append(onnx.helper.make_node("Concat", [chunk] * (parts - 1) + [last], [sizes], name=sizes, axis=0))
-    return made, sizes
 
 
 def drop_default_attributes(model: onnx.ModelProto, opset: int) -> None:

@@ -32,8 +32,11 @@ against the schemas by the tests):
   rank is declared), whose value is then written out; any other axis is onnx's (it adds a
   Flatten and a Reshape);
 - ``num-outputs``: Split-18's ``num_outputs``. Up: set where no split sizes are given. Down:
-  dropped where the parts are even (or the axis' length is unknown: Split-13 splits evenly),
-  else the sizes opset 18 gives become the split input.
+  dropped where the parts are even, else the sizes opset 18 gives become the split input;
+  where the axis' length is unknown (not declared in the node's scope, or in a function
+  body), nodes before the Split compute them from the input's shape at run time (the older
+  Splits' even split would refuse an uneven length), and below opset 13, where the sizes are
+  an attribute, the node is refused.
 
 A node whose op has a step of no kind here (Resize at 11, Softmax over a middle axis at 13,
 anything before opset 12 going down, ...) is converted by onnx's converter, all such nodes
@@ -60,7 +63,7 @@ from graphkit.errors import RewriteError
 from graphkit.rewrite._walk import AI_ONNX, ModelIndex, ScopedTypes, graphs, subgraphs, value_types
 from graphkit.rewrite.builder import NameGenerator
 
-__all__ = ["STEP_KINDS", "convert", "split_18_sizes", "steps"]
+__all__ = ["STEP_KINDS", "convert", "split_18_runtime_sizes", "split_18_sizes", "steps"]
 
 _REDUCE = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
            "ReduceProd", "ReduceSumSquare")
@@ -193,7 +196,8 @@ class _Conversion:
     up: bool = True
     function: onnx.FunctionProto | None = None  # the node's, None in the main graph
     graph: onnx.GraphProto | None = None  # the node's subgraph, None in the main graph (or a function's body)
-    made: list[str] = field(default_factory=list)  # names of the constants made
+    nodes: Any = None  # the node list holding the node
+    made: list[str] = field(default_factory=list)  # names of the values made
     values: dict[str, Any] = field(default_factory=dict)  # what they hold
     released: list[tuple[Any, Any]] = field(default_factory=list)  # (constant, its list): read no more here
     _names: NameGenerator | None = None
@@ -201,6 +205,13 @@ class _Conversion:
     _constants: dict[int, dict[str, tuple[Any, Any]]] = field(default_factory=dict)
     shared: dict[tuple, str] = field(default_factory=dict)  # (namespace, input, values) -> constant made
     new_constants: dict[int, tuple[Any, list[tuple[str, Any]]]] = field(default_factory=dict)
+    replaced: dict[int, Any] = field(default_factory=dict)  # id -> a node list to rebuild, in walk order
+    placed: dict[int, list[onnx.NodeProto]] = field(default_factory=dict)  # id(node) -> the nodes in its place
+
+    def put_before(self, node: onnx.NodeProto, made: list[onnx.NodeProto]) -> None:
+        """Put ``made`` before ``node`` in its node list (when the lists are rebuilt, once each)."""
+        self.replaced.setdefault(id(self.nodes), self.nodes)
+        self.placed[id(node)] = [*made, node]
 
     @property
     def names(self) -> NameGenerator:
@@ -270,23 +281,25 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None,
     if uncovered:
         return Converted(fallback=sorted(uncovered))
     conv = _Conversion(target, path, model, taken, _types=declared[0] if declared else None)
-    replaced: dict[int, Any] = {}  # id -> a node list holding nodes onnx's converter does
+    replaced = conv.replaced  # id -> a node list holding nodes replaced or preceded by made ones
     left: dict[int, list[tuple[onnx.NodeProto, Any, Any]]] = {}  # opset -> nodes no adapter covers
     for node, node_steps, fn, up, graph, nodes, a in work:
         if node_steps is None:
             left.setdefault(a, []).append((node, fn, graph))
-            replaced[id(nodes)] = nodes
+            replaced.setdefault(id(nodes), nodes)
             continue
-        conv.function, conv.up, conv.graph = fn, up, graph
+        conv.function, conv.up, conv.graph, conv.nodes = fn, up, graph, nodes
         for step in node_steps:
             _ADAPT[step.kind](conv, step, node)
     _place_constants(model, conv.new_constants)
     by_onnx = sorted({f"{n.op_type} {a}->{target}" for a, items in left.items() for n, _, _ in items})
-    made: dict[int, list[onnx.NodeProto]] = {}
+    made = conv.placed
     for a, items in left.items():
         for start in range(0, len(items), _BATCH):
             made.update(_by_onnx(conv, items[start:start + _BATCH], a))
-    for nodes in replaced.values():
+    # A list's subgraphs' lists first (the walk met them after it): rebuilding a list copies
+    # the subgraphs its nodes hold, which would lose changes made to them after.
+    for nodes in reversed(replaced.values()):
         ordered = []
         for node in nodes:
             ordered.extend(made.get(id(node), (node,)))
@@ -659,25 +672,64 @@ def _num_outputs(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
     _remove_attr(node, "num_outputs")
     if given:
         return
-    sizes = _split_sizes(conv, node, parts)
-    if not sizes:
-        return
-    _int64_constant(conv, node, "split", tuple(sizes))
-
-
-def _split_sizes(conv: _Conversion, node: onnx.NodeProto, parts: int) -> list[int]:
-    """The sizes Split-18 gives ``parts`` parts where they are uneven; [] where they are even
-    or the axis' length is unknown (Split-13 splits evenly into as many parts as outputs)."""
     axis_attr = _attr(node, "axis")
     axis = axis_attr.i if axis_attr is not None else 0
+    length = _axis_length(conv, node, axis)
+    if length is None:
+        if conv.target < 13:
+            raise conv.error(node, f"it splits axis {axis} of unknown length into {parts} parts (Split-18 "
+                             f"num_outputs); before opset 13 the part sizes are an attribute, fixed when the "
+                             "model is written",
+                             f"give '{node.input[0]}' a static length along axis {axis} (a fixed input shape), "
+                             "or pick a --target-opset of at least 13")
+        made, sizes_name = split_18_runtime_sizes(node, axis, parts, conv.names.fresh)
+        conv.made.extend(o for n in made for o in n.output)
+        conv.put_before(node, made)
+        node.input.append(sizes_name)
+        return
+    try:
+        sizes = split_18_sizes(length, parts)
+    except ValueError as exc:
+        raise conv.error(node, str(exc), "fix the model's num_outputs") from exc
+    if sizes:
+        _int64_constant(conv, node, "split", tuple(sizes))
+
+
+def _axis_length(conv: _Conversion, node: onnx.NodeProto, axis: int) -> int | None:
+    """The length of ``node``'s input 0 along ``axis`` as declared in its scope, else None."""
     tp = (conv.types or {}).get(node.input[0])
     shape = tp.tensor_type.shape if tp is not None and tp.tensor_type.HasField("shape") else None
     if shape is None or not -len(shape.dim) <= axis < len(shape.dim) or not shape.dim[axis].HasField("dim_value"):
-        return []
-    try:
-        return split_18_sizes(shape.dim[axis].dim_value, parts) or []
-    except ValueError as exc:
-        raise conv.error(node, str(exc), "fix the model's num_outputs") from exc
+        return None
+    return shape.dim[axis].dim_value
+
+
+def split_18_runtime_sizes(node: onnx.NodeProto, axis: int, parts: int, fresh: Callable[[str], str]
+                           ) -> tuple[list[onnx.NodeProto], str]:
+    """Nodes computing, from the shape of Split ``node``'s input at run time, the sizes opset
+    18's ``num_outputs=parts`` gives along ``axis`` (ceil(length / parts) each, the last one
+    the rest: :func:`split_18_sizes`), for a Split of opset 13 to 17 whose length is unknown;
+    and the name of the sizes. ``fresh`` makes a name from a base that clashes with no other."""
+    base = node.name or node.output[0]
+    made: list[onnx.NodeProto] = []
+
+    def op(op_type: str, *inputs: str, **attrs: Any) -> str:
+        out = fresh(f"{base}_split_sizes/{op_type}")
+        made.append(helper.make_node(op_type, list(inputs), [out], name=out, **attrs))
+        return out
+
+    def const(value: int) -> str:
+        out = fresh(f"{base}_split_sizes/const")
+        made.append(helper.make_node("Constant", [], [out], name=out,
+                                     value=helper.make_tensor(out, onnx.TensorProto.INT64, [1], [value])))
+        return out
+
+    length = op("Gather", op("Shape", node.input[0]), const(axis), axis=0)  # [length]
+    chunk = op("Div", op("Add", length, const(parts - 1)), const(parts))  # ceil(length / parts)
+    last = op("Sub", length, op("Mul", chunk, const(parts - 1)))
+    sizes = fresh(f"{base}_split_sizes")
+    made.append(helper.make_node("Concat", [chunk] * (parts - 1) + [last], [sizes], name=sizes, axis=0))
+    return made, sizes
 
 
 def split_18_sizes(length: int, parts: int) -> list[int] | None:
