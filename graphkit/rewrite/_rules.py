@@ -27,6 +27,7 @@ import collections
 import contextlib
 import functools
 import inspect
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -371,6 +372,9 @@ class RuleReport:
         return "\n".join(lines)
 
 
+_ATTRIBUTES, _DOMAIN, _OP_TYPE = (operator.attrgetter(f) for f in ("attribute", "domain", "op_type"))
+
+
 @dataclass
 class OpDelta:
     """How applying rules changed the model's op counts: (domain, op_type) -> change. Not
@@ -384,13 +388,14 @@ class OpDelta:
         """``old`` nodes left the model, ``new`` ones came."""
         if not self.exact:
             return
-        counts = self.counts
-        for sign, nodes in ((-1, old), (1, new)):
-            for n in nodes:
-                if n.attribute and any(True for _ in subgraphs(n)):
-                    self.exact = False
-                    return
-                counts[(n.domain, n.op_type)] += sign
+        old, new = list(old), list(new)
+        graph_types = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+        for nodes in (old, new):  # attributes read in bulk: most nodes have none
+            if any(a.type in graph_types for attrs in map(_ATTRIBUTES, nodes) if attrs for a in attrs):
+                self.exact = False
+                return
+        self.counts.subtract(collections.Counter(zip(map(_DOMAIN, old), map(_OP_TYPE, old))))
+        self.counts.update(zip(map(_DOMAIN, new), map(_OP_TYPE, new)))
 
 
 class RuleSet:
