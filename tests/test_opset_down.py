@@ -1,6 +1,7 @@
 """graphkit.export._opset_down: the dynamo exporter's opset-18 model brought down to an older
-opset by onnx's version converter, with what the converter gets wrong fixed in every graph,
-subgraph and model-local function."""
+opset by graphkit's converter (graphkit.rewrite._convert), and, where a node holding
+subgraphs has no adapter, by onnx's version converter with what it gets wrong fixed in every
+graph, subgraph and model-local function."""
 
 from __future__ import annotations
 
@@ -240,9 +241,7 @@ def test_sibling_branches_split_inputs_of_their_own_length():
         [helper.make_tensor_value_info("y", F, [2, None])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
     out = convert_down(model, 17)
-    sizes = sorted(onnx.numpy_helper.to_array(n.attribute[0].t).tolist() for nodes, _ in node_lists(out)
-                   for n in nodes if n.op_type == "Constant")
-    assert sizes == [[3, 3, 1], [5, 5, 4]]
+    assert sorted(_constants(out).values()) == [[3, 3, 1], [5, 5, 4]]
     session = ort.InferenceSession(out.SerializeToString())
     x = np.arange(14, dtype=np.float32).reshape(2, 7)
     (then,) = session.run(None, {"x": x, "c": np.array(True)})
@@ -250,6 +249,14 @@ def test_sibling_branches_split_inputs_of_their_own_length():
     np.testing.assert_array_equal(then, -np.concatenate([x[:, 6:], x[:, :3]], axis=1))
     doubled = np.concatenate([x, x], axis=1)
     np.testing.assert_array_equal(other, np.concatenate([doubled[:, 10:], doubled[:, :5]], axis=1))
+
+
+def _constants(model: onnx.ModelProto) -> dict[str, list]:
+    """The main graph's initializers and every graph's Constant nodes: name -> values."""
+    found = {t.name: onnx.numpy_helper.to_array(t).tolist() for t in model.graph.initializer}
+    found.update((n.output[0], onnx.numpy_helper.to_array(n.attribute[0].t).tolist())
+                 for nodes, _ in node_lists(model) for n in nodes if n.op_type == "Constant")
+    return found
 
 
 def _ref(name: str, ref: str) -> onnx.AttributeProto:
@@ -306,9 +313,10 @@ def test_a_function_reading_its_callers_attribute_keeps_the_callers_value():
     got = ort.InferenceSession(out.SerializeToString()).run(None, {"x": x})
     for name, g, w in zip(("p", "o", "r"), got, at18):
         np.testing.assert_array_equal(g, w, err_msg=name)
-    assert [fn.name for fn in out.functions] == ["plain"]  # the referring ones are inlined
-    for nodes, _ in node_lists(out):
-        assert not any(a.ref_attr_name for node in nodes for a in node.attribute)
+    # graphkit's converter converts each body as what it is: the functions and their references stay
+    assert [fn.name for fn in out.functions] == ["pick", "outer", "plain"]
+    assert sum(a.ref_attr_name != "" for nodes, _ in node_lists(out) for n in nodes for a in n.attribute) == 2
+    assert all(i.version == 17 for fn in out.functions for i in fn.opset_import if i.domain == "")
     onnx.checker.check_model(out)
 
 
@@ -328,8 +336,8 @@ def test_the_split_sizes_constant_takes_a_name_nothing_else_has():
         [helper.make_tensor_value_info("m", F, [2, 1]), helper.make_tensor_value_info("y", F, [2, 1])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
     out = convert_down(model, 17)
-    made = [n.output[0] for nodes, _ in node_lists(out) for n in nodes if n.op_type == "Constant"]
-    assert len(made) == 2 and len(set(made)) == 2 and "s_split_sizes" not in made, made
+    made = _constants(out)  # one for both Splits (the same sizes; the If branch reads the main graph's)
+    assert list(made.values()) == [[3, 3, 1]] and "s_split_sizes" not in made, made
     onnx.checker.check_model(out)
     x = np.arange(14, dtype=np.float32).reshape(2, 7)
     feeds = {"x": x, "s_split_sizes": np.full((2, 1), 10, np.float32), "w": np.zeros((2, 1), np.float32),
@@ -337,3 +345,83 @@ def test_the_split_sizes_constant_takes_a_name_nothing_else_has():
     m, y = ort.InferenceSession(out.SerializeToString()).run(None, feeds)
     np.testing.assert_array_equal(m, x[:, 6:] + 10)
     np.testing.assert_array_equal(y, x[:, 6:])
+
+
+@pytest.mark.parametrize("opset", [12, 13])
+def test_graphkits_converter_brings_splits_and_if_bodies_below_16(opset):
+    """onnx's converter has no If adapter below 16 and none for most ops below 13; graphkit's
+    converter (rewrite/_convert.py) takes the model, If bodies and function included, down."""
+    out = convert_down(_split_model(7), opset)
+    assert [i.version for i in out.opset_import if i.domain == ""] == [opset]
+    assert all("num_outputs" not in {a.name for a in s.attribute} for s in _splits(out))
+    _runs_as_opset_18(out, [7], parts=3)
+
+
+def test_convert_down_refuses_an_unknown_length_below_13_naming_the_node():
+    with pytest.raises(ExportError) as info:
+        convert_down(_split_model("w"), 12)
+    err = info.value
+    assert "unknown length into 3 parts" in err.message and err.op == "ai.onnx::Split"
+    assert err.node in ("m_split", "t_split", "e_split", "f_split")
+    assert "export at an opset of at least 13" in err.hint and "dynamo=False" in err.hint
+
+
+def test_a_node_holding_subgraphs_no_adapter_covers_leaves_the_model_to_onnx():
+    """If going below 12 (If-11 -> 10) has no adapter here: onnx's converter takes the whole
+    model (and has none either: its error, as ConverterError)."""
+    from graphkit.export._opset_down import ConverterError
+
+    with pytest.raises(ConverterError, match="No Adapter From Version \\$16 for If"):
+        convert_down(_split_model(7), 10)
+
+
+def _if_chain(n: int, relus: int = 20) -> onnx.ModelProto:
+    """Opset 18; x: float[1, 4]. ``n`` chained If nodes, each followed by ``relus`` Relus in
+    the main graph (the values around the bodies grow with n); then: Add(v, ReduceMean-18(v,
+    axes a Constant of the body)), else: Identity(v)."""
+    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.BOOL, [], [True]))
+    nodes, prev = [cond], "x"
+    for i in range(n):
+        axes = helper.make_node("Constant", [], [f"ax{i}"], value=helper.make_tensor(f"ax{i}", TensorProto.INT64,
+                                                                                      [1], [1]))
+        then = helper.make_graph([axes, helper.make_node("ReduceMean", [prev, f"ax{i}"], [f"r{i}"], keepdims=1),
+                                  helper.make_node("Add", [prev, f"r{i}"], [f"t{i}"])], f"t{i}", [],
+                                 [helper.make_tensor_value_info(f"t{i}", F, [1, 4])])
+        other = helper.make_graph([helper.make_node("Identity", [prev], [f"e{i}"])], f"e{i}", [],
+                                  [helper.make_tensor_value_info(f"e{i}", F, [1, 4])])
+        nodes.append(helper.make_node("If", ["c"], [f"o{i}"], then_branch=then, else_branch=other))
+        prev = f"o{i}"
+        for k in range(relus):
+            nodes.append(helper.make_node("Relu", [prev], [f"o{i}_{k}"]))
+            prev = f"o{i}_{k}"
+    return helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 4])],
+                                               [helper.make_tensor_value_info(prev, F, [1, 4])]),
+                             opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def test_convert_down_cost_grows_linearly_in_if_bodies():
+    """8x the If bodies (and the values around them) cost about 8x: graphkit's converter
+    looks at each node once (onnx's converter on the whole model: 30x and more per 8x, its
+    shape inference copying the outer scope's types into every body)."""
+    import time
+
+    def seconds(n: int) -> float:
+        model = _if_chain(n)
+        start = time.process_time()
+        out = convert_down(model, 17)
+        spent = time.process_time() - start
+        assert [i.version for i in out.opset_import if i.domain == ""] == [17]
+        return spent
+
+    seconds(100)
+    ratio = min(seconds(800), seconds(800)) / min(seconds(100), seconds(100))
+    assert ratio < 20, f"8x the If bodies took {ratio:.1f}x the time (linear is ~8x; onnx's converter 47x)"
+    small = _if_chain(3, relus=1)
+    out = convert_down(_if_chain(3, relus=1), 17)
+    means = [n for nodes, _ in node_lists(out) for n in nodes if n.op_type == "ReduceMean"]
+    assert len(means) == 3 and all(len(n.input) == 1 and [a.name for a in n.attribute] == ["keepdims", "axes"]
+                                   for n in means)
+    x = np.random.default_rng(0).standard_normal([1, 4]).astype(np.float32)
+    (got,) = ort.InferenceSession(out.SerializeToString()).run(None, {"x": x})
+    (want,) = ort.InferenceSession(small.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-6)

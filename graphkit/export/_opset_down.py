@@ -1,9 +1,18 @@
 """The dynamo exporter's opset-18 model converted to an older ai.onnx opset.
 
-graphkit converts the finished model itself with onnx's version converter (torch's own
-conversion, asked for through ``opset_version``, fails on axes it does not see as constants
-yet and then keeps opset 18 silently), and fixes what the converter gets wrong, in every
-graph, subgraph (If/Loop/Scan bodies) and model-local function:
+torch's own conversion, asked for through ``opset_version``, fails on axes it does not see
+as constants yet and then keeps opset 18 silently, so graphkit converts the finished model
+itself, with the converter ``graphkit rewrite --target-opset`` uses
+(:mod:`graphkit.rewrite._convert`): graphkit's adapters in one pass over every graph,
+subgraph (If/Loop/Scan bodies) and model-local function, onnx's version converter node by
+node for the nodes they do not cover. Its Split-18 adapter writes ``num_outputs`` as the
+sizes opset 18 gives (from the types in the node's own scope, or from the input's shape at
+run time), and model-local functions keep their attribute references.
+
+onnx's converter on the whole model costs the number of subgraphs times the values around
+them (its shape inference copies the enclosing scope's types into every body): it is only
+the fallback where a node holding subgraphs has no adapter (If/Loop/Scan below opset 12),
+with what it gets wrong fixed:
 
 - it has no adapter for Split-18 (``num_outputs``): Split nodes are hidden from it in a
   domain of their own, and :func:`split_without_num_outputs` writes them for the target
@@ -32,7 +41,8 @@ import onnx.inliner
 import onnx.numpy_helper
 import onnx.version_converter
 
-from graphkit.errors import ExportError
+from graphkit.errors import ExportError, RewriteError
+from graphkit.rewrite._convert import convert as convert_by_adapters
 from graphkit.rewrite._convert import split_18_runtime_sizes, split_18_sizes
 from graphkit.rewrite._walk import AI_ONNX, ModelIndex, graph_tree, node_lists, value_types
 from graphkit.rewrite.builder import NameGenerator
@@ -50,9 +60,27 @@ class ConverterError(Exception):
 
 
 def convert_down(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
-    """``model`` converted to ai.onnx ``opset`` by onnx's version converter, with what the
-    converter gets wrong fixed (see the module docstring). Modifies ``model``; raises
-    ConverterError when the converter fails."""
+    """``model`` converted to ai.onnx ``opset`` by graphkit's converter, or, where a node
+    holding subgraphs has none, by onnx's version converter on the whole model with what it
+    gets wrong fixed (see the module docstring). Modifies ``model``; raises ExportError
+    naming the node and op where a node cannot be converted, ConverterError where onnx's
+    converter on the whole model fails."""
+    source = next((i.version for i in model.opset_import if i.domain in AI_ONNX), opset)
+    try:
+        done = convert_by_adapters(model, opset, pick="export at an opset",
+                                   keep=f"export at opset {source}")
+    except RewriteError as exc:
+        raise ExportError(f"the dynamo exporter builds opset {source} and graphkit could not convert it to opset "
+                          f"{opset}: {exc.message}", node=exc.node, op=exc.op,
+                          hint=f"{exc.hint}; or export with dynamo=False") from exc
+    if not done.fallback:
+        return model
+    return _convert_whole_model(model, opset)
+
+
+def _convert_whole_model(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """``model`` converted by onnx's version converter on the whole model, with what the
+    converter gets wrong fixed (see the module docstring)."""
     _inline_attribute_references(model)
     for nodes, _ in node_lists(model):
         for node in nodes:

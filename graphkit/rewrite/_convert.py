@@ -33,8 +33,8 @@ against the schemas by the tests):
   Flatten and a Reshape);
 - ``num-outputs``: Split-18's ``num_outputs``. Up: set where no split sizes are given. Down:
   dropped where the parts are even, else the sizes opset 18 gives become the split input;
-  where the axis' length is unknown (not declared in the node's scope, or in a function
-  body), nodes before the Split compute them from the input's shape at run time (the older
+  where the axis' length is unknown (declared neither in the node's scope nor, in a
+  function body, in the function's value_info), nodes before the Split compute them from the input's shape at run time (the older
   Splits' even split would refuse an uneven length), and below opset 13, where the sizes are
   an attribute, the node is refused.
 
@@ -200,9 +200,12 @@ class _Conversion:
     made: list[str] = field(default_factory=list)  # names of the values made
     values: dict[str, Any] = field(default_factory=dict)  # what they hold
     released: list[tuple[Any, Any]] = field(default_factory=list)  # (constant, its list): read no more here
+    pick: str = "pick a --target-opset"  # how a hint asks for another target: "<pick> of at least 13"
+    keep: str = "keep the model's opset"  # how a hint asks for none
     _names: NameGenerator | None = None
     _types: ScopedTypes | None = None
     _constants: dict[int, dict[str, tuple[Any, Any]]] = field(default_factory=dict)
+    _function_types: dict[int, dict[str, onnx.TypeProto]] = field(default_factory=dict)
     shared: dict[tuple, str] = field(default_factory=dict)  # (namespace, input, values) -> constant made
     new_constants: dict[int, tuple[Any, list[tuple[str, Any]]]] = field(default_factory=dict)
     replaced: dict[int, Any] = field(default_factory=dict)  # id -> a node list to rebuild, in walk order
@@ -223,9 +226,12 @@ class _Conversion:
     @property
     def types(self) -> Mapping[str, onnx.TypeProto] | None:
         """The declared types of the values the node sees (its subgraph's, then the graphs'
-        around it: sibling subgraphs may each define one name); None in a function body."""
+        around it: sibling subgraphs may each define one name); in a function body, its
+        value_info's."""
         if self.function is not None:
-            return None
+            if id(self.function) not in self._function_types:
+                self._function_types[id(self.function)] = _function_types(self.function)
+            return self._function_types[id(self.function)]
         if self._types is None:
             self._types = value_types(self.model, infer=False)
         return self._types if self.graph is None else self._types.scope(self.graph)
@@ -255,8 +261,8 @@ class Converted:
     by_onnx: list[str] = field(default_factory=list)
 
 
-def convert(model: onnx.ModelProto, target: int, *, path: str | None = None,
-            taken: set[str] | None = None) -> Converted:
+def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, taken: set[str] | None = None,
+            pick: str = "pick a --target-opset", keep: str = "keep the model's opset") -> Converted:
     """Convert ``model``'s standard ops, in place, to ai.onnx opset ``target`` with graphkit's
     adapters: every graph, subgraph and model-local function (each from its own import). A
     node no adapter covers is converted by onnx's converter (all such nodes in one call, each
@@ -265,7 +271,9 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None,
     ``fallback`` names it and nothing was changed. Raises RewriteError where an adapter, or
     onnx's converter on one node, refuses a node. ``taken``: every name in ``model``, where
     the caller has them; the names made are added. The constants made (axes, split sizes)
-    are shared by the nodes of one graph or function body that read the same values."""
+    are shared by the nodes of one graph or function body that read the same values.
+    ``pick`` and ``keep``: how the errors' hints ask for another target opset (``"<pick> of
+    at least 13"``) and for none (the export side asks for an export opset)."""
     work: list[tuple] = []
     uncovered: set[str] = set()
     declared: list[ScopedTypes] = []
@@ -280,7 +288,7 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None,
             _collect(nodes, fn, a, target, work, uncovered, types)
     if uncovered:
         return Converted(fallback=sorted(uncovered))
-    conv = _Conversion(target, path, model, taken, _types=declared[0] if declared else None)
+    conv = _Conversion(target, path, model, taken, pick=pick, keep=keep, _types=declared[0] if declared else None)
     replaced = conv.replaced  # id -> a node list holding nodes replaced or preceded by made ones
     left: dict[int, list[tuple[onnx.NodeProto, Any, Any]]] = {}  # opset -> nodes no adapter covers
     for node, node_steps, fn, up, graph, nodes, a in work:
@@ -330,7 +338,7 @@ def _by_onnx(conv: _Conversion, items: list[tuple[onnx.NodeProto, Any, Any]], a:
         conv.function, conv.graph = fn, graph
         if any(attr.ref_attr_name for attr in node.attribute):
             raise conv.error(node, "no adapter here, and onnx's converter cannot see the function attribute it "
-                             "refers to", "inline the function, or keep the model's opset")
+                             "refers to", f"inline the function, or {conv.keep}")
         types = conv.types or {}
         copy = onnx.NodeProto()
         copy.CopyFrom(node)
@@ -355,7 +363,7 @@ def _by_onnx(conv: _Conversion, items: list[tuple[onnx.NodeProto, Any, Any]], a:
         node = next((n for n, _, _ in items if n.op_type in first), items[0][0])
         conv.function, conv.graph = next((fn, g) for n, fn, g in items if n is node)
         raise conv.error(node, f"no adapter here, and onnx's version converter refuses it: {first}",
-                         "pick another --target-opset, or keep the model's opset") from exc
+                         f"{conv.pick} other than {conv.target}, or {conv.keep}") from exc
     made = [helper.make_node("Constant", [], [t.name], value=t) for t in converted.initializer]
     made.extend(converted.node)
     # which item each made node belongs to: by the renamed names it reads or writes, else
@@ -390,7 +398,7 @@ def _by_onnx(conv: _Conversion, items: list[tuple[onnx.NodeProto, Any, Any]], a:
     if any(g is None for g in group):
         raise RewriteError(f"onnx's version converter made nodes graphkit cannot place (converting "
                            f"{', '.join(sorted({n.op_type for n, _, _ in items}))} to opset {conv.target})",
-                           path=conv.path, hint="keep the model's opset")
+                           path=conv.path, hint=conv.keep)
     return out
 
 
@@ -409,6 +417,11 @@ def _roots(model: onnx.ModelProto) -> list[tuple[int, Any, Any]]:
     return out
 
 
+def _function_types(fn: onnx.FunctionProto) -> dict[str, onnx.TypeProto]:
+    """The types ``fn``'s value_info declares (names are unique in a body and its subgraphs)."""
+    return {vi.name: vi.type for vi in fn.value_info if vi.HasField("type")}
+
+
 def _collect(nodes: Any, fn: onnx.FunctionProto | None, a: int, target: int, work: list,
              uncovered: set[str], types: Callable[[], ScopedTypes]) -> None:
     """One walk over ``nodes`` and the subgraphs in them: the standard nodes an adapter changes
@@ -417,6 +430,7 @@ def _collect(nodes: Any, fn: onnx.FunctionProto | None, a: int, target: int, wor
     the ops no adapter covers that hold subgraphs into ``uncovered``."""
     up = a < target
     plan: dict[str, tuple[Step, ...] | None] = {}
+    fn_types = _function_types(fn) if fn is not None else None
     stack: list[tuple[Any, onnx.GraphProto | None]] = [(nodes, None)]  # (nodes, their subgraph; None: the root's)
     while stack:
         nodes, graph = stack.pop()
@@ -432,7 +446,7 @@ def _collect(nodes: Any, fn: onnx.FunctionProto | None, a: int, target: int, wor
                         found = tuple(s for s in found if s.kind in _ACTIVE_UP)
                     plan[op] = found
                 if found and any(s.kind == "last-axis" for s in found) and _last_axis(
-                        node, up, None if fn else types() if graph is None else types().scope(graph)) is None:
+                        node, up, fn_types if fn else types() if graph is None else types().scope(graph)) is None:
                     found = None  # not over the last axis: onnx's (a Flatten and a Reshape)
                 if found is None and any(at.type in (_GRAPH, _GRAPHS) for at in node.attribute):
                     uncovered.add(f"{op} {a}->{target}")
@@ -534,7 +548,7 @@ def _check_types(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
             text = f"tensor({helper.tensor_dtype_to_string(tp.tensor_type.elem_type)[len('TensorProto.'):].lower()})"
             if text not in allowed[formal.type_str]:
                 raise conv.error(node, f"{node.op_type}-{step.old} does not take {text[7:-1]} ({name})",
-                                 f"pick a --target-opset of at least {step.new}")
+                                 f"{conv.pick} of at least {step.new}")
 
 
 def _types(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
@@ -546,7 +560,7 @@ def _types(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
         attr = _attr(node, new[0])
         if attr is not None and helper.get_attribute_value(attr) in new[1]:
             raise conv.error(node, f"{new[0]}={helper.get_attribute_value(attr).decode()} is new in "
-                             f"{step.op}-{step.new}", f"pick a --target-opset of at least {step.new}")
+                             f"{step.op}-{step.new}", f"{conv.pick} of at least {step.new}")
 
 
 def _is_default(attr: onnx.AttributeProto, default: Any) -> bool:
@@ -568,7 +582,7 @@ def _attributes(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
             continue
         if not _is_default(attr, default):
             raise conv.error(node, f"attribute {name} is new in {step.op}-{step.new}",
-                             f"pick a --target-opset of at least {step.new}, or drop {name}")
+                             f"{conv.pick} of at least {step.new}, or drop {name}")
         _remove_attr(node, name)
 
 
@@ -579,7 +593,7 @@ def _optional_input(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None
     index = _OPTIONAL_INPUT[(step.op, step.new)]
     if len(node.input) > index and node.input[index]:
         raise conv.error(node, f"input {index} is new in {step.op}-{step.new}",
-                         f"pick a --target-opset of at least {step.new}")
+                         f"{conv.pick} of at least {step.new}")
     del node.input[index:]
 
 
@@ -620,7 +634,7 @@ def _to_input(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
             values = _constant_value(conv, step, node, name) if given else []
             if not values:
                 raise conv.error(node, "noop_with_empty_axes=1 with no axes (the identity) has no older form",
-                                 f"pick a --target-opset of at least {step.new}")
+                                 f"{conv.pick} of at least {step.new}")
         _remove_attr(node, "noop_with_empty_axes")
     if len(node.input) > 1 and node.input[1]:
         source = conv.constants.get(node.input[1])
@@ -654,7 +668,7 @@ def _constant_value(conv: _Conversion, step: Step, node: onnx.NodeProto, what: s
     if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
         raise conv.error(node, f"its {what} ({node.input[1]}) are not a constant, and {step.op}-{step.old} "
                          "takes them as an attribute",
-                         f"make the {what} a Constant, or pick a --target-opset of at least {step.new}")
+                         f"make the {what} a Constant, or {conv.pick} of at least {step.new}")
     return [int(v) for v in numpy_helper.to_array(tensor).reshape(-1)]
 
 
@@ -681,7 +695,7 @@ def _num_outputs(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
                              f"num_outputs); before opset 13 the part sizes are an attribute, fixed when the "
                              "model is written",
                              f"give '{node.input[0]}' a static length along axis {axis} (a fixed input shape), "
-                             "or pick a --target-opset of at least 13")
+                             f"or {conv.pick} of at least 13")
         made, sizes_name = split_18_runtime_sizes(node, axis, parts, conv.names.fresh)
         conv.made.extend(o for n in made for o in n.output)
         conv.put_before(node, made)
