@@ -160,6 +160,8 @@ class _Types(_fp._ForwardTypes):
             return super()._forward_subgraphs(node, domain)
         if domain == PLACEHOLDER_DOMAIN:
             raise Unsupported("a custom node with a subgraph")
+        if not self._forwarding:
+            return self._declared_holder(node, domain, parent, index)
         made: list[tuple[int, int, _Scope]] = []
         self._frames.append((parent, index, iter(positions), made))
         at, self._at = self._at, None
@@ -186,6 +188,73 @@ class _Types(_fp._ForwardTypes):
         parent.subs.append((index, len(attributes), dirty,
                             [(a, 6 if attributes[a].type == _GRAPH else 11, subs) for a, subs in held.items()]))
         parent.dirty = parent.dirty or dirty
+
+    def _declared_holder(self, node: onnx.NodeProto, domain: str, parent: _Scope, index: int) -> None:
+        """The declarations-only pass through the graphs ``node`` (node ``index`` of ``parent``)
+        holds: per graph, ``_declared_graph`` then its scope as ``_forward_graph`` lists it,
+        in one function (the same reads, checks and order; a body costs few calls)."""
+        attributes = node.attribute
+        held = []
+        bodies = {}
+        dirty = False
+        base = (*parent.path, index)
+        if len(base) + 2 > 3 * _MAX_DEPTH:
+            raise Unsupported(f"graphs nested more than {_MAX_DEPTH} deep")
+        for a, attr in enumerate(attributes):
+            t = attr.type
+            if t == _GRAPH:
+                g = attr.g
+                scope = self._declared_body(g, (*base, a, 0))
+                bodies[attr.name] = g
+                held.append((a, 6, [(0, scope)]))
+                dirty = dirty or scope.dirty
+            elif t == _GRAPHS:
+                subs = []
+                for k, g in enumerate(attr.graphs):
+                    scope = self._declared_body(g, (*base, a, k))
+                    subs.append((k, scope))
+                    dirty = dirty or scope.dirty
+                if subs:
+                    held.append((a, 11, subs))
+        if parent is self._main and bodies and domain in AI_ONNX:
+            self._declared_control_flow(node, bodies)
+        parent.subs.append((index, len(attributes), dirty, held))
+        parent.dirty = parent.dirty or dirty
+
+    def _declared_body(self, graph: onnx.GraphProto, path: tuple[int, ...]) -> _Scope:
+        """``_declared_graph`` and ``_forward_graph`` of one subgraph, declarations only."""
+        nodes = graph.node
+        outputs = list(map(attrgetter("output"), nodes))
+        # TypeTable._define: the names it defines; one typed or defined untyped already is another graph's
+        names = [name for name in itertools.chain(map(_NAME, graph.input), map(_NAME, graph.initializer),
+                                                  itertools.chain.from_iterable(outputs)) if name]
+        elem, types, untyped = self._elem, self._types, self._defined
+        for name in names:
+            if name in elem or name in types or name in untyped:
+                self._sibling_reuse(name)
+        if not self._main_outputs.isdisjoint(names):
+            raise _Undeclared
+        scope = _Scope(graph, path)
+        self.scopes.append(scope)
+        self._declare(graph)
+        domains = list(map(attrgetter("domain"), nodes))
+        op_types = list(map(attrgetter("op_type"), nodes))
+        scope.size = len(domains)
+        self.counts.update(zip(domains, op_types))
+        if PLACEHOLDER_DOMAIN in domains:
+            scope.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
+            scope.dirty = True
+            if not all(x in elem for i in scope.custom for x in nodes[i].input if x):
+                raise _Undeclared  # not declared so far: the whole pass will be needed (If outputs, say)
+        for i, attributes in enumerate(map(attrgetter("attribute"), nodes)):
+            if attributes:
+                self._at = (scope, i)
+                self._forward_subgraphs(nodes[i], domains[i])
+                self._at = None
+        for name in names:  # TypeTable._defined_untyped
+            if name not in elem:
+                untyped.add(name)
+        return scope
 
     def _declared_control_flow(self, node: onnx.NodeProto, bodies: dict[str, onnx.GraphProto]) -> None:
         """TypeTable._forward_control_flow for a node of the main graph, declarations only: an
