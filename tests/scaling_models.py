@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import onnx
 from onnx import TensorProto, helper
 
-__all__ = ["OPSETS", "chain", "fan_out", "functions", "if_bodies", "loop_bodies", "multi_output", "sibling_reuse"]
+__all__ = ["OPSETS", "chain", "fan_out", "functions", "if_bodies", "if_chain_18", "loop_bodies", "multi_output", "sibling_reuse"]
 
 OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)]
 
@@ -129,3 +129,25 @@ def functions(calls: int, count: int) -> onnx.ModelProto:
         nodes.append(helper.make_node(f"f{i % count}", [prev], [f"o{i}"], domain="local"))
         prev = f"o{i}"
     return _model(nodes, [prev], fns)
+
+
+def if_chain_18(n: int, relus: int = 20) -> onnx.ModelProto:
+    """Opset 18 (what the dynamo exporter makes; the others here are 17): ``n`` chained If
+    nodes, each followed by ``relus`` Relus in the main graph (the values around the bodies
+    grow with n); then: Add(v, ReduceMean-18(v, axes a Constant of the body)), else:
+    Identity(v). Brought down to 17, each ReduceMean's axes become an attribute."""
+    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.BOOL, [], [True]))
+    nodes, prev = [cond], "x"
+    for i in range(n):
+        axes = helper.make_node("Constant", [], [f"ax{i}"],
+                                value=helper.make_tensor(f"ax{i}", TensorProto.INT64, [1], [1]))
+        then = helper.make_graph([axes, helper.make_node("ReduceMean", [prev, f"ax{i}"], [f"r{i}"], keepdims=1),
+                                  helper.make_node("Add", [prev, f"r{i}"], [f"t{i}"])], f"t{i}", [], [_vi(f"t{i}")])
+        other = helper.make_graph([helper.make_node("Identity", [prev], [f"e{i}"])], f"e{i}", [], [_vi(f"e{i}")])
+        nodes.append(helper.make_node("If", ["c"], [f"o{i}"], then_branch=then, else_branch=other))
+        prev = f"o{i}"
+        for k in range(relus):
+            nodes.append(helper.make_node("Relu", [prev], [f"o{i}_{k}"]))
+            prev = f"o{i}_{k}"
+    return helper.make_model(helper.make_graph(nodes, "g", [_vi("x")], [_vi(prev)]),
+                             opset_imports=[helper.make_opsetid("", 18)], ir_version=10)

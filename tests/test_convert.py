@@ -600,3 +600,21 @@ def test_nodes_made_in_a_list_and_in_its_subgraphs_are_all_kept():
     x = np.random.default_rng(5).standard_normal(SHAPE).astype(np.float32)
     for got, want in zip(_run(out, x), _run(model, x)):
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_split_18_down_below_13_writes_the_sizes_as_the_attribute_and_leaves_no_constant():
+    """Down to 12 the uneven sizes (3, 3, 1) go straight into the split attribute: no
+    initializer is made for them (one nothing read was left before)."""
+    outs = ["a", "b", "c"]
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Split", ["x"], outs, axis=1, num_outputs=3, name="s")], "g",
+        [helper.make_tensor_value_info("x", F, [2, 7])], [helper.make_tensor_value_info(o, F, [2, None]) for o in outs]),
+        opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    out, report = rewrite_model(model, target_opset=12, lowering=Lowering.KEEP)
+    assert report.conversions == [(18, 12, "adapters")]
+    (split,) = out.graph.node
+    assert len(split.input) == 1 and not out.graph.initializer
+    assert {a.name: helper.get_attribute_value(a) for a in split.attribute} == {"axis": 1, "split": [3, 3, 1]}
+    x = np.arange(14, dtype=np.float32).reshape(2, 7)
+    for got, want in zip(_run(out, x), _torch_split(x, 3)):
+        np.testing.assert_array_equal(got, want)

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 from graphkit.errors import ExportError
 from graphkit.export._opset_down import convert_down, split_without_num_outputs
 from graphkit.rewrite._walk import node_lists
+from scaling_models import if_chain_18
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -375,30 +376,6 @@ def test_a_node_holding_subgraphs_no_adapter_covers_leaves_the_model_to_onnx():
         convert_down(_split_model(7), 10)
 
 
-def _if_chain(n: int, relus: int = 20) -> onnx.ModelProto:
-    """Opset 18; x: float[1, 4]. ``n`` chained If nodes, each followed by ``relus`` Relus in
-    the main graph (the values around the bodies grow with n); then: Add(v, ReduceMean-18(v,
-    axes a Constant of the body)), else: Identity(v)."""
-    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.BOOL, [], [True]))
-    nodes, prev = [cond], "x"
-    for i in range(n):
-        axes = helper.make_node("Constant", [], [f"ax{i}"], value=helper.make_tensor(f"ax{i}", TensorProto.INT64,
-                                                                                      [1], [1]))
-        then = helper.make_graph([axes, helper.make_node("ReduceMean", [prev, f"ax{i}"], [f"r{i}"], keepdims=1),
-                                  helper.make_node("Add", [prev, f"r{i}"], [f"t{i}"])], f"t{i}", [],
-                                 [helper.make_tensor_value_info(f"t{i}", F, [1, 4])])
-        other = helper.make_graph([helper.make_node("Identity", [prev], [f"e{i}"])], f"e{i}", [],
-                                  [helper.make_tensor_value_info(f"e{i}", F, [1, 4])])
-        nodes.append(helper.make_node("If", ["c"], [f"o{i}"], then_branch=then, else_branch=other))
-        prev = f"o{i}"
-        for k in range(relus):
-            nodes.append(helper.make_node("Relu", [prev], [f"o{i}_{k}"]))
-            prev = f"o{i}_{k}"
-    return helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 4])],
-                                               [helper.make_tensor_value_info(prev, F, [1, 4])]),
-                             opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
-
-
 def test_convert_down_cost_grows_linearly_in_if_bodies():
     """8x the If bodies (and the values around them) cost about 8x: graphkit's converter
     looks at each node once (onnx's converter on the whole model: 30x and more per 8x, its
@@ -406,7 +383,7 @@ def test_convert_down_cost_grows_linearly_in_if_bodies():
     import time
 
     def seconds(n: int) -> float:
-        model = _if_chain(n)
+        model = if_chain_18(n)
         start = time.process_time()
         out = convert_down(model, 17)
         spent = time.process_time() - start
@@ -416,8 +393,8 @@ def test_convert_down_cost_grows_linearly_in_if_bodies():
     seconds(100)
     ratio = min(seconds(800), seconds(800)) / min(seconds(100), seconds(100))
     assert ratio < 20, f"8x the If bodies took {ratio:.1f}x the time (linear is ~8x; onnx's converter 47x)"
-    small = _if_chain(3, relus=1)
-    out = convert_down(_if_chain(3, relus=1), 17)
+    small = if_chain_18(3, relus=1)
+    out = convert_down(if_chain_18(3, relus=1), 17)
     means = [n for nodes, _ in node_lists(out) for n in nodes if n.op_type == "ReduceMean"]
     assert len(means) == 3 and all(len(n.input) == 1 and [a.name for a in n.attribute] == ["keepdims", "axes"]
                                    for n in means)
@@ -425,3 +402,16 @@ def test_convert_down_cost_grows_linearly_in_if_bodies():
     (got,) = ort.InferenceSession(out.SerializeToString()).run(None, {"x": x})
     (want,) = ort.InferenceSession(small.SerializeToString()).run(None, {"x": x})
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_the_benchmark_runs_both_converters_on_the_same_models():
+    """bench/opset_down_scaling.py: graphkit's converter and onnx's on the whole model, a row per count."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "opset_down_scaling.py"), "--ifs", "5,10",
+                           "--relus", "1"], capture_output=True, text=True, check=True)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| 5 ") or line.startswith("| 10 ")]
+    assert len(rows) == 2 and all(row.rstrip().endswith("x |") for row in rows), proc.stdout

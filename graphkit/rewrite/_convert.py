@@ -198,7 +198,6 @@ class _Conversion:
     graph: onnx.GraphProto | None = None  # the node's subgraph, None in the main graph (or a function's body)
     nodes: Any = None  # the node list holding the node
     made: list[str] = field(default_factory=list)  # names of the values made
-    values: dict[str, Any] = field(default_factory=dict)  # what they hold
     released: list[tuple[Any, Any]] = field(default_factory=list)  # (constant, its list): read no more here
     pick: str = "pick a --target-opset"  # how a hint asks for another target: "<pick> of at least 13"
     keep: str = "keep the model's opset"  # how a hint asks for none
@@ -607,7 +606,6 @@ def _int64_constant(conv: _Conversion, node: onnx.NodeProto, what: str, values: 
     if name is None:
         name = conv.shared[key] = conv.names.fresh(f"{node.name or node.output[0]}_{what}")
         conv.made.append(name)
-        conv.values[name] = values
         conv.new_constants.setdefault(id(holder), (holder, []))[1].append((name, values))
     del node.input[1:]
     node.input.append(name)
@@ -653,8 +651,6 @@ def _to_input(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
 
 def _constant_value(conv: _Conversion, step: Step, node: onnx.NodeProto, what: str) -> list[int]:
     """The ints a Constant node or an initializer named by ``node``'s input 1 holds."""
-    if isinstance(conv.values.get(node.input[1]), tuple):  # made by an earlier step (Split-18's sizes below 13)
-        return list(conv.values[node.input[1]])
     source = conv.constants.get(node.input[1])
     tensor = None
     if source is not None:
@@ -705,7 +701,9 @@ def _num_outputs(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
         sizes = split_18_sizes(length, parts)
     except ValueError as exc:
         raise conv.error(node, str(exc), "fix the model's num_outputs") from exc
-    if sizes:
+    if sizes and conv.target < 13:  # the next step's form: the split attribute
+        node.attribute.append(helper.make_attribute("split", sizes))
+    elif sizes:
         _int64_constant(conv, node, "split", tuple(sizes))
 
 
