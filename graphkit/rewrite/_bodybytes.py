@@ -165,19 +165,7 @@ class _Types(_fp._ForwardTypes):
         made: list[tuple[int, int, _Scope]] = []
         self._frames.append((parent, index, iter(positions), made))
         at, self._at = self._at, None
-        if self._forwarding:
-            super()._forward_subgraphs(node, domain)
-        else:  # the graphs only, no types from them; TypeTable's check that no two graphs define a name
-            bodies = {}
-            for attr in node.attribute:
-                if attr.type == _GRAPH:
-                    self._declared_graph(attr.g)
-                    bodies[attr.name] = attr.g
-                elif attr.type == _GRAPHS:
-                    for g in attr.graphs:
-                        self._declared_graph(g)
-            if at is None and bodies and domain in AI_ONNX:
-                self._declared_control_flow(node, bodies)
+        super()._forward_subgraphs(node, domain)
         self._at = at
         self._frames.pop()
         held: dict[int, list[tuple[int, _Scope]]] = {}
@@ -191,8 +179,8 @@ class _Types(_fp._ForwardTypes):
 
     def _declared_holder(self, node: onnx.NodeProto, domain: str, parent: _Scope, index: int) -> None:
         """The declarations-only pass through the graphs ``node`` (node ``index`` of ``parent``)
-        holds: per graph, ``_declared_graph`` then its scope as ``_forward_graph`` lists it,
-        in one function (the same reads, checks and order; a body costs few calls)."""
+        holds: per graph, _declared_body; the main graph's If/Loop/Scan outputs then take their
+        bodies' declared types (_declared_control_flow)."""
         attributes = node.attribute
         held = []
         bodies = {}
@@ -222,7 +210,11 @@ class _Types(_fp._ForwardTypes):
         parent.dirty = parent.dirty or dirty
 
     def _declared_body(self, graph: onnx.GraphProto, path: tuple[int, ...]) -> _Scope:
-        """``_declared_graph`` and ``_forward_graph`` of one subgraph, declarations only."""
+        """One subgraph, declarations only, listed as a scope (``_forward_graph``'s): TypeTable's
+        ``_define`` before it and ``_defined_untyped`` after (the names it defines that no
+        declaration types are left untyped: the union the check looks in is the same as the
+        whole pass's). A name the main graph's nodes make too (a model the checker refuses),
+        or a placeholder input not declared so far, is left to the whole pass (_Undeclared)."""
         nodes = graph.node
         outputs = list(map(attrgetter("output"), nodes))
         # TypeTable._define: the names it defines; one typed or defined untyped already is another graph's
@@ -274,18 +266,6 @@ class _Types(_fp._ForwardTypes):
                     raise _Undeclared
                 elem.setdefault(out, t)
 
-    def _declared_graph(self, graph: onnx.GraphProto) -> None:
-        """A subgraph, declarations only: TypeTable._forward_subgraphs' ``_define`` before it and
-        ``_defined_untyped`` after (the names it defines that no declaration types are left
-        untyped: the union the check looks in is the same as the whole pass's). A name the
-        main graph's nodes make too (a model the checker refuses) is left to the whole pass."""
-        names = self._define(graph)
-        if not self._main_outputs.isdisjoint(names):
-            raise _Undeclared
-        self._forward_graph(graph)
-        if names:
-            self._defined_untyped(names)
-
     def _declare(self, graph: onnx.GraphProto) -> None:
         """TypeTable._declare, each list read in bulk: the same TypeTable.set calls in order (a
         TypeProto's ``tensor_type.elem_type`` reads 0 where it holds another type)."""
@@ -302,7 +282,8 @@ class _Types(_fp._ForwardTypes):
                 self.set(t.name, onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims)))
 
     def _forward_graph(self, graph: onnx.GraphProto) -> None:
-        """TypeTable._forward_graph, listing the graph as a scope."""
+        """TypeTable._forward_graph, listing the graph as a scope (the whole pass; _declared_body
+        is the declarations-only one)."""
         parent, index, positions, made = self._frames[-1]
         a, k = next(positions)
         path = (*parent.path, index, a, k)
@@ -320,12 +301,9 @@ class _Types(_fp._ForwardTypes):
         if PLACEHOLDER_DOMAIN in domains:
             scope.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
             scope.dirty = True
-            if not self._forwarding and not all(x in self._elem for i in scope.custom for x in nodes[i].input if x):
-                raise _Undeclared  # not declared so far: the whole pass will be needed (If outputs, say)
-        forward_node = self._forward_node if self._forwarding else None
+        forward_node = self._forward_node
         for i, node in enumerate(nodes):
-            if forward_node is not None:
-                forward_node(node, domains[i], op_types[i])
+            forward_node(node, domains[i], op_types[i])
             if node.attribute:
                 self._at = (scope, i)
                 self._forward_subgraphs(node, domains[i])
