@@ -69,3 +69,20 @@ def error_lines(stderr: str) -> list[str]:
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def _protobuf_implementation_kept():
+    """onnxruntime_extensions sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python on import; every
+    child process (the CLI tests' included) would then parse protobuf in pure Python, more
+    strictly. graphkit imports it with the variable kept; a test that leaks it fails here."""
+    before = os.environ.get("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION")
+    yield
+    after = os.environ.get("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION")
+    if after != before:
+        if before is None:
+            del os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"]
+        else:
+            os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = before
+        pytest.fail(f"the test left PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION={after!r} in the environment "
+                    "(import onnxruntime_extensions through graphkit.runtime, which keeps it)")

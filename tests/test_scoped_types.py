@@ -99,7 +99,6 @@ def test_both_writers_agree():
 
 
 def test_python_binding_casts_only_the_float16_branch():
-    pytest.importorskip("onnxruntime_extensions")
     from graphkit.runtime import open_session
 
     out, _ = rewrite_model(_model(), lowering=Lowering.PYTHON)
