@@ -359,8 +359,11 @@ def test_what_the_older_op_lacks_is_refused():
     assert err.node == "a" and "Add-13 does not take int8" in err.message and "at least 14" in err.hint
     noop = _main([helper.make_node("ReduceMean", ["x"], ["y"], noop_with_empty_axes=1, name="r")], 18)
     assert "noop_with_empty_axes=1" in _refusal(noop, 17).message
-    allowzero = _main([_reshape(14)[0], helper.make_node("Reshape", ["x", "shape"], ["y"], allowzero=1)], 14)
+    allowzero = _main([_axes("shape", [2, 0, 4]), helper.make_node("Reshape", ["x", "shape"], ["y"], allowzero=1)], 14)
     assert "attribute allowzero is new in Reshape-14" in _refusal(allowzero, 13).message
+    computed = _main([helper.make_node("Shape", ["x"], ["shape"]),
+                      helper.make_node("Reshape", ["x", "shape"], ["y"], allowzero=1)], 14)
+    assert "attribute allowzero is new in Reshape-14" in _refusal(computed, 13).message
     pad_axes = _main([pads, _axes("axes", [2]), helper.make_node("Pad", ["x", "pads", "", "axes"], ["y"])], 18)
     assert "input 3 is new in Pad-18" in _refusal(pad_axes, 17).message
 
@@ -618,3 +621,15 @@ def test_split_18_down_below_13_writes_the_sizes_as_the_attribute_and_leaves_no_
     x = np.arange(14, dtype=np.float32).reshape(2, 7)
     for got, want in zip(_run(out, x), _torch_split(x, 3)):
         np.testing.assert_array_equal(got, want)
+
+
+def test_reshape_allowzero_on_a_constant_shape_without_zeros_is_dropped_going_down():
+    """The dynamo exporter writes allowzero=1 on every Reshape: where the shape is a constant
+    with no 0, it changes nothing, and Reshape-13 takes the node without it."""
+    model = _main([_axes("shape", [4, 2]), helper.make_node("Reshape", ["x", "shape"], ["y"], allowzero=1)], 18)
+    out, report = rewrite_model(model, target_opset=13, lowering=Lowering.KEEP)
+    assert report.conversions == [(18, 13, "adapters")]
+    (reshape,) = [n for n in out.graph.node if n.op_type == "Reshape"]
+    assert not reshape.attribute
+    x = np.random.default_rng(6).standard_normal(SHAPE).astype(np.float32)
+    np.testing.assert_array_equal(_run(out, x)[0], _run(model, x)[0])

@@ -17,7 +17,8 @@ against the schemas by the tests):
   Up: nothing changes. Down: the node's known element types must be ones the older op takes,
   and it must not use an attribute value the newer version added (:data:`_NEW_VALUES`);
 - ``attributes``: the newer version added attributes whose default is what the older op does
-  (:data:`_ADDED_ATTRIBUTES`). Down: each must be absent or at that default, then dropped;
+  (:data:`_ADDED_ATTRIBUTES`). Down: each must be absent or at that default, then dropped
+  (also Reshape's allowzero=1 where the shape is a constant without a 0: it changes nothing);
 - ``optional-input``: an optional input was added at the end (Pad-18's axes). Down: absent;
 - ``to-input``: an attribute became an input (ReduceX axes at 13/18, Squeeze/Unsqueeze axes
   and Split's split at 13). Up: the attribute's value as an int64 initializer of the main
@@ -579,10 +580,27 @@ def _attributes(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
         attr = _attr(node, name)
         if attr is None:
             continue
-        if not _is_default(attr, default):
+        if not _is_default(attr, default) and not _allowzero_moot(conv, node, name):
             raise conv.error(node, f"attribute {name} is new in {step.op}-{step.new}",
                              f"{conv.pick} of at least {step.new}, or drop {name}")
         _remove_attr(node, name)
+
+
+def _allowzero_moot(conv: _Conversion, node: onnx.NodeProto, name: str) -> bool:
+    """Reshape's allowzero=1 changes nothing where the shape is a constant without a 0 (the
+    dynamo exporter writes it on every Reshape)."""
+    if node.op_type != "Reshape" or name != "allowzero" or len(node.input) < 2:
+        return False
+    source = conv.constants.get(node.input[1])
+    tensor = None
+    if source is not None:
+        if isinstance(source[0], onnx.TensorProto):
+            tensor = source[0]
+        elif (value := _attr(source[0], "value")) is not None and value.type == onnx.AttributeProto.TENSOR:
+            tensor = value.t
+    if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return False
+    return 0 not in numpy_helper.to_array(tensor).reshape(-1).tolist()
 
 
 def _optional_input(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
