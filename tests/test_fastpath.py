@@ -756,6 +756,27 @@ def test_freed_memory_released_where_glibc_can():
         assert _memory._trim[0] is not None
 
 
+@pytest.mark.parametrize("platform_name, libc", [("darwin", None), ("linux", "musl")])
+def test_freed_memory_release_does_nothing_without_malloc_trim(platform_name, libc, monkeypatch):
+    """Elsewhere than glibc (macOS, musl: no malloc_trim) the release is a silent no-op."""
+    import ctypes
+    import sys
+
+    from graphkit.rewrite import _memory
+
+    class NoTrim:  # a C library without malloc_trim
+        def __init__(self, name):
+            pass
+
+    monkeypatch.setattr(_memory, "_trim", [])
+    monkeypatch.setattr(sys, "platform", platform_name)
+    if libc:
+        monkeypatch.setattr(ctypes, "CDLL", NoTrim)
+    _memory.release_freed_memory()
+    _memory.release_freed_memory()
+    assert _memory._trim == [None]
+
+
 @pytest.mark.parametrize("model", [_bench_model(30), _unnamed("my_add", 30, True), _unnamed("asinh", 30, False),
                                    _unnamed("my_add", 30, False, mixed=True)],
                          ids=["named", "fan-out", "asinh-chain", "two-kinds"])
