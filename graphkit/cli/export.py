@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch.export-based exporter (default) or, with --no-dynamo, TorchScript")
     p.add_argument("--opset", type=int, default=18, metavar="N",
                    help="ai.onnx opset (default 18); below 18 the dynamo exporter converts its opset-18 "
-                        "graph with onnx's version converter, and the export fails if that cannot")
+                        "graph (graphkit's converter, as rewrite --target-opset), and the export fails if that cannot")
     p.add_argument("--dynamic", action="append", default=[], metavar="NAME:AXIS=DIM",
                    help="a symbolic dimension; repeat for more, share DIM names between inputs. "
                         "For example --dynamic x:0=batch")

@@ -77,8 +77,8 @@ __all__ = ["export", "ExportReport", "CustomNode", "MAX_IR_VERSION"]
 # ONNX Runtime 1.31.1 loads ir_version <= 13; graphkit writes at most 10 so older runtimes
 # (ORT >= 1.17 reads 10) load its exports too.
 MAX_IR_VERSION = 10
-# torch 2.13's dynamo exporter builds opset 18; graphkit converts lower ones with onnx's
-# version converter (see _convert_down).
+# torch 2.13's dynamo exporter builds opset 18; graphkit converts it to lower ones itself
+# (see _convert_down).
 _DYNAMO_MIN_OPSET = 18
 
 
