@@ -633,3 +633,40 @@ def test_reshape_allowzero_on_a_constant_shape_without_zeros_is_dropped_going_do
     assert not reshape.attribute
     x = np.random.default_rng(6).standard_normal(SHAPE).astype(np.float32)
     np.testing.assert_array_equal(_run(out, x)[0], _run(model, x)[0])
+
+
+def _if_of_branches(then: list[onnx.NodeProto], other: list[onnx.NodeProto], opset: int,
+                    shape: list[int]) -> onnx.ModelProto:
+    """If(c) whose branches are ``then`` and ``other`` (each writing "t_y" / "e_y") over x."""
+    def branch(tag: str, nodes: list[onnx.NodeProto]) -> onnx.GraphProto:
+        return helper.make_graph(nodes, tag, [], [helper.make_tensor_value_info(f"{tag}_y", F, shape)])
+    return helper.make_model(helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch("t", then), else_branch=branch("e", other))], "g",
+        [helper.make_tensor_value_info("x", F, [2, 2]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", F, shape)]), opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def test_sibling_subgraphs_constants_of_one_name_are_each_their_own():
+    """Then and else branches may each define a Constant "axes" ([0] / [1]): each ReduceSum
+    takes its own branch's axes going down (one map over all graphs gave both the same)."""
+    def branch(tag: str, axis: int) -> list[onnx.NodeProto]:
+        return [_axes("axes", [axis]), helper.make_node("ReduceSum", ["x", "axes"], [f"{tag}_y"], keepdims=0)]
+    model = _if_of_branches(branch("t", 0), branch("e", 1), 13, [2])
+    onnx.checker.check_model(model, full_check=True)
+    out, report = rewrite_model(model, target_opset=12, lowering=Lowering.KEEP)
+    assert report.conversions == [(13, 12, "adapters")]
+    x = np.array([[1.0, 2.0], [10.0, 20.0]], np.float32)
+    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    for cond, axis in ((True, 0), (False, 1)):
+        (got,) = session.run(None, {"x": x, "c": np.array(cond)})
+        np.testing.assert_array_equal(got, x.sum(axis=axis))
+
+
+def test_sibling_subgraphs_reshape_shapes_of_one_name_are_each_their_own():
+    """allowzero=1 is dropped only where the node's own shape constant has no 0: the else
+    branch's [0, 2] refuses the conversion though the then branch's "shape" is [2, 2]."""
+    def branch(tag: str, shape: list[int]) -> list[onnx.NodeProto]:
+        return [_axes("shape", shape), helper.make_node("Reshape", ["x", "shape"], [f"{tag}_y"], allowzero=1)]
+    model = _if_of_branches(branch("t", [2, 2]), branch("e", [0, 2]), 14, [2, 2])
+    error = _refusal(model, 13)
+    assert "allowzero" in str(error) and error.node == "e_y"

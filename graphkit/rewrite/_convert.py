@@ -204,7 +204,7 @@ class _Conversion:
     keep: str = "keep the model's opset"  # how a hint asks for none
     _names: NameGenerator | None = None
     _types: ScopedTypes | None = None
-    _constants: dict[int, dict[str, tuple[Any, Any]]] = field(default_factory=dict)
+    _constants: dict[int, _Constants] = field(default_factory=dict)
     _function_types: dict[int, dict[str, onnx.TypeProto]] = field(default_factory=dict)
     shared: dict[tuple, str] = field(default_factory=dict)  # (namespace, input, values) -> constant made
     new_constants: dict[int, tuple[Any, list[tuple[str, Any]]]] = field(default_factory=dict)
@@ -236,13 +236,14 @@ class _Conversion:
             self._types = value_types(self.model, infer=False)
         return self._types if self.graph is None else self._types.scope(self.graph)
 
-    @property
-    def constants(self) -> dict[str, tuple[Any, Any]]:
-        """The constants of the node's namespace (the main graph's or its function's)."""
+    def constant(self, name: str) -> tuple[Any, Any] | None:
+        """The constant (Constant node or initializer, with the list holding it) ``name`` is
+        where the node is: its subgraph's, else the graphs' around it (sibling subgraphs may
+        each define one name), in the node's namespace (the main graph's or its function's)."""
         holder = self.model.graph if self.function is None else self.function
         if id(holder) not in self._constants:
-            self._constants[id(holder)] = _constants(holder)
-        return self._constants[id(holder)]
+            self._constants[id(holder)] = _Constants(holder)
+        return self._constants[id(holder)].get(name, self.graph)
 
     def error(self, node: onnx.NodeProto, message: str, hint: str) -> RewriteError:
         where = f" (in function {self.function.name})" if self.function is not None else ""
@@ -462,26 +463,45 @@ def _collect(nodes: Any, fn: onnx.FunctionProto | None, a: int, target: int, wor
                         stack.extend((g.node, g) for g in attr.graphs)
 
 
-def _constants(holder: onnx.GraphProto | onnx.FunctionProto) -> dict[str, tuple[Any, Any]]:
-    """Every tensor a Constant node or an initializer of ``holder`` (the main graph or a
-    function body, subgraphs included) holds, by name, with the list holding it. ONNX names
-    are unique across a graph and its subgraphs."""
-    out: dict[str, tuple[Any, Any]] = {}
-    lists: list[Any] = []
-    if isinstance(holder, onnx.GraphProto):
-        found = list(graphs(holder))
-    else:
-        lists.append(holder.node)
-        found = [g for node in holder.node for sub in subgraphs(node) for g in graphs(sub)]
-    for g in found:
-        for init in g.initializer:
-            out[init.name] = (init, g.initializer)
-        lists.append(g.node)
-    for nodes in lists:
-        for node in nodes:
-            if node.op_type == "Constant" and node.domain in AI_ONNX and len(node.output) == 1:
-                out[node.output[0]] = (node, nodes)
-    return out
+class _Constants:
+    """The tensors Constant nodes and initializers of a namespace (the main graph, or a
+    function body, and their subgraphs) hold, by name, with the list holding each, per graph:
+    a name is looked up in the node's graph, then the graphs around it (sibling subgraphs,
+    then and else branches, may each define one name)."""
+
+    def __init__(self, holder: onnx.GraphProto | onnx.FunctionProto) -> None:
+        self._root = id(holder)
+        self._graphs: list[Any] = []  # held: their ids stay theirs
+        self._own: dict[int, dict[str, tuple[Any, Any]]] = {}
+        self._parent: dict[int, int | None] = {}
+        stack: list[tuple[Any, int | None]] = [(holder, None)]
+        while stack:
+            g, parent = stack.pop()
+            self._graphs.append(g)
+            self._parent[id(g)] = parent
+            own: dict[str, tuple[Any, Any]] = {}
+            if isinstance(g, onnx.GraphProto):
+                for init in g.initializer:
+                    own[init.name] = (init, g.initializer)
+            for node in g.node:
+                if node.op_type == "Constant" and node.domain in AI_ONNX and len(node.output) == 1:
+                    own[node.output[0]] = (node, g.node)
+                elif node.attribute:
+                    stack.extend((sub, id(g)) for sub in subgraphs(node))
+            if own:
+                self._own[id(g)] = own
+
+    def get(self, name: str, graph: onnx.GraphProto | None) -> tuple[Any, Any] | None:
+        """What ``name`` is for a node of ``graph`` (None: the namespace's own node list)."""
+        at: int | None = self._root if graph is None else id(graph)
+        if at not in self._parent:  # not a graph of this namespace: nothing is known there
+            return None
+        while at is not None:
+            found = self._own.get(at)
+            if found is not None and name in found:
+                return found[name]
+            at = self._parent[at]
+        return None
 
 
 def _place_constants(model: onnx.ModelProto, made: dict[int, tuple[Any, list[tuple[str, Any]]]]) -> None:
@@ -591,7 +611,7 @@ def _allowzero_moot(conv: _Conversion, node: onnx.NodeProto, name: str) -> bool:
     dynamo exporter writes it on every Reshape)."""
     if node.op_type != "Reshape" or name != "allowzero" or len(node.input) < 2:
         return False
-    source = conv.constants.get(node.input[1])
+    source = conv.constant(node.input[1])
     tensor = None
     if source is not None:
         if isinstance(source[0], onnx.TensorProto):
@@ -653,15 +673,15 @@ def _to_input(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
                                  f"{conv.pick} of at least {step.new}")
         _remove_attr(node, "noop_with_empty_axes")
     if len(node.input) > 1 and node.input[1]:
-        source = conv.constants.get(node.input[1])
+        source = conv.constant(node.input[1])
         ref = _attr(source[0], "value_ints") if source is not None and not isinstance(
             source[0], onnx.TensorProto) else None
         values = [] if ref is not None and ref.ref_attr_name else _constant_value(conv, step, node, name)
         if ref is not None and ref.ref_attr_name:  # a function's Constant <value_ints = @attr>
             node.attribute.append(onnx.AttributeProto(name=name, ref_attr_name=ref.ref_attr_name,
                                                       type=onnx.AttributeProto.INTS))
-        if node.input[1] in conv.constants:
-            conv.released.append(conv.constants[node.input[1]])
+        if source is not None:
+            conv.released.append(source)
         del node.input[1:]
         if values:  # empty axes of a Reduce: all of them, as no attribute says
             node.attribute.append(helper.make_attribute(name, values))
@@ -669,7 +689,7 @@ def _to_input(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
 
 def _constant_value(conv: _Conversion, step: Step, node: onnx.NodeProto, what: str) -> list[int]:
     """The ints a Constant node or an initializer named by ``node``'s input 1 holds."""
-    source = conv.constants.get(node.input[1])
+    source = conv.constant(node.input[1])
     tensor = None
     if source is not None:
         holder = source[0]
