@@ -154,14 +154,14 @@ class _Types(_fp._ForwardTypes):
 
     def _forward_subgraphs(self, node: onnx.NodeProto, domain: str) -> None:
         parent, index = (self._main, next(self._main_holders)) if self._at is None else self._at
+        if not self._forwarding and domain != PLACEHOLDER_DOMAIN:
+            return self._declared_holder(node, domain, parent, index)
         positions = [(a, k) for a, attr in enumerate(node.attribute) if attr.type in (_GRAPH, _GRAPHS)
                      for k in range(1 if attr.type == _GRAPH else len(attr.graphs))]
         if not positions:
             return super()._forward_subgraphs(node, domain)
         if domain == PLACEHOLDER_DOMAIN:
             raise Unsupported("a custom node with a subgraph")
-        if not self._forwarding:
-            return self._declared_holder(node, domain, parent, index)
         made: list[tuple[int, int, _Scope]] = []
         self._frames.append((parent, index, iter(positions), made))
         at, self._at = self._at, None
@@ -186,10 +186,11 @@ class _Types(_fp._ForwardTypes):
         bodies = {}
         dirty = False
         base = (*parent.path, index)
-        if len(base) + 2 > 3 * _MAX_DEPTH:
-            raise Unsupported(f"graphs nested more than {_MAX_DEPTH} deep")
+        deep = len(base) + 2 > 3 * _MAX_DEPTH
         for a, attr in enumerate(attributes):
             t = attr.type
+            if deep and (t == _GRAPH or t == _GRAPHS and attr.graphs):
+                raise Unsupported(f"graphs nested more than {_MAX_DEPTH} deep")
             if t == _GRAPH:
                 g = attr.g
                 scope = self._declared_body(g, (*base, a, 0))
@@ -204,6 +205,8 @@ class _Types(_fp._ForwardTypes):
                     dirty = dirty or scope.dirty
                 if subs:
                     held.append((a, 11, subs))
+        if not held:  # no graph after all (an empty ``graphs``): TypeTable's pass does nothing either
+            return
         if parent is self._main and bodies and domain in AI_ONNX:
             self._declared_control_flow(node, bodies)
         parent.subs.append((index, len(attributes), dirty, held))
@@ -273,10 +276,9 @@ class _Types(_fp._ForwardTypes):
         for vis in (graph.input, graph.output, graph.value_info):
             if vis:
                 tps = list(map(_TYPE, vis))
-                for name, tp, e in zip(map(_NAME, vis), tps, map(_ELEM, tps)):
-                    types[name] = tp
-                    if e:
-                        elem[name] = e
+                names = list(map(_NAME, vis))
+                types.update(zip(names, tps))
+                elem.update(filter(itemgetter(1), zip(names, map(_ELEM, tps))))
         if graph.initializer:
             for t in graph.initializer:
                 self.set(t.name, onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims)))
@@ -429,10 +431,23 @@ def _graph_bytes(data: bytes, scope: _Scope, v0: int, v1: int, slots: dict[int, 
             tag = b"\x32" if field == 6 else b"\x5a"
             attr_edits = []
             for k, sub in subs:
-                if sub.dirty:
-                    e_start, s0, s1 = graphs[k]
+                if not sub.dirty:
+                    continue
+                e_start, s0, s1 = graphs[k]
+                if sub.subs:
                     graph = _graph_bytes(data, sub, s0, s1, slots)
-                    attr_edits.append((e_start, s1, tag + L[len(graph)] + graph))
+                else:  # a graph holding none: its placeholders' entries replaced, inline
+                    sub_starts, sub_ends = _node_spans(data, s0, s1)
+                    if len(sub_starts) != sub.size:
+                        raise Unsupported("a graph's node entries do not match the parsed model")
+                    pieces = []
+                    at = s0
+                    for i, new in zip(sub.custom, slots.pop(id(sub))):
+                        pieces += (data[at:sub_starts[i]], new)
+                        at = sub_ends[i]
+                    pieces.append(data[at:s1])
+                    graph = b"".join(pieces)
+                attr_edits.append((e_start, s1, tag + L[len(graph)] + graph))
             if attr_edits:
                 body = _splice(data, a0, a1, attr_edits)
                 node_edits.append((a_start, a1, b"\x2a" + L[len(body)] + body))
@@ -457,12 +472,8 @@ class _Emitter:
     def emit(self, template: Template, inputs: list[str], outputs: list[str], prefix: str,
              fresh: Callable[[str], str]) -> bytes:
         """``template.instantiate(inputs, outputs, prefix, fresh)``, serialized."""
-        return self.emit_values(inputs, list(map(template.constants.__getitem__, self.reads)), outputs, prefix, fresh)
-
-    def emit_values(self, inputs: list[str], reads: list[str], outputs: list[str], prefix: str,
-                    fresh: Callable[[str], str]) -> bytes:
-        """The instance reading ``reads`` (names in this scope, in ``self.reads``' order)."""
-        return self.written.emit([*inputs, *[""] * (self.n_inputs - len(inputs)), *reads, *outputs], prefix, fresh)
+        return self.written.emit([*inputs, *[""] * (self.n_inputs - len(inputs)),
+                                  *map(template.constants.__getitem__, self.reads), *outputs], prefix, fresh)
 
 
 class _Adoption:
@@ -487,6 +498,10 @@ class _Adoption:
         self.constants = [const for _, const in reads]  # what count() counts of each adoption
 
     def emit(self, inputs: list[str], outputs: list[str], prefix: str, fresh: Callable[[str], str]) -> bytes:
+        emitter = self.emitter
+        pad = emitter.n_inputs - len(inputs)
+        if not self.tails:  # the instance alone, written straight from its values
+            return emitter.written.emit([*inputs, *[""] * pad, *outputs] if pad else inputs + outputs, prefix, fresh)
         L = _LENGTHS
         parts = []
         made = []
@@ -497,7 +512,7 @@ class _Adoption:
             field = L[len(raw)] + raw
             body = b"".join((b"\x12", field, b"\x1a", field, tail))
             parts += (b"\x0a", L[len(body)], body)
-        parts.append(self.emitter.emit_values(inputs, made, outputs, prefix, fresh))
+        parts.append(emitter.written.emit([*inputs, *[""] * pad, *made, *outputs], prefix, fresh))
         return b"".join(parts)
 
 
@@ -611,6 +626,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     plan = LoweringPlan(registry, prefer, opset, path=path, names=NameGenerator(seed or ()))
     fresh = plan.names.fresh
     elem = types.elem_type
+    declared = types._elem.get  # elem_type's first look (no names to avoid here, nothing pending after the pass)
 
     slots: dict[int, list[bytes]] = {}  # scope id -> its placeholders' replacements, in order
     kinds: dict[tuple, Any] = {}  # kind of node -> the first such node's Lowered (its key, how, template)
@@ -652,7 +668,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             attributes = node.attribute
             op_type = node.op_type
             kind = (op_type, b"".join([a.SerializeToString() for a in attributes]) if attributes else b"",
-                    len(inputs), tuple(map(values.index, values)), tuple([elem(x) if x else None for x in inputs]))
+                    len(inputs), tuple(map(values.index, values)), tuple([(declared(x) or elem(x)) if x else None for x in inputs]))
             first = kinds.get(kind)
             count += 1
             mode = None
