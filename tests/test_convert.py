@@ -199,8 +199,8 @@ def test_adapter_agrees_with_onnx_converter_and_onnxruntime(name, source, target
     onnx.checker.check_model(model, full_check=True)
     # a function body declares no ranks: a Softmax over axis 2 there is onnx's, node by node
     by_onnx = where == "function" and "last axis 2" in name
-    if by_onnx and name.startswith("Hardmax") and target < source:  # onnx has no Hardmax-13 -> 12
-        with pytest.raises(RewriteError, match="onnx's version converter refuses it"):
+    if by_onnx and target < source:  # below 13 axis 2 might not be the last one, whose rank is unknown
+        with pytest.raises(RewriteError, match="rank of its input 'x' is not declared"):
             rewrite_model(model, target_opset=target, lowering=Lowering.KEEP)
         return
     out, report = rewrite_model(model, target_opset=target, lowering=Lowering.KEEP)
@@ -670,3 +670,69 @@ def test_sibling_subgraphs_reshape_shapes_of_one_name_are_each_their_own():
     model = _if_of_branches(branch("t", [2, 2]), branch("e", [0, 2]), 14, [2, 2])
     error = _refusal(model, 13)
     assert "allowzero" in str(error) and error.node == "e_y"
+
+
+MIDDLE = [(op, axis, target) for op in ("Softmax", "LogSoftmax", "Hardmax") for axis in (0, 1, -2) for target in (12, 11)]
+
+
+@pytest.mark.parametrize("where", ["main", "if"])
+@pytest.mark.parametrize("op, axis, target", MIDDLE, ids=[f"{o}-{a}-{t}" for o, a, t in MIDDLE])
+def test_softmax_like_over_a_middle_axis_going_below_13_is_moved_last(op, axis, target, where):
+    """Below 13 these ops flatten the input to 2-D at the axis (onnx's converter keeps the
+    axis: a wrong result): a Transpose moves the axis last and one moves it back."""
+    node = helper.make_node(op, ["x"], ["y"], axis=axis)
+    if where == "main":
+        model = _main([node], 13, inputs=(("x", F, [2, 3, 4]),))
+    else:
+        node.output[0] = "t_y"
+        model = _if_of_branches([node], [helper.make_node("Identity", ["x"], ["e_y"])], 13, [2, 3, 4])
+        model.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", F, [2, 3, 4]))
+    out, _ = rewrite_model(model, target_opset=target, lowering=Lowering.KEEP)
+    assert out.opset_import[0].version == target
+    x = np.random.default_rng(7).standard_normal((2, 3, 4)).astype(np.float32)
+    feeds = {"x": x} if where == "main" else {"x": x, "c": np.array(True)}
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.testing.assert_allclose(run(out)[0], run(model)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_over_a_middle_axis_moved_last_then_converted_by_onnx():
+    """Below 11 the node (its axis moved last) is onnx's to convert, node by node."""
+    model = _main([helper.make_node("LogSoftmax", ["x"], ["y"], axis=0)], 13, inputs=(("x", F, [2, 3, 4]),))
+    out, report = rewrite_model(model, target_opset=10, lowering=Lowering.KEEP)
+    assert report.conversions == [(13, 10, "adapters; onnx's converter node by node: LogSoftmax 13->10")]
+    x = np.random.default_rng(9).standard_normal((2, 3, 4)).astype(np.float32)
+    np.testing.assert_allclose(_run(out, x)[0], _run(model, x)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_over_a_middle_axis_is_refused_where_the_model_goes_to_onnx_whole():
+    """An If going below 12 leaves the model to onnx's converter, which keeps the axis."""
+    model = _if_of_branches([helper.make_node("Softmax", ["x"], ["t_y"], axis=0)],
+                            [helper.make_node("Identity", ["x"], ["e_y"])], 13, [2, 2])
+    error = _refusal(model, 10)
+    assert "If 13->10" in str(error) and error.node == "t_y"
+
+
+def test_softmax_over_a_middle_axis_of_unknown_rank_going_below_13_is_refused():
+    error = _refusal(_main([helper.make_node("Softmax", ["x"], ["y"], axis=1)], 13, inputs=(("x", F, None),)), 12)
+    assert "rank" in str(error) and "axis (1)" in str(error) and error.node == "y" and "13" in error.hint
+
+
+def test_export_down_moves_a_softmax_middle_axis_last():
+    """The export path (convert_down: a torch softmax(dim=1) exported at opset 12)."""
+    from graphkit.export._opset_down import convert_down
+
+    model = _main([helper.make_node("Softmax", ["x"], ["y"], axis=1)], 18, inputs=(("x", F, [2, 3, 4]),))
+    out = convert_down(model, 12)
+    x = np.random.default_rng(8).standard_normal((2, 3, 4)).astype(np.float32)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(_run(out, x)[0], e / e.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+@pytest.mark.parametrize("source, target", [(18, 21), (21, 18)])
+def test_group_normalization_across_21_is_refused(source, target):
+    """GroupNormalization-21's scale and bias are per channel (per group before); onnx's
+    converter leaves the node as it is, which ORT then refuses (or computes wrongly)."""
+    model = _main([helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2)], source,
+                  inputs=(("x", F, [1, 4, 3]), ("s", F, [2 if source == 18 else 4]), ("b", F, [2 if source == 18 else 4])))
+    error = _refusal(model, target)
+    assert "per channel" in str(error) and ("below 21" if target == 21 else "at least 21") in error.hint

@@ -30,8 +30,10 @@ against the schemas by the tests):
   converter does;
 - ``last-axis``: Softmax, LogSoftmax and Hardmax at 13 no longer flatten to 2-D and default
   to axis -1 (was 1): the same op where the axis is the last one (-1, or rank - 1 where the
-  rank is declared), whose value is then written out; any other axis is onnx's (it adds a
-  Flatten and a Reshape);
+  rank is declared), whose value is then written out; any other axis going up is onnx's (it
+  adds a Flatten and a Reshape); going below 13, where the older op would flatten to 2-D at
+  it (onnx's converter keeps the axis: a wrong result), a Transpose moves it last and one
+  moves it back, where the input's rank is declared (else the node is refused);
 - ``num-outputs``: Split-18's ``num_outputs``. Up: set where no split sizes are given. Down:
   dropped where the parts are even, else the sizes opset 18 gives become the split input;
   where the axis' length is unknown (declared neither in the node's scope nor, in a
@@ -39,7 +41,8 @@ against the schemas by the tests):
   Splits' even split would refuse an uneven length), and below opset 13, where the sizes are
   an attribute, the node is refused.
 
-A node whose op has a step of no kind here (Resize at 11, Softmax over a middle axis at 13,
+A node whose op changed meaning with no converter for it (GroupNormalization at 21:
+:data:`_MEANING_CHANGED`) is refused. A node whose op has a step of no kind here (Resize at 11, Softmax over a middle axis at 13,
 anything before opset 12 going down, ...) is converted by onnx's converter, all such nodes
 in batches of :data:`_BATCH` per call, each node on its own in the batch's model (inputs
 typed as declared in its scope), and the nodes it makes put in its place. Only such a node
@@ -104,6 +107,10 @@ _NEW_VALUES = {("Pad", 19): ("mode", {b"wrap"}),
 # (op, version) where an op over "axis" stopped flattening the input to 2-D there (and its
 # default axis went from 1 to -1): the same where the axis is the last one.
 _LAST_AXIS = {("Softmax", 13), ("LogSoftmax", 13), ("Hardmax", 13)}
+# (op, version) whose meaning changed with no adapter here nor in onnx's converter (which
+# leaves the node as it is): a conversion across it is refused, with why.
+_MEANING_CHANGED = {("GroupNormalization", 21): "its scale and bias went from one value per group to one "
+                                                "per channel at opset 21, and no converter rewrites them"}
 # Deprecated ops onnx's converter replaces by others: never "types".
 _DEPRECATED = frozenset({"Upsample", "Scatter"})
 # Below this, "types" steps also added negative axes and broadcasting: down is onnx's.
@@ -210,6 +217,7 @@ class _Conversion:
     new_constants: dict[int, tuple[Any, list[tuple[str, Any]]]] = field(default_factory=dict)
     replaced: dict[int, Any] = field(default_factory=dict)  # id -> a node list to rebuild, in walk order
     placed: dict[int, list[onnx.NodeProto]] = field(default_factory=dict)  # id(node) -> the nodes in its place
+    wrapped: dict[int, tuple[onnx.NodeProto, onnx.NodeProto]] = field(default_factory=dict)  # id -> Transposes around it
 
     def put_before(self, node: onnx.NodeProto, made: list[onnx.NodeProto]) -> None:
         """Put ``made`` before ``node`` in its node list (when the lists are rebuilt, once each)."""
@@ -278,6 +286,8 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, tak
     work: list[tuple] = []
     uncovered: set[str] = set()
     declared: list[ScopedTypes] = []
+    moves: list[tuple] = []  # (node, fn, graph, nodes, rank or None): a Softmax-like over a middle axis, down below 13
+    refused: list[tuple] = []  # (node, fn, graph, (version, why))
 
     def types() -> ScopedTypes:
         if not declared:
@@ -286,10 +296,30 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, tak
 
     for a, fn, nodes in _roots(model):
         if a != target:
-            _collect(nodes, fn, a, target, work, uncovered, types)
+            _collect(nodes, fn, a, target, work, uncovered, types, moves, refused)
+    if refused or (moves and (uncovered or any(rank is None for *_, rank in moves))):
+        conv = _Conversion(target, path, model, taken, pick=pick, keep=keep)
+        for node, fn, graph, (version, why) in refused:
+            conv.function, conv.graph = fn, graph
+            other = f"below {version}" if target >= version else f"of at least {version}"
+            raise conv.error(node, why, f"{conv.pick} {other}, or {conv.keep}")
+        node, fn, graph, _, rank = next(m for m in moves if uncovered or m[-1] is None)
+        conv.function, conv.graph = fn, graph
+        axis = _attr(node, "axis")
+        why = (f"its axis ({axis.i if axis is not None else -1}) is not the last one, and before opset 13 "
+               f"{node.op_type} flattens its input to 2-D there")
+        if rank is None:
+            raise conv.error(node, f"{why}; the rank of its input '{node.input[0]}' is not declared, so graphkit "
+                             "cannot move that axis last", f"declare the rank of '{node.input[0]}' (a shape in "
+                             f"the model), or {conv.pick} of at least 13")
+        raise conv.error(node, f"{why}; {', '.join(sorted(uncovered))} leave(s) the whole model to onnx's "
+                         "converter, which keeps the axis (a wrong result)", f"{conv.pick} of at least 13")
     if uncovered:
         return Converted(fallback=sorted(uncovered))
     conv = _Conversion(target, path, model, taken, pick=pick, keep=keep, _types=declared[0] if declared else None)
+    for node, fn, graph, nodes, rank in moves:
+        conv.nodes = nodes
+        _move_axis_last(conv, node, rank)
     replaced = conv.replaced  # id -> a node list holding nodes replaced or preceded by made ones
     left: dict[int, list[tuple[onnx.NodeProto, Any, Any]]] = {}  # opset -> nodes no adapter covers
     for node, node_steps, fn, up, graph, nodes, a in work:
@@ -310,8 +340,15 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, tak
     # the subgraphs its nodes hold, which would lose changes made to them after.
     for nodes in reversed(replaced.values()):
         ordered = []
+        wrapped = conv.wrapped
         for node in nodes:
-            ordered.extend(made.get(id(node), (node,)))
+            around = wrapped.get(id(node)) if wrapped else None
+            if around is None:
+                ordered.extend(made.get(id(node), (node,)))
+            else:
+                ordered.append(around[0])
+                ordered.extend(made.get(id(node), (node,)))
+                ordered.append(around[1])
         del nodes[:]
         nodes.extend(ordered)
     _drop_unread(model, conv)
@@ -424,12 +461,17 @@ def _function_types(fn: onnx.FunctionProto) -> dict[str, onnx.TypeProto]:
 
 
 def _collect(nodes: Any, fn: onnx.FunctionProto | None, a: int, target: int, work: list,
-             uncovered: set[str], types: Callable[[], ScopedTypes]) -> None:
+             uncovered: set[str], types: Callable[[], ScopedTypes], moves: list, refused: list) -> None:
     """One walk over ``nodes`` and the subgraphs in them: the standard nodes an adapter changes
     or checks, with their steps (None: no adapter covers them, onnx's converter does the
     node), function (None: the main graph), subgraph, node list and opset, into ``work``;
-    the ops no adapter covers that hold subgraphs into ``uncovered``."""
+    the ops no adapter covers that hold subgraphs into ``uncovered``; Softmax-like nodes over
+    a middle axis going below 13 into ``moves`` (with their input's rank, None where unknown),
+    and nodes whose op changed meaning across the conversion into ``refused``."""
     up = a < target
+    low, high = sorted((a, target))
+    meaning = {op: (v, why) for (op, v), why in _MEANING_CHANGED.items() if low < v <= high}
+    middle = not up and a >= 13 > target  # Softmax-likes over a middle axis flatten below 13
     plan: dict[str, tuple[Step, ...] | None] = {}
     fn_types = _function_types(fn) if fn is not None else None
     stack: list[tuple[Any, onnx.GraphProto | None]] = [(nodes, None)]  # (nodes, their subgraph; None: the root's)
@@ -446,7 +488,15 @@ def _collect(nodes: Any, fn: onnx.FunctionProto | None, a: int, target: int, wor
                     if found is not None and up:
                         found = tuple(s for s in found if s.kind in _ACTIVE_UP)
                     plan[op] = found
-                if found and any(s.kind == "last-axis" for s in found) and _last_axis(
+                if op in meaning:
+                    refused.append((node, fn, graph, meaning[op]))
+                    continue
+                if middle and op in _SOFTMAX_LIKE:
+                    scope = fn_types if fn else types() if graph is None else types().scope(graph)
+                    if _last_axis(node, False, scope) is None:
+                        # onnx's converter keeps the axis, and the older op flattens there
+                        moves.append((node, fn, graph, nodes, _rank(scope, node.input[0])))
+                elif found and any(s.kind == "last-axis" for s in found) and _last_axis(
                         node, up, fn_types if fn else types() if graph is None else types().scope(graph)) is None:
                     found = None  # not over the last axis: onnx's (a Flatten and a Reshape)
                 if found is None and any(at.type in (_GRAPH, _GRAPHS) for at in node.attribute):
@@ -816,12 +866,46 @@ def _last_axis_step(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None
     attr = _attr(node, "axis")
     if conv.up and step.op == "Hardmax" and attr is not None:
         return
+    if not conv.up and attr is not None and attr.i >= 0:  # rank - 1 already (the last axis, or moved there)
+        return
     axis = -1
     tp = (conv.types or {}).get(node.input[0])
     if not conv.up and tp is not None and tp.tensor_type.HasField("shape"):
         axis = len(tp.tensor_type.shape.dim) - 1
     _remove_attr(node, "axis")
     node.attribute.append(helper.make_attribute("axis", axis))
+
+
+_SOFTMAX_LIKE = frozenset(op for op, _ in _LAST_AXIS)
+
+
+def _rank(types: Mapping[str, onnx.TypeProto] | None, name: str) -> int | None:
+    tp = (types or {}).get(name)
+    if tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
+        return None
+    return len(tp.tensor_type.shape.dim)
+
+
+def _move_axis_last(conv: _Conversion, node: onnx.NodeProto, rank: int) -> None:
+    """Down below 13, a Softmax-like over a middle axis: Transpose that axis last, the op over
+    the last axis (``rank - 1``), Transpose back (the older ops flatten to 2-D at the axis)."""
+    attr = _attr(node, "axis")
+    axis = attr.i if attr is not None else -1
+    axis += rank if axis < 0 else 0
+    perm = [i for i in range(rank) if i != axis] + [axis]
+    back = [perm.index(i) for i in range(rank)]
+    base = node.name or node.output[0]
+    moved, result = conv.names.fresh(f"{base}_axis_last"), conv.names.fresh(f"{base}_over_last")
+    conv.made.extend((moved, result))
+    before = helper.make_node("Transpose", [node.input[0]], [moved], name=conv.names.fresh(f"{base}_Transpose"),
+                              perm=perm)
+    after = helper.make_node("Transpose", [result], [node.output[0]], name=conv.names.fresh(f"{base}_Transpose"),
+                             perm=back)
+    node.input[0], node.output[0] = moved, result
+    _remove_attr(node, "axis")
+    node.attribute.append(helper.make_attribute("axis", rank - 1))
+    conv.replaced.setdefault(id(conv.nodes), conv.nodes)
+    conv.wrapped[id(node)] = (before, after)
 
 
 _ADAPT: dict[str, Callable[[_Conversion, Step, onnx.NodeProto], None]] = {
