@@ -417,6 +417,49 @@ def test_a_node_onnx_cannot_convert_either_is_refused():
     assert err.node == "up" and err.op == "ai.onnx::Resize" and "onnx's version converter refuses it" in err.message
 
 
+# Every "types" step going to opset 12 or later (those taken going down), by the newer version:
+# each reviewed against ONNX's changelog (Mod-28 made fmod=0 legal on floats: _NEW_FOR_FLOATS). An
+# onnx upgrade adding one fails test_step_kinds_match_the_schemas until it is reviewed here.
+TYPES_STEPS = {
+    12: "Clip-11 Max-8 MaxPool-11 Min-8 Pow-7 ReduceMax-11 ReduceMin-11",
+    13: "Abs-6 Add-7 ArgMax-12 ArgMin-12 Cast-9 Ceil-6 Clip-12 Concat-11 Constant-12 DepthToSpace-11 Div-7 "
+        "Dropout-12 Equal-11 Erf-9 Exp-6 Expand-8 Flatten-11 Floor-6 Gather-11 GatherElements-11 GatherND-12 "
+        "Gemm-11 Greater-9 Identity-1 If-11 IsNaN-9 LRN-1 Less-9 Log-6 Loop-11 MatMul-9 Max-12 Mean-8 "
+        "MeanVarianceNormalization-9 Min-12 Mod-10 Mul-7 Neg-6 NegativeLogLikelihoodLoss-12 NonZero-9 Pad-11 "
+        "Pow-12 Reciprocal-6 ReduceL1-11 ReduceL2-11 ReduceLogSum-11 ReduceLogSumExp-11 ReduceMax-12 "
+        "ReduceMean-11 ReduceMin-12 ReduceProd-11 ReduceSumSquare-11 Relu-6 Reshape-5 ScatterElements-11 "
+        "ScatterND-11 Shape-1 Sigmoid-6 Sign-9 Size-1 Slice-11 SoftmaxCrossEntropyLoss-12 SpaceToDepth-1 "
+        "Sqrt-6 Sub-7 Sum-8 Tanh-6 Tile-6 Transpose-1",
+    14: "Add-13 CumSum-11 Div-13 Identity-13 Mul-13 Relu-13 Sub-13",
+    15: "BatchNormalization-14 Pow-13",
+    16: "GreaterOrEqual-12 Identity-14 If-13 LeakyRelu-6 LessOrEqual-12 Loop-13 PRelu-9 Scan-11 Where-9",
+    18: "OptionalGetElement-15 ScatterElements-16 ScatterND-16",
+    19: "Constant-13 DequantizeLinear-13 Equal-13 Identity-16 If-16 Loop-16 Pad-18 Reshape-14 Resize-18 "
+        "Scan-16 Shape-15 Size-13",
+    20: "ConstantOfShape-9 IsInf-10 IsNaN-13 ReduceMax-18 ReduceMin-18",
+    21: "Cast-19 CastLike-19 Constant-19 ConstantOfShape-20 Flatten-13 Identity-19 If-19 Loop-19 Pad-19 "
+        "QLinearMatMul-10 Reshape-19 Scan-19 Shape-19 Size-19 Squeeze-13 Transpose-13 Unsqueeze-13",
+    22: "Acos-7 Acosh-9 Asin-7 Asinh-9 Atan-7 Atanh-9 AveragePool-19 Bernoulli-15 Conv-11 ConvTranspose-11 "
+        "Cos-7 Cosh-9 DeformConv-19 Det-11 Dropout-13 Elu-6 EyeLike-9 GRU-14 GlobalAveragePool-1 "
+        "GlobalLpPool-2 GlobalMaxPool-1 GridSample-20 HardSigmoid-6 HardSwish-14 InstanceNormalization-6 "
+        "LSTM-14 LpNormalization-1 LpPool-18 MaxPool-12 MaxRoiPool-1 MaxUnpool-11 Mish-18 Multinomial-7 "
+        "NegativeLogLikelihoodLoss-13 RNN-14 RandomNormal-1 RandomNormalLike-1 RandomUniform-1 "
+        "RandomUniformLike-1 RoiAlign-16 Round-11 Selu-6 Sin-7 Sinh-9 Softplus-1 Softsign-1 Tan-7 "
+        "ThresholdedRelu-10",
+    23: "Cast-21 CastLike-21 Constant-21 ConstantOfShape-21 Flatten-21 Identity-21 If-21 Loop-21 Pad-21 "
+        "Reshape-21 Scan-21 Shape-21 Size-21 Squeeze-21 Transpose-21 Unsqueeze-21",
+    24: "Constant-23 ConstantOfShape-23 DequantizeLinear-23 Flatten-23 Identity-23 If-23 Loop-23 Pad-23 "
+        "QuantizeLinear-23 Reshape-23 Scan-23 Shape-23 Size-23 SplitToSequence-11 Squeeze-23 TopK-11 "
+        "Transpose-23 Unsqueeze-23",
+    25: "Cast-24 CastLike-24 Constant-24 ConstantOfShape-24 DequantizeLinear-24 Flatten-24 Identity-24 If-24 "
+        "Loop-24 Pad-24 QuantizeLinear-24 Reshape-24 Scan-24 Shape-24 Size-24 Squeeze-24 Transpose-24 "
+        "Unsqueeze-24",
+    28: "BitShift-11 Cast-25 Celu-12 Compress-11 DepthToSpace-13 DequantizeLinear-25 Einsum-12 Mod-13 "
+        "OneHot-11 Optional-15 OptionalGetElement-18 OptionalHasElement-18 QuantizeLinear-25 ReduceLogSum-18 "
+        "ReduceLogSumExp-18 ReverseSequence-10 Unique-11",
+}
+
+
 def test_step_kinds_match_the_schemas():
     """Each curated step says what changed between the two schemas, and nothing else did."""
     def schema(op, v):
@@ -439,6 +482,38 @@ def test_step_kinds_match_the_schemas():
     assert _convert.steps("Resize", 10, 11) is None and _convert.steps("Upsample", 9, 10) is None
     assert _convert.steps("Relu", 7, 10) == ()  # one schema: nothing to do
     assert _convert.steps("Concat", 11, 10) is None  # negative axes before 11: onnx's
+    found: dict[int, list[str]] = {}
+    for op in sorted({s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain == ""}):
+        versions = sorted({s.since_version for s in onnx.defs.get_all_schemas_with_history()
+                           if s.name == op and s.domain == ""})
+        for old, new in zip(versions, versions[1:]):
+            if new >= 12 and _convert._kind(op, schema(op, old), schema(op, new)) == "types":
+                found.setdefault(new, []).append(f"{op}-{old}")
+    assert {n: sorted(v) for n, v in found.items()} == {n: sorted(v.split()) for n, v in TYPES_STEPS.items()}
+
+
+def test_mod_fmod_0_on_floats_going_below_28_is_refused():
+    """Mod-28 made fmod=0 (floor modulo) legal on floats; Mod-13 takes it on integers only."""
+    def mod(elem: int, shape=(3,), **attrs) -> onnx.ModelProto:
+        return helper.make_model(helper.make_graph(
+            [helper.make_node("Mod", ["a", "b"], ["y"], **attrs)], "g",
+            [helper.make_tensor_value_info(n, elem, shape) for n in "ab"], [helper.make_tensor_value_info("y", elem, shape)]),
+            opset_imports=[helper.make_opsetid("", 28)], ir_version=13)
+    error = _refusal(mod(F), 13)
+    assert "fmod=0 on float inputs is new in Mod-28" in str(error) and "at least 28" in error.hint
+    assert "fmod=0" in str(_refusal(mod(F, fmod=0), 21))
+    undeclared = mod(F)
+    del undeclared.graph.input[:]
+    undeclared.graph.input.extend([onnx.ValueInfoProto(name="a"), onnx.ValueInfoProto(name="b")])
+    assert "not declared" in str(_refusal(undeclared, 13))
+    a, b = np.array([-5.0, 5.0, 3.5], np.float32), np.array([3.0, -3.0, 2.0], np.float32)
+    out, _ = rewrite_model(mod(F, fmod=1), target_opset=13, lowering=Lowering.KEEP)
+    got = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a, "b": b})
+    np.testing.assert_array_equal(got[0], np.fmod(a, b))
+    out, _ = rewrite_model(mod(TensorProto.INT64), target_opset=13, lowering=Lowering.KEEP)
+    ai, bi = np.array([-5, 5, 7], np.int64), np.array([3, -3, 2], np.int64)
+    got = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": ai, "b": bi})
+    np.testing.assert_array_equal(got[0], np.mod(ai, bi))
 
 
 def _softmax_bodies(n: int) -> onnx.ModelProto:

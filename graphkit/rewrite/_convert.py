@@ -15,7 +15,8 @@ against the schemas by the tests):
 
 - ``types``: the same inputs, outputs and attributes (types were added: bfloat16, int4, ...).
   Up: nothing changes. Down: the node's known element types must be ones the older op takes,
-  and it must not use an attribute value the newer version added (:data:`_NEW_VALUES`);
+  and it must not use an attribute value the newer version added (:data:`_NEW_VALUES`), nor
+  one it made legal beyond integers (:data:`_NEW_FOR_FLOATS`: Mod-28's fmod=0 on floats);
 - ``attributes``: the newer version added attributes whose default is what the older op does
   (:data:`_ADDED_ATTRIBUTES`). Down: each must be absent or at that default, then dropped
   (also Reshape's allowzero=1 where the shape is a constant without a 0: it changes nothing);
@@ -104,6 +105,11 @@ _NEW_VALUES = {("Pad", 19): ("mode", {b"wrap"}),
                ("Resize", 19): ("coordinate_transformation_mode", {b"half_pixel_symmetric"}),
                ("ScatterElements", 18): ("reduction", {b"max", b"min"}),
                ("ScatterND", 18): ("reduction", {b"max", b"min"})}
+# (op, version) -> (attribute, its value (also when absent)) that version made legal on other
+# than integer inputs, for steps of kind "types": Mod-28's fmod=0 on floats (floor modulo).
+_NEW_FOR_FLOATS = {("Mod", 28): ("fmod", 0)}
+_INTEGERS = frozenset(getattr(onnx.TensorProto, t) for t in (
+    "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"))
 # (op, version) where an op over "axis" stopped flattening the input to 2-D there (and its
 # default axis went from 1 to -1): the same where the axis is the last one.
 _LAST_AXIS = {("Softmax", 13), ("LogSoftmax", 13), ("Hardmax", 13)}
@@ -625,6 +631,18 @@ def _types(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
     if conv.up:
         return
     _check_types(conv, step, node)
+    floats = _NEW_FOR_FLOATS.get((step.op, step.new))
+    if floats is not None:
+        attr = _attr(node, floats[0])
+        if (helper.get_attribute_value(attr) if attr is not None else floats[1]) == floats[1]:
+            tp = (conv.types or {}).get(node.input[0]) if node.input else None
+            elem = tp.tensor_type.elem_type if tp is not None and tp.HasField("tensor_type") else 0
+            if elem not in _INTEGERS:
+                what = (f"on {helper.tensor_dtype_to_string(elem)[len('TensorProto.'):].lower()} inputs" if elem
+                        else f"where the type of '{node.input[0]}' is not declared (it may be a float)")
+                raise conv.error(node, f"{floats[0]}={floats[1]} {what} is new in {step.op}-{step.new} "
+                                 f"({step.op}-{step.old} takes it on integers only)",
+                                 f"{conv.pick} of at least {step.new}, or {conv.keep}")
     new = _NEW_VALUES.get((step.op, step.new))
     if new is not None:
         attr = _attr(node, new[0])
