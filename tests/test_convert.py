@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper, version_converter
 
 from conftest import error_lines, run_cli
-from graphkit.errors import RewriteError
+from graphkit.errors import RewriteError, ValidationError
 from graphkit.rewrite import Lowering, rewrite_model
 from graphkit.rewrite import _convert
 
@@ -811,3 +811,31 @@ def test_group_normalization_across_21_is_refused(source, target):
                   inputs=(("x", F, [1, 4, 3]), ("s", F, [2 if source == 18 else 4]), ("b", F, [2 if source == 18 else 4])))
     error = _refusal(model, target)
     assert "per channel" in str(error) and ("below 21" if target == 21 else "at least 21") in error.hint
+
+
+def test_values_of_one_type_parameter_in_the_older_op_must_have_one_type():
+    """Pow-12 types base and exponent apart, Pow-7 as one T; BatchNormalization-15 its X and
+    scale apart, -14 as one T: a pair of two types is refused going down."""
+    def pow_model(exponent: int) -> onnx.ModelProto:
+        return _main([helper.make_node("Pow", ["x", "e"], ["y"])], 13, inputs=(("x", F, [3]), ("e", exponent, [3])))
+    error = _refusal(pow_model(TensorProto.DOUBLE), 11)
+    assert "Pow-7 takes one type for 'x' and 'e' (float and double here)" in str(error) and "12" in error.hint
+    out, _ = rewrite_model(pow_model(F), target_opset=11, lowering=Lowering.KEEP)
+    x, e = np.array([1.0, 2.0, 3.0], np.float32), np.array([2.0, 0.5, 3.0], np.float32)
+    got = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x, "e": e})
+    np.testing.assert_allclose(got[0], x ** e, rtol=1e-6)
+    names = ("x", "s", "b", "mean", "var")
+    batch_norm = _main([helper.make_node("BatchNormalization", list(names), ["y"])], 15,
+                       inputs=[("x", TensorProto.FLOAT16, [1, 2, 2])] + [(n, F, [2]) for n in names[1:]])
+    assert "takes one type for 'x' and 's' (float16 and float here)" in str(_refusal(batch_norm, 14))
+
+
+def test_an_undeclared_type_the_older_op_lacks_is_named_as_the_conversion_s():
+    """An intermediate's type is not declared: the output's check finds int8 Add-13 lacks,
+    and names the conversion, asking for another target (the input model is fine)."""
+    model = _main([helper.make_node("Cast", ["x"], ["c"], to=TensorProto.INT8), helper.make_node("Add", ["c", "c"], ["d"]),
+                   helper.make_node("Cast", ["d"], ["y"], to=F)], 14)
+    with pytest.raises(ValidationError) as info:
+        rewrite_model(model, target_opset=13, lowering=Lowering.KEEP, path="m.onnx")
+    assert "after the ai.onnx opset conversion 14->13" in str(info.value) and "int8" in str(info.value)
+    assert info.value.hint.startswith("pick another --target-opset")

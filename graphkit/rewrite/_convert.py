@@ -607,16 +607,23 @@ def _remove_attr(node: onnx.NodeProto, name: str) -> None:
 
 
 def _check_types(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
-    """Down: the node's known element types are among those the older op takes."""
+    """Down: the node's element types the model declares are among those the older op takes,
+    and its values of one type parameter there have one type (Pow-7's base and exponent,
+    BatchNormalization-14's X and scale: two parameters in the newer op). A type the model
+    does not declare is not checked here: the output's check finds it."""
     types = conv.types
     if types is None:
         return
     schema = step.schema_old
     allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    bound: dict[str, tuple[str, str]] = {}  # type parameter -> (the first value's type, its name)
     for formals, actuals in ((schema.inputs, node.input), (schema.outputs, node.output)):
         if not formals:
             continue
+        variadic = formals[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic
         for i, name in enumerate(actuals):
+            if i >= len(formals) and not variadic:  # an input the older op lacks (to-input steps check it)
+                break
             formal = formals[min(i, len(formals) - 1)]
             tp = types.get(name) if name else None
             if tp is None or formal.type_str not in allowed or not tp.HasField("tensor_type"):
@@ -625,6 +632,11 @@ def _check_types(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
             if text not in allowed[formal.type_str]:
                 raise conv.error(node, f"{node.op_type}-{step.old} does not take {text[7:-1]} ({name})",
                                  f"{conv.pick} of at least {step.new}")
+            first = bound.setdefault(formal.type_str, (text, name))
+            if first[0] != text:
+                raise conv.error(node, f"{node.op_type}-{step.old} takes one type for '{first[1]}' and '{name}' "
+                                 f"({first[0][7:-1]} and {text[7:-1]} here)",
+                                 f"{conv.pick} of at least {step.new}, or Cast them to one type")
 
 
 def _types(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:

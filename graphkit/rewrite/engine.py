@@ -180,9 +180,12 @@ def _without_external_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
+_CHECK_HINT = "fix the input model, or skip the check with --no-check"
+
+
 def check_model(model: onnx.ModelProto, registry: OpRegistry, *, path: str | None = None,
                 context: str = "", full: bool = True,
-                scan: tuple[list[onnx.TypeProto.Tensor], bool] | None = None) -> None:
+                scan: tuple[list[onnx.TypeProto.Tensor], bool] | None = None, hint: str = _CHECK_HINT) -> None:
     """ONNX checker, plus strict shape inference over the whole model when ``full``.
 
     Custom ops are known to both through their schemas. ``scan``: the graph inputs/outputs
@@ -208,17 +211,16 @@ def check_model(model: onnx.ModelProto, registry: OpRegistry, *, path: str | Non
                 onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError,
                 RuntimeError) as exc:
-            raise _invalid(exc, context, path) from exc
+            raise _invalid(exc, context, path, hint) from exc
 
 
-def _invalid(exc: Exception, context: str, path: str | None) -> ValidationError:
+def _invalid(exc: Exception, context: str, path: str | None, hint: str = _CHECK_HINT) -> ValidationError:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return ValidationError(f"invalid model{context}: {first}", path=path,
-                           hint="fix the input model, or skip the check with --no-check")
+    return ValidationError(f"invalid model{context}: {first}", path=path, hint=hint)
 
 
 def _bytes_check(model: onnx.ModelProto, shapeless: list[onnx.TypeProto.Tensor], registry: OpRegistry,
-                 path: str | None, context: str) -> Callable[[bytes], None]:
+                 path: str | None, context: str, hint: str = _CHECK_HINT) -> Callable[[bytes], None]:
     """check_model without full inference, to run on the serialized ``model`` once its
     objects are gone: the checker parses a model of its own, the biggest thing in memory
     while both live. Shapeless graph inputs/outputs get their empty shape in bytes kept
@@ -238,7 +240,7 @@ def _bytes_check(model: onnx.ModelProto, shapeless: list[onnx.TypeProto.Tensor],
             try:
                 onnx.checker.check_model(kept if kept is not None else data)
             except (onnx.checker.ValidationError, ValueError, RuntimeError) as exc:
-                raise _invalid(exc, context, path) from exc
+                raise _invalid(exc, context, path, hint) from exc
     return run
 
 
@@ -554,13 +556,20 @@ def _check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     if ctx.index_valid and not ctx.index.external and not {"If", "Loop", "Scan"} & {
             op for _, op in ctx.plan.emitted}:
         scan = (ctx.index.shapeless, False)
-    context = f" after rewrite ({applied})"
+    context, hint = f" after rewrite ({applied})", _CHECK_HINT
+    if conversions := [f"{a}->{b}" for a, b, _ in ctx.report.conversions if a != b]:
+        # the converter checks the types and attributes it sees; one the model does not
+        # declare (an intermediate's type) the older op may lack
+        done = f"the ai.onnx opset conversion {', '.join(conversions)}"
+        context = f"{context[:-1]}; {done})" if applied else f" after {done}"
+        hint = ("pick another --target-opset (the older ops lack a type or attribute the model uses), "
+                "or skip the check with --no-check")
     if ctx.defer_check and not full:
         shapeless, external = _check_scan(model) if scan is None else scan
         if not external:
-            ctx.deferred_check = _bytes_check(model, shapeless, ctx.registry, ctx.path, context)
+            ctx.deferred_check = _bytes_check(model, shapeless, ctx.registry, ctx.path, context, hint)
             return PassResult(model, False)
-    check_model(model, ctx.registry, path=ctx.path, context=context, full=full, scan=scan)
+    check_model(model, ctx.registry, path=ctx.path, context=context, full=full, scan=scan, hint=hint)
     return PassResult(model, False)
 
 
