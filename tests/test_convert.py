@@ -839,3 +839,26 @@ def test_an_undeclared_type_the_older_op_lacks_is_named_as_the_conversion_s():
         rewrite_model(model, target_opset=13, lowering=Lowering.KEEP, path="m.onnx")
     assert "after the ai.onnx opset conversion 14->13" in str(info.value) and "int8" in str(info.value)
     assert info.value.hint.startswith("pick another --target-opset")
+
+
+def test_below_ir_4_the_axes_going_up_are_constant_nodes():
+    """IR 3 takes no initializer that is not a graph input: Squeeze-1's axes become a Constant
+    node first in the main graph, read by the Squeeze-13 there and by one in an If branch."""
+    inner = helper.make_graph([helper.make_node("Squeeze", ["x"], ["t_y"], axes=[0])], "t", [],
+                              [helper.make_tensor_value_info("t_y", F, [3])])
+    other = helper.make_graph([helper.make_node("Squeeze", ["x"], ["e_y"], axes=[0])], "e", [],
+                              [helper.make_tensor_value_info("e_y", F, [3])])
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Squeeze", ["x"], ["s"], axes=[0]),
+         helper.make_node("If", ["c"], ["i"], then_branch=inner, else_branch=other),
+         helper.make_node("Add", ["s", "i"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", F, [1, 3]), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", F, [3])]), opset_imports=[helper.make_opsetid("", 8)], ir_version=3)
+    onnx.checker.check_model(model)
+    out, report = rewrite_model(model, target_opset=13, lowering=Lowering.KEEP)
+    assert report.conversions == [(8, 13, "adapters")] and out.ir_version == 3
+    assert not out.graph.initializer and out.graph.node[0].op_type == "Constant"
+    onnx.checker.check_model(out, full_check=True)
+    x = np.array([[1.0, 2.0, 3.0]], np.float32)
+    session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {"x": x, "c": np.array(True)})[0], 2 * x[0])

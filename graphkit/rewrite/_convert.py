@@ -24,8 +24,8 @@ against the schemas by the tests):
 - ``to-input``: an attribute became an input (ReduceX axes at 13/18, Squeeze/Unsqueeze axes
   and Split's split at 13). Up: the attribute's value as an int64 initializer of the main
   graph, one per distinct value, which every subgraph reads from the outer scope (no node
-  list is copied or reordered); in a function body (no initializers there) a Constant node
-  first in the body, ``value_ints = @attr`` where the attribute referred to the function's.
+  list is copied or reordered); below IR 4 (where an initializer must be a graph input) and
+  in a function body (no initializers there) a Constant node first in the graph or body, ``value_ints = @attr`` where the attribute referred to the function's.
   Down: the input must be a constant (Constant node or initializer); it becomes the
   attribute again, and a Constant or initializer nothing else reads is removed, as onnx's
   converter does;
@@ -336,7 +336,6 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, tak
         conv.function, conv.up, conv.graph, conv.nodes = fn, up, graph, nodes
         for step in node_steps:
             _ADAPT[step.kind](conv, step, node)
-    _place_constants(model, conv.new_constants)
     by_onnx = sorted({f"{n.op_type} {a}->{target}" for a, items in left.items() for n, _, _ in items})
     made = conv.placed
     for a, items in left.items():
@@ -357,6 +356,9 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, tak
                 ordered.append(around[1])
         del nodes[:]
         nodes.extend(ordered)
+    # after the lists are rebuilt: prepending to one copies the nodes (and their subgraphs) the
+    # rebuilding above finds by id
+    _place_constants(model, conv.new_constants)
     _drop_unread(model, conv)
     if taken is not None:
         taken.update(conv.made)
@@ -564,9 +566,9 @@ def _place_constants(model: onnx.ModelProto, made: dict[int, tuple[Any, list[tup
     """The int64 constants adapters asked for, where every node of their namespace sees them:
     the main graph's initializers (its subgraphs read them from the outer scope; no node
     list is reordered or copied), Constant nodes first in a function body (it has no
-    initializers)."""
+    initializers) and in the main graph below IR 4 (where an initializer must be a graph input)."""
     for holder, constants in made.values():
-        if holder is model.graph:
+        if holder is model.graph and not 0 < model.ir_version < 4:
             add = holder.initializer.add
             for name, values in constants:
                 t = add()
