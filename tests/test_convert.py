@@ -12,6 +12,8 @@ the original model's run only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -862,3 +864,61 @@ def test_below_ir_4_the_axes_going_up_are_constant_nodes():
     x = np.array([[1.0, 2.0, 3.0]], np.float32)
     session = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(session.run(None, {"x": x, "c": np.array(True)})[0], 2 * x[0])
+
+
+def _softmax_up_by_onnx() -> onnx.ModelProto:
+    """Softmax-12 over axis 1 of an input of unknown rank: onnx's to convert to 13."""
+    return _main([helper.make_node("Softmax", ["x"], ["y"], axis=1, name="sm")], 12, inputs=(("x", F, None),))
+
+
+def _with_tail(nodes_after: Callable[[str, str], list[onnx.NodeProto]]):
+    """onnx's convert_version, whose result's first output is made through ``nodes_after(tmp, out)``."""
+    real = version_converter.convert_version
+
+    def convert_version(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
+        out = real(model, target)
+        (last,) = [n for n in out.graph.node if out.graph.output[0].name in n.output]
+        name = last.output[0]
+        last.output[0] = "tmp"
+        out.graph.node.extend(nodes_after("tmp", name))
+        return out
+    return convert_version
+
+
+def test_nodes_onnx_makes_are_placed_through_chains_of_any_length(monkeypatch):
+    """A Constant three nodes before the node that makes the item's output is the item's
+    (ownership was looked for two steps back only)."""
+    monkeypatch.setattr(version_converter, "convert_version", _with_tail(lambda tmp, out: [
+        helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("zero", F, [], [0.0])),
+        helper.make_node("Identity", ["zero"], ["z1"]), helper.make_node("Identity", ["z1"], ["z2"]),
+        helper.make_node("Identity", ["z2"], ["z3"]), helper.make_node("Add", [tmp, "z3"], [out])]))
+    model = _softmax_up_by_onnx()
+    out, report = rewrite_model(model, target_opset=13, lowering=Lowering.KEEP)
+    assert report.conversions == [(12, 13, "adapters; onnx's converter node by node: Softmax 12->13")]
+    assert [n.op_type for n in out.graph.node][-5:] == ["Constant", "Identity", "Identity", "Identity", "Add"]
+    x = np.random.default_rng(10).standard_normal((2, 3, 4)).astype(np.float32)
+    np.testing.assert_allclose(_run(out, x)[0], _run(model, x)[0], rtol=1e-6)
+
+
+def test_a_node_onnx_makes_that_nothing_reads_is_refused(monkeypatch):
+    monkeypatch.setattr(version_converter, "convert_version", _with_tail(lambda tmp, out: [
+        helper.make_node("Identity", [tmp], [out]),
+        helper.make_node("Constant", [], ["stray"], value=helper.make_tensor("stray", F, [], [0.0]))]))
+    error = _refusal(_softmax_up_by_onnx(), 13)
+    assert "made nodes graphkit cannot place (converting Softmax to opset 13)" in str(error)
+
+
+@pytest.mark.parametrize("source, target, message", [
+    (12, 13, "onnx's converter cannot see the function attribute"),
+    (13, 12, "its axis is the function's attribute ax")])
+def test_softmax_axis_from_a_function_attribute_is_refused(source, target, message):
+    """No adapter covers axis = @ax over a middle axis, and onnx's converter cannot read it."""
+    body = [helper.make_node("Softmax", ["x"], ["y"])]
+    body[0].attribute.append(onnx.AttributeProto(name="axis", ref_attr_name="ax", type=onnx.AttributeProto.INT))
+    fn = helper.make_function("local", "f", ["x"], ["y"], body, [helper.make_opsetid("", source)], attributes=["ax"])
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("f", ["x"], ["y"], domain="local", ax=1)], "g",
+        [helper.make_tensor_value_info("x", F, SHAPE)], [helper.make_tensor_value_info("y", F, SHAPE)]),
+        functions=[fn], ir_version=8, opset_imports=[helper.make_opsetid("", source), helper.make_opsetid("local", 1)])
+    error = _refusal(model, target)
+    assert message in str(error) and "inline the function" in error.hint

@@ -312,6 +312,10 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, tak
         node, fn, graph, _, rank = next(m for m in moves if uncovered or m[-1] is None)
         conv.function, conv.graph = fn, graph
         axis = _attr(node, "axis")
+        if axis is not None and axis.ref_attr_name:
+            raise conv.error(node, f"its axis is the function's attribute {axis.ref_attr_name}, which may not be "
+                             f"the last one, and before opset 13 {node.op_type} flattens its input to 2-D there",
+                             f"inline the function, or {conv.pick} of at least 13")
         why = (f"its axis ({axis.i if axis is not None else -1}) is not the last one, and before opset 13 "
                f"{node.op_type} flattens its input to 2-D there")
         if rank is None:
@@ -412,18 +416,25 @@ def _by_onnx(conv: _Conversion, items: list[tuple[onnx.NodeProto, Any, Any]], a:
                          f"{conv.pick} other than {conv.target}, or {conv.keep}") from exc
     made = [helper.make_node("Constant", [], [t.name], value=t) for t in converted.initializer]
     made.extend(converted.node)
-    # which item each made node belongs to: by the renamed names it reads or writes, else
-    # (a Constant, an intermediate) by the node reading what it makes
+    # which item each made node belongs to: by the renamed names it reads or writes, or the
+    # values a node of the item makes (in order: the converter's nodes are topologically
+    # sorted); else (a Constant, an intermediate) by a node of the item reading what it makes
+    # (in reverse order, readers before what they read: chains of any length)
     owner: dict[str, int] = {}
     for k, c in enumerate(copies):
         owner.update((n, k) for n in (*c.input, *c.output) if n)
     group: list[int | None] = [None] * len(made)
-    for _ in range(2):
-        for i, n in enumerate(made):
-            k = next((owner[x] for x in (*n.input, *n.output) if x in owner), None)
-            if k is not None:
-                group[i] = k
-                owner.update((x, k) for x in (*n.input, *n.output) if x)
+    for i, n in enumerate(made):
+        k = next((owner[x] for x in (*n.input, *n.output) if x in owner), None)
+        if k is not None:
+            group[i] = k
+            owner.update((x, k) for x in n.output if x)
+    for i in range(len(made) - 1, -1, -1):
+        n = made[i]
+        if group[i] is None:
+            group[i] = next((owner[x] for x in n.output if x in owner), None)
+        if group[i] is not None:
+            owner.update((x, group[i]) for x in n.input if x and x not in owner)
     out: dict[int, list[onnx.NodeProto]] = {}
     for k, (node, _, _) in enumerate(items):
         rename = {f"gk{k}i{j}": name for j, name in enumerate(node.input) if name}
@@ -501,9 +512,10 @@ def _collect(nodes: Any, fn: onnx.FunctionProto | None, a: int, target: int, wor
                     continue
                 if middle and op in _SOFTMAX_LIKE:
                     scope = fn_types if fn else types() if graph is None else types().scope(graph)
-                    if _last_axis(node, False, scope) is None:
+                    ref = (axis := _attr(node, "axis")) is not None and axis.ref_attr_name
+                    if ref or _last_axis(node, False, scope) is None:
                         # onnx's converter keeps the axis, and the older op flattens there
-                        moves.append((node, fn, graph, nodes, _rank(scope, node.input[0])))
+                        moves.append((node, fn, graph, nodes, None if ref else _rank(scope, node.input[0])))
                 elif found and any(s.kind == "last-axis" for s in found) and _last_axis(
                         node, up, fn_types if fn else types() if graph is None else types().scope(graph)) is None:
                     found = None  # not over the last axis: onnx's (a Flatten and a Reshape)
