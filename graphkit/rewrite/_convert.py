@@ -35,6 +35,10 @@ against the schemas by the tests):
   adds a Flatten and a Reshape); going below 13, where the older op would flatten to 2-D at
   it (onnx's converter keeps the axis: a wrong result), a Transpose moves it last and one
   moves it back, where the input's rank is declared (else the node is refused);
+- ``per-channel``: GroupNormalization-21's scale and bias are one value per channel, one per
+  group before. Up: each is repeated over its group's channels (Unsqueeze, Expand to
+  [groups, channels / groups], Reshape to [channels]; the channel count from the input's
+  shape at run time where it is not declared). Down: refused (:data:`_MEANING_CHANGED`);
 - ``num-outputs``: Split-18's ``num_outputs``. Up: set where no split sizes are given. Down:
   dropped where the parts are even, else the sizes opset 18 gives become the split input;
   where the axis' length is unknown (declared neither in the node's scope nor, in a
@@ -42,8 +46,8 @@ against the schemas by the tests):
   Splits' even split would refuse an uneven length), and below opset 13, where the sizes are
   an attribute, the node is refused.
 
-A node whose op changed meaning with no converter for it (GroupNormalization at 21:
-:data:`_MEANING_CHANGED`) is refused. A node whose op has a step of no kind here (Resize at 11, Softmax over a middle axis at 13,
+A node whose op changed meaning with no converter down for it (GroupNormalization at 21:
+:data:`_MEANING_CHANGED`) is refused going down. A node whose op has a step of no kind here (Resize at 11, Softmax over a middle axis at 13,
 anything before opset 12 going down, ...) is converted by onnx's converter, all such nodes
 in batches of :data:`_BATCH` per call, each node on its own in the batch's model (inputs
 typed as declared in its scope), and the nodes it makes put in its place. Only such a node
@@ -113,16 +117,19 @@ _INTEGERS = frozenset(getattr(onnx.TensorProto, t) for t in (
 # (op, version) where an op over "axis" stopped flattening the input to 2-D there (and its
 # default axis went from 1 to -1): the same where the axis is the last one.
 _LAST_AXIS = {("Softmax", 13), ("LogSoftmax", 13), ("Hardmax", 13)}
-# (op, version) whose meaning changed with no adapter here nor in onnx's converter (which
-# leaves the node as it is): a conversion across it is refused, with why.
+# (op, version) whose meaning changed with no adapter down here nor in onnx's converter
+# (which leaves the node as it is): a conversion down across it is refused, with why.
 _MEANING_CHANGED = {("GroupNormalization", 21): "its scale and bias went from one value per group to one "
                                                 "per channel at opset 21, and no converter rewrites them"}
+# (op, version) whose per-group scale and bias became per channel there: up, each is repeated
+# over its group's channels.
+_PER_CHANNEL = {("GroupNormalization", 21)}
 # Deprecated ops onnx's converter replaces by others: never "types".
 _DEPRECATED = frozenset({"Upsample", "Scatter"})
 # Below this, "types" steps also added negative axes and broadcasting: down is onnx's.
 _TYPES_DOWN_FROM = 12
 
-STEP_KINDS = ("types", "attributes", "optional-input", "to-input", "num-outputs", "last-axis")
+STEP_KINDS = ("types", "attributes", "optional-input", "to-input", "num-outputs", "last-axis", "per-channel")
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,8 @@ def _kind(op: str, old: onnx.defs.OpSchema, new: onnx.defs.OpSchema) -> str | No
         return "optional-input"
     if key in _LAST_AXIS:
         return "last-axis"
+    if key in _PER_CHANNEL:
+        return "per-channel"
     if op not in _DEPRECATED and _interface(old) == _interface(new):
         return "types"
     return None
@@ -171,7 +180,7 @@ def steps(op: str, a: int, b: int) -> tuple[Step, ...] | None:
         last = onnx.defs.get_schema(op, high, "")
     except onnx.defs.SchemaError:
         return None
-    if first.deprecated or last.deprecated:
+    if last.deprecated or (first.deprecated and not any(op == o for o, _ in _PER_CHANNEL)):  # GN-18: per group
         return None
     chain = [first]
     while chain[-1].since_version != last.since_version:
@@ -197,7 +206,7 @@ def steps(op: str, a: int, b: int) -> tuple[Step, ...] | None:
 # value's name is checked against every node's outputs, the inputs' node's included).
 _BATCH = 200
 # Step kinds that change a node going up (the others only check going down).
-_ACTIVE_UP = frozenset({"to-input", "num-outputs", "last-axis"})
+_ACTIVE_UP = frozenset({"to-input", "num-outputs", "last-axis", "per-channel"})
 _GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
 
 
@@ -489,7 +498,7 @@ def _collect(nodes: Any, fn: onnx.FunctionProto | None, a: int, target: int, wor
     and nodes whose op changed meaning across the conversion into ``refused``."""
     up = a < target
     low, high = sorted((a, target))
-    meaning = {op: (v, why) for (op, v), why in _MEANING_CHANGED.items() if low < v <= high}
+    meaning = {op: (v, why) for (op, v), why in _MEANING_CHANGED.items() if not up and low < v <= high}
     middle = not up and a >= 13 > target  # Softmax-likes over a middle axis flatten below 13
     plan: dict[str, tuple[Step, ...] | None] = {}
     fn_types = _function_types(fn) if fn is not None else None
@@ -952,9 +961,41 @@ def _move_axis_last(conv: _Conversion, node: onnx.NodeProto, rank: int) -> None:
     conv.wrapped[id(node)] = (before, after)
 
 
+def _per_channel(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
+    """Up: the per-group scale and bias repeated over each group's channels (see STEP_KINDS)."""
+    if not conv.up:
+        raise conv.error(node, _MEANING_CHANGED[(step.op, step.new)], f"{conv.pick} of at least {step.new}")
+    groups = _attr(node, "num_groups").i
+    base = node.name or node.output[0]
+    made: list[onnx.NodeProto] = []
+
+    def op(op_type: str, *inputs: str, **attrs: Any) -> str:
+        out = conv.names.fresh(f"{base}_per_channel/{op_type}")
+        made.append(helper.make_node(op_type, list(inputs), [out], name=out, **attrs))
+        return out
+
+    def const(values: list[int]) -> str:
+        out = conv.names.fresh(f"{base}_per_channel/const")
+        made.append(helper.make_node("Constant", [], [out], name=out, value=helper.make_tensor(
+            out, onnx.TensorProto.INT64, [len(values)], values)))
+        return out
+
+    channels = _axis_length(conv, node, 1)
+    if channels is not None:
+        shape = const([groups, channels // groups])
+    else:
+        per_group = op("Div", op("Gather", op("Shape", node.input[0]), const([1]), axis=0), const([groups]))
+        shape = op("Concat", const([groups]), per_group, axis=0)
+    axis, flat = const([1]), const([-1])
+    for i in (1, 2):
+        node.input[i] = op("Reshape", op("Expand", op("Unsqueeze", node.input[i], axis), shape), flat)
+    conv.made.extend(n.output[0] for n in made)
+    conv.put_before(node, made)
+
+
 _ADAPT: dict[str, Callable[[_Conversion, Step, onnx.NodeProto], None]] = {
     "types": _types, "attributes": _attributes, "optional-input": _optional_input, "to-input": _to_input,
-    "num-outputs": _num_outputs, "last-axis": _last_axis_step}
+    "num-outputs": _num_outputs, "last-axis": _last_axis_step, "per-channel": _per_channel}
 
 
 def _drop_unread(model: onnx.ModelProto, conv: _Conversion) -> None:
