@@ -220,6 +220,25 @@ def test_dynamo_below_opset_18_converts_or_fails_naming_the_converter(tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f17.onnx"]
 
 
+def test_dynamo_at_opset_12_softmax_over_a_middle_axis_matches_torch(tmp_path):
+    """torch.softmax(dim=1), built at 18 and converted down to 12, where Softmax flattens to
+    2-D at its axis: the axis is moved last between two Transposes (it was kept: wrong values)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    class Softmax(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, dim=1)
+
+    x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(0))
+    export(Softmax(), (x,), tmp_path / "s12.onnx", dynamo=True, opset=12)
+    model = onnx.load(tmp_path / "s12.onnx")
+    assert [(i.domain, i.version) for i in model.opset_import if i.domain in ("", "ai.onnx")] == [("", 12)]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {model.graph.input[0].name: x.numpy()})[0]
+    np.testing.assert_allclose(got, Softmax()(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_torchscript_opset_17_and_no_deprecation_warnings_leak(tmp_path, inputs):
     filters = list(warnings.filters)
     with warnings.catch_warnings(record=True) as caught:
