@@ -622,7 +622,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     if any(f == 15 for f, _, _ in others):
         regions.append((g0, g1))
     seed = _fp._name_seed(data, regions, tensor_names, prefixes, model)
-    opset = target_opset if target_opset is not None else current or _engine._DEFAULT_OPSET
+    opset = target_opset if target_opset is not None else current or _engine.DEFAULT_OPSET
     plan = LoweringPlan(registry, prefer, opset, path=path, names=NameGenerator(seed or ()))
     fresh = plan.names.fresh
     elem = types.elem_type
@@ -735,43 +735,14 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         plan.count(repeated[(kind, _)], PLACEHOLDER_DOMAIN, kind[0], n, repeated=True)
     for group, n in adopted.items():
         plan.count(adopted_as[group], PLACEHOLDER_DOMAIN, group[0][0], n)
-    report.actions = plan.actions
-    report.passed_over = plan.selection.passed_over
-    after = report.ops_before.copy()
-    after.subtract(plan.lowered)
-    after.update(plan.emitted)
-    report.ops_after = +after
+    _fp.count_after(report, plan)
 
     graph = _graph_bytes(data, main, g0, g1, slots, (starts, ends), joined=False)  # pieces, joined only where asked
     del slots
-    import_entries, start_imports = _fp._fixed_imports(model, opset, {d for d, _ in report.ops_after}, placeholders,
-                                                       target_opset)
-    imports = import_entries
-    if converting:
-        report.conversions.append((current, target_opset, "imports only"))
-        report.passes.append(("convert-opset", f"ai.onnx opset {current} -> {target_opset}"))
-    report.passes.append(("lower", f"{count} placeholders lowered"))
-    fixed = [(i.domain, i.version) for i in onnx.ModelProto.FromString(import_entries).opset_import]
-    if fixed != start_imports:
-        report.passes.append(("fix-imports", f"opset imports {fixed}"))
-    report.writer, report.writer_reason = "bytes", WHY
-    if converting:
-        report.writer_reason += f"; {_fp.IMPORTS_ONLY.format(current, target_opset)}"
-    parts = []
-    graph_at = 0
-    for field, start, _, end in top:
-        if field == _fp._M_OPSET_IMPORT:
-            if imports:
-                parts.append(imports)
-                imports = b""
-        elif field == _fp._M_GRAPH:
-            graph_at = len(parts)
-            parts += [b"\x3a", _LENGTHS[sum(map(len, graph))], *graph]
-        else:
-            parts.append(data[start:end])
-    out = _fp.Pieces([*parts, imports])  # not joined: a copy of the whole output less
-    header = b"".join([*parts[:graph_at], *parts[graph_at + 2 + len(graph):], imports])
-    del parts, graph
+    out, header, import_entries = _fp.assemble(data, model, top, graph, report, opset=opset,
+                                               placeholders=placeholders, target_opset=target_opset,
+                                               current=current, lowered=count, why=WHY)
+    del graph
     if not check:
         return out, report, None
 
@@ -787,7 +758,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         types.inference_model = output_model
         opset_imports = onnx.ModelProto.FromString(import_entries).opset_import
         for r in plan.replacements:
-            _engine._check_replacement(r.original, r.nodes, types, opset_imports, registry, r.rule, path)
+            _engine.check_replacement(r.original, r.nodes, types, opset_imports, registry, r.rule, path)
         applied = ", ".join(sorted({how for _, how in plan.actions}))
         context = f" after rewrite ({applied})"
         full = full_check or sum(report.ops_after.values()) <= _engine.FULL_CHECK_NODES

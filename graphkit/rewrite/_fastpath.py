@@ -27,7 +27,7 @@ The result is the object path's, field for field (tests/test_fastpath.py compare
   by the generator's own rule (see ``_grouped``).
 * Element types: ``TypeTable``'s forward pass (same declarations, rules and order), run
   over pre-read fields and stopped at the last placeholder.
-* Check: ``_check_replacement`` per replacement built, then the ONNX checker's verdict on
+* Check: ``check_replacement`` per replacement built, then the ONNX checker's verdict on
   the output (``check_model`` on the parsed output where the engine's needs more: small
   models, subgraphs, shapeless graph inputs or outputs, external data). Otherwise that
   verdict is found from parts (``_check_parts``), for about the cost of checking the
@@ -46,7 +46,7 @@ The result is the object path's, field for field (tests/test_fastpath.py compare
   and after, no replacement node holds a subgraph. A part that fails sends the check to
   the whole output, so an error is the checker's own words about the output; the
   report's ``writer_reason`` says which check ran. Where
-  ``_check_replacement`` asks for a shape nothing declares, the engine infers shapes
+  ``check_replacement`` asks for a shape nothing declares, the engine infers shapes
   over the whole rewritten model; here over its nodes up to where those names are made,
   which gives them the same types (inference goes through the nodes in order).
   Memory: the checker's part on the input runs first, before the lowering reads the
@@ -946,6 +946,54 @@ class Pieces:
             fh.write(b"".join(parts[at:at + block]))
 
 
+def count_after(report: RewriteReport, plan: LoweringPlan) -> None:
+    """The report's actions and op counts after the lowering ``plan`` ran."""
+    report.actions = plan.actions
+    report.passed_over = plan.selection.passed_over
+    after = report.ops_before.copy()
+    after.subtract(plan.lowered)
+    after.update(plan.emitted)
+    report.ops_after = +after
+
+
+def assemble(data: bytes | memoryview, model: onnx.ModelProto, top: list, graph: list, report: RewriteReport, *,
+             opset: int, placeholders: set, target_opset: int | None, current: int | None, lowered: int,
+             why: str) -> tuple[Pieces, bytes, bytes]:
+    """The byte writers' output: the model's top-level fields (``top``) as they were, the graph
+    field made of the pieces ``graph``, the opset imports fixed; the report's passes and writer
+    said as the objects writer's passes say them. Returns the output, its header (all but the
+    graph) and the opset import entries."""
+    converting = target_opset is not None and target_opset != current
+    import_entries, start_imports = _fixed_imports(model, opset, {d for d, _ in report.ops_after}, placeholders,
+                                                   target_opset)
+    imports = import_entries
+    if converting:  # as the objects writer's convert-opset pass reports it
+        report.conversions.append((current, target_opset, "imports only"))
+        report.passes.append(("convert-opset", f"ai.onnx opset {current} -> {target_opset}"))
+    report.passes.append(("lower", f"{lowered} placeholders lowered"))
+    fixed = [(i.domain, i.version) for i in onnx.ModelProto.FromString(import_entries).opset_import]
+    if fixed != start_imports:
+        report.passes.append(("fix-imports", f"opset imports {fixed}"))
+    report.writer, report.writer_reason = "bytes", why
+    if converting:
+        report.writer_reason += f"; {IMPORTS_ONLY.format(current, target_opset)}"
+    parts = []
+    graph_at = 0
+    for field, start, _, end in top:
+        if field == _M_OPSET_IMPORT:
+            if imports:
+                parts.append(imports)
+                imports = b""
+        elif field == _M_GRAPH:
+            graph_at = len(parts)
+            parts += [b"\x3a", _LENGTHS[sum(map(len, graph))], *graph]  # field 7, length-delimited
+        else:
+            parts.append(data[start:end])
+    parts.append(imports)
+    header = b"".join([*parts[:graph_at], *parts[graph_at + 2 + len(graph):]])  # all but the graph
+    return Pieces(parts), header, import_entries  # written to a file as they are; joined only where asked
+
+
 def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
                 prefer: tuple[Lowering, ...], check: bool = True, full_check: bool = False,
                 path: str | None = None, progress: Callable[[str, int, int], None] | None = None,
@@ -1047,7 +1095,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     if sub_names and any(not sub_names.isdisjoint(i) for i in inputs_of):
         raise Unsupported("a custom node reads a name a subgraph declares")
 
-    opset = target_opset if target_opset is not None else current or _engine._DEFAULT_OPSET
+    opset = target_opset if target_opset is not None else current or _engine.DEFAULT_OPSET
     # Where names can be: the top level but the graph, the graph but its initializers.
     regions = [(start, end) for field, start, _, end in top if field != _M_GRAPH]
     regions += [(start, end) for field, start, end in others if field not in (5, 15)]
@@ -1161,12 +1209,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
 
     for kind, n in used.items():
         plan.count(kind.lowered, PLACEHOLDER_DOMAIN, kind.op_type, n, repeated=True)
-    report.actions = plan.actions
-    report.passed_over = plan.selection.passed_over
-    after = report.ops_before.copy()
-    after.subtract(plan.lowered)
-    after.update(plan.emitted)
-    report.ops_after = +after
+    count_after(report, plan)
 
     # The graph: the bytes between placeholders as they were, each placeholder replaced.
     custom_starts = array("q", map(starts.__getitem__, custom))
@@ -1177,35 +1220,10 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     # The graph's pieces go into the output as they are: one copy of the graph, not two.
     graph = [*itertools.chain.from_iterable(zip(gaps, slots)), gaps[-1]]
     del gaps, custom_starts, custom_ends
-    import_entries, start_imports = _fixed_imports(model, opset, {d for d, _ in report.ops_after}, placeholders,
-                                                   target_opset)
-    imports = import_entries
-    if converting:  # as the objects writer's convert-opset pass reports it
-        report.conversions.append((current, target_opset, "imports only"))
-        report.passes.append(("convert-opset", f"ai.onnx opset {current} -> {target_opset}"))
-    report.passes.append(("lower", f"{len(custom)} placeholders lowered"))
-    fixed = [(i.domain, i.version) for i in onnx.ModelProto.FromString(import_entries).opset_import]
-    if fixed != start_imports:
-        report.passes.append(("fix-imports", f"opset imports {fixed}"))
-    report.writer, report.writer_reason = "bytes", WHY
-    if converting:
-        report.writer_reason += f"; {IMPORTS_ONLY.format(current, target_opset)}"
-    parts = []
-    graph_at = 0
-    for field, start, _, end in top:
-        if field == _M_OPSET_IMPORT:
-            if imports:
-                parts.append(imports)
-                imports = b""
-        elif field == _M_GRAPH:
-            graph_at = len(parts)
-            parts += [b"\x3a", _LENGTHS[sum(map(len, graph))], *graph]  # field 7, length-delimited
-        else:
-            parts.append(view[start:end])
-    parts.append(imports)
-    header = b"".join([*parts[:graph_at], *parts[graph_at + 2 + len(graph):]])  # all but the graph
-    out = Pieces(parts)  # written to a file as they are; joined only where bytes are asked for
-    del view, parts, graph
+    out, header, import_entries = assemble(view, model, top, graph, report, opset=opset, placeholders=placeholders,
+                                           target_opset=target_opset, current=current, lowered=len(custom),
+                                           why=WHY)
+    del view, graph
 
     if not check:
         return out, report, None
@@ -1236,7 +1254,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         types.inference_model = inference_model
         opset_imports = onnx.ModelProto.FromString(import_entries).opset_import
         for r in plan.replacements:
-            _engine._check_replacement(r.original, r.nodes, types, opset_imports, registry, r.rule, path)
+            _engine.check_replacement(r.original, r.nodes, types, opset_imports, registry, r.rule, path)
         applied = ", ".join(sorted({how for _, how in plan.actions}))
         context = f" after rewrite ({applied})"
         full = full_check or sum(report.ops_after.values()) <= _engine.FULL_CHECK_NODES

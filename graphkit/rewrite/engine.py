@@ -31,11 +31,11 @@ from graphkit.rewrite._walk import AI_ONNX, ModelIndex, count_ops, graph_node_li
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 from graphkit.rewrite.plan import UNKNOWN_OP_HINT, Lowering, LoweringPlan, LoweringScope, node_attrs
 
-__all__ = ["DEFAULT_PREFERENCE", "PASSES", "Lowering", "Pass", "PassResult", "RewriteContext", "RewriteReport",
-           "ai_onnx_opset", "check_model", "rewrite_model"]
+__all__ = ["DEFAULT_OPSET", "DEFAULT_PREFERENCE", "PASSES", "Lowering", "Pass", "PassResult", "RewriteContext",
+           "RewriteReport", "ai_onnx_opset", "check_model", "check_replacement", "rewrite_model"]
 
 # Opset written into models that hold no ai.onnx import before a decomposition adds one.
-_DEFAULT_OPSET = 17
+DEFAULT_OPSET = 17
 FULL_CHECK_NODES = 20_000
 PROGRESS_MIN_NODES = 10_000  # smaller models finish before a progress bar would help
 PROGRESS_STEP = 2_000
@@ -244,9 +244,10 @@ def _bytes_check(model: onnx.ModelProto, shapeless: list[onnx.TypeProto.Tensor],
     return run
 
 
-def _check_replacement(original: onnx.NodeProto, nodes: list[onnx.NodeProto], types: TypeTable,
-                       opset_imports: Any, registry: OpRegistry, rule: str, path: str | None) -> None:
-    """Strict type and shape inference over one replacement, fed the types its inputs have."""
+def check_replacement(original: onnx.NodeProto, nodes: list[onnx.NodeProto], types: TypeTable,
+                      opset_imports: Any, registry: OpRegistry, rule: str, path: str | None) -> None:
+    """Strict type and shape inference over one replacement, fed the types its inputs have
+    (every writer runs it on each replacement it built)."""
     produced = {o for n in nodes for o in n.output}
     inputs = list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced))
     value_infos = []
@@ -406,7 +407,7 @@ class RewriteContext:
 
     def make_plan(self, model: onnx.ModelProto, names: set[str]) -> None:
         """The one lowering plan of this rewrite, at the model's opset, avoiding ``names``."""
-        opset = ai_onnx_opset(model) or _DEFAULT_OPSET
+        opset = ai_onnx_opset(model) or DEFAULT_OPSET
         self.plan = LoweringPlan(self.registry, self.prefer, opset, path=self.path, names=NameGenerator(names))
         self.types = TypeTable(model, self.registry)
 
@@ -546,7 +547,7 @@ def _imports_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
 
 def _check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     for r in ctx.plan.replacements:
-        _check_replacement(r.original, r.nodes, r.types, model.opset_import, ctx.registry, r.rule, ctx.path)
+        check_replacement(r.original, r.nodes, r.types, model.opset_import, ctx.registry, r.rule, ctx.path)
     applied = ", ".join(sorted({how for _, how in ctx.plan.actions} | set(ctx.report.rules.applied)))
     full = ctx.full_check or sum(ctx.report.ops_after.values()) <= FULL_CHECK_NODES
     # Lowering only replaces nodes (graph inputs and outputs stay, no tensor it makes is
