@@ -194,8 +194,10 @@ def test_signal_at_a_random_moment_leaves_old_or_complete_output(tmp_path, sig):
         mode = ("copy", "auto", "link")[k % 3]
         rc, err, _ = _rewrite_once(src, out, sig, rng.uniform(0, span), mode)
         finished = rc == -sig and sig != signal.SIGKILL
-        if finished:  # after main() returned (handlers restored), in the interpreter's exit
-            assert (out / "m.onnx").exists() and temporaries(out) == [], err
+        if finished:  # the default action: before main() installed its handlers or after it restored them
+            assert temporaries(out) == [], err
+            # before: nothing written (a loaded machine can deliver the signal there); after: complete
+            assert (out / "m.onnx").exists() or list(out.iterdir()) == [], err
         elif sig == signal.SIGKILL:
             assert rc in (0, -9), (rc, err)
         else:
