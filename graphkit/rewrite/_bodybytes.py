@@ -349,41 +349,9 @@ def _fields(data: bytes, pos: int, end: int, wanted: int) -> list[tuple[int, int
 
 
 def _node_spans(data: bytes, pos: int, end: int) -> tuple[list[int], list[int]]:
-    """Starts and ends of a GraphProto's node entries (``_fastpath._node_entries`` for small
-    graphs: one-byte keys and lengths read inline)."""
-    starts: list[int] = []
-    ends: list[int] = []
-    varint = _fp._varint
-    while pos < end:
-        start = pos
-        key = data[pos]
-        pos += 1
-        if key >= 0x80:
-            key, pos = varint(data, start)
-        wire = key & 7
-        if wire == 2:
-            n = data[pos]
-            if n < 0x80:
-                pos += 1 + n
-            else:
-                n, value = varint(data, pos)
-                pos = value + n
-            if key == 0x0A:
-                starts.append(start)
-                ends.append(pos)
-        elif wire == 0:
-            while data[pos] >= 0x80:
-                pos += 1
-            pos += 1
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        else:
-            raise Unsupported(f"wire type {wire}")
-    if pos != end:
-        raise Unsupported("truncated graph")
-    return starts, ends
+    """Starts and ends of a GraphProto's node entries (field 1)."""
+    fields = _fields(data, pos, end, 1)
+    return list(map(itemgetter(0), fields)), list(map(itemgetter(2), fields))
 
 
 def _splice(data: bytes, v0: int, v1: int, edits: list[tuple[int, int, bytes]]) -> bytes:
