@@ -956,21 +956,185 @@ def test_target_opset_checked_by_parts(monkeypatch):
     onnx.checker.check_model(out)
 
 
-def test_target_opset_with_a_real_conversion_goes_the_object_way():
-    """ReduceMean has a new version at 18: the version converter is needed, so the objects
-    writer runs, and the report names the precondition that failed."""
-    model = _unnamed("my_add", 4, False)
-    model.graph.node.append(helper.make_node("ReduceMean", ["y3"], ["m"], axes=[0], keepdims=1))
-    model.graph.output.append(helper.make_tensor_value_info("m", F, [1]))
+# -- --target-opset that converts nodes: graphkit's adapters, spliced like the replacements ---
+
+def _converting(pairs: int, *, named: bool = False, opset: int = 13, fan_out: bool = False) -> onnx.ModelProto:
+    """my_add, then nodes whose ops graphkit's adapters change going up to 18, ``pairs`` times
+    (every value [1, 1]):
+
+        a = my_add(prev, prev)          (fan_out: my_add(x, x))
+        ReduceMean(a, axes=[0])         axes an input at 18: a constant [0]
+        ReduceMax(.., axes=[0])         the same constant, named after the first ReduceMean
+        ReduceMean(.., axes=[-2])       another constant
+        ReduceMean(.., keepdims=1)      no axes: the node stays as it was
+        Concat(.., ..) -> Split(axis=1) two outputs: Split-18's num_outputs=2 added
+        Squeeze(Unsqueeze(a, axes=[0]), axes=[0])  (from opset 11: axes an input at 13)
+        my_add(split outputs) -> prev
+    """
+    def name(n: str) -> str:
+        return n if named else ""
+
+    nodes, prev = [], "x"
+    for i in range(pairs):
+        src = "x" if fan_out else prev
+        nodes += [helper.make_node("my_add", [src, src], [f"a{i}"], domain="custom", name=name(f"add{i}")),
+                  helper.make_node("ReduceMean", [f"a{i}"], [f"r{i}"], axes=[0], keepdims=1, name=name(f"mean{i}")),
+                  helper.make_node("ReduceMax", [f"r{i}"], [f"m{i}"], axes=[0], keepdims=1, name=name(f"max{i}")),
+                  helper.make_node("ReduceMean", [f"m{i}"], [f"q{i}"], axes=[-2], keepdims=1),
+                  helper.make_node("ReduceMean", [f"q{i}"], [f"k{i}"], keepdims=1, name=name(f"all{i}")),
+                  helper.make_node("Concat", [f"k{i}", f"k{i}"], [f"c{i}"], axis=1),
+                  helper.make_node("Split", [f"c{i}"], [f"s{i}a", f"s{i}b"], axis=1, name=name(f"split{i}"))]
+        last = f"s{i}a"
+        if opset < 13:
+            nodes += [helper.make_node("Unsqueeze", [last], [f"u{i}"], axes=[0]),
+                      helper.make_node("Squeeze", [f"u{i}"], [f"v{i}"], axes=[0])]
+            last = f"v{i}"
+        nodes.append(helper.make_node("my_add", [last, f"s{i}b"], [f"p{i}"], domain="custom"))
+        prev = f"p{i}"
+    outs = [f"p{i}" for i in range(pairs)] if fan_out else [prev]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 1])],
+                              [helper.make_tensor_value_info(o, F, [1, 1]) for o in outs])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("custom", 1)],
+                             ir_version=10)
+
+
+def _converted_by_bytes(model: onnx.ModelProto, target: int = 18, **options) -> onnx.ModelProto:
+    """same() on a --target-opset rewrite whose conversion changes nodes: the byte writer
+    converted them (the report says so), the bytes are the objects writer's."""
+    out = same(model, target_opset=target, **options)
+    data = options.pop("data", None)
+    report = rewrite_bytes(model.SerializeToString() if data is None else data, target_opset=target, **options)[1]
+    assert report.conversions == [(_opset(model), target, "adapters")], report.conversions
+    assert "graphkit's adapters converted" in report.writer_reason, report.writer_reason
+    if data is None:
+        assert out == rewrite_model(model, target_opset=target, **options)[0].SerializeToString()
+    return onnx.ModelProto.FromString(out)
+
+
+@pytest.mark.parametrize("opset", [13, 11])
+@pytest.mark.parametrize("shape", ["named", "unnamed", "fan-out"])
+def test_target_opset_converting_byte_identical(shape, opset):
+    """Placeholders and converted nodes mixed: kinds sharing a constant, a node left as it
+    was, Split-18's num_outputs, Squeeze/Unsqueeze from 11; the constants after the graph's
+    initializers, named as the adapters name them."""
+    model = _converting(5, named=shape == "named", fan_out=shape == "fan-out", opset=opset)
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros(1, np.float32), "unused"))
+    out = _converted_by_bytes(model)
+    assert [t.name for t in out.graph.initializer][0] == "unused"
+    axes = {t.name: list(t.int64_data) for t in out.graph.initializer[1:]}
+    base = "mean0" if shape == "named" else "r0"
+    assert axes[f"{base}_axes"] == [0] and [-2] in axes.values()
+    assert all(n.op_type != "Split" or any(a.name == "num_outputs" for a in n.attribute) for n in out.graph.node)
+
+
+def test_target_opset_converting_numerics():
+    from graphkit.runtime import open_session
+
+    out = _converted_by_bytes(_converting(2, opset=11))
+    x = np.array([[-1.5]], np.float32)
+    # my_add(a, b) = 2a + b; each reduction of a [1, 1] keeps it; the Split halves are equal
+    got = open_session(out).run({"x": x})["p1"]
+    np.testing.assert_allclose(got, 81 * x, rtol=1e-6)
+
+
+def test_target_opset_converting_names_taken():
+    """The constant's first name is a name of the model (an initializer's); another occurs
+    in the bytes but names nothing (a doc string): the full name index decides, as the
+    adapters' generator does. A name with '<prefix>/' in it makes the lowering's generator
+    start from every name, the constants' included."""
+    model = _converting(3)
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros(1, np.float32), "r0_axes"))
+    model.graph.node[3].doc_string = "reads q0_axes"
+    model.graph.node[4].output[0] = model.graph.node[5].input[0] = model.graph.node[5].input[1] = "my_add/k0"
+    out = _converted_by_bytes(model)
+    names = [t.name for t in out.graph.initializer]
+    assert names[:2] == ["r0_axes", "r0_axes_1"] and "m0_axes" not in names and "q0_axes" in names
+
+
+def test_target_opset_converting_non_canonical_nodes_empty_inputs_and_non_ascii_names():
+    """Entries written in another field order, an empty input, names outside ASCII: each such
+    node is converted on its own, by the same adapters."""
+    model = _converting(4, named=True)
+    model.graph.node[6].input.append("")  # Split's sizes left out
     data = model.SerializeToString()
-    with pytest.raises(Unsupported, match="needs the version converter"):
-        lower_bytes(data, model, registry=default_registry(), prefer=DEFAULT_PREFERENCE, target_opset=18)
-    out, report = rewrite_bytes(data, target_opset=18)
-    slow, slow_report = rewrite_model(model, target_opset=18)
+    _, _, g0, g1 = next(e for e in _fastpath._entries(data, 0, len(data)) if e[0] == 7)
+    starts, ends, others = _fastpath._node_entries(data, g0, g1)
+    pieces, at = [], g0
+    for k, (start, end) in enumerate(zip(starts, ends)):
+        body_at = _fastpath._entries(data, start, end)[0][2]
+        fields = _fastpath._entries(data, body_at, end)
+        if k in (1, 8):  # a ReduceMean of the first kind, and one of its repeats: op_type first
+            fields.sort(key=lambda f: f[0] != 4)
+        body = b"".join(data[s:e] for _, s, _, e in fields)
+        pieces += [data[at:start], _field(b"\x0a", body)]
+        at = end
+    shuffled = data[:g0 - len(_fastpath._encode_varint(g1 - g0))] + _fastpath._encode_varint(g1 - g0) + \
+        b"".join(pieces) + data[at:]
+    assert onnx.ModelProto.FromString(shuffled).SerializeToString() == data
+    _converted_by_bytes(model, data=shuffled)
+    for node in model.graph.node:
+        node.name += "·ü" if node.name else ""
+    _converted_by_bytes(model)
+
+
+def test_target_opset_converting_checked_by_parts(monkeypatch):
+    """A converted node of each kind is a part: the parts still decide."""
+    out, report, whole = _by_parts(_converting(6), monkeypatch, target_opset=18)
+    assert not whole and report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS), report.writer_reason
+    onnx.checker.check_model(out)
+
+
+def _reduce_in_a_body() -> onnx.ModelProto:
+    model = _converting(2)
+    body = helper.make_graph([helper.make_node("ReduceMean", ["p1"], ["b"], axes=[0], keepdims=1)], "then", [],
+                             [helper.make_tensor_value_info("b", F, [1, 1])])
+    model.graph.node.extend([helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True])),
+                             helper.make_node("If", ["c"], ["o"], then_branch=body, else_branch=body)])
+    model.graph.output[0].name = "o"
+    return model
+
+
+def _reduce_18() -> onnx.ModelProto:
+    model = _unnamed("my_add", 3, False)
+    model.opset_import[0].version = 18
+    model.graph.initializer.append(numpy_helper.from_array(np.array([0], np.int64), "axes"))
+    model.graph.node.append(helper.make_node("ReduceMean", ["y2", "axes"], ["m"], keepdims=1))
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("m", F, [1]))
+    return model
+
+
+def _softmax_11() -> onnx.ModelProto:
+    model = _unnamed("my_add", 3, False)
+    model.opset_import[0].version = 11
+    model.graph.node.append(helper.make_node("Softmax", ["y2"], ["m"], axis=0))
+    model.graph.output[0].name = "m"
+    return model
+
+
+@pytest.mark.parametrize("model, target, match", [
+    (_reduce_18(), 17, "a conversion down"),
+    (_softmax_11(), 13, "last-axis"),
+    (_reduce_in_a_body(), 18, "ReduceMax nodes in a subgraph|ReduceMean nodes in a subgraph"),
+], ids=["down", "last-axis", "in-a-body"])
+def test_target_opset_converting_goes_the_object_way(model, target, match):
+    """Conversions that read the model or change subgraphs: the objects writer runs, and the
+    report names the precondition that failed."""
+    data = model.SerializeToString()
+    with pytest.raises(Unsupported, match=match):
+        lower_bytes(data, model, registry=default_registry(), prefer=DEFAULT_PREFERENCE, target_opset=target)
+    out, report = rewrite_bytes(data, target_opset=target)
+    slow, slow_report = rewrite_model(model, target_opset=target)
     assert out == slow.SerializeToString() and _without_writer(report) == _without_writer(slow_report)
-    assert report.writer == "objects" and "--target-opset 18 needs the version converter" in report.writer_reason
-    assert report.conversions == [(17, 18, "adapters")]
-    same(model, target_opset=17)  # no conversion: the byte writer
+    assert report.writer == "objects" and "needs the objects writer's conversion" in report.writer_reason
+
+
+def test_target_opset_converting_ir_3_goes_the_object_way():
+    """Below IR 4 the adapters' constants are Constant nodes first in the graph."""
+    model = _converting(2)
+    model.ir_version = 3
+    with pytest.raises(Unsupported, match="IR version below 4"):
+        lower_bytes(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE,
+                    target_opset=18)
 
 
 def test_target_opset_with_nothing_to_lower_goes_the_object_way():

@@ -61,7 +61,7 @@ naming the node, the op and what to do.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +72,8 @@ from graphkit.errors import RewriteError
 from graphkit.rewrite._walk import AI_ONNX, ModelIndex, ScopedTypes, graphs, subgraphs, value_types
 from graphkit.rewrite.builder import NameGenerator
 
-__all__ = ["STEP_KINDS", "convert", "split_18_runtime_sizes", "split_18_sizes", "steps"]
+__all__ = ["STEP_KINDS", "NodeConverter", "convert", "int64_initializer", "node_steps", "split_18_runtime_sizes",
+           "split_18_sizes", "steps"]
 
 _REDUCE = ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
            "ReduceProd", "ReduceSumSquare")
@@ -382,6 +383,60 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, tak
     return Converted(by_onnx=by_onnx)
 
 
+# Step kinds whose adapter, going up, changes only the node's own fields and adds int64
+# constants shared by value: no node is made, moved or removed, and nothing else of the
+# model is looked up (types, constants). A writer that keeps every other node as its bytes
+# (graphkit.rewrite._convertbytes) applies them node by node.
+_OWN_FIELDS_UP = frozenset({"to-input", "num-outputs"})
+
+
+def node_steps(ops: Iterable[str], a: int, b: int) -> dict[str, tuple[Step, ...]]:
+    """The steps changing each ai.onnx op of ``ops`` going up from opset ``a`` to ``b``, where
+    each changes only a node's own fields (ops whose nodes stay as they are, types,
+    attributes or optional inputs added, are left out). ValueError saying why where a node
+    needs more: a conversion down (constants read and removed), an op no adapter covers
+    (onnx's converter), a step that makes nodes or reads types (last-axis, per-channel)."""
+    if a >= b:
+        raise ValueError(f"a conversion down ({a} -> {b}) reads the model's constants and removes them")
+    out = {}
+    for op in sorted(ops):
+        found = steps(op, a, b)
+        if found is None:
+            raise ValueError(f"no adapter converts {op} from {a} to {b} (onnx's converter does)")
+        active = tuple(s for s in found if s.kind in _ACTIVE_UP)
+        other = next((s for s in active if s.kind not in _OWN_FIELDS_UP), None)
+        if other is not None:
+            raise ValueError(f"{op}-{other.new}'s step ({other.kind}) makes nodes or reads the model's types")
+        if active:
+            out[op] = active
+    return out
+
+
+class NodeConverter:
+    """The adapters on main-graph nodes one at a time, going up by :func:`node_steps`: the
+    same code, and the same constants (one per distinct value, named after the first node
+    that asks for it), as :func:`convert` gives where the nodes are converted in the same
+    order. ``names`` must clash with no name of ``model``."""
+
+    def __init__(self, model: onnx.ModelProto, target: int, names: NameGenerator, path: str | None = None) -> None:
+        self._conv = _Conversion(target, path, model, _names=names)
+
+    def convert(self, node: onnx.NodeProto, node_steps: tuple[Step, ...]) -> None:
+        """Convert the main graph's ``node`` (or a copy of it) in place."""
+        for step in node_steps:
+            _ADAPT[step.kind](self._conv, step, node)
+
+    @property
+    def made(self) -> list[str]:
+        """The names of the constants made, in order."""
+        return self._conv.made
+
+    def initializers(self) -> list[onnx.TensorProto]:
+        """The constants made, as :func:`convert` adds them to the main graph (after its own)."""
+        return [int64_initializer(name, values) for _, made in self._conv.new_constants.values()
+                for name, values in made]
+
+
 def _by_onnx(conv: _Conversion, items: list[tuple[onnx.NodeProto, Any, Any]], a: int
              ) -> dict[int, list[onnx.NodeProto]]:
     """Nodes of ai.onnx opset ``a`` (with their function and subgraph) converted by onnx's
@@ -590,18 +645,17 @@ def _place_constants(model: onnx.ModelProto, made: dict[int, tuple[Any, list[tup
     initializers) and in the main graph below IR 4 (where an initializer must be a graph input)."""
     for holder, constants in made.values():
         if holder is model.graph and not 0 < model.ir_version < 4:
-            add = holder.initializer.add
-            for name, values in constants:
-                t = add()
-                t.name = name
-                t.data_type = onnx.TensorProto.INT64
-                t.dims.append(len(values))
-                t.int64_data.extend(values)
+            holder.initializer.extend(int64_initializer(name, values) for name, values in constants)
             continue
         ordered = [_constant_node(name, values) for name, values in constants]
         ordered.extend(holder.node)
         del holder.node[:]
         holder.node.extend(ordered)
+
+
+def int64_initializer(name: str, values: tuple[int, ...]) -> onnx.TensorProto:
+    """The main graph's initializer holding the int64 ``values`` an adapter made (axes, split sizes)."""
+    return onnx.TensorProto(name=name, data_type=onnx.TensorProto.INT64, dims=[len(values)], int64_data=values)
 
 
 def _constant_node(name: str, values: tuple[int, ...] | str) -> onnx.NodeProto:

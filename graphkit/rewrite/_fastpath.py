@@ -82,6 +82,7 @@ import onnx
 
 from graphkit.errors import ValidationError
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
+from graphkit.rewrite import _convertbytes
 from graphkit.rewrite import engine as _engine
 from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite._memory import release_freed_memory
@@ -122,6 +123,9 @@ WHY = ("lowering only, custom nodes in the main graph only, no model-local funct
 # Added to it where --target-opset moved only the imports.
 IMPORTS_ONLY = ("--target-opset: imports only (no standard op of the model has a new version between "
                 "opsets {} and {}), the replacements made at the target opset")
+# Added to it where graphkit's adapters converted nodes of the main graph (graphkit.rewrite._convertbytes).
+ADAPTERS = ("--target-opset: graphkit's adapters converted the nodes opsets {} to {} change ({}), spliced "
+            "like the replacements")
 # Added to it where the output's check was found from parts (see the module docstring).
 CHECKED_BY_PARTS = ("checked by parts: the input model, and each kind of replacement under the output's "
                     "opset imports (generated names are unique by construction)")
@@ -133,6 +137,23 @@ class Unsupported(Exception):
 
 class InBodies(Unsupported):
     """Placeholders inside subgraphs: graphkit.rewrite._bodybytes's business."""
+
+
+def _conversion(model: onnx.ModelProto, ops: collections.Counter, sub_counts: collections.Counter,
+                current: int | None, target: int) -> _convertbytes.Steps | None:
+    """Precondition of a --target-opset rewrite: None where the conversion moves only the
+    imports, else the steps of the nodes graphkit's adapters convert in the main graph
+    (graphkit.rewrite._convertbytes: where they only change the nodes' own fields)."""
+    try:
+        _imports_only(ops, current, target)
+        return None
+    except Unsupported:
+        if current is None:
+            raise
+    try:
+        return _convertbytes.plan(model, set(ops), set(sub_counts), current, target)
+    except _convertbytes.NotSpliced as exc:
+        raise Unsupported(f"--target-opset {target} needs the objects writer's conversion: {exc}") from exc
 
 
 def _imports_only(ops: collections.Counter, current: int | None, target: int) -> None:
@@ -958,25 +979,28 @@ def count_after(report: RewriteReport, plan: LoweringPlan) -> None:
 
 def assemble(data: bytes | memoryview, model: onnx.ModelProto, top: list, graph: list, report: RewriteReport, *,
              opset: int, placeholders: set, target_opset: int | None, current: int | None, lowered: int,
-             why: str) -> tuple[Pieces, bytes, bytes]:
+             why: str, converted: list[str] | None = None) -> tuple[Pieces, bytes, bytes]:
     """The byte writers' output: the model's top-level fields (``top``) as they were, the graph
     field made of the pieces ``graph``, the opset imports fixed; the report's passes and writer
-    said as the objects writer's passes say them. Returns the output, its header (all but the
-    graph) and the opset import entries."""
+    said as the objects writer's passes say them. ``converted``: the ops graphkit's adapters
+    converted (None: the conversion moved only the imports). Returns the output, its header
+    (all but the graph) and the opset import entries."""
     converting = target_opset is not None and target_opset != current
     import_entries, start_imports = _fixed_imports(model, opset, {d for d, _ in report.ops_after}, placeholders,
                                                    target_opset)
     imports = import_entries
     if converting:  # as the objects writer's convert-opset pass reports it
-        report.conversions.append((current, target_opset, "imports only"))
+        report.conversions.append((current, target_opset, "imports only" if converted is None else "adapters"))
         report.passes.append(("convert-opset", f"ai.onnx opset {current} -> {target_opset}"))
     report.passes.append(("lower", f"{lowered} placeholders lowered"))
     fixed = [(i.domain, i.version) for i in onnx.ModelProto.FromString(import_entries).opset_import]
     if fixed != start_imports:
         report.passes.append(("fix-imports", f"opset imports {fixed}"))
     report.writer, report.writer_reason = "bytes", why
-    if converting:
+    if converting and converted is None:
         report.writer_reason += f"; {IMPORTS_ONLY.format(current, target_opset)}"
+    elif converting:
+        report.writer_reason += f"; {ADAPTERS.format(current, target_opset, ', '.join(converted) or 'none')}"
     parts = []
     graph_at = 0
     for field, start, _, end in top:
@@ -1063,8 +1087,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             sorted({o for d, o in standard & set(report.ops_before)})) + ")")
     current = _engine.ai_onnx_opset(model)
     converting = target_opset is not None and target_opset != current
-    if converting:
-        _imports_only(report.ops_before, current, target_opset)
+    changed = _conversion(model, report.ops_before, sub_counts, current, target_opset) if converting else None
     custom = array("q", itertools.compress(range(len(domains)), map(operator.eq, domains,
                                                                      itertools.repeat(PLACEHOLDER_DOMAIN))))
     if not custom or prefer == (Lowering.KEEP,):
@@ -1107,6 +1130,13 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     if any(f == 15 for f, _, _ in others):
         regions.append((g0, g1))  # sparse initializers: search everything
     seed = _name_seed(data, regions, tensor_names, set(prefixes), model)
+    spliced = None
+    if changed is not None:
+        spliced = _convertbytes.splice(data, model, domains, op_types, starts, ends, changed, target_opset, path)
+        if seed is not None:  # the engine lowers after the conversion, its constants' names taken
+            seed.update(spliced.made)
+        # else no name of the model starts with a '<prefix>/', nor does any constant's (each
+        # is a node's name or output, '_<what>' and a number added): the lowering makes only those
     plan = LoweringPlan(registry, prefer, opset, path=path, names=NameGenerator(seed or ()))
     scope = LoweringScope(types)
     fresh = plan.names.fresh
@@ -1211,25 +1241,46 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         plan.count(kind.lowered, PLACEHOLDER_DOMAIN, kind.op_type, n, repeated=True)
     count_after(report, plan)
 
-    # The graph: the bytes between placeholders as they were, each placeholder replaced.
-    custom_starts = array("q", map(starts.__getitem__, custom))
-    custom_ends = array("q", map(ends.__getitem__, custom))
+    # The graph: the bytes between placeholders as they were, each placeholder replaced
+    # (and each node the conversion changed; its constants after the graph's initializers).
+    spliced_at, entries, tail = custom, slots, [g1]
+    if spliced is not None:
+        if spliced.positions:
+            merged = sorted(zip(itertools.chain(custom, spliced.positions), itertools.chain(slots, spliced.entries)),
+                            key=itemgetter(0))
+            spliced_at, entries = array("q", map(itemgetter(0), merged)), list(map(itemgetter(1), merged))
+            del merged
+        if spliced.initializers:
+            at = max((end for field, _, end in others if field == 5), default=None)
+            if at is None:
+                at = min((start for field, start, _ in others if field > 5), default=g1)
+            if starts and at < ends[-1]:
+                raise Unsupported("initializers before the graph's last node")
+            tail = [at, spliced.initializers, at, g1]
+    entry_starts = array("q", map(starts.__getitem__, spliced_at))
+    entry_ends = array("q", map(ends.__getitem__, spliced_at))
     view = memoryview(data)  # big slices without a copy (small ones are cheaper as bytes)
-    gaps = [view[g0:custom_starts[0]], *map(data.__getitem__, map(slice, custom_ends[:-1], custom_starts[1:])),
-            view[custom_ends[-1]:g1]]
+    gaps = [view[g0:entry_starts[0]], *map(data.__getitem__, map(slice, entry_ends[:-1], entry_starts[1:]))]
     # The graph's pieces go into the output as they are: one copy of the graph, not two.
-    graph = [*itertools.chain.from_iterable(zip(gaps, slots)), gaps[-1]]
-    del gaps, custom_starts, custom_ends
+    graph = [*itertools.chain.from_iterable(zip(gaps, entries)), view[entry_ends[-1]:tail[0]]]
+    if len(tail) > 1:
+        graph += [tail[1], view[tail[2]:tail[3]]]
+    del gaps, entry_starts, entry_ends, spliced_at, entries
     out, header, import_entries = assemble(view, model, top, graph, report, opset=opset, placeholders=placeholders,
                                            target_opset=target_opset, current=current, lowered=len(custom),
-                                           why=WHY)
+                                           why=WHY, converted=None if changed is None else sorted(changed))
     del view, graph
 
     if not check:
         return out, report, None
     # What the check reads of the lowering, so that the rest is freed before it runs.
-    replaced = [(slots[k], values_of[k][:n_inputs[k]], values_of[k][n_inputs[k]:])
-                for k in _representatives(planned, kinds, values_of)]
+    chosen = _representatives(planned, kinds, values_of)
+    replaced = [(slots[k], values_of[k][:n_inputs[k]], values_of[k][n_inputs[k]:]) for k in chosen]
+    if spliced is not None and spliced.checked:  # with a converted node of each kind, in the output's order
+        at = [custom[k] for k in chosen]
+        at += [spliced.positions[k] for k in spliced.checked_at]
+        replaced = [part for _, part in sorted(zip(at, replaced + spliced.checked), key=itemgetter(0))]
+    del spliced
     del slots, values_of, n_inputs, kinds, planned, prefixes, names, kind_keys
 
     def run_check() -> None:

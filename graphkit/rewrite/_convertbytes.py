@@ -1,0 +1,282 @@
+"""--target-opset conversions spliced into the serialized main graph: the byte writer's share.
+
+Where converting a model to a newer ai.onnx opset changes nodes only by steps that touch a
+node's own fields (``_convert.node_steps``: an attribute that became an input, read from an
+int64 initializer shared by value; Split-18's ``num_outputs``), the byte writer
+(graphkit.rewrite._fastpath) keeps every other node as the bytes it was and puts converted
+nodes in place of the ones the conversion changes, as it puts replacements in place of
+placeholders. The conversion is the adapters' own code (``_convert.NodeConverter``), run
+once per kind of node. A node's kind: the bytes of its entry after its inputs, outputs and
+name (op, domain, attributes, doc string: everything but those names, where the entry is
+canonical), its arity, whether it has a name field. The first node of a kind is converted
+with its inputs renamed apart; the others are written as it was, with their own names (an
+adapter reads no name but the node's own name or first output, which names a constant only
+on the first node asking for its value: that node is the first of its kind). Nodes whose
+entry is not canonical, with an empty input, or whose names are not ASCII or longer than
+127 bytes are each converted on their own. The constants are named by the same generator
+rule, against every name of the model, and added after the main graph's initializers in the
+order the nodes asking for them come: ``_convert.convert`` on the whole model, field for
+field (tests/test_fastpath.py compares the writers).
+
+Preconditions, each a :class:`NotSpliced` naming it (the objects writer converts then): a
+conversion up, every op of the model covered by such steps (:func:`_convert.node_steps`),
+none of the ops it changes in a subgraph, IR version 4 or more (initializers need not be
+graph inputs), and the converted ops typed from their input 0 (the byte writer's type pass
+reads the nodes before they are converted).
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
+from typing import Any
+
+import onnx
+
+from graphkit.rewrite import _convert
+from graphkit.rewrite._walk import AI_ONNX, ModelIndex
+from graphkit.rewrite.builder import _SAME_AS_INPUT0, NameGenerator
+
+__all__ = ["NotSpliced", "Spliced", "plan", "splice"]
+
+
+class NotSpliced(Exception):
+    """The conversion needs more than nodes converted in place: the objects writer does it."""
+
+
+@dataclass
+class Spliced:
+    """The main graph's nodes the conversion changes, converted.
+
+    ``positions``: their indices in the main graph, increasing; ``entries``: each one's
+    converted node entry (graph field 1); ``initializers``: the constants made, as graph
+    field 5 entries; ``made``: their names; ``checked``: (entry, inputs, outputs) of a
+    converted node of each kind (the others differ from it in names only) and of each node
+    converted on its own, for the check by parts."""
+
+    positions: list[int]
+    entries: list[bytes]
+    initializers: bytes
+    made: list[str]
+    checked: list[tuple[bytes, list[str], list[str]]] = field(default_factory=list)
+    checked_at: list[int] = field(default_factory=list)  # the index in ``positions`` of each
+
+
+class _DataNames(NameGenerator):
+    """A NameGenerator over every name of ``model`` (as ``_convert.convert`` is given), which
+    reads the model's names only when a name it would make occurs in the serialized model:
+    a name that occurs nowhere in it is no name of the model."""
+
+    def __init__(self, data: bytes, model: onnx.ModelProto) -> None:
+        super().__init__()
+        self._data: bytes | None = data
+        self._model = model
+
+    def fresh(self, base: str) -> str:
+        if self._data is not None and (base in self._taken or base.encode() in self._data):
+            self._taken |= ModelIndex(self._model).names
+            self._data = None
+        return super().fresh(base)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(tag: bytes, value: str | bytes) -> bytes:
+    raw = value.encode() if isinstance(value, str) else value
+    return tag + _varint(len(raw)) + raw
+
+
+def _header(size: int) -> int:
+    """The bytes of a node entry's tag and length, from the entry's size."""
+    if size <= 1 + 1 + 127:
+        return 2
+    if size <= 1 + 2 + 16383:
+        return 3
+    return 1 + len(_varint(size))  # an upper guess: the kind check below refuses a wrong one
+
+
+_SENTINEL = "\x00in"
+
+
+class _Kind:
+    """How the nodes of one kind are written converted: the converted first node's inputs
+    (an int: the node's own input at that index; a str: a constant made), its outputs and
+    name are each node's own, then the converted first node's other fields (``rest``)."""
+
+    def __init__(self, converted: onnx.NodeProto, made: set[str], n_outputs: int, outputs: Sequence[str],
+                 name: str, has_name: bool) -> None:
+        inputs: list[int | str] = []
+        for x in converted.input:
+            if x.startswith(_SENTINEL):
+                inputs.append(int(x[len(_SENTINEL):]))
+            elif x in made:
+                inputs.append(x)
+            else:
+                raise NotSpliced(f"an adapter gave {converted.op_type} the input '{x}'")
+        if list(converted.output) != list(outputs) or converted.name != name or converted.HasField("name") != has_name:
+            raise NotSpliced(f"an adapter renamed a {converted.op_type}'s outputs")
+        rest = onnx.NodeProto()
+        rest.CopyFrom(converted)
+        for f in ("input", "output", "name"):
+            rest.ClearField(f)
+        self.inputs, self.n_outputs, self.has_name = inputs, n_outputs, has_name
+        self.rest = rest.SerializeToString()
+
+    def emit_one(self, ins: Sequence[str], outs: Sequence[str], name: str) -> bytes:
+        parts = [_field(b"\x0a", ins[x] if x.__class__ is int else x) for x in self.inputs]
+        parts += [_field(b"\x12", o) for o in outs]
+        if self.has_name:
+            parts.append(_field(b"\x1a", name))
+        parts.append(self.rest)
+        body = b"".join(parts)
+        return b"\x0a" + _varint(len(body)) + body
+
+    def emit_ascii(self, ins: list, outs: list, names: list) -> list[bytes]:
+        """emit_one for many nodes whose names are ASCII and under 128 bytes, a column at a
+        time (the loops run in C), as latin-1 text (one character per byte)."""
+        repeat, add = itertools.repeat, operator.add
+        pieces: list[Any] = []
+        for x in self.inputs:
+            if x.__class__ is str:
+                pieces.append(repeat(_field(b"\x0a", x).decode("latin-1")))
+            else:
+                column = list(map(itemgetter(x), ins))
+                pieces += (repeat("\n"), map(chr, map(len, column)), column)
+        for j in range(self.n_outputs):
+            column = list(map(itemgetter(j), outs))
+            pieces += (repeat("\x12"), map(chr, map(len, column)), column)
+        if self.has_name:
+            pieces += (repeat("\x1a"), map(chr, map(len, names)), names)
+        pieces.append(repeat(self.rest.decode("latin-1")))
+        if all(p.__class__ is repeat for p in pieces):  # nothing of a node's own: all alike
+            return [self.emit_one([], [], "")] * len(names)
+        bodies = list(map("".join, zip(*pieces)))
+        heads = map(add, repeat("\n"), map(_text_varint, map(len, bodies)))
+        return list(map(str.encode, map(add, heads, bodies), repeat("latin-1")))
+
+
+def _text_varint(n: int) -> str:
+    return chr(n) if n < 0x80 else _varint(n).decode("latin-1")
+
+
+Steps = dict  # op -> the steps converting its nodes (_convert.node_steps)
+
+
+def plan(model: onnx.ModelProto, ops: set[tuple[str, str]], sub_ops: set[tuple[str, str]], current: int,
+         target: int) -> Steps:
+    """The steps converting the ops of the nodes :func:`splice` converts, from ai.onnx opset
+    ``current`` to ``target``; ``ops``: the (domain, op) of every node of ``model``,
+    subgraphs' included, ``sub_ops`` those in subgraphs. Raises NotSpliced where a
+    precondition (module docstring) does not hold."""
+    standard = {op for d, op in ops if d in AI_ONNX}
+    try:
+        changed = _convert.node_steps(standard, current, target)
+    except ValueError as exc:
+        raise NotSpliced(str(exc)) from exc
+    inside = sorted(op for d, op in sub_ops if d in AI_ONNX and op in changed)
+    if inside:
+        raise NotSpliced(f"{inside[0]} nodes in a subgraph convert")
+    if 0 < model.ir_version < 4:
+        raise NotSpliced("IR version below 4 (the constants would be Constant nodes)")
+    untyped = sorted(set(changed) - _SAME_AS_INPUT0)
+    if untyped:
+        raise NotSpliced(f"{untyped[0]} is not typed from its input 0")
+    return changed
+
+
+def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: list[str], starts: Sequence[int],
+           ends: Sequence[int], changed: Steps, target: int, path: str | None = None) -> Spliced:
+    """Convert, by the steps of :func:`plan`, the main graph's nodes of ``model``
+    (serialized: ``data``; its node entries from ``starts`` to ``ends``) to ai.onnx opset
+    ``target``; ``domains`` and ``op_types``: its nodes'."""
+    nodes = model.graph.node
+    flags = map(operator.and_, map(changed.__contains__, op_types), map(AI_ONNX.__contains__, domains))
+    positions = list(itertools.compress(range(len(op_types)), flags))
+    node_at = nodes.__getitem__
+    everything = itemgetter(slice(None))
+    ins = list(map(everything, map(attrgetter("input"), map(node_at, positions))))
+    outs = list(map(everything, map(attrgetter("output"), map(node_at, positions))))
+    names = list(map(attrgetter("name"), map(node_at, positions)))
+    has_name = list(map(operator.methodcaller("HasField", "name"), map(node_at, positions)))
+    n_ins = list(map(len, ins))
+    n_outs = list(map(len, outs))
+    text = "".join(itertools.chain(itertools.chain.from_iterable(ins), itertools.chain.from_iterable(outs), names))
+    longest = max(itertools.chain(map(len, itertools.chain.from_iterable(ins)),
+                                  map(len, itertools.chain.from_iterable(outs)), map(len, names)), default=0)
+    ascii_names = text.isascii() and longest < 0x80
+    del text
+    empty = list(map(operator.contains, ins, itertools.repeat("")))
+    kind_keys: list[Any]
+    if ascii_names:
+        # Where each entry is canonical, its inputs, outputs and name come first: what follows
+        # them is the kind (checked on the first of each kind; see the module docstring).
+        at = list(map(starts.__getitem__, positions))
+        to = list(map(ends.__getitem__, positions))
+        own = map(operator.add, map(sum, map(map, itertools.repeat(len), ins)), map(operator.mul, n_ins,
+                                                                                     itertools.repeat(2)))
+        own = map(operator.add, own, map(sum, map(map, itertools.repeat(len), outs)))
+        own = map(operator.add, own, map(operator.mul, n_outs, itertools.repeat(2)))
+        own = map(operator.add, own, map(operator.mul, has_name, map(operator.add, map(len, names),
+                                                                     itertools.repeat(2))))
+        rest_at = map(operator.add, map(operator.add, at, map(_header, map(operator.sub, to, at))), own)
+        rests = map(data.__getitem__, map(slice, rest_at, to))
+        numbers: dict[tuple, int] = {}
+        kind_keys = list(map(numbers.setdefault, zip(rests, n_ins, n_outs, has_name, empty), itertools.count()))
+        del at, to, numbers
+    else:
+        kind_keys = list(range(len(positions)))  # each node on its own
+    converter = _convert.NodeConverter(model, target, _DataNames(data, model), path)
+    out = Spliced(positions, [None] * len(positions), b"", converter.made)
+    entries = out.entries
+    kinds: dict[int, _Kind | None] = {}  # None: each node of the kind converted on its own
+    members: dict[int, list[int]] = {}
+    for k, key in enumerate(kind_keys):  # in the nodes' order: constants named as convert names them
+        kind = kinds.get(key, False)
+        if kind:
+            members[key].append(k)
+            continue
+        node = onnx.NodeProto()
+        node.CopyFrom(node_at(positions[k]))
+        op_steps = changed[node.op_type]
+        if kind is False and ascii_names and not empty[k] and _canonical(data, starts[positions[k]],
+                                                                         ends[positions[k]], node):
+            for j in range(len(node.input)):
+                node.input[j] = f"{_SENTINEL}{j}"
+            converter.convert(node, op_steps)
+            kind = kinds[key] = _Kind(node, set(converter.made), n_outs[k], outs[k], names[k], has_name[k])
+            members[key] = []
+            entries[k] = kind.emit_one(ins[k], outs[k], names[k])
+            inputs = [ins[k][x] if x.__class__ is int else x for x in kind.inputs]
+        else:
+            kinds[key] = None
+            converter.convert(node, op_steps)
+            entries[k] = _field(b"\x0a", node.SerializeToString())
+            inputs = list(node.input)
+        out.checked.append((entries[k], inputs, outs[k]))
+        out.checked_at.append(k)
+    for key, kind in kinds.items():
+        block = members.get(key)
+        if not kind or not block:
+            continue
+        results = kind.emit_ascii(list(map(ins.__getitem__, block)), list(map(outs.__getitem__, block)),
+                                  list(map(names.__getitem__, block)))
+        for k, entry in zip(block, results):
+            entries[k] = entry
+    out.initializers = b"".join(_field(b"\x2a", t.SerializeToString()) for t in converter.initializers())
+    return out
+
+
+def _canonical(data: bytes, start: int, end: int, node: onnx.NodeProto) -> bool:
+    """Whether the node entry ``data[start:end]`` is ``node`` as protobuf writes it."""
+    body = node.SerializeToString()
+    return end - start == 1 + len(_varint(len(body))) + len(body) and data.endswith(body, start, end)
