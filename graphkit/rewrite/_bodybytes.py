@@ -51,7 +51,9 @@ writer runs instead): no model-local functions or training info, no custom node 
 a subgraph, placeholders only in the ``custom`` domain, each graph's node entries where
 the parsed model has them, every placeholder input typed by the forward pass, one type
 table for every scope (no two sibling graphs define a name); a target opset only where the
-conversion moves the imports alone.
+conversion moves the imports alone or changes nodes by steps on their own fields, which
+graphkit's adapters make here (graphkit.rewrite._convertbytes.splice_scopes: in every graph,
+spliced like the replacements).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from typing import Any
 import onnx
 
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
+from graphkit.rewrite import _convertbytes
 from graphkit.rewrite import _fastpath as _fp
 from graphkit.rewrite import engine as _engine
 from graphkit.rewrite._fastpath import _LENGTHS, Unsupported
@@ -569,8 +572,8 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             sorted({o for d, o in standard & set(report.ops_before)})) + ")")
     current = _engine.ai_onnx_opset(model)
     converting = target_opset is not None and target_opset != current
-    if converting:
-        _fp._imports_only(report.ops_before, current, target_opset)
+    changed = _fp._conversion(model, report.ops_before, collections.Counter(), current, target_opset) \
+        if converting else None
     lists = [s for s in scopes if s.custom]
     if not lists:
         if converting:
@@ -590,6 +593,14 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     if any(f == 15 for f, _, _ in others):
         regions.append((g0, g1))
     seed = _fp._name_seed(data, regions, tensor_names, prefixes, model)
+    spliced = None
+    if changed is not None:  # graphkit's adapters, before the lowering as in the objects writer
+        try:
+            spliced = _convertbytes.splice_scopes(data, model, main, changed, target_opset, others, ends, g1, path)
+        except _convertbytes.NotSpliced as exc:
+            raise Unsupported(f"--target-opset {target_opset} needs the objects writer's conversion: {exc}") from exc
+        if seed is not None:
+            seed.update(spliced.made)
     opset = target_opset if target_opset is not None else current or _engine.DEFAULT_OPSET
     plan = LoweringPlan(registry, prefer, opset, path=path, names=NameGenerator(seed or ()))
     fresh = plan.names.fresh
@@ -705,11 +716,17 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         plan.count(adopted_as[group], PLACEHOLDER_DOMAIN, group[0][0], n)
     _fp.count_after(report, plan)
 
+    if spliced is not None:  # the converted nodes spliced like the replacements
+        spliced.merge(scopes, slots)
+        checked += spliced.checked
     graph = _graph_bytes(data, main, g0, g1, slots, (starts, ends), joined=False)  # pieces, joined only where asked
-    del slots
+    if spliced is not None:
+        graph = spliced.insert(graph, data, g1)
+    del slots, spliced
     out, header, import_entries = _fp.assemble(data, model, top, graph, report, opset=opset,
                                                placeholders=placeholders, target_opset=target_opset,
-                                               current=current, lowered=count, why=WHY)
+                                               current=current, lowered=count, why=WHY,
+                                               converted=None if changed is None else sorted(changed))
     del graph
     if not check:
         return out, report, None

@@ -40,11 +40,15 @@ from graphkit.rewrite import _convert
 from graphkit.rewrite._walk import AI_ONNX, ModelIndex
 from graphkit.rewrite.builder import _SAME_AS_INPUT0, NameGenerator
 
-__all__ = ["NotSpliced", "Spliced", "plan", "splice"]
+__all__ = ["InSubgraphs", "NotSpliced", "ScopedSplice", "Spliced", "plan", "splice", "splice_scopes"]
 
 
 class NotSpliced(Exception):
     """The conversion needs more than nodes converted in place: the objects writer does it."""
+
+
+class InSubgraphs(NotSpliced):
+    """Nodes to convert inside subgraphs: :func:`splice_scopes`' business (the bodies' writer)."""
 
 
 @dataclass
@@ -119,7 +123,7 @@ class _Kind:
         for x in converted.input:
             if x.startswith(_SENTINEL):
                 inputs.append(int(x[len(_SENTINEL):]))
-            elif x in made:
+            elif x in made or not x:  # a constant made, or an input left empty
                 inputs.append(x)
             else:
                 raise NotSpliced(f"an adapter gave {converted.op_type} the input '{x}'")
@@ -185,7 +189,7 @@ def plan(model: onnx.ModelProto, ops: set[tuple[str, str]], sub_ops: set[tuple[s
         raise NotSpliced(str(exc)) from exc
     inside = sorted(op for d, op in sub_ops if d in AI_ONNX and op in changed)
     if inside:
-        raise NotSpliced(f"{inside[0]} nodes in a subgraph convert")
+        raise InSubgraphs(f"{inside[0]} nodes in a subgraph convert")
     if 0 < model.ir_version < 4:
         raise NotSpliced("IR version below 4 (the constants would be Constant nodes)")
     untyped = sorted(set(changed) - _SAME_AS_INPUT0)
@@ -280,3 +284,124 @@ def _canonical(data: bytes, start: int, end: int, node: onnx.NodeProto) -> bool:
     """Whether the node entry ``data[start:end]`` is ``node`` as protobuf writes it."""
     body = node.SerializeToString()
     return end - start == 1 + len(_varint(len(body))) + len(body) and data.endswith(body, start, end)
+
+
+@dataclass
+class ScopedSplice:
+    """The nodes the conversion changes in every graph of the model (the bodies' writer's
+    share): ``at`` (id of a scope -> its converted nodes' indices, increasing) and ``entries``
+    (their converted node entries), the constants' ``initializers`` and ``made`` names,
+    ``checked``: (path of the node, entry, inputs, outputs) of each kind's first node."""
+
+    at: dict[int, list[int]]
+    entries: dict[int, list[bytes]]
+    initializers: bytes
+    made: list[str]
+    checked: list[tuple[tuple, bytes, list[str], list[str]]]
+    insert_at: int  # where the initializers go in the serialized model: after the main graph's own
+
+    def merge(self, scopes: list[Any], slots: dict[int, list[bytes]]) -> None:
+        """Put the converted nodes among each scope's placeholders (``scope.custom``, its
+        replacements in ``slots``), then mark dirty every graph holding one, as the listing
+        marks those holding placeholders (``scopes``: a graph before the graphs in it)."""
+        for scope in scopes:
+            at = self.at.get(id(scope))
+            if not at:
+                continue
+            merged = sorted(zip(itertools.chain(scope.custom, at),
+                                itertools.chain(slots.get(id(scope), ()), self.entries[id(scope)])), key=itemgetter(0))
+            scope.custom = list(map(itemgetter(0), merged))
+            slots[id(scope)] = list(map(itemgetter(1), merged))
+        for scope in reversed(scopes):
+            scope.subs = [(index, n, any(s.dirty for _, _, subs in held for _, s in subs), held)
+                          for index, n, _, held in scope.subs]
+            scope.dirty = bool(scope.custom) or any(dirty for _, _, dirty, _ in scope.subs)
+
+    def insert(self, pieces: list[Any], data: bytes, g1: int) -> list[Any]:
+        """The main graph's serialized ``pieces`` (ending at ``g1`` of ``data``) with the
+        initializers after the graph's own."""
+        if not self.initializers:
+            return pieces
+        last = g1 - len(pieces[-1])  # the last piece is the input's bytes from there on
+        view = memoryview(data)
+        return [*pieces[:-1], view[last:self.insert_at], self.initializers, view[self.insert_at:g1]]
+
+
+def splice_scopes(data: bytes, model: onnx.ModelProto, main: Any, changed: Steps, target: int,
+                  others: list[tuple[int, int, int]], ends: Sequence[int], g1: int,
+                  path: str | None = None) -> ScopedSplice:
+    """Convert, by the steps of :func:`plan`, the nodes of every graph of ``model`` (``main``:
+    its main graph's scope, ``subs`` the graphs nested in each; ``others`` and ``ends``: the
+    main graph's entries but its nodes, and its node entries' ends, in ``data``), in the order
+    ``_convert.convert`` walks them: a graph's nodes, then the graphs nested in them, the last
+    one first. A node's kind is its canonical serialization but its inputs, outputs and name,
+    its arity, which inputs are empty and whether it has a name field; each kind's first node
+    is converted, the others written from it (canonical, as the objects writer serializes)."""
+    insert_at = max((end for field, _, end in others if field == 5), default=None)
+    if insert_at is None:
+        insert_at = min((start for field, start, _ in others if field > 5), default=g1)
+    if len(ends) and insert_at < ends[-1]:
+        raise NotSpliced("initializers before the main graph's last node")
+    converter = _convert.NodeConverter(model, target, _DataNames(data, model), path)
+    kinds: dict[tuple, _Kind] = {}
+    members: dict[tuple, list[tuple[int, int, list[str], list[str], str]]] = {}
+    out = ScopedSplice({}, {}, b"", converter.made, [], insert_at)
+    stack = [main]
+    while stack:
+        scope = stack.pop()
+        nodes = scope.graph.node
+        hits = [i for i, op in enumerate(map(attrgetter("op_type"), nodes)) if op in changed]
+        at, entries = [], []
+        for i in hits:
+            node = nodes[i]
+            if node.domain not in AI_ONNX:
+                continue
+            ins, outs, name, has_name = node.input[:], node.output[:], node.name, node.HasField("name")
+            whole = node.SerializeToString()
+            own = sum(map(_field_size, ins)) + sum(map(_field_size, outs)) + (_field_size(name) if has_name else 0)
+            key = (whole[own:], len(ins), len(outs), "" in ins and tuple(map(operator.not_, ins)), has_name)
+            at.append(i)
+            kind = kinds.get(key)
+            if kind is None:
+                copy = onnx.NodeProto()
+                copy.CopyFrom(node)
+                for j, x in enumerate(ins):
+                    if x:
+                        copy.input[j] = f"{_SENTINEL}{j}"
+                converter.convert(copy, changed[node.op_type])
+                kind = kinds[key] = _Kind(copy, set(converter.made), len(outs), outs, name, has_name)
+                members[key] = []
+                entries.append(entry := kind.emit_one(ins, outs, name))
+                out.checked.append(((*scope.path, i), entry, [ins[x] if x.__class__ is int else x
+                                                              for x in kind.inputs], outs))
+            else:
+                members[key].append((id(scope), len(entries), ins, outs, name))
+                entries.append(None)
+        if at:
+            out.at[id(scope)], out.entries[id(scope)] = at, entries
+        for _, _, _, held in scope.subs:
+            for _, _, subs in held:
+                stack.extend(s for _, s in subs)
+    for key, block in members.items():
+        if not block:
+            continue
+        kind = kinds[key]
+        ins, outs, names = (list(map(itemgetter(j), block)) for j in (2, 3, 4))
+        text = "".join(itertools.chain(itertools.chain.from_iterable(ins), itertools.chain.from_iterable(outs),
+                                       names))
+        longest = max(map(len, itertools.chain(itertools.chain.from_iterable(ins),
+                                               itertools.chain.from_iterable(outs), names)), default=0)
+        if text.isascii() and longest < 0x80:
+            written = kind.emit_ascii(ins, outs, names)
+        else:
+            written = list(map(kind.emit_one, ins, outs, names))
+        for (scope_id, k, *_), entry in zip(block, written):
+            out.entries[scope_id][k] = entry
+    out.initializers = b"".join(_field(b"\x2a", t.SerializeToString()) for t in converter.initializers())
+    return out
+
+
+def _field_size(name: str) -> int:
+    """The bytes of a string field holding ``name``: key, length, UTF-8."""
+    n = len(name) if name.isascii() else len(name.encode())
+    return 2 + n if n < 0x80 else 1 + len(_varint(n)) + n

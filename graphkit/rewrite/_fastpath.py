@@ -152,6 +152,8 @@ def _conversion(model: onnx.ModelProto, ops: collections.Counter, sub_counts: co
             raise
     try:
         return _convertbytes.plan(model, set(ops), set(sub_counts), current, target)
+    except _convertbytes.InSubgraphs as exc:  # the bodies' writer converts them
+        raise InBodies(str(exc)) from exc
     except _convertbytes.NotSpliced as exc:
         raise Unsupported(f"--target-opset {target} needs the objects writer's conversion: {exc}") from exc
 
