@@ -18,11 +18,16 @@ rule, against every name of the model, and added after the main graph's initiali
 order the nodes asking for them come: ``_convert.convert`` on the whole model, field for
 field (tests/test_fastpath.py compares the writers).
 
+:func:`splice_scopes` does the same in every graph for the bodies' writer
+(graphkit.rewrite._bodybytes), the nodes in the order ``_convert.convert`` walks the graphs,
+a node's kind there its canonical serialization but its names (read from the parsed node).
+
 Preconditions, each a :class:`NotSpliced` naming it (the objects writer converts then): a
 conversion up, every op of the model covered by such steps (:func:`_convert.node_steps`),
-none of the ops it changes in a subgraph, IR version 4 or more (initializers need not be
-graph inputs), and the converted ops typed from their input 0 (the byte writer's type pass
-reads the nodes before they are converted).
+IR version 4 or more (initializers need not be graph inputs), the converted ops typed from
+their input 0 (the byte writers' type pass reads the nodes before they are converted), and
+for :func:`splice`, none of the ops it changes in a subgraph (:class:`InSubgraphs`: the
+bodies' writer's), the main graph's initializers before its other entries but its nodes.
 """
 
 from __future__ import annotations
@@ -304,18 +309,28 @@ class ScopedSplice:
         """Put the converted nodes among each scope's placeholders (``scope.custom``, its
         replacements in ``slots``), then mark dirty every graph holding one, as the listing
         marks those holding placeholders (``scopes``: a graph before the graphs in it)."""
+        entries = self.entries
+        clean = False  # a graph holding converted nodes only: the graphs around it are marked again
         for scope in scopes:
             at = self.at.get(id(scope))
             if not at:
                 continue
-            merged = sorted(zip(itertools.chain(scope.custom, at),
-                                itertools.chain(slots.get(id(scope), ()), self.entries[id(scope)])), key=itemgetter(0))
-            scope.custom = list(map(itemgetter(0), merged))
-            slots[id(scope)] = list(map(itemgetter(1), merged))
-        for scope in reversed(scopes):
-            scope.subs = [(index, n, any(s.dirty for _, _, subs in held for _, s in subs), held)
-                          for index, n, _, held in scope.subs]
-            scope.dirty = bool(scope.custom) or any(dirty for _, _, dirty, _ in scope.subs)
+            key = id(scope)
+            custom = scope.custom
+            if not custom:
+                scope.custom, slots[key] = at, entries[key]
+                clean = clean or not scope.dirty
+                continue
+            positions = custom + at
+            written = slots[key] + entries[key]
+            order = sorted(range(len(positions)), key=positions.__getitem__)
+            scope.custom = list(map(positions.__getitem__, order))
+            slots[key] = list(map(written.__getitem__, order))
+        if clean:
+            for scope in reversed(scopes):
+                scope.subs = [(index, n, any(s.dirty for _, _, subs in held for _, s in subs), held)
+                              for index, n, _, held in scope.subs]
+                scope.dirty = bool(scope.custom) or any(dirty for _, _, dirty, _ in scope.subs)
 
     def insert(self, pieces: list[Any], data: bytes, g1: int) -> list[Any]:
         """The main graph's serialized ``pieces`` (ending at ``g1`` of ``data``) with the
@@ -347,10 +362,11 @@ def splice_scopes(data: bytes, model: onnx.ModelProto, main: Any, changed: Steps
     members: dict[tuple, list[tuple[int, int, list[str], list[str], str]]] = {}
     out = ScopedSplice({}, {}, b"", converter.made, [], insert_at)
     stack = [main]
+    op_type, wanted, count = attrgetter("op_type"), changed.__contains__, itertools.count
     while stack:
         scope = stack.pop()
         nodes = scope.graph.node
-        hits = [i for i, op in enumerate(map(attrgetter("op_type"), nodes)) if op in changed]
+        hits = list(itertools.compress(count(), map(wanted, map(op_type, nodes))))
         at, entries = [], []
         for i in hits:
             node = nodes[i]
@@ -358,7 +374,13 @@ def splice_scopes(data: bytes, model: onnx.ModelProto, main: Any, changed: Steps
                 continue
             ins, outs, name, has_name = node.input[:], node.output[:], node.name, node.HasField("name")
             whole = node.SerializeToString()
-            own = sum(map(_field_size, ins)) + sum(map(_field_size, outs)) + (_field_size(name) if has_name else 0)
+            text_in, text_out = "".join(ins), "".join(outs)
+            if len(text_in) < 0x80 and len(text_out) < 0x80 and len(name) < 0x80 and (
+                    text_in + text_out + name).isascii():  # each field: key, one-byte length, the name
+                own = len(text_in) + len(text_out) + 2 * (len(ins) + len(outs)) + (len(name) + 2 if has_name else 0)
+            else:
+                own = sum(map(_field_size, ins)) + sum(map(_field_size, outs)) + (
+                    _field_size(name) if has_name else 0)
             key = (whole[own:], len(ins), len(outs), "" in ins and tuple(map(operator.not_, ins)), has_name)
             at.append(i)
             kind = kinds.get(key)

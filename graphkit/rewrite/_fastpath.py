@@ -60,7 +60,12 @@ when the object path runs instead): custom nodes only in the main graph, no mode
 functions or training info, every placeholder input typed by the forward pass (else the
 engine would run ONNX shape inference), and with a target opset other than the model's, a
 conversion that moves only the imports (no standard op of the model has a new version
-between the two opsets) and something to lower. An error while lowering is the plan's, raised as
+between the two opsets) or converts up by steps on the nodes' own fields, nodes converted in
+the main graph only (graphkit.rewrite._convertbytes: converted nodes are spliced like
+replacements, the constants they read put after the graph's initializers; the check by parts
+then checks a converted node of each kind too, and a kept node's op has a newer version
+that takes it as it is, the step kinds "types", "attributes" and "optional-input" going
+up), and something to lower. An error while lowering is the plan's, raised as
 it is: both writers report it in the same words.
 """
 
@@ -765,8 +770,10 @@ def _check_parts(data: bytes, model: onnx.ModelProto, header: bytes,
 
     ``replaced``: (the serialized replacement nodes, the placeholder's inputs and outputs) in
     the output's order. ``same_schemas``: domains whose version moved where every op the
-    model uses has the same schema at both versions (an imports-only conversion): a kept
-    node means the same there. ``input_refused``: the checker's verdict on the input, if
+    model uses has the same schema at both versions (an imports-only conversion), or a
+    newer one that takes its older nodes as they are (types, attributes or optional inputs
+    added), the nodes of the others converted and among ``replaced`` (a node of each kind):
+    a kept node means the same there. ``input_refused``: the checker's verdict on the input, if
     it ran already (``_input_refused``); None: it runs here.
     """
     before = {i.domain: i.version for i in model.opset_import if i.domain not in same_schemas}

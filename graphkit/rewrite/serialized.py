@@ -3,7 +3,7 @@
 ``rewrite_file`` reads, rewrites, checks and publishes a model file; ``rewrite_bytes``
 does the rewrite on a serialized model. Both pick the writer the same way: lowering
 alone (no rules or functions; a target opset only where the conversion moves just the
-imports) splices the replacements into the
+imports or changes nodes' own fields: graphkit.rewrite._convertbytes) splices the replacements into the
 serialized model (graphkit.rewrite._fastpath, the "bytes" writer; graphkit.rewrite._bodybytes
 where placeholders are inside subgraphs) where that writer's preconditions hold; anything else goes through ``rewrite_model``'s passes (the
 "objects" writer). Both lower through one LoweringPlan; the report says which ran and why.
