@@ -1084,6 +1084,27 @@ def test_target_opset_converting_checked_by_parts(monkeypatch):
     onnx.checker.check_model(out)
 
 
+@pytest.mark.parametrize("by_parts", [False, True], ids=["whole", "by-parts"])
+@pytest.mark.parametrize("shape", ["main", "bodies"])
+def test_target_opset_converting_invalid_output_reported_alike(shape, by_parts, monkeypatch):
+    """A kept node the checker refuses (an attribute its op lacks): both writers report it in
+    the same words, the conversion named, its hint given."""
+    from graphkit.rewrite import engine
+
+    if by_parts:
+        monkeypatch.setattr(engine, "FULL_CHECK_NODES", 0)
+    model = _converting(3) if shape == "main" else _reducing_nested(False)
+    next(n for n in model.graph.node if n.op_type in ("Concat", "Add")).attribute.append(
+        helper.make_attribute("bogus", 1))
+    with pytest.raises(ValidationError) as slow:
+        rewrite_model(model, target_opset=18)
+    with pytest.raises(ValidationError) as fast:
+        lower_bytes(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE,
+                    target_opset=18)
+    assert str(fast.value) == str(slow.value) and "the ai.onnx opset conversion" in str(fast.value)
+    assert fast.value.hint == slow.value.hint
+
+
 def _reduce_in_a_body() -> onnx.ModelProto:
     """_converting(2), then an If whose branches hold a ReduceMean each (and no placeholder)."""
     model = _converting(2)

@@ -745,10 +745,10 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         for r in plan.replacements:
             _engine.check_replacement(r.original, r.nodes, types, opset_imports, registry, r.rule, path)
         applied = ", ".join(sorted({how for _, how in plan.actions}))
-        context = f" after rewrite ({applied})"
+        context, hint = _engine.check_context(applied, report.conversions)
         full = full_check or sum(report.ops_after.values()) <= _engine.FULL_CHECK_NODES
         if full or _fp.has_external_data(data, model):
-            _engine.check_model(output_model(), registry, path=path, context=context, full=full)
+            _engine.check_model(output_model(), registry, path=path, context=context, full=full, hint=hint)
             return
         # In the output's order (a subgraph where its node is): a name is made before it is read.
         checked.sort(key=itemgetter(0))
@@ -759,7 +759,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         else:  # the checker's verdict on the whole output (graph inputs or outputs without a shape, in
             # any scope, refuse the input's part: the engine's check gives them an empty one, as the objects writer's)
             report.writer_reason += f"; checked whole ({why})"
-            _engine.check_model(output_model(), registry, path=path, context=context, full=False)
+            _engine.check_model(output_model(), registry, path=path, context=context, full=False, hint=hint)
 
     return out, report, run_check
 

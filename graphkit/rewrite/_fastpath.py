@@ -834,15 +834,15 @@ def _whole_check(data: bytes, model: onnx.ModelProto, holders: set[int], full: b
     return full or bool(holders) or shapeless or has_external_data(data, model)
 
 
-def _check_bytes(out: bytes, registry: OpRegistry, path: str | None, context: str) -> None:
+def _check_bytes(out: bytes, registry: OpRegistry, path: str | None, context: str,
+                 hint: str = "fix the input model, or skip the check with --no-check") -> None:
     """engine.check_model without full inference, on the serialized model."""
     with registry.onnx_schemas():
         try:
             onnx.checker.check_model(out)
         except onnx.checker.ValidationError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ValidationError(f"invalid model{context}: {first}", path=path,
-                                  hint="fix the input model, or skip the check with --no-check") from exc
+            raise ValidationError(f"invalid model{context}: {first}", path=path, hint=hint) from exc
 
 
 def _inference_prefix(model: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
@@ -1316,10 +1316,10 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         for r in plan.replacements:
             _engine.check_replacement(r.original, r.nodes, types, opset_imports, registry, r.rule, path)
         applied = ", ".join(sorted({how for _, how in plan.actions}))
-        context = f" after rewrite ({applied})"
+        context, hint = _engine.check_context(applied, report.conversions)
         full = full_check or sum(report.ops_after.values()) <= _engine.FULL_CHECK_NODES
         if _whole_check(data, model, holders, full):
-            _engine.check_model(output_model(), registry, path=path, context=context, full=full)
+            _engine.check_model(output_model(), registry, path=path, context=context, full=full, hint=hint)
         else:
             why = _check_parts(data, model, header, replaced, {d for d, _ in report.ops_after}, registry,
                                frozenset(AI_ONNX) if converting else frozenset(), input_refused)
@@ -1327,6 +1327,6 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                 report.writer_reason += f"; {CHECKED_BY_PARTS}"
             else:  # the whole output: the checker's own verdict, in its words
                 report.writer_reason += f"; checked whole ({why})"
-                _check_bytes(out.join(), registry, path, context)
+                _check_bytes(out.join(), registry, path, context, hint)
 
     return out, report, run_check

@@ -545,6 +545,21 @@ def _imports_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     return PassResult(model, before != after, f"opset imports {after}")
 
 
+def check_context(applied: str, conversions: list[tuple[int | None, int, str]]) -> tuple[str, str]:
+    """How a failed check of the output is reported (every writer says it alike): the words
+    after "invalid model" naming what the rewrite ``applied`` and the opset ``conversions``
+    it made (the report's), and the hint."""
+    context, hint = f" after rewrite ({applied})", _CHECK_HINT
+    if done := [f"{a}->{b}" for a, b, _ in conversions if a != b]:
+        # the converter checks the types and attributes it sees; one the model does not
+        # declare (an intermediate's type) the older op may lack
+        what = f"the ai.onnx opset conversion {', '.join(done)}"
+        context = f"{context[:-1]}; {what})" if applied else f" after {what}"
+        hint = ("pick another --target-opset (the older ops lack a type or attribute the model uses), "
+                "or skip the check with --no-check")
+    return context, hint
+
+
 def _check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     for r in ctx.plan.replacements:
         check_replacement(r.original, r.nodes, r.types, model.opset_import, ctx.registry, r.rule, ctx.path)
@@ -557,14 +572,7 @@ def _check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     if ctx.index_valid and not ctx.index.external and not {"If", "Loop", "Scan"} & {
             op for _, op in ctx.plan.emitted}:
         scan = (ctx.index.shapeless, False)
-    context, hint = f" after rewrite ({applied})", _CHECK_HINT
-    if conversions := [f"{a}->{b}" for a, b, _ in ctx.report.conversions if a != b]:
-        # the converter checks the types and attributes it sees; one the model does not
-        # declare (an intermediate's type) the older op may lack
-        done = f"the ai.onnx opset conversion {', '.join(conversions)}"
-        context = f"{context[:-1]}; {done})" if applied else f" after {done}"
-        hint = ("pick another --target-opset (the older ops lack a type or attribute the model uses), "
-                "or skip the check with --no-check")
+    context, hint = check_context(applied, ctx.report.conversions)
     if ctx.defer_check and not full:
         shapeless, external = _check_scan(model) if scan is None else scan
         if not external:
