@@ -149,3 +149,25 @@ def test_the_benchmark_times_these_shapes():
     for name, built in [("unnamed", chain(50)), ("fanout", fan_out(99)), ("if_bodies", if_bodies(33)),
                         ("loop_bodies", loop_bodies(33))]:
         assert bench.SHAPES[name](100).SerializeToString() == built.SerializeToString(), name
+
+
+@pytest.mark.parametrize("shape, n", [(_reducing(chain), 2000), (_reducing(if_bodies), 300)],
+                         ids=["unnamed-chain", "if-bodies"])
+def test_byte_writers_converting_cost_grows_linearly(shape, n):
+    """A converting --target-opset (a ReduceMean per unit, 17 -> 18) in the byte writers:
+    graphkit's adapters convert a node of each kind, the others are written from it."""
+    from graphkit.rewrite import rewrite_bytes
+
+    def seconds(data: bytes) -> float:
+        best = float("inf")
+        for _ in range(2):
+            start = time.process_time()
+            _, report = rewrite_bytes(data, target_opset=18)
+            best = min(best, time.process_time() - start)
+        assert report.writer == "bytes" and report.conversions == [(17, 18, "adapters")], report.writer_reason
+        return best
+
+    small, big = shape(n).SerializeToString(), shape(8 * n).SerializeToString()
+    seconds(small)
+    ratio = seconds(big) / seconds(small)
+    assert ratio < 20, f"{shape.__name__}: 8x the nodes took {ratio:.1f}x the time (linear is ~8x)"
