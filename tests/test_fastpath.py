@@ -1027,6 +1027,15 @@ def test_target_opset_converting_byte_identical(shape, opset):
     assert all(n.op_type != "Split" or any(a.name == "num_outputs" for a in n.attribute) for n in out.graph.node)
 
 
+def test_target_opset_converting_no_node_changes():
+    """Relu from 13 to 14 only takes more types: the adapters change no node, the report says
+    "adapters" as the objects writer's, the byte writer writes the imports."""
+    model = my_add_model(TensorProto.FLOAT, 13)
+    same(model, target_opset=14)
+    report = rewrite_bytes(model.SerializeToString(), target_opset=14)[1]
+    assert report.conversions == [(13, 14, "adapters")] and "changed no node" in report.writer_reason
+
+
 def test_target_opset_converting_numerics():
     from graphkit.runtime import open_session
 

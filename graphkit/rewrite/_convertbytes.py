@@ -109,9 +109,7 @@ def _header(size: int) -> int:
     """The bytes of a node entry's tag and length, from the entry's size."""
     if size <= 1 + 1 + 127:
         return 2
-    if size <= 1 + 2 + 16383:
-        return 3
-    return 1 + len(_varint(size))  # an upper guess: the kind check below refuses a wrong one
+    return next((h for h in range(3, 12) if 1 + len(_varint(size - h)) == h), 0)  # 0: no entry is that size
 
 
 _SENTINEL = "\x00in"

@@ -131,6 +131,9 @@ IMPORTS_ONLY = ("--target-opset: imports only (no standard op of the model has a
 # Added to it where graphkit's adapters converted nodes of the main graph (graphkit.rewrite._convertbytes).
 ADAPTERS = ("--target-opset: graphkit's adapters converted the nodes opsets {} to {} change ({}), spliced "
             "like the replacements")
+# Added to it where the ops' newer versions take the model's nodes as they are (types, attributes added).
+NO_NODE_CHANGES = ("--target-opset: graphkit's adapters changed no node from opset {} to {} (the ops' newer "
+                   "versions take the nodes as they are)")
 # Added to it where the output's check was found from parts (see the module docstring).
 CHECKED_BY_PARTS = ("checked by parts: the input model, and each kind of replacement under the output's "
                     "opset imports (generated names are unique by construction)")
@@ -1009,7 +1012,8 @@ def assemble(data: bytes | memoryview, model: onnx.ModelProto, top: list, graph:
     if converting and converted is None:
         report.writer_reason += f"; {IMPORTS_ONLY.format(current, target_opset)}"
     elif converting:
-        report.writer_reason += f"; {ADAPTERS.format(current, target_opset, ', '.join(converted) or 'none')}"
+        report.writer_reason += "; " + (ADAPTERS.format(current, target_opset, ", ".join(converted)) if converted
+                                        else NO_NODE_CHANGES.format(current, target_opset))
     parts = []
     graph_at = 0
     for field, start, _, end in top:
@@ -1141,7 +1145,10 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     seed = _name_seed(data, regions, tensor_names, set(prefixes), model)
     spliced = None
     if changed is not None:
-        spliced = _convertbytes.splice(data, model, domains, op_types, starts, ends, changed, target_opset, path)
+        try:
+            spliced = _convertbytes.splice(data, model, domains, op_types, starts, ends, changed, target_opset, path)
+        except _convertbytes.NotSpliced as exc:
+            raise Unsupported(f"--target-opset {target_opset} needs the objects writer's conversion: {exc}") from exc
         if seed is not None:  # the engine lowers after the conversion, its constants' names taken
             seed.update(spliced.made)
         # else no name of the model starts with a '<prefix>/', nor does any constant's (each
