@@ -230,6 +230,7 @@ class _Conversion:
     _constants: dict[int, _Constants] = field(default_factory=dict)
     _function_types: dict[int, dict[str, onnx.TypeProto]] = field(default_factory=dict)
     shared: dict[tuple, str] = field(default_factory=dict)  # (namespace, input, values) -> constant made
+    values: dict[int, list[int]] = field(default_factory=dict)  # id of a constant read -> its ints
     new_constants: dict[int, tuple[Any, list[tuple[str, Any]]]] = field(default_factory=dict)
     replaced: dict[int, Any] = field(default_factory=dict)  # id -> a node list to rebuild, in walk order
     placed: dict[int, list[onnx.NodeProto]] = field(default_factory=dict)  # id(node) -> the nodes in its place
@@ -691,29 +692,44 @@ def _check_types(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
     types = conv.types
     if types is None:
         return
-    schema = step.schema_old
-    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    allowed, sides = _type_rules(step)
     bound: dict[str, tuple[str, str]] = {}  # type parameter -> (the first value's type, its name)
-    for formals, actuals in ((schema.inputs, node.input), (schema.outputs, node.output)):
-        if not formals:
+    for (params, variadic), actuals in zip(sides, (node.input, node.output)):
+        if not params:
             continue
-        variadic = formals[-1].option == onnx.defs.OpSchema.FormalParameterOption.Variadic
         for i, name in enumerate(actuals):
-            if i >= len(formals) and not variadic:  # an input the older op lacks (to-input steps check it)
+            if i >= len(params) and not variadic:  # an input the older op lacks (to-input steps check it)
                 break
-            formal = formals[min(i, len(formals) - 1)]
+            param = params[min(i, len(params) - 1)]
             tp = types.get(name) if name else None
-            if tp is None or formal.type_str not in allowed or not tp.HasField("tensor_type"):
+            if tp is None or param not in allowed or not tp.HasField("tensor_type"):
                 continue
-            text = f"tensor({helper.tensor_dtype_to_string(tp.tensor_type.elem_type)[len('TensorProto.'):].lower()})"
-            if text not in allowed[formal.type_str]:
+            text = _type_text(tp.tensor_type.elem_type)
+            if text not in allowed[param]:
                 raise conv.error(node, f"{node.op_type}-{step.old} does not take {text[7:-1]} ({name})",
                                  f"{conv.pick} of at least {step.new}")
-            first = bound.setdefault(formal.type_str, (text, name))
+            first = bound.setdefault(param, (text, name))
             if first[0] != text:
                 raise conv.error(node, f"{node.op_type}-{step.old} takes one type for '{first[1]}' and '{name}' "
                                  f"({first[0][7:-1]} and {text[7:-1]} here)",
                                  f"{conv.pick} of at least {step.new}, or Cast them to one type")
+
+
+@functools.lru_cache(maxsize=None)
+def _type_rules(step: Step) -> tuple[dict[str, frozenset[str]], tuple[tuple[tuple[str, ...], bool], ...]]:
+    """The older op's allowed types per type parameter, and per side (inputs, outputs) each
+    formal's type parameter and whether the last one is variadic."""
+    schema = step.schema_old
+    allowed = {c.type_param_str: frozenset(c.allowed_type_strs) for c in schema.type_constraints}
+    variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
+    return allowed, tuple((tuple(f.type_str for f in formals), bool(formals) and formals[-1].option == variadic)
+                          for formals in (schema.inputs, schema.outputs))
+
+
+@functools.lru_cache(maxsize=None)
+def _type_text(elem: int) -> str:
+    """'tensor(float)' for TensorProto.FLOAT, as schemas write their allowed types."""
+    return f"tensor({helper.tensor_dtype_to_string(elem)[len('TensorProto.'):].lower()})"
 
 
 def _types(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
@@ -841,12 +857,29 @@ def _to_input(conv: _Conversion, step: Step, node: onnx.NodeProto) -> None:
             conv.released.append(source)
         del node.input[1:]
         if values:  # empty axes of a Reduce: all of them, as no attribute says
-            node.attribute.append(helper.make_attribute(name, values))
+            node.attribute.append(_ints_attribute(name, tuple(values)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _ints_attribute(name: str, values: tuple[int, ...]) -> onnx.AttributeProto:
+    """An INTS attribute (helper.make_attribute's), made once per value: appending copies it."""
+    return onnx.AttributeProto(name=name, type=onnx.AttributeProto.INTS, ints=values)
 
 
 def _constant_value(conv: _Conversion, step: Step, node: onnx.NodeProto, what: str) -> list[int]:
-    """The ints a Constant node or an initializer named by ``node``'s input 1 holds."""
+    """The ints a Constant node or an initializer named by ``node``'s input 1 holds (read once
+    per constant: many nodes may read one)."""
     source = conv.constant(node.input[1])
+    if source is not None and id(source[0]) in conv.values:
+        return conv.values[id(source[0])]
+    values = _read_constant(conv, step, node, what, source)
+    if source is not None:
+        conv.values[id(source[0])] = values
+    return values
+
+
+def _read_constant(conv: _Conversion, step: Step, node: onnx.NodeProto, what: str,
+                   source: tuple[Any, Any] | None) -> list[int]:
     tensor = None
     if source is not None:
         holder = source[0]
