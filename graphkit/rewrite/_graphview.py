@@ -72,6 +72,30 @@ class GraphView:
         producer.pop("", None)
         self.domains, self.inputs, self.outputs, self.producer = domains, inputs, outputs, producer
 
+    def restamp(self, changed: list[tuple[int, str]]) -> bool:
+        """Nodes at the indices of ``changed`` were overwritten in place, now of the op types
+        given: update the op index and keep this view, if nothing read from the nodes' other
+        fields is held yet (else False: build a new view)."""
+        if "inputs" in self.__dict__ or self._consumers is not None or self._const_cache:
+            return False
+        ops, by_op = self.ops, self.by_op
+        gone: dict[str, set[int]] = {}
+        for index, _ in changed:
+            gone.setdefault(ops[index], set()).add(index)
+        for op, indices in gone.items():
+            kept = [i for i in by_op[op] if i not in indices]
+            if kept:
+                by_op[op] = kept
+            else:
+                del by_op[op]
+        intern = sys.intern
+        for index, op in changed:
+            ops[index] = op = intern(op)
+            by_op.setdefault(op, []).append(index)
+        for op in {op for _, op in changed}:
+            by_op[op].sort()
+        return True
+
     def node_inputs(self, index: int) -> tuple[str, ...]:
         """The inputs of node ``index`` (from the copies where they were made, else the node)."""
         inputs = self.__dict__.get("inputs")

@@ -157,6 +157,12 @@ class Matcher:
         self._reach: dict[int, tuple[set[str], set[int]]] = {}  # per extra root: its variables and nodes
         self.taken: set[int] = set()  # nodes earlier matches of this round rewrite (the caller's set)
 
+    @property
+    def flat(self) -> tuple[PNode, tuple[str, ...], str | None] | None:
+        """The flat plan (node, its variables' names, the ``*xs`` name) where the pattern is
+        one node of distinct variables (``flat_match`` then matches it), else None."""
+        return self._flat
+
     # -- entry
 
     def matches(self, index: int) -> Iterator[Match]:
@@ -196,6 +202,21 @@ class Matcher:
     def _first_flat(self, index: int) -> Match | None:
         """first() for one node whose inputs are distinct variables (``Rule.node``): the same
         checks as _first_node, _first_value and _whole, in a row."""
+        found = self.flat_match(index)
+        if found is None:
+            return None
+        _, names, rest, output = found
+        _, names_of, many = self._flat
+        bindings = dict(zip(names_of, names))
+        if many is not None:
+            bindings[many] = rest
+        get = bindings.get
+        return Match({name: get(name) for name in self.vars}, [index], [output])
+
+    def flat_match(self, index: int) -> tuple[str, tuple[str, ...], list[str], str] | None:
+        """For a pattern with a flat plan (``_flat``: one node, distinct variables): the
+        match at node ``index`` as (the node's domain, the names its variables bind, in
+        order, those ``*xs`` binds, the first output), or None where ``first`` finds none."""
         pat, names_of, many = self._flat
         view = self.view
         if view.ops[index] != pat.op_type:
@@ -216,20 +237,19 @@ class Matcher:
         if len(names) > k:
             rest = list(names[k:])
             names = names[:k]
-            if many is None and any(rest):
-                return None
+            if many is None:
+                if any(rest):
+                    return None
+                rest = []
         if len(names) < k or not all(names):
             return None  # an absent input: no variable binds it
-        outputs = [outs[0] if outs else ""]
-        for name in outs:
-            if name and name != outputs[0] and (
-                    name in view.protected or any(c != index for c in view.consumers.get(name, ()))):
-                return None
-        bindings = dict(zip(names_of, names))
-        if many is not None:
-            bindings[many] = rest
-        get = bindings.get
-        return Match({name: get(name) for name in self.vars}, [index], outputs)
+        output = outs[0] if outs else ""
+        if len(outs) > 1:
+            for name in outs:
+                if name and name != output and (
+                        name in view.protected or any(c != index for c in view.consumers.get(name, ()))):
+                    return None
+        return domain, names, rest, output
 
     def _first_node(self, pat: PNode, index: int, bindings: dict[str, Any], nodes: dict[int, int],
                     used: set[int]) -> bool:

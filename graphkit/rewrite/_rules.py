@@ -40,6 +40,7 @@ from graphkit.errors import GraphkitError, RewriteError, RuleError
 from graphkit.rewrite._graphview import GraphView
 from graphkit.rewrite._matcher import Match, Matcher, deterministic
 from graphkit.rewrite._pattern import Either, Many, Out, PatternOps, PNode, Var, variables
+from graphkit.rewrite._template import Template, trace
 from graphkit.rewrite._walk import AI_ONNX, graphs, subgraphs
 from graphkit.rewrite.builder import TypeTable
 
@@ -236,6 +237,9 @@ class Rule:
 
     ``pattern`` may be a list of pattern functions: alternatives tried in order
     (variables a matching alternative does not bind reach ``check``/``rewrite`` as None).
+    A single-node rule's ``rewrite`` that provably builds the same node for every match
+    is traced once and its node stamped on each match (graphkit.rewrite._template);
+    ``per_match=True`` calls it for every match instead.
     """
 
     name: str
@@ -243,6 +247,7 @@ class Rule:
     rewrite: Callable[..., Any]
     check: Callable[..., Any] | None = None
     commute: bool = False
+    per_match: bool = False
     _patterns: list[_Compiled] = field(default_factory=list, init=False, repr=False)
     _simple_as_of: bool = field(default=False, init=False, repr=False, compare=False)
     _anchor_ops: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
@@ -272,7 +277,7 @@ class Rule:
     @classmethod
     def node(cls, name: str, op_type: str, rewrite: Callable[..., Any], *, domain: str = "",
              inputs: int = 1, outputs: int = 1, check: Callable[..., Any] | None = None,
-             **attrs: Any) -> "Rule":
+             per_match: bool = False, **attrs: Any) -> "Rule":
         """A single-node rule: match ``domain::op_type`` (with attribute constraints) with
         ``inputs`` inputs; ``rewrite(op, x0, x1, ...)`` returns ``outputs`` tensors."""
         var_names = [f"x{i}" for i in range(inputs)]
@@ -283,7 +288,7 @@ class Rule:
         pattern.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
             [inspect.Parameter("op", inspect.Parameter.POSITIONAL_ONLY)]
             + [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in var_names])
-        return cls(name, pattern, rewrite, check=check)
+        return cls(name, pattern, rewrite, check=check, per_match=per_match)
 
     def _simple(self) -> bool:
         """Is the (one) pattern deterministic()? (``commute`` may have been set since.)"""
@@ -383,6 +388,9 @@ class OpDelta:
 
     counts: collections.Counter = field(default_factory=collections.Counter)
     exact: bool = True
+    # Every rewrite so far overwrote nodes where they were: no node list rebuilt (the model's
+    # graphs, node lists and graph inputs/outputs are the objects they were).
+    in_place: bool = True
 
     def replaced(self, old: Iterable[onnx.NodeProto], new: Iterable[onnx.NodeProto]) -> None:
         """``old`` nodes left the model, ``new`` ones came."""
@@ -423,9 +431,11 @@ class RuleSet:
 
 # ---------------------------------------------------------------- applying
 
-def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, base_dir: str | None) -> list[Scope]:
+def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, base_dir: str | None,
+            nested: bool = True) -> list[Scope]:
     """Every scope, outer before inner (callers go through it reversed: rebuilding a node
-    list copies its nodes, subgraphs included)."""
+    list copies its nodes, subgraphs included). ``nested`` False: the caller knows no node
+    holds a subgraph (the main graph's nodes are not walked for them)."""
     model_opset = next((i.version for i in model.opset_import if i.domain in AI_ONNX), 1)
     out: list[Scope] = []
 
@@ -437,6 +447,8 @@ def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, ba
             visible += [t for t in graph.initializer if t.name not in fed]
         nodes = graph.node
         out.append(Scope(nodes, {o.name for o in graph.output}, visible, graph, tt, opset, make_builder, base_dir))
+        if not nested:
+            return
         for node in nodes:
             if node.attribute:
                 for g in subgraphs(node):
@@ -489,13 +501,14 @@ def _referenced(model: onnx.ModelProto) -> set[str]:
 
 def apply_rule_set(model: onnx.ModelProto, rules: RuleSet, *, make_builder: Callable[[onnx.NodeProto, str], Any],
                    types: TypeTable, report: RuleReport, path: str | None = None,
-                   delta: OpDelta | None = None) -> int:
+                   delta: OpDelta | None = None, nested: bool = True) -> int:
     """Apply the pattern rules and graph passes of ``rules`` to every scope of ``model`` in place.
 
     Initializers that a rewrite leaves unused are removed from the model (the external
     data files they point to are not touched). ``path``, the model's file, is where
     external weights are read from when a pattern needs their values. Returns the
-    number of rewrites; ``delta``, if given, learns how the op counts changed.
+    number of rewrites; ``delta``, if given, learns how the op counts changed. ``nested``
+    False: the caller knows that no node of the model holds a subgraph.
     """
     import os
 
@@ -513,7 +526,7 @@ def apply_rule_set(model: onnx.ModelProto, rules: RuleSet, *, make_builder: Call
         delta.exact = False
     total = 0
     runs: dict[int, _RuleRun] = {}  # per rule, made once
-    scopes = _scopes(model, types, make_builder, base_dir)
+    scopes = _scopes(model, types, make_builder, base_dir, nested)
     try:
         for scope in reversed(scopes):
             total += _apply_scope(scope, active, rules.max_rounds, report, released, path, runs, delta)
@@ -535,7 +548,7 @@ def _apply_scope(scope: Scope, rules: list[Any], max_rounds: int, report: RuleRe
     """
     total = 0
     last: dict[str, RuleReport] = {}
-    present: set[str] | None = None  # the scope's op types, while no rule changed its nodes
+    view: GraphView | None = None  # the scope's index (its op types: by_op), while it holds
     for round_no in range(max_rounds):
         changed_by: dict[str, int] = {}
         for rule in rules:
@@ -544,17 +557,16 @@ def _apply_scope(scope: Scope, rules: list[Any], max_rounds: int, report: RuleRe
                     continue
                 mine = last[rule.name] = RuleReport()
                 n = _apply_pass(scope, rule, mine, path)
-                present = None
+                view = None
+                delta.in_place = False
             else:
-                if present is None:
-                    present = {n.op_type for n in scope.nodes}
-                if rule._anchor_ops.isdisjoint(present):  # no node to start from: nothing to report
+                if view is None:
+                    view = scope.view()
+                if rule._anchor_ops.isdisjoint(view.by_op):  # no node to start from: nothing to report
                     last[rule.name] = _NO_REPORT
                     continue
                 mine = last[rule.name] = RuleReport()
-                n = _apply_rule(scope, rule, mine, released, path, runs, delta)
-                if n:
-                    present = None
+                n, view = _apply_rule(scope, view, rule, mine, released, path, runs, delta)
             report.merge_round(mine)
             if n:
                 changed_by[rule.name] = n
@@ -589,13 +601,16 @@ def _apply_pass(scope: Scope, gpass: GraphPass, report: RuleReport, path: str | 
 # Matcher.first for deterministic patterns; False: the generators for every pattern (what the
 # differential test compares it with).
 _FIRST = True
+# Traced replacements stamped on single-node matches; False: rewrite() per match (likewise).
+_TEMPLATES = True
+_UNTRACED = object()
 
 
 class _RuleRun:
     """What applying one rule keeps from scope to scope: its matchers (pointed at each
     scope's view), the rewrite's caller, one builder restarted for every match."""
 
-    __slots__ = ("builder", "call", "matchers", "restart")
+    __slots__ = ("builder", "call", "matchers", "restart", "templates")
 
     def __init__(self, rule: Rule, view: GraphView, opset: int) -> None:
         self.matchers = [(p.anchor[1], Matcher(p.roots, commute=rule.commute, view=view, rule=rule.name,
@@ -603,6 +618,8 @@ class _RuleRun:
         self.call = _caller(rule.rewrite)
         self.builder: Any = None
         self.restart: Callable[[str, str], None] | None = None
+        # Count of *xs inputs (-1: none) -> the traced replacement, None where rewrite runs per match.
+        self.templates: dict[int, Template | None] = {}
 
     def close(self) -> None:
         if self.restart is not None:
@@ -610,12 +627,13 @@ class _RuleRun:
         self.builder = self.restart = None
 
 
-def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str], path: str | None,
-                runs: dict[int, _RuleRun], delta: OpDelta) -> int:
+def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, released: set[str],
+                path: str | None, runs: dict[int, _RuleRun], delta: OpDelta) -> tuple[int, GraphView | None]:
+    """Rewrite the matches of ``rule`` in ``scope`` (indexed by ``view``); returns how many and
+    the view if it still holds (None: the caller builds another)."""
     nodes = scope.nodes
     patterns = rule._patterns
     anchors = rule._anchor_ops  # the caller saw one of them in the scope
-    view = scope.view()
     run = runs.get(id(rule))
     if run is None:
         run = runs[id(rule)] = _RuleRun(rule, view, scope.opset)
@@ -626,6 +644,16 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
     # One pattern without choice points: Matcher.first finds its only match at a node
     # without generators; where there is none, _first_match runs to say why.
     first = matchers[0][1].first if _FIRST and len(patterns) == 1 and rule._simple() else None
+    # A flat single-node pattern: its matches may get a traced replacement (see _template.py),
+    # found from the matched node's fields alone where there is no check to hand bindings to.
+    flat = matchers[0][1].flat if first is not None and _TEMPLATES and not rule.per_match else None
+    flat_match = matchers[0][1].flat_match if flat is not None and rule.check is None else None
+    names_of, many = (flat[1], flat[2]) if flat is not None else ((), None)
+    anchor = patterns[0].anchor
+    templates = run.templates
+    # (index, template, node name, inputs, output, the matched node's domain) per stamped match
+    stamped: list[tuple[int, Template, str, tuple[str, ...], str, str]] = []
+    fresh: Callable[[str], str] | None = None
     by_op = view.by_op
     if len(anchors) == 1:
         candidates = by_op.get(next(iter(anchors)), ())
@@ -652,6 +680,23 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
         if index in used:
             continue
         node = vnodes[index]
+        if flat_match is not None and (found := flat_match(index)) is not None:
+            domain, bound_names, rest, output = found
+            extra = -1 if many is None else len(rest)
+            template = templates.get(extra, _UNTRACED)
+            if template is _UNTRACED:
+                template = templates[extra] = trace(call, names_of, many, max(extra, 0), anchor)
+            if template is not None and output:
+                if fresh is None:
+                    if builder is None:
+                        builder, restart = _new_builder(make_builder, node, name, in_graph, lookup, run)
+                    fresh = getattr(getattr(builder, "_names", None), "fresh", None)
+                if fresh is not None:  # the names the Builder would give the node and its output
+                    node_name = fresh(f"{node.name or name}/{template.op_type}")
+                    fresh(f"{node_name}_out")
+                    used.add(index)
+                    stamped.append((index, template, node_name, template.inputs(bound_names, rest), output, domain))
+                    continue
         match = None if first is None else first(index)
         if match is not None:  # first() refuses nodes taken by earlier matches: no overlap
             report.matched[name] = report.matched.get(name, 0) + 1
@@ -668,6 +713,26 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
                         f"check returned {verdict!r}"
                     report.fail(name, f"{_label(node, view, index)}: {reason}", reason)
                     continue
+            if flat is not None:  # (with a check: the bindings it was handed)
+                bound = match.bindings
+                rest = bound[many] if many is not None else []
+                extra = -1 if many is None else len(rest)
+                template = templates.get(extra, _UNTRACED)
+                if template is _UNTRACED:
+                    template = templates[extra] = trace(call, names_of, many, max(extra, 0), anchor)
+                output = match.outputs[0]
+                if template is not None and output:
+                    if fresh is None:
+                        if builder is None:
+                            builder, restart = _new_builder(make_builder, node, name, in_graph, lookup, run)
+                        fresh = getattr(getattr(builder, "_names", None), "fresh", None)
+                    if fresh is not None:
+                        node_name = fresh(f"{node.name or name}/{template.op_type}")
+                        fresh(f"{node_name}_out")
+                        used.add(index)
+                        inputs = template.inputs(tuple(bound[n] for n in names_of), rest)
+                        stamped.append((index, template, node_name, inputs, output, node.domain))
+                        continue
         else:
             label = _label(node, view, index)
             match, failure, structural = _first_match(rule, matchers, index, view, scope, used, label, path)
@@ -677,13 +742,7 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
                 report.fail(name, *failure)
                 continue
         if builder is None:  # what scope.builder() makes, restarted for each later match
-            builder = make_builder(node, name)
-            if in_graph:
-                builder.initializers = []
-            builder._lookup = lookup
-            restart = getattr(builder, "_restart", None)
-            if restart is not None:
-                run.builder, run.restart = builder, restart
+            builder, restart = _new_builder(make_builder, node, name, in_graph, lookup, run)
         elif restart is not None:
             restart(node.name or name, node.name)  # the prefix and name make_builder gives
         else:
@@ -722,8 +781,15 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
             replacements[last] = new_nodes
             removed.update(i for i in matched if i != last)
         reorder |= len(outputs) > 1
+    if stamped:  # each overwrites its node where it is (it reads every input the node read)
+        _stamp(vnodes, stamped, anchor[1], delta)
+        if flat_match is not None:  # matches counted here, not one by one
+            report.matched[name] = report.matched.get(name, 0) + len(stamped)
+        report.applied[name] = report.applied.get(name, 0) + len(stamped)
+        if not replacements:
+            return len(stamped), view if view.restamp([(i, t.op_type) for i, t, *_ in stamped]) else None
     if not replacements:
-        return 0
+        return 0, view
     # Producers that fed only the replaced nodes (constants, typically) die with them.
     gone = removed | set(replacements)
     orphans = {name for i in gone for name in view.node_inputs(i) if name}
@@ -737,7 +803,7 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
         for index, new in replacements.items():  # one node for one: overwrite it where it is
             nodes[index].CopyFrom(new[0])
         report.applied[rule.name] = report.applied.get(rule.name, 0) + len(replacements)
-        return len(replacements)
+        return len(replacements) + len(stamped), None
     gone |= dead
     if delta.exact:
         delta.replaced([vnodes[i] for i in sorted(gone)], [n for new in replacements.values() for n in new])
@@ -753,8 +819,46 @@ def _apply_rule(scope: Scope, rule: Rule, report: RuleReport, released: set[str]
         rebuilt = _toposort(rebuilt)
     del nodes[:]
     nodes.extend(rebuilt)
+    delta.in_place = False
     report.applied[rule.name] = report.applied.get(rule.name, 0) + len(replacements)
-    return len(replacements)
+    return len(replacements) + len(stamped), None
+
+
+def _new_builder(make_builder: Callable[[onnx.NodeProto, str], Any], node: onnx.NodeProto, name: str,
+                 in_graph: bool, lookup: Callable[[str], Any], run: _RuleRun) -> tuple[Any, Any]:
+    """What scope.builder() makes, and its restart (kept on ``run`` for later matches and scopes)."""
+    builder = make_builder(node, name)
+    if in_graph:
+        builder.initializers = []
+    builder._lookup = lookup
+    restart = getattr(builder, "_restart", None)
+    if restart is not None:
+        run.builder, run.restart = builder, restart
+    return builder, restart
+
+
+_GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+def _stamp(nodes: list[onnx.NodeProto], stamped: list[tuple[int, Template, str, tuple[str, ...], str, str]],
+           op_type: str, delta: OpDelta) -> None:
+    """Overwrite each stamped node with its template's node, named and wired as the Builder
+    would make it (the same fields as CopyFrom of the per-match replacement); ``op_type``:
+    the matched nodes'. ``delta`` learns the op counts' change."""
+    holds_graphs = False
+    for index, template, node_name, inputs, output, _ in stamped:
+        node = nodes[index]
+        if node.attribute and not holds_graphs:
+            holds_graphs = any(a.type in _GRAPH_TYPES for a in node.attribute)
+        node.CopyFrom(template.node)
+        node.input.extend(inputs)
+        node.output.append(output)
+        node.name = node_name
+    if holds_graphs:
+        delta.exact = False
+    if delta.exact:
+        delta.counts.subtract(collections.Counter((domain, op_type) for *_, domain in stamped))
+        delta.counts.update((t.domain, t.op_type) for _, t, *_ in stamped)
 
 
 def _label(node: onnx.NodeProto, view: GraphView, index: int) -> str:

@@ -461,9 +461,13 @@ def _rules_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
                        types=types, node_name=node.name, op_name=rule_name)
 
     delta = OpDelta()
+    # The input's index tells whether any node holds a subgraph (one node list, no function: none).
+    nested = not (ctx.index_valid and len(ctx.index.node_lists) == 1)
     total = apply_rule_set(model, ctx.rules, make_builder=make_builder, types=types, report=ctx.report.rules,
-                           path=ctx.path, delta=delta)
-    ctx.index_valid = ctx.index_valid and not total
+                           path=ctx.path, delta=delta, nested=nested)
+    # Nodes overwritten where they were (none holding subgraphs): the index's node lists and
+    # graphs are still the model's.
+    ctx.index_valid = ctx.index_valid and (not total or (delta.exact and delta.in_place))
     if total and delta.exact and (not ctx.converting or ctx.same_nodes):  # the input's counts, changed
         counts = ctx.report.ops_before.copy()
         counts.update(delta.counts)
