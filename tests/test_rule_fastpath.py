@@ -250,3 +250,160 @@ def test_op_counts_after_rules_are_the_models(names):
         assert all(report.rules.applied.get(n) for n in names), report.rules.applied
         assert report.ops_after == count_ops(out)
         assert ("custom" in {i.domain for i in out.opset_import}) == (("custom", "my_add") in count_ops(out))
+
+
+# ---------------------------------------------------------------- traced replacements (templates)
+#
+# A single-node rule's rewrite is traced once and its node stamped on every match where the
+# trace proves it the same for all (graphkit/rewrite/_template.py). Each rule below is one
+# the trace must see through (it reads the match: a name's text, a hash, a type, a literal
+# name, two nodes, a dropped input), or one it may template (reordered inputs, attributes,
+# *xs): with templates on, the output must be the per-match one, byte for byte.
+
+def template_rules() -> list:
+    odd = ("1", "3", "5", "7", "9")
+    return [
+        Rule.node("relu_as_neg", "Relu", lambda op, x0: op.Neg(x0)),
+        Rule.node("by_text", "Neg", lambda op, x0: op.Sqrt(x0) if x0.endswith(odd) else op.Relu(x0)),
+        Rule.node("by_key", "Sqrt", lambda op, x0: op.Abs(x0) if {"t3": 1, "t5": 1}.get(x0) else op.Exp(x0)),
+        Rule.node("by_join", "Neg", lambda op, x0: op.Abs("".join([x0]))),  # a C function reads the text
+        Rule.node("by_type", "my_add", lambda op, x0, x1: op.Cast(x0, to=op.dtype(x0)), domain="custom", inputs=2),
+        Rule.node("two_nodes", "Relu", lambda op, x0: op.Neg(op.Abs(x0))),
+        Rule.node("swapped", "my_add", lambda op, x0, x1: op.Sub(x1, x0), domain="custom", inputs=2),
+        Rule.node("attrs", "Relu", lambda op, x0: op.LeakyRelu(x0, alpha=0.5)),
+        Rule.node("dropped", "my_add", lambda op, x0, x1: op.Neg(x0), domain="custom", inputs=2),
+        Rule.node("literal", "Sqrt", lambda op, x0: op.Add(x0, "two")),
+        Rule.node("scale_checked", "scale", lambda op, x0: op.Neg(x0), domain="t",
+                  check=lambda ctx, x0: _rank2(ctx, x0)),
+        Rule.node("pair_as_neg", "pair", lambda op, x0: op.Neg(x0), domain="t"),  # the unused output goes
+        Rule("concat_sum", lambda op, *xs: op.Concat(*xs, axis=0), lambda op, *xs: op.Sum(*xs)),
+    ]
+
+
+TEMPLATED = {"relu_as_neg", "swapped", "attrs", "scale_checked", "pair_as_neg", "concat_sum"}
+
+
+def _rewrite_templates(model, picks, templates: bool, lowering=Lowering.KEEP):
+    saved, _rules._TEMPLATES = _rules._TEMPLATES, templates
+    try:
+        rules = template_rules()
+        out, report = rewrite_model(model, rules=RuleSet([rules[i] for i in picks], max_rounds=4),
+                                    lowering=lowering, check=False)
+    finally:
+        _rules._TEMPLATES = saved
+    assert report.ops_after == count_ops(out)
+    return out.SerializeToString(), report.rules.applied, report.rules.matched, report.rules.reasons, \
+        {k: dict(v) for k, v in report.rules.failures.items()}
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(STEP, min_size=1, max_size=14), st.booleans(), st.lists(st.integers(0, 50), max_size=2),
+       st.lists(st.integers(0, len(template_rules()) - 1), min_size=1, max_size=4, unique=True),
+       st.sampled_from([Lowering.KEEP, Lowering.DECOMPOSE]))
+def test_templates_rewrite_as_rewrite_per_match_does(steps, named, extra, picks, lowering):
+    model = graph_of(steps, named, extra)
+    try:
+        slow = _rewrite_templates(model, picks, False, lowering)
+    except Exception as exc:
+        with pytest.raises(type(exc)) as info:
+            _rewrite_templates(model, picks, True, lowering)
+        assert str(info.value) == str(exc)
+        return
+    assert _rewrite_templates(model, picks, True, lowering) == slow
+
+
+def test_the_trace_templates_only_what_it_can_prove():
+    from graphkit.rewrite._template import trace
+
+    for rule in template_rules():
+        matcher = Matcher(rule._patterns[0].roots, commute=False, view=GraphView([]), rule=rule.name, opset=17)
+        if matcher.flat is None:
+            continue
+        _, names, many = matcher.flat
+        made = trace(_rules._caller(rule.rewrite), names, many, 2 if many else 0, rule.anchor)
+        assert (made is not None) == (rule.name in TEMPLATED), rule.name
+    made = trace(_rules._caller(lambda op, x0, x1: op.Sub(x1, x0)), ("x0", "x1"), None, 0, ("custom", "my_add"))
+    assert made.op_type == "Sub" and made.inputs(("a", "b"), []) == ("b", "a") and not made.same_inputs
+
+
+@pytest.mark.parametrize("rewrite", [
+    lambda op, x0: op.Neg(x0) if x0 == "t3" else op.Relu(x0),           # a comparison
+    lambda op, x0: op.Neg(x0) if len(x0) > 2 else op.Relu(x0),          # len()
+    lambda op, x0: op.Relu(f"{x0}"),                                    # formatting
+    lambda op, x0: op.Relu(str(x0)),
+    lambda op, x0: op.Relu(x0 + ""),
+    lambda op, x0: op.Relu(x0[:]),
+    lambda op, x0: op.Relu(x0, _domain="custom" if hash(x0) % 2 else ""),
+    lambda op, x0: op.Neg(op.shape(x0) and x0),                         # the builder's types
+    lambda op, x0: op.Mul(x0, op.constant(2.0, like=x0)),               # a constant: several nodes
+    lambda op, x0: op.Mul(x0, op.initializer(np.float32(2))),
+    lambda op, x0: op.LeakyRelu(x0, alpha=float(op.opset)),
+    lambda op, x0: op.Identity(x0) if op.constant_value(x0) is None else x0,
+    lambda op, x0: x0,                                                  # returns an input
+    lambda op, x0: op.TopK(x0, x0, _outputs=2)[0],                      # a node of two outputs
+    lambda op, x0: op.Relu(x0, note=x0),                                # an attribute of its text
+    lambda op, x0: 1 / 0,                                               # raises
+])
+def test_a_rewrite_that_reads_the_match_is_never_templated(rewrite):
+    from graphkit.rewrite._template import trace
+
+    assert trace(_rules._caller(rewrite), ("x0",), None, 0, ("", "Sqrt")) is None
+
+
+def _relu_chain(n: int, names: bool = False) -> onnx.ModelProto:
+    nodes, prev = [], "x"
+    for i in range(n):
+        nodes.append(helper.make_node("Relu", [prev], [f"r{i}"], name=f"n{i}" if names else ""))
+        prev = f"r{i}"
+    vi = lambda name: helper.make_tensor_value_info(name, F, [2])  # noqa: E731
+    return helper.make_model(helper.make_graph(nodes, "g", [vi("x")], [vi(prev)]),
+                             opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_a_templated_rewrite_runs_twice_and_per_match_runs_it_for_every_match():
+    calls = []
+
+    def rewrite(op, x0):
+        calls.append(x0)
+        return op.Neg(x0)
+
+    model = _relu_chain(40)
+    out, report = rewrite_model(model, rules=[Rule.node("r", "Relu", rewrite)], lowering=Lowering.KEEP)
+    assert report.rules.applied == {"r": 40} and len(calls) == 2  # two traces on stand-ins
+    calls.clear()
+    again, _ = rewrite_model(model, rules=[Rule.node("r", "Relu", rewrite, per_match=True)], lowering=Lowering.KEEP)
+    assert calls == [f"r{i - 1}" if i else "x" for i in range(40)]
+    assert out.SerializeToString() == again.SerializeToString()
+
+
+def test_a_stateful_rewrite_is_not_templated():
+    count = [0]
+
+    def rewrite(op, x0):  # a different node each call: the second trace differs from the first
+        count[0] += 1
+        return op.LeakyRelu(x0, alpha=float(count[0]))
+
+    out, _ = rewrite_model(_relu_chain(5), rules=[Rule.node("leaky", "Relu", rewrite)], lowering=Lowering.KEEP)
+    assert [n.attribute[0].f for n in out.graph.node] == [3.0, 4.0, 5.0, 6.0, 7.0]
+
+
+def test_templated_names_avoid_the_models_and_each_other():
+    model = _relu_chain(6)
+    taken = ["r/Neg", "r/Neg_1", "r/Neg_3_out", "r/Neg_4"]  # node names and a tensor the generator must skip
+    model.graph.node.extend([helper.make_node("Identity", ["x"], [taken[2]], name=taken[0]),
+                             helper.make_node("Identity", ["x"], [taken[3]], name=taken[1])])
+    model.graph.output.extend([helper.make_tensor_value_info(t, F, [2]) for t in taken[2:]])
+    outs = []
+    for templates in (True, False):
+        saved, _rules._TEMPLATES = _rules._TEMPLATES, templates
+        try:
+            out, _ = rewrite_model(model, rules=[Rule.node("r", "Relu", lambda op, x0: op.Neg(x0))],
+                                   lowering=Lowering.KEEP)
+        finally:
+            _rules._TEMPLATES = saved
+        outs.append(out.SerializeToString())
+    assert outs[0] == outs[1]
+    names = [n.name for n in out.graph.node]
+    assert names[:6] == ["r/Neg_2", "r/Neg_3", "r/Neg_5", "r/Neg_6", "r/Neg_7", "r/Neg_8"]
+    assert len(set(names)) == len(names)
+    onnx.checker.check_model(out)

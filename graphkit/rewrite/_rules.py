@@ -651,8 +651,7 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
     names_of, many = (flat[1], flat[2]) if flat is not None else ((), None)
     anchor = patterns[0].anchor
     templates = run.templates
-    # (index, template, node name, inputs, output, the matched node's domain) per stamped match
-    stamped: list[tuple[int, Template, str, tuple[str, ...], str, str]] = []
+    stamp = _Stamps(delta, anchor[1])  # the nodes overwritten with a template, as they are
     fresh: Callable[[str], str] | None = None
     by_op = view.by_op
     if len(anchors) == 1:
@@ -695,7 +694,7 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
                     node_name = fresh(f"{node.name or name}/{template.op_type}")
                     fresh(f"{node_name}_out")
                     used.add(index)
-                    stamped.append((index, template, node_name, template.inputs(bound_names, rest), output, domain))
+                    stamp(index, node, template, node_name, template.inputs(bound_names, rest), output, domain)
                     continue
         match = None if first is None else first(index)
         if match is not None:  # first() refuses nodes taken by earlier matches: no overlap
@@ -731,7 +730,7 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
                         fresh(f"{node_name}_out")
                         used.add(index)
                         inputs = template.inputs(tuple(bound[n] for n in names_of), rest)
-                        stamped.append((index, template, node_name, inputs, output, node.domain))
+                        stamp(index, node, template, node_name, inputs, output, node.domain)
                         continue
         else:
             label = _label(node, view, index)
@@ -781,13 +780,14 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
             replacements[last] = new_nodes
             removed.update(i for i in matched if i != last)
         reorder |= len(outputs) > 1
-    if stamped:  # each overwrites its node where it is (it reads every input the node read)
-        _stamp(vnodes, stamped, anchor[1], delta)
+    stamped = len(stamp.indices)
+    if stamped:  # each overwrote its node where it is (it reads every input the node read)
+        stamp.count()
         if flat_match is not None:  # matches counted here, not one by one
-            report.matched[name] = report.matched.get(name, 0) + len(stamped)
-        report.applied[name] = report.applied.get(name, 0) + len(stamped)
+            report.matched[name] = report.matched.get(name, 0) + stamped
+        report.applied[name] = report.applied.get(name, 0) + stamped
         if not replacements:
-            return len(stamped), view if view.restamp([(i, t.op_type) for i, t, *_ in stamped]) else None
+            return stamped, view if view.restamp(list(zip(stamp.indices, stamp.ops))) else None
     if not replacements:
         return 0, view
     # Producers that fed only the replaced nodes (constants, typically) die with them.
@@ -803,7 +803,7 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
         for index, new in replacements.items():  # one node for one: overwrite it where it is
             nodes[index].CopyFrom(new[0])
         report.applied[rule.name] = report.applied.get(rule.name, 0) + len(replacements)
-        return len(replacements) + len(stamped), None
+        return len(replacements) + stamped, None
     gone |= dead
     if delta.exact:
         delta.replaced([vnodes[i] for i in sorted(gone)], [n for new in replacements.values() for n in new])
@@ -821,7 +821,7 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
     nodes.extend(rebuilt)
     delta.in_place = False
     report.applied[rule.name] = report.applied.get(rule.name, 0) + len(replacements)
-    return len(replacements) + len(stamped), None
+    return len(replacements) + stamped, None
 
 
 def _new_builder(make_builder: Callable[[onnx.NodeProto, str], Any], node: onnx.NodeProto, name: str,
@@ -840,25 +840,45 @@ def _new_builder(make_builder: Callable[[onnx.NodeProto, str], Any], node: onnx.
 _GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
-def _stamp(nodes: list[onnx.NodeProto], stamped: list[tuple[int, Template, str, tuple[str, ...], str, str]],
-           op_type: str, delta: OpDelta) -> None:
-    """Overwrite each stamped node with its template's node, named and wired as the Builder
-    would make it (the same fields as CopyFrom of the per-match replacement); ``op_type``:
-    the matched nodes'. ``delta`` learns the op counts' change."""
-    holds_graphs = False
-    for index, template, node_name, inputs, output, _ in stamped:
-        node = nodes[index]
-        if node.attribute and not holds_graphs:
-            holds_graphs = any(a.type in _GRAPH_TYPES for a in node.attribute)
+class _Stamps:
+    """Matched nodes overwritten with their template's node, named and wired as the Builder
+    would make it: the fields CopyFrom of the per-match replacement gives. Keeps what the
+    op counts and the view need (which nodes, of which op now, from which domain)."""
+
+    __slots__ = ("delta", "domains", "holds_graphs", "indices", "made", "op_type", "ops")
+
+    def __init__(self, delta: OpDelta, op_type: str) -> None:
+        self.delta, self.op_type = delta, op_type  # op_type: the matched nodes'
+        self.indices: list[int] = []
+        self.ops: list[str] = []
+        self.domains: dict[str, int] = {}
+        self.made: dict[int, tuple[Template, int]] = {}
+        self.holds_graphs = False
+
+    def __call__(self, index: int, node: onnx.NodeProto, template: Template, name: str, inputs: Any,
+                 output: str, domain: str) -> None:
+        if node.attribute and not self.holds_graphs:
+            self.holds_graphs = any(a.type in _GRAPH_TYPES for a in node.attribute)
         node.CopyFrom(template.node)
         node.input.extend(inputs)
         node.output.append(output)
-        node.name = node_name
-    if holds_graphs:
-        delta.exact = False
-    if delta.exact:
-        delta.counts.subtract(collections.Counter((domain, op_type) for *_, domain in stamped))
-        delta.counts.update((t.domain, t.op_type) for _, t, *_ in stamped)
+        node.name = name
+        self.indices.append(index)
+        self.ops.append(template.op_type)
+        self.domains[domain] = self.domains.get(domain, 0) + 1
+        made = self.made.get(id(template))
+        self.made[id(template)] = (template, 1 if made is None else made[1] + 1)
+
+    def count(self) -> None:
+        """Tell the OpDelta."""
+        delta = self.delta
+        if self.holds_graphs:
+            delta.exact = False
+        if delta.exact:
+            for domain, n in self.domains.items():
+                delta.counts[(domain, self.op_type)] -= n
+            for template, n in self.made.values():
+                delta.counts[(template.domain, template.op_type)] += n
 
 
 def _label(node: onnx.NodeProto, view: GraphView, index: int) -> str:
