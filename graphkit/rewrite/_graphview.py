@@ -74,28 +74,35 @@ class GraphView:
         producer.pop("", None)
         self.domains, self.inputs, self.outputs, self.producer = domains, inputs, outputs, producer
 
-    def restamp(self, changed: list[tuple[int, str]]) -> bool:
-        """Nodes at the indices of ``changed`` were overwritten in place, now of the op types
-        given: update the op index and keep this view, if nothing read from the nodes' other
-        fields is held yet (else False: build a new view)."""
+    def restamp(self, indices: list[int], ops: list[str]) -> bool:
+        """The nodes at ``indices`` were overwritten in place, now of the op types ``ops``:
+        update the op index and keep this view, if nothing read from the nodes' other fields
+        is held yet (else False: build a new view)."""
         if "inputs" in self.__dict__ or self._consumers is not None or self._const_cache:
             return False
-        ops, by_op = self.ops, self.by_op
-        gone: dict[str, set[int]] = {}
-        for index, _ in changed:
-            gone.setdefault(ops[index], set()).add(index)
-        for op, indices in gone.items():
-            kept = [i for i in by_op[op] if i not in indices]
-            if kept:
-                by_op[op] = kept
-            else:
+        old, by_op = self.ops, self.by_op
+        gone: dict[str, list[int]] = {}
+        for index in indices:
+            gone.setdefault(old[index], []).append(index)
+        for op, at in gone.items():
+            if len(at) == len(by_op[op]):
                 del by_op[op]
+            else:
+                drop = set(at)
+                by_op[op] = [i for i in by_op[op] if i not in drop]
         intern = sys.intern
-        for index, op in changed:
-            ops[index] = op = intern(op)
-            by_op.setdefault(op, []).append(index)
-        for op in {op for _, op in changed}:
-            by_op[op].sort()
+        added: set[str] = set()
+        for index, op in zip(indices, ops):
+            op = intern(op)
+            added.add(op)
+            old[index] = op
+            if op in by_op:
+                by_op[op].append(index)
+            else:
+                by_op[op] = [index]
+        for op in added:
+            if len(by_op[op]) > 1:
+                by_op[op].sort()
         return True
 
     def node_inputs(self, index: int) -> tuple[str, ...]:

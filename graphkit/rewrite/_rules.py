@@ -610,7 +610,7 @@ class _RuleRun:
     """What applying one rule keeps from scope to scope: its matchers (pointed at each
     scope's view), the rewrite's caller, one builder restarted for every match."""
 
-    __slots__ = ("builder", "call", "matchers", "restart", "templates")
+    __slots__ = ("builder", "call", "fresh", "matchers", "restart", "templates")
 
     def __init__(self, rule: Rule, view: GraphView, opset: int) -> None:
         self.matchers = [(p.anchor[1], Matcher(p.roots, commute=rule.commute, view=view, rule=rule.name,
@@ -620,6 +620,7 @@ class _RuleRun:
         self.restart: Callable[[str, str], None] | None = None
         # Count of *xs inputs (-1: none) -> the traced replacement, None where rewrite runs per match.
         self.templates: dict[int, Template | None] = {}
+        self.fresh: Callable[[str], str] | None = None  # the Builder's name generator, for templates
 
     def close(self) -> None:
         if self.restart is not None:
@@ -652,13 +653,23 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
     anchor = patterns[0].anchor
     templates = run.templates
     stamp = _Stamps(delta, anchor[1])  # the nodes overwritten with a template, as they are
-    fresh: Callable[[str], str] | None = None
     by_op = view.by_op
     if len(anchors) == 1:
         candidates = by_op.get(next(iter(anchors)), ())
     else:
         candidates = sorted(i for op in anchors for i in by_op.get(op, ()))
-    used: set[int] = set()
+    if flat_match is not None and candidates:
+        if run.fresh is None:  # names as a Builder of this rule makes them
+            b = scope.make_builder(view.nodes[candidates[0]], rule.name)
+            run.fresh = getattr(getattr(b, "_names", None), "fresh", None)
+        if run.fresh is not None:
+            # Matches stamped as long as each has a template, in order; the rest below.
+            done = _stamp_matches(view, candidates, matchers[0][1], run, rule.name, anchor, stamp)
+            if done == len(candidates):
+                return _stamped(view, stamp, report, rule.name)
+            candidates = candidates[done:]
+    fresh = run.fresh
+    used: set[int] = set(stamp.indices)
     for _, matcher in matchers:
         matcher.taken = used  # later matches skip nodes earlier ones rewrite
     replacements: dict[int, list[onnx.NodeProto]] = {}
@@ -686,10 +697,6 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
             if template is _UNTRACED:
                 template = templates[extra] = trace(call, names_of, many, max(extra, 0), anchor)
             if template is not None and output:
-                if fresh is None:
-                    if builder is None:
-                        builder, restart = _new_builder(make_builder, node, name, in_graph, lookup, run)
-                    fresh = getattr(getattr(builder, "_names", None), "fresh", None)
                 if fresh is not None:  # the names the Builder would give the node and its output
                     node_name = fresh(f"{node.name or name}/{template.op_type}")
                     fresh(f"{node_name}_out")
@@ -722,9 +729,8 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
                 output = match.outputs[0]
                 if template is not None and output:
                     if fresh is None:
-                        if builder is None:
-                            builder, restart = _new_builder(make_builder, node, name, in_graph, lookup, run)
-                        fresh = getattr(getattr(builder, "_names", None), "fresh", None)
+                        b = make_builder(node, name)
+                        fresh = run.fresh = getattr(getattr(b, "_names", None), "fresh", None)
                     if fresh is not None:
                         node_name = fresh(f"{node.name or name}/{template.op_type}")
                         fresh(f"{node_name}_out")
@@ -781,15 +787,10 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
             removed.update(i for i in matched if i != last)
         reorder |= len(outputs) > 1
     stamped = len(stamp.indices)
-    if stamped:  # each overwrote its node where it is (it reads every input the node read)
-        stamp.count()
-        if flat_match is not None:  # matches counted here, not one by one
-            report.matched[name] = report.matched.get(name, 0) + stamped
-        report.applied[name] = report.applied.get(name, 0) + stamped
-        if not replacements:
-            return stamped, view if view.restamp(list(zip(stamp.indices, stamp.ops))) else None
     if not replacements:
-        return 0, view
+        return _stamped(view, stamp, report, name, counted=flat_match is None)
+    if stamped:  # each overwrote its node where it is (it reads every input the node read)
+        _stamped(view, stamp, report, name, counted=flat_match is None)
     # Producers that fed only the replaced nodes (constants, typically) die with them.
     gone = removed | set(replacements)
     orphans = {name for i in gone for name in view.node_inputs(i) if name}
@@ -822,6 +823,48 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
     delta.in_place = False
     report.applied[rule.name] = report.applied.get(rule.name, 0) + len(replacements)
     return len(replacements) + stamped, None
+
+
+def _stamp_matches(view: GraphView, candidates: Any, matcher: Matcher, run: _RuleRun, rule: str,
+                   anchor: tuple[str, str], stamp: "_Stamps") -> int:
+    """Stamp the template on the matches at ``candidates`` (a flat pattern, no check), in
+    order, up to the first that has none (no match, no template); returns how many."""
+    flat_match, fresh, templates, call = matcher.flat_match, run.fresh, run.templates, run.call
+    _, names_of, many = matcher.flat
+    matcher.taken = set()  # single nodes in order: no match overlaps an earlier one
+    nodes = view.nodes
+    done = 0
+    for index in candidates:
+        found = flat_match(index)
+        if found is None:
+            break
+        domain, names, rest, output = found
+        extra = -1 if many is None else len(rest)
+        template = templates.get(extra, _UNTRACED)
+        if template is _UNTRACED:
+            template = templates[extra] = trace(call, names_of, many, max(extra, 0), anchor)
+        if template is None or not output:
+            break
+        node = nodes[index]
+        node_name = fresh(f"{node.name or rule}/{template.op_type}")
+        fresh(f"{node_name}_out")
+        stamp(index, node, template, node_name, template.inputs(names, rest), output, domain)
+        done += 1
+    return done
+
+
+def _stamped(view: GraphView, stamp: "_Stamps", report: RuleReport, rule: str,
+             counted: bool = False) -> tuple[int, GraphView | None]:
+    """Report the stamped matches (``counted``: as matches too, already), tell the OpDelta;
+    the count and the view if it still holds."""
+    stamped = len(stamp.indices)
+    if not stamped:
+        return 0, view
+    stamp.count()
+    if not counted:
+        report.matched[rule] = report.matched.get(rule, 0) + stamped
+    report.applied[rule] = report.applied.get(rule, 0) + stamped
+    return stamped, view if view.restamp(stamp.indices, stamp.ops) else None
 
 
 def _new_builder(make_builder: Callable[[onnx.NodeProto, str], Any], node: onnx.NodeProto, name: str,

@@ -143,7 +143,7 @@ class _Tracer:
         return make
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Template:
     """One traced replacement: ``node``, a NodeProto holding the op type, domain and
     attributes (in the Builder's order) the rewrite gave, no inputs, outputs or name;
@@ -154,14 +154,8 @@ class Template:
     node: onnx.NodeProto
     positions: tuple[int, ...]
     same_inputs: bool
-
-    @property
-    def op_type(self) -> str:
-        return self.node.op_type
-
-    @property
-    def domain(self) -> str:
-        return self.node.domain
+    op_type: str  # the node's, read once
+    domain: str
 
     def inputs(self, names: tuple[str, ...], rest: list[str]) -> tuple[str, ...]:
         """The node's inputs for a match binding ``names`` to the variables and ``rest`` to ``*xs``."""
@@ -220,4 +214,4 @@ def trace(call: Callable[[Any, dict[str, Any]], Any], names: tuple[str, ...], ma
         if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
             return None  # a node holding subgraphs: new scopes, counted again (per match)
     positions = tuple(wanted.index(ref) if ref in wanted else -1 for ref in inputs)
-    return Template(node, positions, list(inputs) == wanted)
+    return Template(node, positions, list(inputs) == wanted, op_type, domain)
