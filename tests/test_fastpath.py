@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import NP_TYPES, REPO, my_add_model, run_cli
-from graphkit.errors import ValidationError
+from graphkit.errors import RewriteError, ValidationError
 from graphkit.ops import Decomposition, NativeKernels, OpDef, OpPackage, OpRegistry, Param, default_registry
 from graphkit.rewrite import Lowering, rewrite_model
 from graphkit.rewrite import _bodybytes, _fastpath
@@ -1146,10 +1146,108 @@ def _softmax_11() -> onnx.ModelProto:
     return model
 
 
+def _down(units: int, *, named: bool = False, kept: bool = False) -> onnx.ModelProto:
+    """Opset 18, converted down to 13 (every value [1, 1]), ``units`` times:
+
+        a = my_add(prev, prev)
+        ReduceMean(a, axes)             axes: an initializer all of them read (removed after)
+        ReduceMax(.., ax<i>)            ax<i>: a Constant node of value_ints [0] (removed after)
+        Relu(..)                        Relu-14 added types: checked, left as it is
+        Reshape(.., shape, allowzero=1) allowzero dropped (the shape, constant, has no 0)
+    ``kept``: the axes initializer and the first Constant also read by an Identity made an
+    output (so they stay)."""
+    def name(n: str) -> str:
+        return n if named else ""
+
+    nodes, prev = [], "x"
+    for i in range(units):
+        nodes += [helper.make_node("my_add", [prev, prev], [f"a{i}"], domain="custom", name=name(f"add{i}")),
+                  helper.make_node("ReduceMean", [f"a{i}", "axes"], [f"r{i}"], keepdims=1, name=name(f"mean{i}")),
+                  helper.make_node("Constant", [], [f"ax{i}"], value_ints=[0]),
+                  helper.make_node("ReduceMax", [f"r{i}", f"ax{i}"], [f"m{i}"], keepdims=1),
+                  helper.make_node("Relu", [f"m{i}"], [f"l{i}"], name=name(f"relu{i}")),
+                  helper.make_node("Reshape", [f"l{i}", "shape"], [f"s{i}"], allowzero=1)]
+        prev = f"s{i}"
+    outputs = [helper.make_tensor_value_info(prev, F, [1, 1])]
+    if kept:
+        nodes += [helper.make_node("Identity", ["axes"], ["axes_out"]), helper.make_node("Identity", ["ax0"], ["ax_out"])]
+        outputs += [helper.make_tensor_value_info("axes_out", TensorProto.INT64, [1]),
+                    helper.make_tensor_value_info("ax_out", TensorProto.INT64, [1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 1])], outputs, initializer=[
+        numpy_helper.from_array(np.array([0], np.int64), "axes"), numpy_helper.from_array(np.array([1, 1], np.int64),
+                                                                                          "shape")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("custom", 1)],
+                             ir_version=10)
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["removed", "kept"])
+@pytest.mark.parametrize("named", [False, True], ids=["unnamed", "named"])
+def test_target_opset_converting_down_byte_identical(named, kept):
+    """Down from 18 to 13: the adapters read each node's declared types and its axes' constant
+    (an initializer, a Constant node), which nothing reads after and is removed, as the
+    objects writer removes it; a node a step only checks stays as it was."""
+    model = _down(5, named=named, kept=kept)
+    out = _converted_by_bytes(model, 13)
+    assert ("axes" in {t.name for t in out.graph.initializer}) == kept
+    assert sum(n.op_type == "Constant" and n.output[0].startswith("ax") for n in out.graph.node) == (1 if kept else 0)
+    assert all(len(n.input) == 1 for n in out.graph.node if n.op_type.startswith("Reduce"))
+    report = rewrite_bytes(model.SerializeToString(), target_opset=13)[1]
+    assert report.ops_after[("", "Constant")] == sum(n.op_type == "Constant" for n in out.graph.node)
+
+
+def test_target_opset_converting_down_numerics_and_by_parts(monkeypatch):
+    from graphkit.runtime import open_session
+
+    model = _down(3)
+    out = _converted_by_bytes(model, 13)
+    x = np.array([[0.75]], np.float32)
+    np.testing.assert_allclose(open_session(out).run({"x": x})["s2"], 27 * x, rtol=1e-6)
+    out, report, whole = _by_parts(model, monkeypatch, target_opset=13)
+    assert not whole and report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS), report.writer_reason
+
+
+def test_target_opset_converting_down_refusals_reported_alike():
+    """What the adapters refuse going down, both writers refuse in the same words: axes that
+    are no constant, noop_with_empty_axes=1 without axes."""
+    for change in ("input", "noop"):
+        model = _down(2)
+        reduce = model.graph.node[1]
+        if change == "input":
+            model.graph.input.append(helper.make_tensor_value_info("dyn", TensorProto.INT64, [1]))
+            reduce.input[1] = "dyn"
+        else:
+            del reduce.input[1:]
+            reduce.attribute.append(helper.make_attribute("noop_with_empty_axes", 1))
+        with pytest.raises(RewriteError) as slow:
+            rewrite_model(model, target_opset=13)
+        with pytest.raises(RewriteError) as fast:
+            lower_bytes(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE,
+                        target_opset=13)
+        assert str(fast.value) == str(slow.value)
+
+
+def test_target_opset_converting_down_non_ascii_names():
+    model = _down(3, named=True)
+    for node in model.graph.node:
+        node.name += "·ü" if node.name else ""
+    _converted_by_bytes(model, 13)
+
+
+def _reduce_18_in_a_body() -> onnx.ModelProto:
+    model = _reduce_18()
+    body = helper.make_graph([helper.make_node("ReduceMean", ["m", "axes"], ["b"], keepdims=1)], "then", [],
+                             [helper.make_tensor_value_info("b", F, [1])])
+    model.graph.node.extend([helper.make_node("Constant", [], ["c"],
+                                              value=helper.make_tensor("v", TensorProto.BOOL, [], [True])),
+                             helper.make_node("If", ["c"], ["o"], then_branch=body, else_branch=body)])
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("o", F, [1]))
+    return model
+
+
 @pytest.mark.parametrize("model, target, match", [
-    (_reduce_18(), 17, "a conversion down"),
+    (_reduce_18_in_a_body(), 17, "ReduceMean nodes in a subgraph convert down"),
     (_softmax_11(), 13, "last-axis"),
-], ids=["down", "last-axis"])
+], ids=["down-in-a-body", "last-axis"])
 def test_target_opset_converting_goes_the_object_way(model, target, match):
     """Conversions that read the model or change subgraphs: the objects writer runs, and the
     report names the precondition that failed."""

@@ -572,7 +572,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             sorted({o for d, o in standard & set(report.ops_before)})) + ")")
     current = _engine.ai_onnx_opset(model)
     converting = target_opset is not None and target_opset != current
-    changed = _fp._conversion(model, report.ops_before, collections.Counter(), current, target_opset) \
+    changed = _fp._conversion(model, report.ops_before, collections.Counter(), current, target_opset, bodies=True) \
         if converting else None
     lists = [s for s in scopes if s.custom]
     if not lists:

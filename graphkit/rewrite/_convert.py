@@ -384,43 +384,48 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, tak
     return Converted(by_onnx=by_onnx)
 
 
-# Step kinds whose adapter, going up, changes only the node's own fields and adds int64
-# constants shared by value: no node is made, moved or removed, and nothing else of the
-# model is looked up (types, constants). A writer that keeps every other node as its bytes
-# (graphkit.rewrite._convertbytes) applies them node by node.
+# Step kinds whose adapter changes only the node's own fields: going up, it adds int64
+# constants shared by value, and nothing else of the model is looked up; going down, it
+# reads the declared types of the node's values and the constant its input 1 names, which
+# it may leave unread (removed then). No node is made or moved. A writer that keeps every
+# other node as its bytes (graphkit.rewrite._convertbytes) applies them node by node.
 _OWN_FIELDS_UP = frozenset({"to-input", "num-outputs"})
+_OWN_FIELDS_DOWN = frozenset({"types", "attributes", "optional-input", "to-input"})
 
 
 def node_steps(ops: Iterable[str], a: int, b: int) -> dict[str, tuple[Step, ...]]:
-    """The steps changing each ai.onnx op of ``ops`` going up from opset ``a`` to ``b``, where
-    each changes only a node's own fields (ops whose nodes stay as they are, types,
+    """The steps converting each ai.onnx op of ``ops`` from opset ``a`` to ``b`` where each
+    changes only a node's own fields (going up, ops whose nodes stay as they are, types,
     attributes or optional inputs added, are left out). ValueError saying why where a node
-    needs more: a conversion down (constants read and removed), an op no adapter covers
-    (onnx's converter), a step that makes nodes or reads types (last-axis, per-channel)."""
-    if a >= b:
-        raise ValueError(f"a conversion down ({a} -> {b}) reads the model's constants and removes them")
+    needs more: an op no adapter covers (onnx's converter), a step that makes nodes or reads
+    the model's types going up (last-axis, per-channel), or one that makes nodes going down
+    (num-outputs: the sizes computed at run time where a length is unknown)."""
+    up = a < b
+    kinds = _OWN_FIELDS_UP if up else _OWN_FIELDS_DOWN
     out = {}
     for op in sorted(ops):
         found = steps(op, a, b)
         if found is None:
             raise ValueError(f"no adapter converts {op} from {a} to {b} (onnx's converter does)")
-        active = tuple(s for s in found if s.kind in _ACTIVE_UP)
-        other = next((s for s in active if s.kind not in _OWN_FIELDS_UP), None)
+        active = tuple(s for s in found if s.kind in _ACTIVE_UP) if up else found
+        other = next((s for s in active if s.kind not in kinds), None)
         if other is not None:
-            raise ValueError(f"{op}-{other.new}'s step ({other.kind}) makes nodes or reads the model's types")
+            raise ValueError(f"{op}-{other.new}'s step ({other.kind}) makes nodes or reads the model's types "
+                             f"going {'up' if up else 'down'}")
         if active:
             out[op] = active
     return out
 
 
 class NodeConverter:
-    """The adapters on main-graph nodes one at a time, going up by :func:`node_steps`: the
-    same code, and the same constants (one per distinct value, named after the first node
-    that asks for it), as :func:`convert` gives where the nodes are converted in the same
-    order. ``names`` must clash with no name of ``model``."""
+    """The adapters on main-graph nodes one at a time, by :func:`node_steps` (``up``, or
+    down): the same code, the same constants made (one per distinct value, named after the
+    first node that asks for it), and read, as :func:`convert` where the nodes are converted
+    in the same order. ``names`` must clash with no name of ``model``."""
 
-    def __init__(self, model: onnx.ModelProto, target: int, names: NameGenerator, path: str | None = None) -> None:
-        self._conv = _Conversion(target, path, model, _names=names)
+    def __init__(self, model: onnx.ModelProto, target: int, names: NameGenerator, path: str | None = None,
+                 up: bool = True) -> None:
+        self._conv = _Conversion(target, path, model, _names=names, up=up)
 
     def convert(self, node: onnx.NodeProto, node_steps: tuple[Step, ...]) -> None:
         """Convert the main graph's ``node`` (or a copy of it) in place."""
@@ -431,6 +436,31 @@ class NodeConverter:
     def made(self) -> list[str]:
         """The names of the constants made, in order."""
         return self._conv.made
+
+    def reads(self, inputs: list[str], outputs: list[str]) -> tuple:
+        """What the adapters read of a main-graph node going down besides its own fields: the
+        declared element types of its values (None: not a declared tensor) and the constant
+        its input 1 names (by identity; None: none). Nodes alike in their fields but names,
+        and in this, are converted alike."""
+        conv = self._conv
+        types = conv.types
+        elems = []
+        for name in (*inputs, *outputs):
+            tp = types.get(name) if name else None
+            elems.append(tp.tensor_type.elem_type if tp is not None and tp.HasField("tensor_type") else None)
+        source = conv.constant(inputs[1]) if len(inputs) > 1 and inputs[1] else None
+        return tuple(elems), None if source is None else id(source[0])
+
+    @property
+    def released(self) -> list[str]:
+        """The names of the constants (initializers, Constant nodes) converted nodes stopped
+        reading (going down): :func:`convert` removes those nothing else reads."""
+        return [h.name if isinstance(h, onnx.TensorProto) else h.output[0] for h, _ in self._conv.released]
+
+    @property
+    def released_initializers(self) -> set[str]:
+        """Those of :attr:`released` that are initializers (the others are Constant nodes)."""
+        return {h.name for h, _ in self._conv.released if isinstance(h, onnx.TensorProto)}
 
     def initializers(self) -> list[onnx.TensorProto]:
         """The constants made, as :func:`convert` adds them to the main graph (after its own)."""

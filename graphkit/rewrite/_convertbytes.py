@@ -1,33 +1,39 @@
-"""--target-opset conversions spliced into the serialized main graph: the byte writer's share.
+"""--target-opset conversions spliced into the serialized model: the byte writers' share.
 
-Where converting a model to a newer ai.onnx opset changes nodes only by steps that touch a
-node's own fields (``_convert.node_steps``: an attribute that became an input, read from an
-int64 initializer shared by value; Split-18's ``num_outputs``), the byte writer
-(graphkit.rewrite._fastpath) keeps every other node as the bytes it was and puts converted
-nodes in place of the ones the conversion changes, as it puts replacements in place of
-placeholders. The conversion is the adapters' own code (``_convert.NodeConverter``), run
-once per kind of node. A node's kind: the bytes of its entry after its inputs, outputs and
-name (op, domain, attributes, doc string: everything but those names, where the entry is
-canonical), its arity, whether it has a name field. The first node of a kind is converted
-with its inputs renamed apart; the others are written as it was, with their own names (an
-adapter reads no name but the node's own name or first output, which names a constant only
-on the first node asking for its value: that node is the first of its kind). Nodes whose
-entry is not canonical, with an empty input, or whose names are not ASCII or longer than
-127 bytes are each converted on their own. The constants are named by the same generator
-rule, against every name of the model, and added after the main graph's initializers in the
-order the nodes asking for them come: ``_convert.convert`` on the whole model, field for
-field (tests/test_fastpath.py compares the writers).
+Where converting a model to another ai.onnx opset changes nodes only by steps that touch a
+node's own fields (``_convert.node_steps``; up: an attribute that became an input, read from
+an int64 initializer shared by value, Split-18's ``num_outputs``; down: the input made an
+attribute again, attributes and optional inputs dropped at their defaults, types checked),
+the byte writer (graphkit.rewrite._fastpath) keeps every other node as the bytes it was and
+puts converted nodes in place of the ones the conversion changes, as it puts replacements in
+place of placeholders; going down, the constants they no longer read are removed where
+nothing else reads them, as ``_convert.convert`` removes them. The conversion is the
+adapters' own code (``_convert.NodeConverter``), run once per kind of node. A node's kind:
+the bytes of its entry after its inputs, outputs and name (op, domain, attributes, doc
+string: everything but those names, where the entry is canonical), its arity, whether it
+has a name field, and going down what the adapters read by name (the declared element types
+of its values, the constant its input 1 names). The first node of a kind is converted (going
+up with its inputs renamed apart: an adapter reads no name there but the node's own name or
+first output, which names a constant only on the first node asking for its value, the first
+of its kind); the others are written as it was, with their own names, or left as they were
+where it was. Nodes whose entry is not canonical, with an empty input, or whose names are
+not ASCII or longer than 127 bytes are each converted on their own. The constants are named
+by the same generator rule, against every name of the model, and added after the main
+graph's initializers in the order the nodes asking for them come: ``_convert.convert`` on
+the whole model, field for field (tests/test_fastpath.py compares the writers).
 
-:func:`splice_scopes` does the same in every graph for the bodies' writer
+:func:`splice_scopes` does the same going up in every graph for the bodies' writer
 (graphkit.rewrite._bodybytes), the nodes in the order ``_convert.convert`` walks the graphs,
 a node's kind there its canonical serialization but its names (read from the parsed node).
 
-Preconditions, each a :class:`NotSpliced` naming it (the objects writer converts then): a
-conversion up, every op of the model covered by such steps (:func:`_convert.node_steps`),
-IR version 4 or more (initializers need not be graph inputs), the converted ops typed from
-their input 0 (the byte writers' type pass reads the nodes before they are converted), and
-for :func:`splice`, none of the ops it changes in a subgraph (:class:`InSubgraphs`: the
-bodies' writer's), the main graph's initializers before its other entries but its nodes.
+Preconditions, each a :class:`NotSpliced` naming it (the objects writer converts then):
+every op of the model covered by such steps (:func:`_convert.node_steps`), IR version 4 or
+more (initializers need not be graph inputs), the converted ops typed from their input 0
+(the byte writers' type pass reads the nodes before they are converted), going down no
+converted node in a subgraph nor in the bodies' writer (a constant read may be another
+graph's), and for :func:`splice`, none of the ops it changes in a subgraph
+(:class:`InSubgraphs`: the bodies' writer's), the main graph's initializers before its
+other entries but its nodes.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from typing import Any
 import onnx
 
 from graphkit.rewrite import _convert
-from graphkit.rewrite._walk import AI_ONNX, ModelIndex
+from graphkit.rewrite._walk import AI_ONNX, ModelIndex, graphs, subgraphs
 from graphkit.rewrite.builder import _SAME_AS_INPUT0, NameGenerator
 
 __all__ = ["InSubgraphs", "NotSpliced", "ScopedSplice", "Spliced", "plan", "splice", "splice_scopes"]
@@ -72,6 +78,8 @@ class Spliced:
     made: list[str]
     checked: list[tuple[bytes, list[str], list[str]]] = field(default_factory=list)
     checked_at: list[int] = field(default_factory=list)  # the index in ``positions`` of each
+    removed_nodes: list[int] = field(default_factory=list)  # Constant nodes nothing reads any more
+    removed_initializers: list[int] = field(default_factory=list)  # indices of initializers nothing reads
 
 
 class _DataNames(NameGenerator):
@@ -138,6 +146,7 @@ class _Kind:
             rest.ClearField(f)
         self.inputs, self.n_outputs, self.has_name = inputs, n_outputs, has_name
         self.rest = rest.SerializeToString()
+        self.same = False  # the conversion left the nodes of the kind as they were
 
     def emit_one(self, ins: Sequence[str], outs: Sequence[str], name: str) -> bytes:
         parts = [_field(b"\x0a", ins[x] if x.__class__ is int else x) for x in self.inputs]
@@ -180,17 +189,22 @@ Steps = dict  # op -> the steps converting its nodes (_convert.node_steps)
 
 
 def plan(model: onnx.ModelProto, ops: set[tuple[str, str]], sub_ops: set[tuple[str, str]], current: int,
-         target: int) -> Steps:
-    """The steps converting the ops of the nodes :func:`splice` converts, from ai.onnx opset
-    ``current`` to ``target``; ``ops``: the (domain, op) of every node of ``model``,
-    subgraphs' included, ``sub_ops`` those in subgraphs. Raises NotSpliced where a
-    precondition (module docstring) does not hold."""
+         target: int, bodies: bool = False) -> Steps:
+    """The steps converting the ops of the nodes :func:`splice` (``bodies``:
+    :func:`splice_scopes`) converts, from ai.onnx opset ``current`` to ``target``; ``ops``:
+    the (domain, op) of every node of ``model``, subgraphs' included, ``sub_ops`` those in
+    subgraphs. Raises NotSpliced where a precondition (module docstring) does not hold."""
+    if bodies and target < current:
+        raise NotSpliced(f"a conversion down ({current} -> {target}) in the bodies' writer (constants it reads "
+                         "may be another graph's)")
     standard = {op for d, op in ops if d in AI_ONNX}
     try:
         changed = _convert.node_steps(standard, current, target)
     except ValueError as exc:
         raise NotSpliced(str(exc)) from exc
     inside = sorted(op for d, op in sub_ops if d in AI_ONNX and op in changed)
+    if inside and target < current:
+        raise NotSpliced(f"{inside[0]} nodes in a subgraph convert down")
     if inside:
         raise InSubgraphs(f"{inside[0]} nodes in a subgraph convert")
     if 0 < model.ir_version < 4:
@@ -202,10 +216,15 @@ def plan(model: onnx.ModelProto, ops: set[tuple[str, str]], sub_ops: set[tuple[s
 
 
 def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: list[str], starts: Sequence[int],
-           ends: Sequence[int], changed: Steps, target: int, path: str | None = None) -> Spliced:
+           ends: Sequence[int], changed: Steps, target: int, path: str | None = None, up: bool = True,
+           holders: Sequence[int] = ()) -> Spliced:
     """Convert, by the steps of :func:`plan`, the main graph's nodes of ``model``
     (serialized: ``data``; its node entries from ``starts`` to ``ends``) to ai.onnx opset
-    ``target``; ``domains`` and ``op_types``: its nodes'."""
+    ``target``, ``up`` or down; ``domains`` and ``op_types``: its nodes', ``holders``: the
+    indices of those holding subgraphs. Going down, each node is converted on its own (the
+    adapters read its values' declared types and the constant its input 1 names); an entry
+    None is a node the conversion left as it was; the constants converted nodes stopped
+    reading that nothing else reads are removed (``removed_nodes``, ``removed_initializers``)."""
     nodes = model.graph.node
     flags = map(operator.and_, map(changed.__contains__, op_types), map(AI_ONNX.__contains__, domains))
     positions = list(itertools.compress(range(len(op_types)), flags))
@@ -222,6 +241,7 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
                                   map(len, itertools.chain.from_iterable(outs)), map(len, names)), default=0)
     ascii_names = text.isascii() and longest < 0x80
     del text
+    converter = _convert.NodeConverter(model, target, _DataNames(data, model), path, up=up)
     empty = list(map(operator.contains, ins, itertools.repeat("")))
     kind_keys: list[Any]
     if ascii_names:
@@ -238,12 +258,16 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
         rest_at = map(operator.add, map(operator.add, at, map(_header, map(operator.sub, to, at))), own)
         rests = map(data.__getitem__, map(slice, rest_at, to))
         numbers: dict[tuple, int] = {}
-        kind_keys = list(map(numbers.setdefault, zip(rests, n_ins, n_outs, has_name, empty), itertools.count()))
+        # going down, the adapters read the values' declared types and input 1's constant too
+        reads = itertools.repeat(None) if up else map(converter.reads, ins, outs)
+        kind_keys = list(map(numbers.setdefault, zip(rests, n_ins, n_outs, has_name, empty, reads),
+                             itertools.count()))
         del at, to, numbers
     else:
         kind_keys = list(range(len(positions)))  # each node on its own
-    converter = _convert.NodeConverter(model, target, _DataNames(data, model), path)
     out = Spliced(positions, [None] * len(positions), b"", converter.made)
+    read: set[str] = set()  # going down: what the converted nodes read
+    seen: set[tuple] = set()  # the checked nodes converted on their own, but their names
     entries = out.entries
     kinds: dict[int, _Kind | None] = {}  # None: each node of the kind converted on its own
     members: dict[int, list[int]] = {}
@@ -257,29 +281,83 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
         op_steps = changed[node.op_type]
         if kind is False and ascii_names and not empty[k] and _canonical(data, starts[positions[k]],
                                                                          ends[positions[k]], node):
-            for j in range(len(node.input)):
-                node.input[j] = f"{_SENTINEL}{j}"
-            converter.convert(node, op_steps)
+            if up:  # the adapters read no input name: the inputs renamed apart show where each goes
+                for j in range(len(node.input)):
+                    node.input[j] = f"{_SENTINEL}{j}"
+                converter.convert(node, op_steps)
+            else:  # down, they read the names: converted as it is, its inputs kept a prefix of its own
+                converter.convert(node, op_steps)
+                kept = len(node.input)
+                if node.input[:] != ins[k][:kept]:
+                    raise NotSpliced(f"an adapter gave {node.op_type} inputs of its own")
+                for j in range(kept):
+                    node.input[j] = f"{_SENTINEL}{j}"
             kind = kinds[key] = _Kind(node, set(converter.made), n_outs[k], outs[k], names[k], has_name[k])
             members[key] = []
             entries[k] = kind.emit_one(ins[k], outs[k], names[k])
+            p = positions[k]
+            kind.same = data[starts[p]:ends[p]] == entries[k]  # the node left as it was: so are the others
             inputs = [ins[k][x] if x.__class__ is int else x for x in kind.inputs]
+            read.update(inputs)
+            if kind.same:
+                out.checked.append((entries[k], inputs, outs[k]))
+                out.checked_at.append(k)
+                entries[k] = None
+                continue
         else:
             kinds[key] = None
             converter.convert(node, op_steps)
-            entries[k] = _field(b"\x0a", node.SerializeToString())
+            entry = _field(b"\x0a", node.SerializeToString())
+            p = positions[k]
+            entries[k] = None if data[starts[p]:ends[p]] == entry else entry  # None: left as it was
             inputs = list(node.input)
-        out.checked.append((entries[k], inputs, outs[k]))
+            read.update(inputs)
+            bare = onnx.NodeProto()
+            bare.CopyFrom(node)
+            for f in ("input", "output", "name"):
+                bare.ClearField(f)
+            pattern = (bare.SerializeToString(), tuple(map(operator.not_, inputs)), len(node.output),
+                       node.HasField("name"))
+            if pattern in seen:  # the checker sees in a node its fields but its names: one of each is checked
+                continue
+            seen.add(pattern)
+            entry = entry if entries[k] is None else entries[k]
+        out.checked.append((entries[k] if entries[k] is not None else entry, inputs, outs[k]))
         out.checked_at.append(k)
     for key, kind in kinds.items():
         block = members.get(key)
         if not kind or not block:
+            continue
+        if not up:  # what they still read (kinds keep a prefix of the inputs)
+            kept = len(kind.inputs)
+            read.update(itertools.chain.from_iterable(ins[k][:kept] for k in block))
+        if kind.same:  # entries None: left as they were
             continue
         results = kind.emit_ascii(list(map(ins.__getitem__, block)), list(map(outs.__getitem__, block)),
                                   list(map(names.__getitem__, block)))
         for k, entry in zip(block, results):
             entries[k] = entry
     out.initializers = b"".join(_field(b"\x2a", t.SerializeToString()) for t in converter.initializers())
+    released = set(converter.released)
+    if released:  # _convert's _drop_unread: what nothing reads any more is removed
+        kept = bytearray(b"\x01") * len(op_types)
+        for p in positions:
+            kept[p] = 0
+        read.update(itertools.chain.from_iterable(map(attrgetter("input"), itertools.compress(nodes, kept))))
+        read.update(map(attrgetter("name"), model.graph.output))
+        for p in holders:
+            for sub in subgraphs(nodes[p]):
+                for g in graphs(sub):
+                    read.update(itertools.chain.from_iterable(map(attrgetter("input"), g.node)))
+                    read.update(map(attrgetter("name"), g.output))
+        unread = released - read
+        tensors = converter.released_initializers & unread
+        out.removed_initializers = [i for i, name in enumerate(map(attrgetter("name"), model.graph.initializer))
+                                    if name in tensors]
+        constants = unread - converter.released_initializers
+        if constants:
+            out.removed_nodes = [p for p in itertools.compress(range(len(op_types)), map(
+                operator.eq, op_types, itertools.repeat("Constant"))) if nodes[p].output[0] in constants]
     return out
 
 

@@ -60,12 +60,13 @@ when the object path runs instead): custom nodes only in the main graph, no mode
 functions or training info, every placeholder input typed by the forward pass (else the
 engine would run ONNX shape inference), and with a target opset other than the model's, a
 conversion that moves only the imports (no standard op of the model has a new version
-between the two opsets) or converts up by steps on the nodes' own fields, nodes converted in
+between the two opsets) or converts by steps on the nodes' own fields, nodes converted in
 the main graph only (graphkit.rewrite._convertbytes: converted nodes are spliced like
-replacements, the constants they read put after the graph's initializers; the check by parts
-then checks a converted node of each kind too, and a kept node's op has a newer version
-that takes it as it is, the step kinds "types", "attributes" and "optional-input" going
-up), and something to lower. An error while lowering is the plan's, raised as
+replacements, the constants they read put after the graph's initializers, going down those
+no longer read removed; the check by parts then checks a converted node of each kind too,
+and a kept node's op has the same schema at both opsets or, going up, a newer version that
+takes it as it is: the step kinds "types", "attributes" and "optional-input"), and something
+to lower. An error while lowering is the plan's, raised as
 it is: both writers report it in the same words.
 """
 
@@ -148,7 +149,7 @@ class InBodies(Unsupported):
 
 
 def _conversion(model: onnx.ModelProto, ops: collections.Counter, sub_counts: collections.Counter,
-                current: int | None, target: int) -> _convertbytes.Steps | None:
+                current: int | None, target: int, bodies: bool = False) -> _convertbytes.Steps | None:
     """Precondition of a --target-opset rewrite: None where the conversion moves only the
     imports, else the steps of the nodes graphkit's adapters convert in the main graph
     (graphkit.rewrite._convertbytes: where they only change the nodes' own fields)."""
@@ -159,7 +160,7 @@ def _conversion(model: onnx.ModelProto, ops: collections.Counter, sub_counts: co
         if current is None:
             raise
     try:
-        return _convertbytes.plan(model, set(ops), set(sub_counts), current, target)
+        return _convertbytes.plan(model, set(ops), set(sub_counts), current, target, bodies)
     except _convertbytes.InSubgraphs as exc:  # the bodies' writer converts them
         raise InBodies(str(exc)) from exc
     except _convertbytes.NotSpliced as exc:
@@ -1146,7 +1147,8 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     spliced = None
     if changed is not None:
         try:
-            spliced = _convertbytes.splice(data, model, domains, op_types, starts, ends, changed, target_opset, path)
+            spliced = _convertbytes.splice(data, model, domains, op_types, starts, ends, changed, target_opset, path,
+                                           up=target_opset > current, holders=sorted(holders))
         except _convertbytes.NotSpliced as exc:
             raise Unsupported(f"--target-opset {target_opset} needs the objects writer's conversion: {exc}") from exc
         if seed is not None:  # the engine lowers after the conversion, its constants' names taken
@@ -1258,29 +1260,42 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     count_after(report, plan)
 
     # The graph: the bytes between placeholders as they were, each placeholder replaced
-    # (and each node the conversion changed; its constants after the graph's initializers).
-    spliced_at, entries, tail = custom, slots, [g1]
+    # (and each node the conversion changed, the constants it no longer reads removed; the
+    # constants it made after the graph's initializers).
+    spliced_at, entries, tail = custom, slots, []  # tail: (start, end, bytes) after the last node entry
     if spliced is not None:
-        if spliced.positions:
-            merged = sorted(zip(itertools.chain(custom, spliced.positions), itertools.chain(slots, spliced.entries)),
-                            key=itemgetter(0))
+        if spliced.removed_nodes:
+            removed = collections.Counter((domains[p], "Constant") for p in spliced.removed_nodes)
+            report.ops_after = +(report.ops_after - removed)
+        converted = [(p, e) for p, e in zip(spliced.positions, spliced.entries) if e is not None]
+        if spliced.removed_nodes:
+            converted = sorted({**dict(converted), **dict.fromkeys(spliced.removed_nodes, b"")}.items())
+        if converted:
+            merged = sorted(itertools.chain(zip(custom, slots), converted), key=itemgetter(0))
             spliced_at, entries = array("q", map(itemgetter(0), merged)), list(map(itemgetter(1), merged))
             del merged
+        del converted
+        initializer_entries = [(start, end) for field, start, end in others if field == 5]
+        tail = [(*initializer_entries[i], b"") for i in spliced.removed_initializers]
         if spliced.initializers:
-            at = max((end for field, _, end in others if field == 5), default=None)
+            at = max((end for _, end in initializer_entries), default=None)
             if at is None:
                 at = min((start for field, start, _ in others if field > 5), default=g1)
-            if starts and at < ends[-1]:
-                raise Unsupported("initializers before the graph's last node")
-            tail = [at, spliced.initializers, at, g1]
+            tail.append((at, at, spliced.initializers))
+        tail.sort(key=itemgetter(0))
+        if tail and starts and tail[0][0] < ends[-1]:
+            raise Unsupported("initializers before the graph's last node")
     entry_starts = array("q", map(starts.__getitem__, spliced_at))
     entry_ends = array("q", map(ends.__getitem__, spliced_at))
     view = memoryview(data)  # big slices without a copy (small ones are cheaper as bytes)
     gaps = [view[g0:entry_starts[0]], *map(data.__getitem__, map(slice, entry_ends[:-1], entry_starts[1:]))]
     # The graph's pieces go into the output as they are: one copy of the graph, not two.
-    graph = [*itertools.chain.from_iterable(zip(gaps, entries)), view[entry_ends[-1]:tail[0]]]
-    if len(tail) > 1:
-        graph += [tail[1], view[tail[2]:tail[3]]]
+    graph = [*itertools.chain.from_iterable(zip(gaps, entries))]
+    last = entry_ends[-1]
+    for start, end, written in tail:
+        graph += [view[last:start], written]
+        last = end
+    graph.append(view[last:g1])
     del gaps, entry_starts, entry_ends, spliced_at, entries
     out, header, import_entries = assemble(view, model, top, graph, report, opset=opset, placeholders=placeholders,
                                            target_opset=target_opset, current=current, lowered=len(custom),
