@@ -1170,7 +1170,8 @@ def _down(units: int, *, named: bool = False, kept: bool = False) -> onnx.ModelP
         prev = f"s{i}"
     outputs = [helper.make_tensor_value_info(prev, F, [1, 1])]
     if kept:
-        nodes += [helper.make_node("Identity", ["axes"], ["axes_out"]), helper.make_node("Identity", ["ax0"], ["ax_out"])]
+        nodes += [helper.make_node("Identity", ["axes"], ["axes_out"]),
+                  helper.make_node("Identity", ["ax0"], ["ax_out"])]
         outputs += [helper.make_tensor_value_info("axes_out", TensorProto.INT64, [1]),
                     helper.make_tensor_value_info("ax_out", TensorProto.INT64, [1])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 1])], outputs, initializer=[

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -67,10 +67,11 @@ class Spliced:
     """The main graph's nodes the conversion changes, converted.
 
     ``positions``: their indices in the main graph, increasing; ``entries``: each one's
-    converted node entry (graph field 1); ``initializers``: the constants made, as graph
-    field 5 entries; ``made``: their names; ``checked``: (entry, inputs, outputs) of a
-    converted node of each kind (the others differ from it in names only) and of each node
-    converted on its own, for the check by parts."""
+    converted node entry (graph field 1; None: the node as it was); ``initializers``: the
+    constants made, as graph field 5 entries; ``made``: their names; ``checked``: (entry,
+    inputs, outputs) of a converted node of each kind and of each node converted on its own
+    with other fields than those before it (the others differ from one of them in names
+    only), for the check by parts."""
 
     positions: list[int]
     entries: list[bytes]
@@ -100,6 +101,7 @@ class _DataNames(NameGenerator):
 
 
 def _varint(n: int) -> bytes:
+    """A varint's bytes (_fastpath's encoding; not imported from there: it imports this module)."""
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
