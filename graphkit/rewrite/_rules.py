@@ -432,29 +432,38 @@ class RuleSet:
 # ---------------------------------------------------------------- applying
 
 def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, base_dir: str | None,
-            nested: bool = True) -> list[Scope]:
+            tree: list[tuple[onnx.GraphProto, int]] | None = None) -> list[Scope]:
     """Every scope, outer before inner (callers go through it reversed: rebuilding a node
-    list copies its nodes, subgraphs included). ``nested`` False: the caller knows no node
-    holds a subgraph (the main graph's nodes are not walked for them)."""
+    list copies its nodes, subgraphs included). ``tree``: the main graph and its subgraphs
+    as ModelIndex.tree has them, where the caller has them (their nodes are not walked again)."""
     model_opset = next((i.version for i in model.opset_import if i.domain in AI_ONNX), 1)
     out: list[Scope] = []
 
-    def walk(graph: onnx.GraphProto, outer: list[onnx.TensorProto], opset: int, tt: TypeTable) -> None:
+    def scope(graph: onnx.GraphProto, outer: list[onnx.TensorProto], opset: int, tt: TypeTable) -> Scope:
         visible = list(outer)  # a list of the scope's own: add_initializers() extends it
         if graph.initializer:
             # An initializer that is also a graph input may be fed at run time: not a constant.
             fed = {i.name for i in graph.input}
             visible += [t for t in graph.initializer if t.name not in fed]
-        nodes = graph.node
-        out.append(Scope(nodes, {o.name for o in graph.output}, visible, graph, tt, opset, make_builder, base_dir))
-        if not nested:
-            return
-        for node in nodes:
+        return Scope(graph.node, {o.name for o in graph.output}, visible, graph, tt, opset, make_builder, base_dir)
+
+    def walk(graph: onnx.GraphProto, outer: list[onnx.TensorProto], opset: int, tt: TypeTable) -> None:
+        made = scope(graph, outer, opset, tt)
+        out.append(made)
+        for node in made.nodes:
             if node.attribute:
                 for g in subgraphs(node):
-                    walk(g, visible, opset, _ScopeTypes(tt, g))
+                    walk(g, made.initializers, opset, _ScopeTypes(tt, g))
 
-    walk(model.graph, [], model_opset, types)
+    if tree is None:
+        walk(model.graph, [], model_opset, types)
+    else:
+        for graph, parent in tree:
+            if parent < 0:
+                out.append(scope(graph, [], model_opset, types))
+            else:
+                up = out[parent]
+                out.append(scope(graph, up.initializers, model_opset, _ScopeTypes(up.types, graph)))
     for fn in model.functions:
         opset = next((i.version for i in fn.opset_import if i.domain in AI_ONNX), model_opset)
         out.append(Scope(fn.node, set(fn.output), [], None, TypeTable(), opset, make_builder, base_dir))
@@ -501,14 +510,14 @@ def _referenced(model: onnx.ModelProto) -> set[str]:
 
 def apply_rule_set(model: onnx.ModelProto, rules: RuleSet, *, make_builder: Callable[[onnx.NodeProto, str], Any],
                    types: TypeTable, report: RuleReport, path: str | None = None,
-                   delta: OpDelta | None = None, nested: bool = True) -> int:
+                   delta: OpDelta | None = None, tree: list[tuple[onnx.GraphProto, int]] | None = None) -> int:
     """Apply the pattern rules and graph passes of ``rules`` to every scope of ``model`` in place.
 
     Initializers that a rewrite leaves unused are removed from the model (the external
     data files they point to are not touched). ``path``, the model's file, is where
     external weights are read from when a pattern needs their values. Returns the
-    number of rewrites; ``delta``, if given, learns how the op counts changed. ``nested``
-    False: the caller knows that no node of the model holds a subgraph.
+    number of rewrites; ``delta``, if given, learns how the op counts changed. ``tree``:
+    the model's ModelIndex.tree, where the caller has it.
     """
     import os
 
@@ -526,7 +535,7 @@ def apply_rule_set(model: onnx.ModelProto, rules: RuleSet, *, make_builder: Call
         delta.exact = False
     total = 0
     runs: dict[int, _RuleRun] = {}  # per rule, made once
-    scopes = _scopes(model, types, make_builder, base_dir, nested)
+    scopes = _scopes(model, types, make_builder, base_dir, tree)
     try:
         for scope in reversed(scopes):
             total += _apply_scope(scope, active, rules.max_rounds, report, released, path, runs, delta)

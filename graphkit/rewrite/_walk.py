@@ -84,7 +84,9 @@ class ModelIndex:
     node list (``node_lists``: (nodes, in a function body), the main graph's first, each
     graph before the graphs nested in it). For the check, besides: ``shapeless``, the
     tensor types of graph inputs/outputs (any graph) without a shape, and ``external``,
-    whether any tensor (initializers, sparse ones, attributes, any scope) is stored externally."""
+    whether any tensor (initializers, sparse ones, attributes, any scope) is stored externally.
+    ``tree``: the main graph and its subgraphs, each as (graph, position in ``tree`` of the
+    graph holding it; -1 for the main graph), in ``node_lists``' order."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.op_counts: collections.Counter = collections.Counter()
@@ -92,23 +94,28 @@ class ModelIndex:
         self.node_lists: list[tuple[Any, bool]] = []
         self.shapeless: list[onnx.TypeProto.Tensor] = []
         self.external = False
+        self.tree: list[tuple[onnx.GraphProto, int]] = []
+        tree = self.tree
         for fn in (None, *model.functions):
             if fn is None:
-                stack, in_function = [model.graph], False
+                stack, in_function = [(model.graph, -1)], False
             else:
                 self.names.update(fn.input)
                 self.names.update(fn.output)
                 self.node_lists.append((fn.node, True))
-                stack, in_function = self._nodes(fn.node), True
+                stack, in_function = [(g, -1) for g in self._nodes(fn.node)], True
                 stack.reverse()
             while stack:
-                g = stack.pop()
+                g, parent = stack.pop()
                 self._graph(g)
                 self.node_lists.append((g.node, in_function))
                 inner = self._nodes(g.node)
+                if not in_function:
+                    tree.append((g, parent))
                 if inner:
                     inner.reverse()
-                    stack.extend(inner)
+                    at = len(tree) - 1
+                    stack.extend((sub, at) for sub in inner)
 
     def _graph(self, g: onnx.GraphProto) -> None:
         """A graph's own fields: names of inputs, outputs, initializers and value_info."""

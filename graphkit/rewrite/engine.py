@@ -461,10 +461,10 @@ def _rules_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
                        types=types, node_name=node.name, op_name=rule_name)
 
     delta = OpDelta()
-    # The input's index tells whether any node holds a subgraph (one node list, no function: none).
-    nested = not (ctx.index_valid and len(ctx.index.node_lists) == 1)
+    # The input's index has every graph: not walked for again.
+    tree = ctx.index.tree if ctx.index_valid else None
     total = apply_rule_set(model, ctx.rules, make_builder=make_builder, types=types, report=ctx.report.rules,
-                           path=ctx.path, delta=delta, nested=nested)
+                           path=ctx.path, delta=delta, tree=tree)
     # Nodes overwritten where they were (none holding subgraphs): the index's node lists and
     # graphs are still the model's.
     ctx.index_valid = ctx.index_valid and (not total or (delta.exact and delta.in_place))
