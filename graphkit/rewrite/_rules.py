@@ -619,9 +619,9 @@ class _RuleRun:
     """What applying one rule keeps from scope to scope: its matchers (pointed at each
     scope's view), the rewrite's caller, one builder restarted for every match."""
 
-    __slots__ = ("builder", "call", "fresh", "matchers", "restart", "templates")
+    __slots__ = ("builder", "call", "fresh", "lean", "matchers", "restart", "stamps", "templates")
 
-    def __init__(self, rule: Rule, view: GraphView, opset: int) -> None:
+    def __init__(self, rule: Rule, view: GraphView, opset: int, delta: OpDelta) -> None:
         self.matchers = [(p.anchor[1], Matcher(p.roots, commute=rule.commute, view=view, rule=rule.name,
                                                opset=opset, vars=p.vars)) for p in rule._patterns]
         self.call = _caller(rule.rewrite)
@@ -630,8 +630,15 @@ class _RuleRun:
         # Count of *xs inputs (-1: none) -> the traced replacement, None where rewrite runs per match.
         self.templates: dict[int, Template | None] = {}
         self.fresh: Callable[[str], str] | None = None  # the Builder's name generator, for templates
+        self.stamps = _Stamps(delta, rule._patterns[0].anchor[1])  # told to the OpDelta at the end
+        # One flat pattern (one node of distinct variables) without check: its matches are
+        # found from the node's fields and stamped without a Match (_stamp_matches).
+        matcher = self.matchers[0][1]
+        self.lean = _FIRST and _TEMPLATES and not rule.per_match and rule.check is None \
+            and len(rule._patterns) == 1 and matcher.flat is not None and rule._simple()
 
     def close(self) -> None:
+        self.stamps.count()
         if self.restart is not None:
             self.builder._release()
         self.builder = self.restart = None
@@ -641,16 +648,27 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
                 path: str | None, runs: dict[int, _RuleRun], delta: OpDelta) -> tuple[int, GraphView | None]:
     """Rewrite the matches of ``rule`` in ``scope`` (indexed by ``view``); returns how many and
     the view if it still holds (None: the caller builds another)."""
-    nodes = scope.nodes
-    patterns = rule._patterns
-    anchors = rule._anchor_ops  # the caller saw one of them in the scope
     run = runs.get(id(rule))
     if run is None:
-        run = runs[id(rule)] = _RuleRun(rule, view, scope.opset)
+        run = runs[id(rule)] = _RuleRun(rule, view, scope.opset, delta)
     else:
         for _, matcher in run.matchers:
             matcher.view, matcher.opset, matcher.commute = view, scope.opset, rule.commute
+    stamp = run.stamps
+    stamp.indices, stamp.ops = [], []  # this scope's
     matchers = run.matchers
+    if run.lean:  # matches stamped as long as each has a template, in order; the rest below
+        candidates = view.by_op.get(matchers[0][0], ())
+        if candidates and run.fresh is None:  # names as a Builder of this rule makes them
+            b = scope.make_builder(view.nodes[candidates[0]], rule.name)
+            run.fresh = getattr(getattr(b, "_names", None), "fresh", None)
+        if candidates and run.fresh is not None:
+            done = _stamp_matches(view, candidates, matchers[0][1], run, rule.name, rule._patterns[0].anchor, stamp)
+            if done == len(candidates):
+                return _stamped(view, stamp, report, rule.name)
+    nodes = scope.nodes
+    patterns = rule._patterns
+    anchors = rule._anchor_ops  # the caller saw one of them in the scope
     # One pattern without choice points: Matcher.first finds its only match at a node
     # without generators; where there is none, _first_match runs to say why.
     first = matchers[0][1].first if _FIRST and len(patterns) == 1 and rule._simple() else None
@@ -661,22 +679,13 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
     names_of, many = (flat[1], flat[2]) if flat is not None else ((), None)
     anchor = patterns[0].anchor
     templates = run.templates
-    stamp = _Stamps(delta, anchor[1])  # the nodes overwritten with a template, as they are
     by_op = view.by_op
     if len(anchors) == 1:
         candidates = by_op.get(next(iter(anchors)), ())
     else:
         candidates = sorted(i for op in anchors for i in by_op.get(op, ()))
-    if flat_match is not None and candidates:
-        if run.fresh is None:  # names as a Builder of this rule makes them
-            b = scope.make_builder(view.nodes[candidates[0]], rule.name)
-            run.fresh = getattr(getattr(b, "_names", None), "fresh", None)
-        if run.fresh is not None:
-            # Matches stamped as long as each has a template, in order; the rest below.
-            done = _stamp_matches(view, candidates, matchers[0][1], run, rule.name, anchor, stamp)
-            if done == len(candidates):
-                return _stamped(view, stamp, report, rule.name)
-            candidates = candidates[done:]
+    if stamp.indices:
+        candidates = candidates[len(stamp.indices):]
     fresh = run.fresh
     used: set[int] = set(stamp.indices)
     for _, matcher in matchers:
@@ -869,7 +878,6 @@ def _stamped(view: GraphView, stamp: "_Stamps", report: RuleReport, rule: str,
     stamped = len(stamp.indices)
     if not stamped:
         return 0, view
-    stamp.count()
     if not counted:
         report.matched[rule] = report.matched.get(rule, 0) + stamped
     report.applied[rule] = report.applied.get(rule, 0) + stamped
@@ -898,6 +906,7 @@ class _Stamps:
     op counts and the view need (which nodes, of which op now, from which domain)."""
 
     __slots__ = ("delta", "domains", "holds_graphs", "indices", "made", "op_type", "ops")
+    # indices, ops: the current scope's; domains, made, holds_graphs: every scope's
 
     def __init__(self, delta: OpDelta, op_type: str) -> None:
         self.delta, self.op_type = delta, op_type  # op_type: the matched nodes'
@@ -922,7 +931,7 @@ class _Stamps:
         self.made[id(template)] = (template, 1 if made is None else made[1] + 1)
 
     def count(self) -> None:
-        """Tell the OpDelta."""
+        """Tell the OpDelta (once, when done with every scope)."""
         delta = self.delta
         if self.holds_graphs:
             delta.exact = False
@@ -931,6 +940,7 @@ class _Stamps:
                 delta.counts[(domain, self.op_type)] -= n
             for template, n in self.made.values():
                 delta.counts[(template.domain, template.op_type)] += n
+        self.domains, self.made = {}, {}
 
 
 def _label(node: onnx.NodeProto, view: GraphView, index: int) -> str:
