@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import NP_TYPES, REPO, my_add_model, run_cli
@@ -1550,3 +1552,69 @@ def test_bodies_declaring_one_name_with_two_types():
     out, _ = rewrite_model(model, check=False)
     consts = [n for g in _walk_graphs(out.graph) for n in g.node if n.op_type == "Constant" and n.name]
     assert sorted(c.attribute[0].t.data_type for c in consts) == [F, TensorProto.DOUBLE]
+
+
+# -- converting --target-opset on random models: the writers agree, or the byte writer steps aside
+
+_AXES_INPUT_FROM = {"ReduceMean": 18, "ReduceMax": 18, "ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13}
+
+
+def _random_converting_model(rng, opset: int) -> onnx.ModelProto:
+    """A chain over a [1, 1] value of placeholders, reductions (axes an attribute or an input,
+    from a shared initializer or a Constant, at ``opset``), Unsqueeze/Squeeze pairs and
+    Relus, names drawn from a few that collide (empty, shared, '<prefix>/', an axes
+    constant's name)."""
+    nodes, inits, prev = [], {}, "x"
+    names = ["", "", "n", "my_add/n", "r1_axes", "axes_0"]
+
+    def axes(op: str, values: list[int], i: int) -> tuple[list[str], dict]:
+        if opset < _AXES_INPUT_FROM[op]:
+            return [], {"axes": values}
+        if rng.random() < 0.5:
+            name = f"axes_{values[0] % 2}"
+            inits[name] = numpy_helper.from_array(np.array(values, np.int64), name)
+            return [name], {}
+        nodes.append(helper.make_node("Constant", [], [f"c{i}"], value_ints=values))
+        return [f"c{i}"], {}
+
+    for i in range(rng.randint(1, 8)):
+        kind = rng.choice(["my_add", "reduce", "squeeze", "relu"])
+        name = rng.choice(names)
+        name = f"{name}{i}" if name and rng.random() < 0.5 else name
+        if kind == "my_add":
+            nodes.append(helper.make_node("my_add", [prev, prev], [f"v{i}"], domain="custom", name=name))
+        elif kind == "reduce":
+            op = rng.choice(["ReduceMean", "ReduceMax", "ReduceSum"])
+            extra, attrs = axes(op, [rng.choice([0, -1])], i)
+            nodes.append(helper.make_node(op, [prev, *extra], [f"v{i}"], keepdims=1, name=name, **attrs))
+        elif kind == "squeeze":
+            extra, attrs = axes("Unsqueeze", [0], i)
+            nodes.append(helper.make_node("Unsqueeze", [prev, *extra], [f"u{i}"], name=name, **attrs))
+            extra, attrs = axes("Squeeze", [0], 100 + i)
+            nodes.append(helper.make_node("Squeeze", [f"u{i}", *extra], [f"v{i}"], **attrs))
+        else:
+            nodes.append(helper.make_node("Relu", [prev], [f"v{i}"], name=name))
+        prev = f"v{i}"
+    nodes.append(helper.make_node("my_add", [prev, "x"], ["y"], domain="custom"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 1])],
+                              [helper.make_tensor_value_info("y", F, [1, 1])], initializer=list(inits.values()))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("custom", 1)],
+                             ir_version=10)
+
+
+@settings(max_examples=60, derandomize=True, deadline=None, database=None)
+@given(st.randoms(use_true_random=False), st.sampled_from([11, 13, 17, 18]), st.sampled_from([11, 13, 17, 18]))
+def test_target_opset_converting_random_models_agree(rng, opset, target):
+    """Whatever the byte writer takes it writes as the objects writer does, field for field and
+    byte for byte, reports alike; an error is the objects writer's, in its words."""
+    model = _random_converting_model(rng, opset)
+    data = model.SerializeToString()
+    try:
+        slow, slow_report = rewrite_model(model, target_opset=target)
+    except (RewriteError, ValidationError) as exc:
+        with pytest.raises(type(exc)) as fast:
+            rewrite_bytes(data, target_opset=target)
+        assert str(fast.value) == str(exc)
+        return
+    out, report = rewrite_bytes(data, target_opset=target)
+    assert out == slow.SerializeToString() and _without_writer(report) == _without_writer(slow_report)
