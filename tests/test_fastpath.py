@@ -1338,6 +1338,18 @@ def test_target_opset_converting_ir_3_goes_the_object_way():
                     target_opset=18)
 
 
+def test_target_opset_on_a_model_importing_no_ai_onnx_opset():
+    """Nothing to convert from (bench/fuzz.py found a TypeError here): the import is added, as
+    "imports only", by the objects writer, and the report says why the byte writer did not run."""
+    model = my_add_model()
+    del model.opset_import[0]
+    out, report = rewrite_bytes(model.SerializeToString(), target_opset=19)
+    slow, slow_report = rewrite_model(model, target_opset=19)
+    assert out == slow.SerializeToString() and _without_writer(report) == _without_writer(slow_report)
+    assert report.conversions == [(None, 19, "imports only")] and _opset(slow) == 19
+    assert "without an ai.onnx opset import" in report.writer_reason
+
+
 def test_target_opset_with_nothing_to_lower_goes_the_object_way():
     model = _unnamed("my_add", 2, False)
     model.graph.node[0].domain = model.graph.node[1].domain = ""

@@ -277,7 +277,8 @@ def _convert_opset(model: onnx.ModelProto, target: int, path: str | None, taken:
     """Move the model's standard ops to ai.onnx opset ``target`` (custom nodes ride along).
 
     Returns the model and how: "imports only" where no standard op of the model (any scope)
-    has a new version between the two opsets (every node stays as it is), "adapters" where
+    has a new version between the two opsets, or the model imports no ai.onnx opset to
+    convert from (every node stays as it is), "adapters" where
     graphkit's own adapters converted every node (rewrite/_convert.py: one pass, linear),
     with onnx's converter on each node no adapter covers, one at a time ("adapters; onnx's
     converter node by node: ..."), else "version converter": onnx's on the whole model, whose
@@ -290,7 +291,7 @@ def _convert_opset(model: onnx.ModelProto, target: int, path: str | None, taken:
     standard = {op for d, op in (count_ops(model) if op_counts is None else op_counts) if d in AI_ONNX}
     same = current is not None and current != target and bool(standard) and _same_schemas(standard, current, target)
     how = "imports only"
-    if current == target or not standard or same:
+    if current is None or current == target or not standard or same:
         converted = model
     elif not (done := convert_by_adapters(model, target, path=path, taken=taken)).fallback:
         converted, how = model, "adapters"
