@@ -205,7 +205,7 @@ class Matcher:
         found = self.flat_match(index)
         if found is None:
             return None
-        _, names, rest, output = found
+        _, names, rest, output, _ = found
         _, names_of, many = self._flat
         bindings = dict(zip(names_of, names))
         if many is not None:
@@ -213,14 +213,16 @@ class Matcher:
         get = bindings.get
         return Match({name: get(name) for name in self.vars}, [index], [output])
 
-    def flat_match(self, index: int) -> tuple[str, tuple[str, ...], list[str], str] | None:
+    def flat_match(self, index: int) -> tuple[str, tuple[str, ...], list[str], str, Any] | None:
         """For a pattern with a flat plan (``_flat``: one node, distinct variables): the
         match at node ``index`` as (the node's domain, the names its variables bind, in
-        order, those ``*xs`` binds, the first output), or None where ``first`` finds none."""
+        order, those ``*xs`` binds, the first output, the node where it was read, else None),
+        or None where ``first`` finds none."""
         pat, names_of, many = self._flat
         view = self.view
         if view.ops[index] != pat.op_type:
             return None
+        node = None
         if "inputs" in view.__dict__:  # the view's copies of the fields, where made
             domain, names, outs = view.domains[index], view.inputs[index], view.outputs[index]
         else:  # else the node's own: a single-node rule needs no copy of every node
@@ -249,7 +251,7 @@ class Matcher:
                 if name and name != output and (
                         name in view.protected or any(c != index for c in view.consumers.get(name, ()))):
                     return None
-        return domain, names, rest, output
+        return domain, names, rest, output, node
 
     def _first_node(self, pat: PNode, index: int, bindings: dict[str, Any], nodes: dict[int, int],
                     used: set[int]) -> bool:

@@ -709,7 +709,7 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
             continue
         node = vnodes[index]
         if flat_match is not None and (found := flat_match(index)) is not None:
-            domain, bound_names, rest, output = found
+            domain, bound_names, rest, output, _ = found
             extra = -1 if many is None else len(rest)
             template = templates.get(extra, _UNTRACED)
             if template is _UNTRACED:
@@ -846,27 +846,41 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
 def _stamp_matches(view: GraphView, candidates: Any, matcher: Matcher, run: _RuleRun, rule: str,
                    anchor: tuple[str, str], stamp: "_Stamps") -> int:
     """Stamp the template on the matches at ``candidates`` (a flat pattern, no check), in
-    order, up to the first that has none (no match, no template); returns how many."""
+    order, up to the first that has none (no match, no template); returns how many.
+    (``_Stamps.__call__`` inlined: this loop runs once per match.)"""
     flat_match, fresh, templates, call = matcher.flat_match, run.fresh, run.templates, run.call
     _, names_of, many = matcher.flat
     matcher.taken = set()  # single nodes in order: no match overlaps an earlier one
     nodes = view.nodes
+    indices, ops, domains, made = stamp.indices, stamp.ops, stamp.domains, stamp.made
     done = 0
     for index in candidates:
         found = flat_match(index)
         if found is None:
             break
-        domain, names, rest, output = found
+        domain, names, rest, output, node = found
         extra = -1 if many is None else len(rest)
         template = templates.get(extra, _UNTRACED)
         if template is _UNTRACED:
             template = templates[extra] = trace(call, names_of, many, max(extra, 0), anchor)
         if template is None or not output:
             break
-        node = nodes[index]
-        node_name = fresh(f"{node.name or rule}/{template.op_type}")
+        if node is None:
+            node = nodes[index]
+        if node.attribute and not stamp.holds_graphs:
+            stamp.holds_graphs = any(a.type in _GRAPH_TYPES for a in node.attribute)
+        op_type = template.op_type
+        node_name = fresh(f"{node.name or rule}/{op_type}")
         fresh(f"{node_name}_out")
-        stamp(index, node, template, node_name, template.inputs(names, rest), output, domain)
+        node.CopyFrom(template.node)
+        node.input.extend(names if template.same_inputs and not rest else template.inputs(names, rest))
+        node.output.append(output)
+        node.name = node_name
+        indices.append(index)
+        ops.append(op_type)
+        domains[domain] = domains.get(domain, 0) + 1
+        key = id(template)
+        made[key] = (template, made[key][1] + 1) if key in made else (template, 1)
         done += 1
     return done
 
