@@ -19,8 +19,9 @@ __all__ = ["Builder", "NameGenerator", "TypeTable"]
 class NameGenerator:
     """Unique node and tensor names that clash with nothing already in the model."""
 
-    def __init__(self, taken: Iterable[str] = ()) -> None:
-        self._taken = set(taken)
+    def __init__(self, taken: Iterable[str] = (), *, adopt: bool = False) -> None:
+        # ``adopt``: ``taken`` is a set the caller hands over (it grows with the names made)
+        self._taken = taken if adopt and isinstance(taken, set) else set(taken)
         # Next suffix to try per base: the i-th name made from one base costs O(1), not O(i)
         # (unnamed nodes all share a base). Names are never released, so the suffixes below
         # it stay taken and the names made are the same as probing from 1.
