@@ -2,10 +2,18 @@
 
 graphkit.rewrite._fastpath splices replacements into the main graph's serialized node
 list. Here every graph nested in a node's attributes (``g``, ``graphs``, at any depth) is
-a scope of its own: its node entries are located in the serialized model as the main
-graph's are, each placeholder's entry is replaced by its replacement's, and the nested
-messages around it (the graph, its attribute, the node holding it, up to the main graph)
-are written again with their new length prefixes. Nothing else moves.
+a scope of its own: each main-graph node holding graphs with placeholders is written
+again from its serialized bytes, each message on the way down to the placeholders parsed
+as a _Skeletons message (every message-typed field kept as its bytes) and serialized
+again with the placeholders' entries replaced; every other main-graph byte stays as it was.
+
+Reading thousands of subgraphs field by field through protobuf's Python objects costs a
+wrapper object per message and per repeated field read; here the subgraphs are read from
+the serialized model instead, a field of a block of them at a time: messages of one kind
+are parsed together as one message whose fields are all repeated (_columns: protobuf
+appends a repeated field's values as they come, an end value after each message tells
+them apart), and the placeholders' replacements of one template are written together
+(_Layout), a field of all of them at a time.
 
 The result is the objects writer's, byte for byte (tests/test_fastpath.py's corpus):
 
@@ -26,15 +34,18 @@ The result is the objects writer's, byte for byte (tests/test_fastpath.py's corp
 * Names: the generator starts empty where no name of the model starts with a
   placeholder's ``<prefix>/`` (every generated name does; bodies' names and the outer
   names they read are in the bytes searched), else with every name of the model, as the
-  engine's (``_fastpath._name_seed``).
+  engine's (``_fastpath._name_seed``); it is asked in the lowering's order, the bytes
+  written afterwards.
 * Element types: the engine's ``TypeTable`` (``_fastpath._ForwardTypes`` over the main
   graph, subgraphs through TypeTable's own pass), whose pass also lists the scopes
   (``_Types``). Where every placeholder input is declared with a type (or is an output
   of a main-graph If/Loop/Scan whose body output is), the declarations alone give the
   whole pass's answer for them (a forward rule never changes a declared name's type) and
-  the nodes are not typed; otherwise the whole pass runs. Where sibling subgraphs define
-  one name (the engine then keeps a table per scope) or a placeholder input stays
-  unknown (the engine would run ONNX shape inference), the objects writer runs.
+  the nodes are not typed; those are read from the serialized subgraphs at once where
+  every name a subgraph defines or declares is its own (``_Types._declared_bulk`` lists
+  the conditions), else graph by graph. Otherwise the whole pass runs. Where sibling
+  subgraphs define one name (the engine then keeps a table per scope) or a placeholder
+  input stays unknown (the engine would run ONNX shape inference), the objects writer runs.
 * Check: as ``_fastpath``'s, by parts where its conditions hold (see its docstring). They
   hold in bodies: a replacement reads its placeholder's inputs (visible where the
   placeholder is: the input passed the checker) and names made before it in its scope,
@@ -45,15 +56,19 @@ The result is the objects writer's, byte for byte (tests/test_fastpath.py's corp
   External data, a small model or ``full_check`` send the check to the whole output, and
   so does a part the checker refuses (graph inputs or outputs without a shape, in any
   scope, among the reasons: the whole check gives them an empty shape, as the engine's).
+* Bytes: a message written again is protobuf's serialization of it (fields in number
+  order), so where the input is as protobuf writes it, the output is the objects
+  writer's byte for byte; where not, it is the same model (field for field).
 
 Preconditions (each an ``Unsupported``, the report's ``writer_reason`` when the objects
 writer runs instead): no model-local functions or training info, no custom node holding
-a subgraph, placeholders only in the ``custom`` domain, each graph's node entries where
-the parsed model has them, every placeholder input typed by the forward pass, one type
-table for every scope (no two sibling graphs define a name); a target opset only where the
-conversion moves the imports alone or changes nodes by steps on their own fields, which
+a subgraph, placeholders only in the ``custom`` domain, the main graph's node entries
+where the parsed model has them, every placeholder input typed by the forward pass, one
+type table for every scope (no two sibling graphs define a name); a target opset only
+where the conversion moves the imports alone or changes nodes by steps on their own fields, which
 graphkit's adapters make here (graphkit.rewrite._convertbytes.splice_scopes: in every graph,
-spliced like the replacements).
+spliced like the replacements, every graph listed and written as its serialized entries
+spliced: ``_graph_bytes``).
 """
 
 from __future__ import annotations
@@ -86,6 +101,156 @@ _GRAPH = onnx.AttributeProto.GRAPH
 _GRAPHS = onnx.AttributeProto.GRAPHS
 _NAME, _TYPE, _ELEM = attrgetter("name"), attrgetter("type"), attrgetter("tensor_type.elem_type")
 _MAX_DEPTH = 64  # nested graphs deeper than this go to the objects writer (recursion here)
+_BULK_DEPTH = 8  # _Types._declared_bulk reads graphs nested this deep; deeper ones go graph by graph
+_CONTROL_FLOW_BODY = {"If": "then_branch", "Loop": "body", "Scan": "body"}
+_BLOCK = 1 << 14  # graphs (and placeholders written a field at a time) the lowering holds the lists of at once
+_EVERYTHING = itemgetter(slice(None))  # a repeated field's values as a list, in one call
+
+
+# After each graph, an empty entry of each repeated field _graph_columns reads: node (1),
+# initializer (5), input (11), output (12), value_info (13).
+_GRAPH_END = b"\x0a\x00\x2a\x00\x5a\x00\x62\x00\x6a\x00"
+_GRAPH_FIELDS = ("node", "initializer", "input", "output", "value_info")
+
+
+def _graph_columns(graphs: list[bytes]) -> dict[str, tuple[list[bytes], list[int]]]:
+    """Per field of _GRAPH_FIELDS, the values of every one of the serialized GraphProtos
+    ``graphs`` in order (serialized) and how many each has: they are parsed as one message,
+    each followed by _GRAPH_END (protobuf appends a repeated field's values as they come; an
+    empty value ends a graph's). _NotBulk where one holds an empty value itself."""
+    joined = _Skeletons.load().graph.FromString(b"".join(itertools.chain.from_iterable(
+        zip(graphs, itertools.repeat(_GRAPH_END)))))
+    out = {}
+    n = len(graphs)
+    for name in _GRAPH_FIELDS:
+        values = getattr(joined, name)[:]
+        ends = list(itertools.compress(itertools.count(), map(operator.not_, values)))
+        if len(ends) != n:
+            raise _NotBulk
+        counts = list(map(operator.sub, ends, itertools.chain((-1,), ends)))
+        counts = list(map(operator.sub, counts, itertools.repeat(1)))
+        if len(values) != n:
+            values = list(itertools.compress(values, values))
+        else:
+            values = []
+        out[name] = (values, counts)
+    return out
+
+
+_MARK = "\x00graphkit\x00"  # ends a message's values of a string field in _columns
+_ENDS = {str: _MARK, bytes: b"", int: -1}
+
+
+def _columns(cls: Any, messages: list[bytes], fields: tuple[tuple[str, int, type, bool], ...]) -> dict[str, Any]:
+    """Fields of every one of the serialized ``messages`` at once: they are parsed as one
+    message of ``cls`` (every field repeated), each followed by one end value of each field
+    read (protobuf appends a repeated field's values as they come). ``fields``: (name, number,
+    value type, last): per name, its values in order and how many each message has, or, where
+    ``last``, each message's value (its last one, as protobuf keeps a field given twice; the
+    field's default where it has none). _NotBulk where a message holds an end value itself."""
+    end = b""
+    for name, number, kind, _ in fields:
+        if kind is int:
+            end += _fp._encode_varint(number << 3) + _fp._encode_varint((1 << 64) - 1)
+        else:
+            raw = _ENDS[kind].encode() if kind is str else b""
+            end += _fp._encode_varint(number << 3 | 2) + _LENGTHS[len(raw)] + raw
+    joined = cls.FromString(b"".join(itertools.chain.from_iterable(zip(messages, itertools.repeat(end)))))
+    n = len(messages)
+    out: dict[str, Any] = {}
+    for name, _, kind, last in fields:
+        values = getattr(joined, name)[:]
+        mark = _ENDS[kind]
+        ends = list(itertools.compress(itertools.count(), map(mark.__eq__, values)))
+        if len(ends) != n:
+            raise _NotBulk
+        counts = list(map(operator.sub, map(operator.sub, ends, itertools.chain((-1,), ends)), itertools.repeat(1)))
+        if last:
+            default = kind()
+            if not any(counts):
+                out[name] = [default] * n
+            else:
+                lasts = map(values.__getitem__, map(operator.sub, ends, itertools.repeat(1)))
+                out[name] = list(map(operator.getitem, zip(itertools.repeat(default), lasts), map(bool, counts)))
+        else:
+            if len(values) != n:
+                values = list(itertools.compress(values, map(mark.__ne__, values)))
+            else:
+                values = []
+            out[name] = (values, counts)
+    return out
+
+
+_NODE_FIELDS = (("input", 1, str, False), ("output", 2, str, False), ("op_type", 4, str, True),
+                ("attribute", 5, bytes, False), ("domain", 7, str, True))
+_PLACEHOLDER_FIELDS = (("input", 1, str, False), ("output", 2, str, False), ("name", 3, str, True),
+                       ("op_type", 4, str, True), ("attribute", 5, bytes, False))
+_PREFIX_FIELDS = (("name", 3, str, True), ("op_type", 4, str, True))
+_HOLDER_FIELDS = (("output", 2, str, False), ("op_type", 4, str, True), ("attribute", 5, bytes, False))
+_ATTRIBUTE_FIELDS = (("name", 1, str, True), ("g", 6, bytes, False), ("graphs", 11, bytes, False),
+                     ("type", 20, int, True))
+
+
+def _field_sizes(a: int, b: int) -> int:
+    """The size of two length-delimited fields with one-byte keys, of values ``a`` and ``b`` bytes long."""
+    return 2 + len(_LENGTHS[a]) + a + len(_LENGTHS[b]) + b
+
+
+class _Skeletons:
+    """NodeProto, AttributeProto, GraphProto and ValueInfoProto with every message-typed field
+    read as repeated bytes (its serialized value, unparsed; repeated, so that one given twice,
+    which protobuf would merge, is seen): the same fields, numbers and wire format, so that
+    parsing one of them from a message's bytes and serializing it again gives the bytes the
+    real message gives (protobuf writes fields in number order either way). Reading a field
+    of one costs a bytes or str object, not the Python wrapper of a message, which is what
+    makes reading thousands of subgraphs field by field slow."""
+
+    node: Any = None
+    attribute: Any = None
+    graph: Any = None
+    value_info: Any = None
+    # ValueInfoProto with every field repeated: ValueInfoProtos serialized one after the other
+    # parse as one of these, each field's values in order (protobuf merges repeated fields so)
+    value_infos: Any = None
+    # NodeProto and AttributeProto so, likewise (AttributeProto's type an int64: any value parses)
+    nodes: Any = None
+    attributes: Any = None
+
+    @classmethod
+    def load(cls) -> type[_Skeletons]:
+        if cls.node is None:
+            from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+            field = descriptor_pb2.FieldDescriptorProto
+            proto = descriptor_pb2.FileDescriptorProto()
+            onnx.NodeProto.DESCRIPTOR.file.CopyToProto(proto)
+            wanted = {"NodeProto", "AttributeProto", "GraphProto", "ValueInfoProto"}
+            for message in proto.message_type:
+                if message.name in wanted:
+                    for f in message.field:
+                        if f.type == field.TYPE_MESSAGE:
+                            f.type, f.label = field.TYPE_BYTES, field.LABEL_REPEATED
+                            f.ClearField("type_name")
+                if message.name in ("ValueInfoProto", "NodeProto", "AttributeProto"):
+                    columns = proto.message_type.add()
+                    columns.CopyFrom(message)
+                    columns.name = message.name.replace("Proto", "Columns")
+                    for f in columns.field:
+                        f.label = field.LABEL_REPEATED
+                        if f.type == field.TYPE_ENUM:
+                            f.type = field.TYPE_INT64
+                            f.ClearField("type_name")
+            pool = descriptor_pool.DescriptorPool()  # a pool of its own: onnx's names again, apart
+            pool.Add(proto)
+            made = {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{proto.package}.{name}"))
+                    for name in wanted}
+            cls.attribute, cls.graph, cls.value_info = (made["AttributeProto"], made["GraphProto"],
+                                                        made["ValueInfoProto"])
+            cls.value_infos, cls.nodes, cls.attributes = (
+                message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{proto.package}.{name}"))
+                for name in ("ValueInfoColumns", "NodeColumns", "AttributeColumns"))
+            cls.node = made["NodeProto"]
+        return cls
 
 
 class _Scope:
@@ -93,12 +258,14 @@ class _Scope:
     and the nested graphs (``subs``: per node holding graphs, (node index, [(attribute index,
     [(position among the attribute's graphs, _Scope)])]))."""
 
-    __slots__ = ("graph", "path", "size", "custom", "subs", "dirty")
+    __slots__ = ("graph", "path", "size", "custom", "subs", "dirty", "nodes")
 
-    def __init__(self, graph: onnx.GraphProto, path: tuple[int, ...]) -> None:
+    def __init__(self, graph: onnx.GraphProto | None, path: tuple[int, ...], custom: list[int] | None = None,
+                 nodes: list[bytes] | None = None) -> None:
         self.graph = graph
         self.path = path  # (node, attribute, graph) indices down from the main graph: tuples sort in output order
-        self.custom: list[int] = []
+        self.custom: list[int] = [] if custom is None else custom
+        self.nodes = nodes  # its placeholders serialized (_Types._declared_bulk), or None: graph.node[i] for i in custom
         self.size = 0  # nodes
         # per node holding graphs: (node index, its attribute count, whether a graph it holds is dirty,
         # [(attribute index, its graphs' field number, [(position among them, _Scope)])])
@@ -110,11 +277,16 @@ class _Undeclared(Exception):
     """A placeholder reads a name not declared (so far): the types need the whole pass."""
 
 
+class _NotBulk(Exception):
+    """The subgraphs' declarations are not of the form _Types._declared_bulk reads at once: the
+    pass goes graph by graph."""
+
+
 class _Types(_fp._ForwardTypes):
     """The engine's type table (``_fastpath._ForwardTypes`` over every node of the main graph,
-    subgraphs through TypeTable's own pass) whose pass through the subgraphs also lists them:
-    ``scopes`` in ModelIndex's order (the order the pass enters them), ``counts`` every node's
-    (domain, op type), each scope's placeholders and nested graphs.
+    subgraphs through TypeTable's own pass) whose pass through the subgraphs also lists the
+    graphs holding placeholders: ``scopes`` in ModelIndex's order (the order the pass enters
+    them), ``counts`` every node's (domain, op type).
 
     Without ``forward``, the pass only declares (every graph's inputs, outputs, value_info and
     initializers, in the pass's order) and lists the scopes. That is the whole pass's answer
@@ -123,12 +295,15 @@ class _Types(_fp._ForwardTypes):
     ends with its last declaration's type, whatever the nodes do; shapes are declarations
     only. The main graph's If/Loop/Scan outputs take their body outputs' declared types
     (_declared_control_flow). The caller asks it only for names so typed, else runs the
-    whole pass."""
+    whole pass. Where every subgraph's names are its own (_declared_bulk), the declarations
+    are read a field of every subgraph at a time; else graph by graph."""
 
     def __init__(self, model: onnx.ModelProto, registry: OpRegistry, main: _Scope, domains: list[str],
-                 op_types: list[str], holders: list[int], forward: bool = True) -> None:
+                 op_types: list[str], holders: list[int], forward: bool = True, data: bytes = b"",
+                 spans: tuple[Any, Any] | None = None) -> None:
         self.scopes = [main]
         self.counts = collections.Counter(zip(domains, op_types))
+        self.bulk = False  # the declarations read at once (_declared_bulk): only graphs holding placeholders listed
         self._main = main
         self._main_holders = iter(holders)  # the pass reaches the main graph's holders in order
         self._frames: list[tuple[_Scope, int, Iterator[tuple[int, int]], list]] = []
@@ -152,6 +327,14 @@ class _Types(_fp._ForwardTypes):
             raise Unsupported("a declared tensor without a name")
         self._state = "forward"
         self._pending = None
+        if spans is not None:
+            try:
+                self._declared_bulk(data, spans, domains, holders)
+                self.bulk = True
+                self.scopes.sort(key=attrgetter("path"))  # the pass's order (each graph before those in it)
+                return
+            except _NotBulk:
+                pass
         for index in holders:
             self._forward_subgraphs(nodes[index], domains[index])
 
@@ -285,6 +468,244 @@ class _Types(_fp._ForwardTypes):
         if graph.initializer:
             for t in graph.initializer:
                 self.set(t.name, onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims)))
+
+    def _declared_bulk(self, data: bytes, spans: tuple[Any, Any], domains: list[str], holders: list[int]) -> None:
+        """The declarations-only pass over every subgraph, read from the serialized model
+        (``data``; ``spans``: the main graph's node entries' starts and ends) as _Skeletons, a
+        field of _BLOCK graphs at a time, where its result does not depend on the order the
+        graph-by-graph pass goes in (else _NotBulk, before anything is changed; that pass then
+        runs):
+
+        * every name a subgraph defines (inputs, node outputs) is defined once in the whole
+          model: by no other subgraph, not by the main graph, not declared there (so
+          TypeTable's sibling check never fires and no graph redefines another's name);
+        * every name a subgraph declares (inputs, outputs, value_info) is one it defines
+          itself (so each name's declarations are its own graph's, in that graph's order);
+        * every placeholder input is typed when the pass reaches its graph: declared in the main
+          graph, an output of an earlier main-graph If/Loop/Scan typed by its body, or declared
+          by a graph defining it that the pass entered before (read so far);
+        * no subgraph has initializers, graphs nest at most _BULK_DEPTH deep, no custom node
+          holds one, no message field is given twice.
+
+        Then the declarations are the same TypeTable.set calls, each graph's in its order
+        (equal TypeProto bytes parsed once); the names left untyped are those no declaration
+        types; the control-flow outputs are typed as _declared_control_flow types them. The
+        scopes listed hold their placeholders serialized (``_Scope.nodes``)."""
+        sk = _Skeletons.load()
+        starts, ends = spans
+        made = self._main_outputs
+        elem0, types0, untyped0 = self._elem, self._types, self._defined
+        attr_from, vi_from = sk.attribute.FromString, sk.value_info.FromString
+        repeat, chain = itertools.repeat, itertools.chain.from_iterable
+
+        def value(index: int) -> bytes:
+            start = starts[index]
+            return data[start + 2 if data[start + 1] < 0x80 else _fp._varint(data, start + 1)[1]:ends[index]]
+
+        paths: list[tuple[int, ...]] = []  # every subgraph's, in the order read (level by level)
+        owner: dict[str, int] = {}  # each name a subgraph defines -> that subgraph
+        declared: list[tuple[list[str], list, list[int]]] = []  # per block and field: names, types, element types
+        parsed: dict[bytes, tuple[onnx.TypeProto, int]] = {}  # a TypeProto's bytes -> it, its element type
+        body_elem: dict[str, int] = {}  # the element types subgraphs' declarations give
+        flow: dict[str, tuple[int, int]] = {}  # a main-graph If/Loop/Scan output -> its type, the node
+        found: list[_Scope] = []
+        counts: collections.Counter = collections.Counter()
+
+        def typed_before(x: str, g: int) -> bool:
+            """Whether placeholder input ``x`` of subgraph ``g`` is typed when the pass reaches ``g``."""
+            if x in elem0:
+                return True
+            if x in flow:
+                return flow[x][1] < paths[g][0]
+            o = owner.get(x)
+            return o is not None and x in body_elem and (o == g or paths[o] <= paths[g])
+
+        # (serialized holder node, its path, its domain), level by level
+        level: list[tuple[bytes, tuple[int, ...], str]] = list(zip(map(value, holders), zip(holders),
+                                                                    map(domains.__getitem__, holders)))
+        depth = 0
+        while level:
+            depth += 1
+            if depth > _BULK_DEPTH:
+                raise _NotBulk
+            below: list[tuple[bytes, tuple[int, ...], str]] = []
+            for at in range(0, len(level), _BLOCK):
+                block = level[at:at + _BLOCK]
+                first = len(paths)
+                raws, bases, holder_domains = zip(*block)
+                if PLACEHOLDER_DOMAIN in holder_domains:
+                    raise _NotBulk  # a custom node holding a graph: the graph-by-graph pass says so
+                held = _columns(sk.nodes, raws, _HOLDER_FIELDS)
+                del raws
+                attributes, n_attributes = held["attribute"]
+                attrs = _columns(sk.attributes, attributes, _ATTRIBUTE_FIELDS)
+                del attributes
+                a_types, a_names = attrs["type"], attrs["name"]
+                g_values, g_counts = attrs["g"]
+                gs_values, gs_counts = attrs["graphs"]
+                g_at = list(itertools.accumulate(g_counts, initial=0))
+                gs_at = list(itertools.accumulate(gs_counts, initial=0))
+                holder_of = list(chain(map(repeat, range(len(block)), n_attributes)))
+                index_of = list(chain(map(range, n_attributes)))
+                # If/Loop/Scan of the main graph: the attribute naming their body (the last, as a dict keeps it)
+                wanted = [_CONTROL_FLOW_BODY.get(op, "") if depth == 1 and d in AI_ONNX else ""
+                          for op, d in zip(held["op_type"], holder_domains)]
+                bodies: dict[int, int] = {}
+                graph_bytes: list[bytes] = []
+                for j in itertools.compress(range(len(a_types)), map(operator.or_, map(_GRAPH.__eq__, a_types),
+                                                                      map(_GRAPHS.__eq__, a_types))):
+                    h = holder_of[j]
+                    base, a = bases[h], index_of[j]
+                    if a_types[j] == _GRAPH:
+                        if g_counts[j] != 1:
+                            raise _NotBulk
+                        graph_bytes.append(g_values[g_at[j]])
+                        paths.append((*base, a, 0))
+                        if wanted[h] and a_names[j] == wanted[h]:
+                            bodies[h] = len(paths) - 1
+                    else:
+                        for k in range(gs_counts[j]):
+                            graph_bytes.append(gs_values[gs_at[j] + k])
+                            paths.append((*base, a, k))
+                del attrs, a_types, a_names, g_values, gs_values, holder_of, index_of
+                outputs, n_outputs = held["output"]
+                output_at = list(itertools.accumulate(n_outputs, initial=0))
+                control_flow = [(bases[h][0], held["op_type"][h], outputs[output_at[h]:output_at[h + 1]], body)
+                                for h, body in bodies.items()]
+                del held, outputs
+                these = _graph_columns(graph_bytes)
+                del graph_bytes
+                ids = range(first, len(paths))
+                if these["initializer"][0]:
+                    raise _NotBulk
+                flat_bytes, sizes = these["node"]
+                node_columns = _columns(sk.nodes, flat_bytes, _NODE_FIELDS)
+                owner_of_node = list(chain(map(repeat, ids, sizes)))
+                flat_domains = node_columns["domain"]
+                counts.update(zip(flat_domains, node_columns["op_type"]))
+                names_made, n_made = node_columns["output"]
+                made_by = list(chain(map(repeat, owner_of_node, n_made)))
+                del n_made
+                block_declared = []
+                for field in ("input", "output", "value_info"):
+                    vis, counts_of = these[field]
+                    # Their names and types at once: the ValueInfoProtos one after the other parse as
+                    # one ValueInfoColumns, each field's values in order. Where each holds exactly one
+                    # name and one type (its size is theirs), they are its own; else one by one.
+                    columns = sk.value_infos.FromString(b"".join(vis))
+                    names = columns.name[:]
+                    raw_types = columns.type[:]
+                    if len(names) != len(vis) or len(raw_types) != len(vis) or columns.doc_string or \
+                            columns.metadata_props or list(map(len, vis)) != list(map(
+                                _field_sizes, map(len, map(str.encode, names)), map(len, raw_types))):
+                        vis = list(map(vi_from, vis))
+                        names = list(map(_NAME, vis))
+                        tps = list(map(_EVERYTHING, map(_TYPE, vis)))
+                        if not all(map(operator.le, map(len, tps), repeat(1))):
+                            raise _NotBulk
+                        raw_types = [t[0] if t else b"" for t in tps]
+                        del tps
+                    del vis, columns
+                    for b in set(raw_types).difference(parsed):
+                        tp = onnx.TypeProto.FromString(b)
+                        parsed[b] = (tp, tp.tensor_type.elem_type)
+                    pairs = list(map(parsed.__getitem__, raw_types))
+                    del raw_types
+                    by = list(chain(map(repeat, ids, counts_of)))
+                    block_declared.append((field, names, by, list(map(itemgetter(0), pairs)),
+                                           list(map(itemgetter(1), pairs))))
+                    if field == "input":
+                        names_made += names
+                        made_by += by
+                # the names defined here: each once in the model, none the main graph's
+                if "" in names_made:
+                    keep = list(map(bool, names_made))
+                    names_made = list(itertools.compress(names_made, keep))
+                    made_by = list(itertools.compress(made_by, keep))
+                size = len(owner)
+                owner.update(zip(names_made, made_by))
+                if len(owner) != size + len(names_made) or not (
+                        made.isdisjoint(names_made) and types0.keys().isdisjoint(names_made)
+                        and elem0.keys().isdisjoint(names_made) and untyped0.isdisjoint(names_made)):
+                    raise _NotBulk
+                del names_made, made_by
+                get_owner = owner.get
+                for field, names, by, tps, elems in block_declared:
+                    if not all(map(operator.eq, map(get_owner, names), by)):
+                        raise _NotBulk  # a graph declares a name it does not define
+                    body_elem.update(filter(itemgetter(1), zip(names, elems)))
+                    declared.append((names, tps, elems))
+                    if field == "output" and control_flow:
+                        at_output = list(itertools.accumulate(these["output"][1], initial=0))
+                        for index, op_type, node_outputs, body in control_flow:
+                            outs = names[at_output[body - first]:at_output[body - first + 1]]
+                            for out, body_out in zip(node_outputs, outs[1:] if op_type == "Loop" else outs):
+                                if out:
+                                    t = body_elem.get(body_out)
+                                    if t is None or self._made[out] != 1:
+                                        raise _NotBulk  # the graph-by-graph pass finds which way (_Undeclared)
+                                    if out not in elem0 and out not in flow:
+                                        flow[out] = (t, index)
+                del block_declared
+                # placeholders: (graph, index in it, the node)
+                offsets = list(itertools.accumulate(sizes, initial=0))
+                at_custom = list(itertools.compress(range(len(flat_bytes)), map(operator.eq, flat_domains,
+                                                                           repeat(PLACEHOLDER_DOMAIN))))
+                if at_custom:
+                    owner_of = list(map(owner_of_node.__getitem__, at_custom))
+                    all_inputs, n_inputs = node_columns["input"]
+                    input_at = list(itertools.accumulate(n_inputs, initial=0))
+                    inputs = list(map(all_inputs.__getitem__, map(slice, map(input_at.__getitem__, at_custom),
+                                                                  map(input_at.__getitem__, map(operator.add, at_custom,
+                                                                                                repeat(1))))))
+                    del all_inputs, n_inputs, input_at
+                    xs = list(chain(inputs))
+                    xg = list(chain(map(repeat, owner_of, map(len, inputs))))
+                    # most are typed in the main graph or by their own graph; the others one by one
+                    quick = list(map(operator.or_, map(operator.or_, map(operator.not_, xs), map(elem0.__contains__, xs)),
+                                     map(operator.and_, map(operator.eq, map(owner.get, xs), xg),
+                                         map(body_elem.__contains__, xs))))
+                    if not all(quick):
+                        slow = list(map(operator.not_, quick))
+                        if not all(map(typed_before, itertools.compress(xs, slow), itertools.compress(xg, slow))):
+                            raise _NotBulk
+                    del inputs, xs, xg, quick
+                    index_in = list(map(operator.sub, at_custom, map(offsets.__getitem__, map(
+                        operator.sub, owner_of, repeat(first)))))
+                    if len(set(owner_of)) == len(owner_of):  # one placeholder a graph
+                        found += map(_Scope, repeat(None), map(paths.__getitem__, owner_of), map(list, zip(index_in)),
+                                     map(list, zip(map(flat_bytes.__getitem__, at_custom))))
+                    else:
+                        by_graph: dict[int, tuple[list[int], list[bytes]]] = {}
+                        for g, i, p in zip(owner_of, index_in, at_custom):
+                            place = by_graph.get(g)
+                            if place is None:
+                                place = by_graph[g] = ([], [])
+                            place[0].append(i)
+                            place[1].append(flat_bytes[p])
+                        found += [_Scope(None, paths[g], custom, placeholders)
+                                  for g, (custom, placeholders) in by_graph.items()]
+                # the next level: this level's nodes holding graphs
+                node_attributes, n_node_attributes = node_columns["attribute"]
+                if node_attributes:
+                    attribute_at = list(itertools.accumulate(n_node_attributes, initial=0))
+                    for p in itertools.compress(range(len(flat_bytes)), n_node_attributes):
+                        if any(a.type == _GRAPH or a.type == _GRAPHS for a in map(
+                                attr_from, node_attributes[attribute_at[p]:attribute_at[p + 1]])):
+                            g = owner_of_node[p]
+                            below.append((flat_bytes[p], (*paths[g], p - offsets[g - first]), flat_domains[p]))
+                del node_columns, flat_bytes, flat_domains, owner_of_node, these, node_attributes
+            level = below
+        # Nothing was changed so far: now the pass's result.
+        types, elem = self._types, self._elem
+        for names, tps, elems in declared:
+            types.update(zip(names, tps))
+            elem.update(filter(itemgetter(1), zip(names, elems)))
+        for out, (t, _) in flow.items():
+            elem.setdefault(out, t)
+        untyped0.update(itertools.filterfalse(elem.__contains__, owner))
+        self.counts.update(counts)
+        self.scopes += found
 
     def _forward_graph(self, graph: onnx.GraphProto) -> None:
         """TypeTable._forward_graph, listing the graph as a scope (the whole pass; _declared_body
@@ -429,6 +850,189 @@ def _graph_bytes(data: bytes, scope: _Scope, v0: int, v1: int, slots: dict[int, 
     return _splice(data, v0, v1, edits) if joined else _spliced(data, v0, v1, edits)
 
 
+class _Edits:
+    """What changes under one node of the main graph: the placeholders of its graphs (by path
+    below it) and where they are, as a tree: (attribute, graph) -> [placeholder indices and
+    their entries, {node index: the _Edits of a node in that graph holding graphs}]."""
+
+    __slots__ = ("graphs",)
+
+    def __init__(self) -> None:
+        self.graphs: dict[tuple[int, int], list] = {}
+
+    def add(self, path: tuple[int, ...], custom: list[int], entries: list[bytes]) -> None:
+        edits = self
+        while True:
+            place = edits.graphs.get(path[:2])
+            if place is None:
+                place = edits.graphs[path[:2]] = [None, None, {}]
+            if len(path) == 2:
+                place[0], place[1] = custom, entries
+                return
+            inner = place[2].get(path[2])
+            if inner is None:
+                inner = place[2][path[2]] = _Edits()
+            edits, path = inner, path[3:]
+
+    def node(self, value: bytes) -> bytes:
+        """The serialized node ``value`` (a NodeProto's bytes) with these edits made."""
+        sk = _Skeletons.load()
+        node = sk.node.FromString(value)
+        attributes = node.attribute
+        for a in sorted({a for a, _ in self.graphs}):
+            attr = sk.attribute.FromString(attributes[a])
+            many = attr.type != _GRAPH
+            for (b, k), place in self.graphs.items():
+                if b == a:
+                    field = attr.graphs if many else attr.g
+                    field[k] = self._graph(field[k], *place)
+            attributes[a] = attr.SerializeToString()
+        return node.SerializeToString()
+
+    @staticmethod
+    def _graph(value: bytes, custom: list[int] | None, entries: list[bytes] | None, inner: dict) -> bytes:
+        """The serialized graph ``value`` with the graphs in its nodes edited, then each
+        placeholder ``custom[j]`` replaced by the serialized nodes ``entries[j]`` (the nodes
+        after the first placeholder written again: a repeated field is added to at its end)."""
+        graph = _Skeletons.load().graph.FromString(value)
+        nodes = graph.node
+        for i, edits in inner.items():
+            nodes[i] = edits.node(nodes[i])
+        if custom:
+            first = custom[0]
+            if len(custom) == 1 and first == len(nodes) - 1:
+                pieces = entries
+            else:
+                new = dict(zip(custom, entries))
+                entry = _fp._entry
+                pieces = [new[i] if i in new else entry(nodes[i]) for i in range(first, len(nodes))]
+            del nodes[first:]
+            graph.MergeFromString(b"".join(pieces))
+        return graph.SerializeToString()
+
+
+def _holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[_Scope],
+                    slots: dict[int, list[bytes]]) -> list[tuple[int, bytes]]:
+    """(index, new node entry) of each main-graph node holding graphs with placeholders: its
+    bytes with every placeholder replaced, each message around them written again (as
+    _Skeletons, so every other field's bytes are as they were): protobuf's own bytes for the
+    edited node, where the input is written as protobuf writes (the objects writer's)."""
+    starts, ends = spans
+    by_holder: dict[int, _Edits] = {}
+    for scope in scopes:
+        edits = by_holder.get(scope.path[0])
+        if edits is None:
+            edits = by_holder[scope.path[0]] = _Edits()
+        edits.add(scope.path[1:], scope.custom, slots.pop(id(scope)))
+    out = []
+    for index, edits in by_holder.items():
+        start = starts[index]
+        value = data[start + 2 if data[start + 1] < 0x80 else _fp._varint(data, start + 1)[1]:ends[index]]
+        out.append((index, _fp._entry(edits.node(value))))
+    return out
+
+
+def _serialized(scopes: list[_Scope]) -> Iterator[bytes]:
+    """The placeholders of ``scopes``, in order, serialized."""
+    for s in scopes:
+        yield from s.nodes if s.nodes is not None else map(onnx.NodeProto.SerializeToString,
+                                                           map(s.graph.node.__getitem__, s.custom))
+
+
+def _real(node: bytes) -> onnx.NodeProto:
+    """The serialized node ``node``, parsed."""
+    return onnx.NodeProto.FromString(node)
+
+
+def _split(values: list, counts: list[int]) -> list[list]:
+    """``values`` cut into lists of ``counts[i]`` values, in order."""
+    at = list(itertools.accumulate(counts, initial=0))
+    return list(map(values.__getitem__, map(slice, at, at[1:])))
+
+
+def _bound(writer: _fp._Bound, node: Any) -> bytes:
+    """``writer.emit`` for a _Skeletons NodeProto: the node with the bound one's domain and attributes."""
+    attributes = getattr(writer, "attribute_bytes", None)
+    if attributes is None:
+        attributes = writer.attribute_bytes = [a.SerializeToString() for a in writer.attributes]
+    out = _Skeletons.load().node()
+    out.CopyFrom(node)
+    out.domain = writer.domain
+    del out.attribute[:]
+    out.attribute.extend(attributes)
+    return _fp._entry(out.SerializeToString())
+
+
+class _Layout:
+    """A template's nodes (after an adoption's constants) written for many placeholders at a
+    time, a field of all of them at once: ``emit(values, asked)`` is, per placeholder, the
+    entries ``_fastpath._Template.emit`` (and ``_Adoption.emit``) write, from its values (the
+    template's inputs padded, the constants it reads, its outputs) and the names the
+    generator gave it (``asks``: per template node, its name, then the names it generates)."""
+
+    def __init__(self, written: _fp._Template, tails: list[bytes], n_inputs: int) -> None:
+        self.plan = written._plan
+        self.tails = tails  # per constant made first: its node's fields after output and name
+        self.n_inputs = n_inputs  # constants are the values after the inputs
+        self.asks: list[str] = []
+        self.generated: list[int] = []  # per generated name (in slot order): its place in ``asks``
+        for suffix, generated, _, _ in self.plan:
+            self.asks.append(suffix)
+            for g in generated:
+                self.generated.append(len(self.asks))
+                self.asks.append(g)
+        self.n_values: int | None = None
+
+    def emit(self, values: list[list[str]], asked: list[list[str]]) -> list[bytes]:
+        L = _LENGTHS
+        lengths = L.__getitem__
+        repeat = itertools.repeat
+        add = operator.add
+        v_cols = list(zip(*values))
+        a_cols = list(zip(*asked))
+        n_values = len(v_cols)
+        encoded: dict[int, tuple[list[bytes], list[bytes], list[int]]] = {}
+
+        def column(slot: int) -> tuple[list[bytes], list[bytes], list[int]]:
+            """(names, their length prefixes, prefix + name sizes) of a values slot (or, past the
+            values, a generated name's), encoded once."""
+            got = encoded.get(slot)
+            if got is None:
+                names = v_cols[slot] if slot < n_values else a_cols[self.generated[slot - n_values]]
+                raw = list(map(str.encode, names))
+                sizes = list(map(len, raw))
+                prefixes = list(map(lengths, sizes))
+                got = encoded[slot] = (raw, prefixes, list(map(add, sizes, map(len, prefixes))))
+            return got
+
+        columns: list[Any] = []
+        for c, tail in enumerate(self.tails):  # Constant nodes: output and name, then the rest
+            raw, prefixes, sized = column(self.n_inputs + c)
+            body = list(map(add, map(add, sized, sized), repeat(2 + len(tail))))
+            columns += (repeat(b"\x0a"), map(lengths, body), repeat(b"\x12"), prefixes, raw, repeat(b"\x1a"),
+                        prefixes, raw, repeat(tail))
+        at = 0
+        for suffix, generated, fields, rest in self.plan:
+            raw_names = list(map(str.encode, a_cols[at]))
+            at += 1 + len(generated)
+            name_sizes = list(map(len, raw_names))
+            name_prefixes = list(map(lengths, name_sizes))
+            fixed = len(rest)
+            sizes: Any = list(map(add, name_sizes, map(len, name_prefixes)))
+            body: list[Any] = []
+            for f in fields:
+                if f.__class__ is int:
+                    raw, prefixes, sized = column(f)
+                    body += (prefixes, raw)
+                    sizes = map(add, sizes, sized)
+                else:
+                    body.append(repeat(f))
+                    fixed += len(f)
+            columns += (repeat(b"\x0a"), map(lengths, map(add, sizes, repeat(fixed))), *body, name_prefixes,
+                        raw_names, repeat(rest))
+        return list(map(b"".join, zip(*columns)))
+
+
 class _Emitter:
     """A plan template written as serialized nodes for any scope: the names it reads from its
     scope (an adopted template's constants) are slots after its inputs."""
@@ -538,31 +1142,35 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             data, model):
         input_refused = _fp._input_refused(data, registry)
     # The engine's type table, its pass listing the scopes: every node is read once here.
-    main = _Scope(model.graph, ())
     domains = list(map(attrgetter("domain"), nodes))
-    main.size = len(domains)
-    if PLACEHOLDER_DOMAIN in domains:
-        main.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
-        main.dirty = True
+    custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN] if PLACEHOLDER_DOMAIN in domains else []
     holders = [i for i, node in enumerate(nodes) if node.attribute and any(
         a.type == _GRAPH or a.type == _GRAPHS for a in node.attribute)]
     op_types = list(map(attrgetter("op_type"), nodes))
-    try:
-        types = _Types(model, registry, main, domains, op_types, holders, forward=False)
-        # A subgraph's placeholders were checked as the pass reached them (types are only
-        # added to): the main graph's are left.
-        declared = types._elem.keys()
-        if not all(x in declared for i in main.custom for x in nodes[i].input if x):
-            raise _Undeclared
-    except _Undeclared:  # a placeholder reads a name no graph declares with a type: the forward rules'
-        custom, dirty = main.custom, main.dirty
-        main = _Scope(model.graph, ())
-        main.custom, main.dirty, main.size = custom, dirty, len(nodes)
-        types = _Types(model, registry, main, domains, op_types, holders)
-    del domains, op_types
-    scopes = types.scopes
+    starts, ends, others = _fp._node_entries(data, g0, g1)
+    if len(starts) != len(nodes):
+        raise Unsupported("node entries do not match the parsed graph")
+
+    def type_table(bulk: bool) -> tuple[_Types, _Scope]:
+        """The table and the main graph's scope; ``bulk``: the subgraphs' declarations may be read at once."""
+        main = _Scope(model.graph, (), list(custom))
+        main.size, main.dirty = len(nodes), bool(custom)
+        try:
+            types = _Types(model, registry, main, domains, op_types, holders, forward=False, data=data,
+                           spans=(starts, ends) if bulk else None)
+            # A subgraph's placeholders were checked as the pass reached them (types are only
+            # added to): the main graph's are left.
+            declared = types._elem.keys()
+            if not all(x in declared for i in custom for x in nodes[i].input if x):
+                raise _Undeclared
+        except _Undeclared:  # a placeholder reads a name no graph declares with a type: the forward rules'
+            main = _Scope(model.graph, (), list(custom))
+            main.size, main.dirty = len(nodes), bool(custom)
+            types = _Types(model, registry, main, domains, op_types, holders)
+        return types, main
+
+    types, main = type_table(True)
     report = RewriteReport(ops_before=types.counts)
-    types.counts = collections.Counter()
     placeholders = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
     if len(placeholders) > 1 and (placeholders - {PLACEHOLDER_DOMAIN}) & {d for d, _ in report.ops_before}:
         raise Unsupported("placeholders in op domains other than 'custom'")
@@ -574,15 +1182,21 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     converting = target_opset is not None and target_opset != current
     changed = _fp._conversion(model, report.ops_before, collections.Counter(), current, target_opset, bodies=True) \
         if converting else None
+    if changed is not None and types.bulk:  # the conversion splices into every graph: their scopes listed
+        types, main = type_table(False)
+    types.counts = collections.Counter()
+    scopes = types.scopes
     lists = [s for s in scopes if s.custom]
     if not lists:
         if converting:
             raise Unsupported("--target-opset with nothing to lower (the objects writer moves the imports)")
         report.ops_after = report.ops_before.copy()
         return _fp.Pieces([data]), report, None
-    starts, ends, others = _fp._node_entries(data, g0, g1)
 
-    prefixes = {n.name or n.op_type for s in lists for n in map(s.graph.node.__getitem__, s.custom)}
+    prefixes: set[str] = set()
+    for at in range(0, len(lists), _BLOCK):
+        columns = _columns(_Skeletons.load().nodes, list(_serialized(lists[at:at + _BLOCK])), _PREFIX_FIELDS)
+        prefixes.update([name or op for name, op in zip(columns["name"], columns["op_type"])])
     regions = [(start, end) for field, start, _, end in top if field != _fp._M_GRAPH]
     regions += [(start, end) for field, start, end in others if field not in (5, 15)]
     if starts:
@@ -607,15 +1221,14 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     elem = types.elem_type
     declared = types._elem.get  # elem_type's first look (no names to avoid here, nothing pending after the pass)
 
-    slots: dict[int, list[bytes]] = {}  # scope id -> its placeholders' replacements, in order
-    kinds: dict[tuple, Any] = {}  # kind of node -> the first such node's Lowered (its key, how, template)
+    slots: dict[int, list[Any]] = {}  # scope id -> its placeholders' replacements, in order
+    kinds: dict[int, Any] = {}  # kind of node (its number) -> the first such node's Lowered (its key, how, template)
     bound: dict[tuple, _fp._Bound] = {}
     emitters: dict[int, _Emitter] = {}
     repeats: collections.Counter = collections.Counter()  # (kind, template nodes' id) -> nodes repeated
     repeated: dict[tuple, Lowered] = {}
-    checked: list[tuple[tuple, bytes, list[str], list[str]]] = []  # what the check by parts reads
+    checked: list[list] = []  # what the check by parts reads: [path, entries, inputs, outputs]
     seen: set[tuple] = set()
-    count = 0
     total = sum(report.ops_before.values())
     if progress is not None and total <= getattr(_engine, "PROGRESS_MIN_NODES", 10_000):
         progress = None
@@ -631,97 +1244,221 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     adoptions: dict[tuple, _Adoption] = {}
     adopted: collections.Counter = collections.Counter()  # (kind, template nodes' id) -> adoptions written
     adopted_as: dict[tuple, Lowered] = {}
-    for done, scope in enumerate(reversed(lists)):
-        if progress is not None and done >= next_report:
-            progress("lowering", done * total // len(lists), total)
-            next_report = done + max(1, step * len(lists) // total)
-        lscope = None  # the scope's LoweringScope, made where the plan needs it
-        alone = len(scope.custom) == 1
-        graph_nodes = scope.graph.node
-        made_here = slots[id(scope)] = []
-        for i in scope.custom:
-            node = graph_nodes[i]
-            inputs = node.input[:]
-            outputs = node.output[:]
-            values = inputs + outputs
-            attributes = node.attribute
-            op_type = node.op_type
-            kind = (op_type, b"".join([a.SerializeToString() for a in attributes]) if attributes else b"",
-                    len(inputs), tuple(map(values.index, values)), tuple([(declared(x) or elem(x)) if x else None for x in inputs]))
-            first = kinds.get(kind)
-            count += 1
-            mode = None
-            if first is None:
-                lscope = lscope or LoweringScope(types)
-                lowered = plan.lower(node, lscope)
-                kinds[kind] = lowered
-            elif first.how is Lowering.DECOMPOSE:  # what LoweringPlan._decompose does, in bytes
-                key = first.key
-                template = None if lscope is None else lscope.templates.get(key)
-                prefix = node.name or op_type
-                if template is not None:  # a repeat in this scope
-                    made = emitter(template)
-                    made_here.append(entries := made.emit(template, inputs, outputs, prefix, fresh))
-                    repeats[(kind, id(made.nodes))] += 1
-                    if (kind, id(made.nodes)) not in repeated:
-                        repeated[(kind, id(made.nodes))] = Lowered(first.op, first.how, first.action, [], template)
-                    mode = ("repeat", kind, id(made.nodes))
-                elif alone and plan.adoptable(key):  # a body's one placeholder: adopted, in bytes
-                    adoption = adoptions.get(key)
-                    if adoption is None:
-                        adoption = adoptions[key] = _Adoption(plan, key)
-                    made_here.append(entries := adoption.emit(inputs, outputs, prefix, fresh))
-                    group = (kind, id(adoption.template.nodes))
+    # Repeats and adoptions are written a block at a time, a field of all of them at once
+    # (_Layout): per layout, each one's values, the names the generator gave it (asked in
+    # the order the one-by-one writer asks), and where its entries go.
+    rows: dict[int, tuple[_Layout, list, list, list]] = {}
+    pending = 0
+    order = list(reversed(lists))
+    count = sum(map(len, map(attrgetter("custom"), order)))
+
+    kind_numbers: dict[tuple, int] = {}
+    numbers = itertools.count()
+    # kind number -> what writes a body's one placeholder of that kind, adopted (while its rows are kept)
+    alone_rows: dict[int, tuple] = {}
+
+    def flush() -> None:
+        alone_rows.clear()
+        for layout, values, asked, targets in rows.values():
+            for (where, j, check_entry), entries in zip(targets, layout.emit(values, asked)):
+                where[j] = entries
+                if check_entry is not None:
+                    check_entry[1] = entries
+        rows.clear()
+
+    layouts: dict[int, tuple[Any, _Layout]] = {}  # id(_fastpath._Template) -> it (kept: ids stay its), its layout
+
+    def layout_of(written: Any, tails: list[bytes], n_inputs: int) -> tuple[_Layout, list, list, list]:
+        got = rows.get(id(written))
+        if got is None:
+            known = layouts.get(id(written))
+            if known is None:
+                known = layouts[id(written)] = (written, _Layout(written, tails, n_inputs))
+            got = rows[id(written)] = (known[1], [], [], [])
+        return got
+
+    done_scopes = 0
+    for block_at in range(0, len(order), _BLOCK):
+        block = order[block_at:block_at + _BLOCK]
+        # The block's placeholders (serialized), a field of all of them at a time.
+        ph = list(_serialized(block))
+        columns = _columns(_Skeletons.load().nodes, ph, _PLACEHOLDER_FIELDS)
+        ins_of, outs_of = _split(*columns["input"]), _split(*columns["output"])
+        ops_of = columns["op_type"]
+        prefixes = [name or op for name, op in zip(columns["name"], ops_of)]
+        attributes, n_attributes = columns["attribute"]
+        attr_keys: list[bytes] = [b""] * len(ph)
+        if attributes:  # a kind's attributes: their bytes
+            for k, key in zip(itertools.compress(range(len(ph)), n_attributes),
+                              map(b"".join, _split(attributes, [n for n in n_attributes if n]))):
+                attr_keys[k] = key
+        del columns, attributes, n_attributes
+        values_of = list(map(operator.add, ins_of, outs_of))
+        # A kind: op, attributes, arity, aliasing among inputs and outputs, input types.
+        aliasing: list[Any] = list(map(operator.eq, map(len, map(set, values_of)), map(len, values_of)))
+        for k in itertools.compress(range(len(ph)), map(operator.not_, aliasing)):
+            aliasing[k] = tuple(map(values_of[k].index, values_of[k]))
+        in_types = list(map(tuple, map(map, itertools.repeat(declared), ins_of)))
+        for k in itertools.compress(range(len(ph)), map(operator.or_, map(operator.contains, in_types,
+                                                                         itertools.repeat(None)),
+                                                       map(operator.contains, ins_of, itertools.repeat("")))):
+            in_types[k] = tuple([(declared(x) or elem(x)) if x else None for x in ins_of[k]])
+        # each kind as a number (hashed once here, not at every lookup below)
+        kinds_of = list(map(kind_numbers.setdefault, zip(ops_of, attr_keys, map(len, ins_of), aliasing,
+                                                          map(len, outs_of), in_types), numbers))
+        del attr_keys, aliasing, in_types
+        k = -1
+        for scope in block:
+            if progress is not None and done_scopes >= next_report:
+                progress("lowering", done_scopes * total // len(lists), total)
+                next_report = done_scopes + max(1, step * len(lists) // total)
+            done_scopes += 1
+            lscope = None  # the scope's LoweringScope, made where the plan needs it
+            alone = len(scope.custom) == 1
+            made_here = slots[id(scope)] = [None] * len(scope.custom)
+            if alone:  # a body's one placeholder of a kind adopted before: as below, in fewer steps
+                k += 1
+                fast = alone_rows.get(kinds_of[k])
+                if fast is not None:
+                    v_rows, a_rows, targets, asks, n_made, n_inputs, group, pattern_of = fast
+                    prefix = prefixes[k]
+                    values = values_of[k]
+                    made_names = [fresh(prefix + "/const") for _ in range(n_made)]
+                    pad = n_inputs - len(ins_of[k])
+                    v_rows.append([*ins_of[k], *[""] * pad, *made_names, *outs_of[k]] if pad or n_made else values)
+                    a_rows.append([fresh(prefix + a) for a in asks])
                     adopted[group] += 1
-                    if group not in adopted_as:
-                        adopted_as[group] = Lowered(first.op, first.how, first.action, [], adoption.template,
-                                                    adoption.constants)
-                    mode = ("adopt", *group)
-                elif plan.adoptable(key):  # the first in this scope: another scope's template adopted
+                    check_entry = None
+                    if check:
+                        pattern = (*pattern_of, "" in values and tuple(map(operator.not_, values)))
+                        if pattern not in seen:
+                            seen.add(pattern)
+                            check_entry = [(*scope.path, scope.custom[0]), None, ins_of[k], outs_of[k]]
+                            checked.append(check_entry)
+                    targets.append((made_here, 0, check_entry))
+                    pending += 1
+                    continue
+                k -= 1
+            for j, i in enumerate(scope.custom):
+                k += 1
+                node = ph[k]
+                kind = kinds_of[k]
+                inputs, outputs, values = ins_of[k], outs_of[k], values_of[k]
+                first = kinds.get(kind)
+                mode = None
+                entries = None
+                if first is None:
                     lscope = lscope or LoweringScope(types)
-                    template, constants = plan.adopt(key, prefix, lscope)
-                    made = emitter(template)
-                    entries = b"".join(_fp._entry(c.SerializeToString()) for c in constants)
-                    made_here.append(entries := entries + made.emit(template, inputs, outputs, prefix, fresh))
-                    plan.count(Lowered(first.op, first.how, first.action, [], template, constants),
-                               node.domain, op_type)
-                    mode = ("adopt", kind, id(made.nodes))
+                    lowered = plan.lower(_real(node), lscope)
+                    kinds[kind] = lowered
+                elif first.how is Lowering.DECOMPOSE:  # what LoweringPlan._decompose does, in bytes
+                    key = first.key
+                    template = None if lscope is None else lscope.templates.get(key)
+                    prefix = prefixes[k]
+                    if template is not None:  # a repeat in this scope
+                        made = emitter(template)
+                        layout, v_rows, a_rows, targets = layout_of(made.written, [], made.n_inputs)
+                        pad = made.n_inputs - len(inputs)
+                        v_rows.append([*inputs, *[""] * pad, *map(template.constants.__getitem__, made.reads),
+                                       *outputs] if pad or made.reads else values)
+                        a_rows.append([fresh(prefix + a) for a in layout.asks])
+                        group = (kind, id(made.nodes))
+                        repeats[group] += 1
+                        if group not in repeated:
+                            repeated[group] = Lowered(first.op, first.how, first.action, [], template)
+                        mode = ("repeat", *group)
+                    elif alone and plan.adoptable(key):  # a body's one placeholder: adopted, in bytes
+                        adoption = adoptions.get(key)
+                        if adoption is None:
+                            adoption = adoptions[key] = _Adoption(plan, key)
+                        written = adoption.emitter.written
+                        layout, v_rows, a_rows, targets = layout_of(written, adoption.tails, adoption.emitter.n_inputs)
+                        made_names = [fresh(prefix + "/const") for _ in adoption.tails]
+                        pad = adoption.emitter.n_inputs - len(inputs)
+                        v_rows.append([*inputs, *[""] * pad, *made_names, *outputs] if pad or made_names else values)
+                        a_rows.append([fresh(prefix + a) for a in layout.asks])
+                        group = (kind, id(adoption.template.nodes))
+                        adopted[group] += 1
+                        if group not in adopted_as:
+                            adopted_as[group] = Lowered(first.op, first.how, first.action, [], adoption.template,
+                                                        adoption.constants)
+                        mode = ("adopt", *group)
+                        alone_rows[kind] = (v_rows, a_rows, targets, layout.asks, len(adoption.tails),
+                                            adoption.emitter.n_inputs, group, mode)
+                    elif plan.adoptable(key):  # the first in this scope: another scope's template adopted
+                        lscope = lscope or LoweringScope(types)
+                        template, constants = plan.adopt(key, prefix, lscope)
+                        made = emitter(template)
+                        entries = b"".join(_fp._entry(c.SerializeToString()) for c in constants)
+                        entries += made.emit(template, inputs, outputs, prefix, fresh)
+                        plan.count(Lowered(first.op, first.how, first.action, [], template, constants),
+                                   PLACEHOLDER_DOMAIN, ops_of[k])
+                        mode = ("adopt", kind, id(made.nodes))
+                    else:
+                        lscope = lscope or LoweringScope(types)
+                        lowered = plan.lower(_real(node), lscope)
+                elif len(first.nodes) == 1:  # bound: the node with the first one's domain and attributes
+                    writer = bound.get(kind)
+                    if writer is None:
+                        writer = bound[kind] = _fp._Bound(first.nodes[0])
+                    entries = _bound(writer, _Skeletons.load().node.FromString(node))
+                    repeats[(kind, 0)] += 1
+                    repeated.setdefault((kind, 0), first)
+                    mode = ("bound", kind)
                 else:
                     lscope = lscope or LoweringScope(types)
-                    lowered = plan.lower(node, lscope)
-            elif len(first.nodes) == 1:  # bound: the node with the first one's domain and attributes
-                writer = bound.get(kind)
-                if writer is None:
-                    writer = bound[kind] = _fp._Bound(first.nodes[0])
-                made_here.append(entries := writer.emit(node))
-                repeats[(kind, 0)] += 1
-                repeated.setdefault((kind, 0), first)
-                mode = ("bound", kind)
-            else:
-                lscope = lscope or LoweringScope(types)
-                lowered = plan.lower(node, lscope)
-            if mode is None:
-                made_here.append(entries := b"".join(_fp._entry(r.SerializeToString()) for r in lowered.nodes))
-                checked.append(((*scope.path, i), entries, inputs, outputs))
-            elif check:
-                pattern = (*mode, "" in values and tuple(map(operator.not_, values)))
-                if pattern not in seen:
-                    seen.add(pattern)
-                    checked.append(((*scope.path, i), entries, inputs, outputs))
+                    lowered = plan.lower(_real(node), lscope)
+                if mode is None:
+                    made_here[j] = entries = b"".join(_fp._entry(r.SerializeToString()) for r in lowered.nodes)
+                    checked.append([(*scope.path, i), entries, inputs, outputs])
+                    continue
+                check_entry = None
+                if check:
+                    pattern = (*mode, "" in values and tuple(map(operator.not_, values)))
+                    if pattern not in seen:
+                        seen.add(pattern)
+                        check_entry = [(*scope.path, i), entries, inputs, outputs]
+                        checked.append(check_entry)
+                if entries is None:
+                    targets.append((made_here, j, check_entry))
+                    pending += 1
+                else:
+                    made_here[j] = entries
+        del ph, ins_of, outs_of, ops_of, prefixes, values_of, kinds_of
+        if pending >= _BLOCK:
+            flush()
+            pending = 0
+    flush()
     if progress is not None:
         progress("lowering", total, total)
+    op_of_kind = {number: key[0] for key, number in kind_numbers.items()}
     for (kind, _), n in repeats.items():
-        plan.count(repeated[(kind, _)], PLACEHOLDER_DOMAIN, kind[0], n, repeated=True)
+        plan.count(repeated[(kind, _)], PLACEHOLDER_DOMAIN, op_of_kind[kind], n, repeated=True)
     for group, n in adopted.items():
-        plan.count(adopted_as[group], PLACEHOLDER_DOMAIN, group[0][0], n)
+        plan.count(adopted_as[group], PLACEHOLDER_DOMAIN, op_of_kind[group[0]], n)
     _fp.count_after(report, plan)
 
     if spliced is not None:  # the converted nodes spliced like the replacements
         spliced.merge(scopes, slots)
         checked += spliced.checked
-    graph = _graph_bytes(data, main, g0, g1, slots, (starts, ends), joined=False)  # pieces, joined only where asked
-    if spliced is not None:
-        graph = spliced.insert(graph, data, g1)
+    if not types.bulk:  # every graph listed, the graphs in each (scope.subs): spliced in place, nested
+        graph = _graph_bytes(data, main, g0, g1, slots, (starts, ends), joined=False)  # pieces, joined only where asked
+        if spliced is not None:
+            graph = spliced.insert(graph, data, g1)
+    else:  # the graphs holding placeholders only: their main-graph nodes written again from skeletons
+        edits = _holder_entries(data, (starts, ends), [s for s in lists if s.path], slots)
+        if main.custom:
+            edits += zip(main.custom, slots.pop(id(main)))
+            edits.sort(key=itemgetter(0))
+        view = memoryview(data)  # big slices without a copy
+        graph = []
+        at = g0
+        for index, entries in edits:
+            start = starts[index]
+            graph += (view[at:start] if start - at > 4096 else data[at:start], entries)
+            at = ends[index]
+        graph.append(view[at:g1])
+        del edits, view
     del slots, spliced
     out, header, import_entries = _fp.assemble(data, model, top, graph, report, opset=opset,
                                                placeholders=placeholders, target_opset=target_opset,
