@@ -5,6 +5,7 @@
     python bench/rewrite_scaling.py --shapes unnamed if_bodies --flags=--as-functions
     python bench/rewrite_scaling.py --shapes unnamed if_bodies --rule   # a user rule, then lowering
     python bench/rewrite_scaling.py --shapes reduce_chain reduce_if_bodies --flags="--target-opset 18"
+    python bench/rewrite_scaling.py --shapes reduce18_chain --flags="--target-opset 17"   # converted down
 
 For each shape and size it writes a model, then times, in the same run:
 - the floor: a Python process that only does onnx.load + onnx.save of that file;
@@ -36,7 +37,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
+import onnx.numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the shapes tests/test_scaling.py grows
@@ -48,6 +51,20 @@ def _functions(nodes_total: int) -> onnx.ModelProto:
     """Up to 5000 local functions (each a my_add), called in a chain by the rest."""
     count = max(1, min(5000, nodes_total // 20))
     return shapes.functions(nodes_total - count, count)
+
+
+def _reduce18_chain(nodes_total: int) -> onnx.ModelProto:
+    """reduce_chain at opset 18: each ReduceMean reads its axes from one shared initializer
+    (--target-opset 17 makes them attributes again and removes it)."""
+    model = shapes.chain(nodes_total // 2, reduce=True)
+    for node in model.graph.node:
+        if node.op_type == "ReduceMean":
+            axes = next(a for a in node.attribute if a.name == "axes")
+            node.attribute.remove(axes)
+            node.input.append("axes")
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([0], np.int64), "axes"))
+    next(i for i in model.opset_import if i.domain == "").version = 18
+    return model
 
 
 # Shape name -> model of about that many nodes.
@@ -63,6 +80,7 @@ SHAPES = {
     # with --flags="--target-opset 18" every one of them is converted
     "reduce_chain": lambda n: shapes.chain(n // 2, reduce=True),
     "reduce_if_bodies": lambda n: shapes.if_bodies(n // 5, reduce=True),
+    "reduce18_chain": _reduce18_chain,
 }
 FLOOR = "import onnx, sys; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])"
 # The user rule of --rule: a rules file as `graphkit rewrite --rules` reads it.
