@@ -23,7 +23,9 @@ class GraphView:
     """
 
     def __init__(self, nodes: Any, *, protected: set[str] = frozenset(),
-                 initializers: Any = (), base_dir: str | None = None) -> None:
+                 initializers: Any = (), base_dir: str | None = None, ops: list[str] | None = None) -> None:
+        """``ops``: the nodes' op types (interned), where the caller has read them (the view
+        keeps the list and updates it: see restamp)."""
         # The node list itself, not a list of its nodes: a Python object per node (about 230
         # bytes each) held for the whole rule would be the rewrite's biggest cost in memory.
         self.nodes = nodes
@@ -33,7 +35,9 @@ class GraphView:
         # Op types interned (each read of a field is a new str); the other fields are copied
         # on first use (_index_fields): a single-node rule reads only its candidates' nodes.
         intern = sys.intern
-        self.ops: list[str] = [intern(node.op_type) for node in self.nodes]
+        if ops is None or len(ops) != len(nodes):
+            ops = [intern(node.op_type) for node in self.nodes]
+        self.ops: list[str] = ops
         for i, op in enumerate(self.ops):
             if op in by_op:
                 by_op[op].append(i)

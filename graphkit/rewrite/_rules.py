@@ -85,11 +85,13 @@ class Scope:
     opset: int
     make_builder: Callable[[onnx.NodeProto, str], Any]
     base_dir: str | None = None  # the model file's directory: external data is read from there
+    ops: list[str] | None = None  # the nodes' op types where already read (the first view takes them)
 
     def view(self) -> GraphView:
         """A fresh index of producers, consumers and constants (build it after editing nodes)."""
+        ops, self.ops = self.ops, None
         return GraphView(self.nodes, protected=self.protected, initializers=self.initializers,
-                         base_dir=self.base_dir)
+                         base_dir=self.base_dir, ops=ops)
 
     def builder(self, node: onnx.NodeProto, name: str) -> Any:
         """A Builder for nodes replacing ``node``. In a graph, ``op.initializer()`` collects
@@ -432,10 +434,11 @@ class RuleSet:
 # ---------------------------------------------------------------- applying
 
 def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, base_dir: str | None,
-            tree: list[tuple[onnx.GraphProto, int]] | None = None) -> list[Scope]:
+            tree: list[tuple[onnx.GraphProto, int, list[str] | None]] | None = None) -> list[Scope]:
     """Every scope, outer before inner (callers go through it reversed: rebuilding a node
     list copies its nodes, subgraphs included). ``tree``: the main graph and its subgraphs
-    as ModelIndex.tree has them, where the caller has them (their nodes are not walked again)."""
+    as ModelIndex.tree has them, where the caller has them (their nodes are not walked again;
+    their op types, where read, go to the scopes' first views)."""
     model_opset = next((i.version for i in model.opset_import if i.domain in AI_ONNX), 1)
     out: list[Scope] = []
 
@@ -458,12 +461,14 @@ def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, ba
     if tree is None:
         walk(model.graph, [], model_opset, types)
     else:
-        for graph, parent in tree:
+        for graph, parent, ops in tree:
             if parent < 0:
-                out.append(scope(graph, [], model_opset, types))
+                made = scope(graph, [], model_opset, types)
             else:
                 up = out[parent]
-                out.append(scope(graph, up.initializers, model_opset, _ScopeTypes(up.types, graph)))
+                made = scope(graph, up.initializers, model_opset, _ScopeTypes(up.types, graph))
+            made.ops = ops
+            out.append(made)
     for fn in model.functions:
         opset = next((i.version for i in fn.opset_import if i.domain in AI_ONNX), model_opset)
         out.append(Scope(fn.node, set(fn.output), [], None, TypeTable(), opset, make_builder, base_dir))
@@ -510,7 +515,8 @@ def _referenced(model: onnx.ModelProto) -> set[str]:
 
 def apply_rule_set(model: onnx.ModelProto, rules: RuleSet, *, make_builder: Callable[[onnx.NodeProto, str], Any],
                    types: TypeTable, report: RuleReport, path: str | None = None,
-                   delta: OpDelta | None = None, tree: list[tuple[onnx.GraphProto, int]] | None = None) -> int:
+                   delta: OpDelta | None = None,
+                   tree: list[tuple[onnx.GraphProto, int, list[str] | None]] | None = None) -> int:
     """Apply the pattern rules and graph passes of ``rules`` to every scope of ``model`` in place.
 
     Initializers that a rewrite leaves unused are removed from the model (the external

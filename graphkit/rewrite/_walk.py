@@ -6,6 +6,7 @@ import collections
 from collections.abc import Iterator, Mapping
 import contextlib
 import itertools
+import sys
 from typing import Any, ContextManager, Protocol
 
 import onnx
@@ -86,16 +87,18 @@ class ModelIndex:
     tensor types of graph inputs/outputs (any graph) without a shape, and ``external``,
     whether any tensor (initializers, sparse ones, attributes, any scope) is stored externally.
     ``tree``: the main graph and its subgraphs, each as (graph, position in ``tree`` of the
-    graph holding it; -1 for the main graph), in ``node_lists``' order."""
+    graph holding it; -1 for the main graph, its nodes' op types (interned) where ``ops``,
+    else None), in ``node_lists``' order."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto, *, ops: bool = False) -> None:
         self.op_counts: collections.Counter = collections.Counter()
         self.names: set[str] = set()
         self.node_lists: list[tuple[Any, bool]] = []
         self.shapeless: list[onnx.TypeProto.Tensor] = []
         self.external = False
-        self.tree: list[tuple[onnx.GraphProto, int]] = []
+        self.tree: list[tuple[onnx.GraphProto, int, list[str] | None]] = []
         tree = self.tree
+        self._ops: list[str] | None = None  # _nodes' op types, where asked for
         for fn in (None, *model.functions):
             if fn is None:
                 stack, in_function = [(model.graph, -1)], False
@@ -103,19 +106,22 @@ class ModelIndex:
                 self.names.update(fn.input)
                 self.names.update(fn.output)
                 self.node_lists.append((fn.node, True))
+                self._ops = None
                 stack, in_function = [(g, -1) for g in self._nodes(fn.node)], True
                 stack.reverse()
             while stack:
                 g, parent = stack.pop()
                 self._graph(g)
                 self.node_lists.append((g.node, in_function))
+                self._ops = [] if ops and not in_function else None
                 inner = self._nodes(g.node)
                 if not in_function:
-                    tree.append((g, parent))
+                    tree.append((g, parent, self._ops))
                 if inner:
                     inner.reverse()
                     at = len(tree) - 1
                     stack.extend((sub, at) for sub in inner)
+        self._ops = None
 
     def _graph(self, g: onnx.GraphProto) -> None:
         """A graph's own fields: names of inputs, outputs, initializers and value_info."""
@@ -146,8 +152,14 @@ class ModelIndex:
         add = self.names.add
         inner: list[onnx.GraphProto] = []
         external = False
+        ops = self._ops
+        keep = None if ops is None else ops.append
+        intern = sys.intern
         for n in nodes:
-            counts[(n.domain, n.op_type)] += 1
+            op = n.op_type
+            counts[(n.domain, op)] += 1
+            if keep is not None:
+                keep(intern(op))
             add(n.name)
             update(n.input)
             update(n.output)

@@ -682,7 +682,7 @@ def _passes(model: onnx.ModelProto, *, registry: OpRegistry | None, lowering: Lo
         out.CopyFrom(model)
     else:
         out = model
-    index = ModelIndex(out)
+    index = ModelIndex(out, ops=bool(rules))  # (rules start from the op types it reads)
     bad = next((k for k in index.op_counts if not (isinstance(k[0], str) and isinstance(k[1], str))), None)
     if bad is not None:  # protobuf hands over names that are not UTF-8 text as bytes
         raise ModelLoadError(f"a node's domain or op type {bad!r} is not valid UTF-8 text", path=path,
