@@ -342,6 +342,7 @@ def test_the_trace_templates_only_what_it_can_prove():
     lambda op, x0: x0,                                                  # returns an input
     lambda op, x0: op.TopK(x0, x0, _outputs=2)[0],                      # a node of two outputs
     lambda op, x0: op.Relu(x0, note=x0),                                # an attribute of its text
+    lambda op, x0: op.LeakyRelu(x0, alpha=float(len("".join([x0])))),  # C code reading the text
     lambda op, x0: 1 / 0,                                               # raises
 ])
 def test_a_rewrite_that_reads_the_match_is_never_templated(rewrite):

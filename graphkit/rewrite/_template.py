@@ -16,15 +16,16 @@ on anything else a Builder offers (``dtype``, ``shape``, ``constant_value``,
 - nothing was read, and ``rewrite`` neither raised nor returned anything but a name it made;
 - every node input is a binding, a name an earlier node made, or ``""`` (absent), never
   another literal name; no attribute, domain or op type holds a binding's text;
-- a second trace on fresh stand-ins records the same (a ``rewrite`` keeping state, or
-  random, differs);
+- a second trace on stand-ins of another text and length records the same (a ``rewrite``
+  keeping state, random, or reading the text through C code that calls no method of the
+  stand-in, such as ``len("".join(...))``, differs);
 - it is one node, of another op type than the matched one, whose one output is the
   result and whose inputs read every binding (:attr:`Template.in_place`): the engine
   overwrites the matched node with it. Anything else runs ``rewrite`` per match.
 
-Out of sight: C code reading a binding's characters without calling a method of it
-(``re.match(p, x)``, ``"".join(...)`` deciding something), and state ``rewrite`` changes
-only after its first calls. ``Rule(per_match=True)`` calls ``rewrite`` for every match.
+Out of sight: C code reading a binding's characters without calling a method of it where
+both stand-ins give the same answer (``re.match("model/", x)``), and state ``rewrite``
+changes only after its first calls. ``Rule(per_match=True)`` calls ``rewrite`` for every match.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ _MARK_BYTES = _MARK.encode()
 
 
 class _Trace:
-    __slots__ = ("nodes", "read", "refs")
+    __slots__ = ("nodes", "read", "refs", "salt")
 
-    def __init__(self) -> None:
+    def __init__(self, salt: str = "") -> None:
+        self.salt = salt  # the second trace's stand-ins differ in text and length from the first's
         self.nodes: list[tuple[str, str, tuple[Any, ...], int, tuple[bytes, ...]]] = []
         self.read = False  # the rewrite looked at a binding or asked the builder anything but op()
         self.refs: dict[int, tuple[Any, ...]] = {}  # id(stand-in) -> ("var", name) | ("many", j) | ("made", k, i)
@@ -55,7 +57,7 @@ class _Ref(str):
     """A binding's stand-in while tracing (its methods are set below: each marks the trace)."""
 
     def __new__(cls, trace: _Trace, ref: tuple[Any, ...]) -> "_Ref":
-        self = super().__new__(cls, f"{_MARK}{len(trace.refs)}")
+        self = super().__new__(cls, f"{_MARK}{len(trace.refs)}{trace.salt}")
         vars(self)["trace"] = trace
         trace.refs[id(self)] = ref
         return self
@@ -166,9 +168,9 @@ class Template:
 
 
 def _record(call: Callable[[Any, dict[str, Any]], Any], names: tuple[str, ...], many: str | None,
-            extra: int) -> tuple[Any, ...] | None:
+            extra: int, salt: str = "") -> tuple[Any, ...] | None:
     """One trace: (nodes, results), or None where the rewrite read the match or failed."""
-    trace = _Trace()
+    trace = _Trace(salt)
     bindings: dict[str, Any] = {n: _Ref(trace, ("var", n)) for n in names}
     if many is not None:
         bindings[many] = [_Ref(trace, ("many", many, j)) for j in range(extra)]
@@ -195,7 +197,7 @@ def trace(call: Callable[[Any, dict[str, Any]], Any], names: tuple[str, ...], ma
     same for every such match or cannot overwrite the matched node (then ``rewrite`` runs per
     match). ``anchor``: the matched op's (domain, op_type)."""
     first = _record(call, names, many, extra)
-    if first is None or _record(call, names, many, extra) != first:
+    if first is None or _record(call, names, many, extra, salt=".other-text" * 3) != first:
         return None
     nodes, results = first
     if len(nodes) != 1 or results != (("made", 0, 0),):
