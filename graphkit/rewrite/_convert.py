@@ -426,6 +426,8 @@ class NodeConverter:
     def __init__(self, model: onnx.ModelProto, target: int, names: NameGenerator, path: str | None = None,
                  up: bool = True) -> None:
         self._conv = _Conversion(target, path, model, _names=names, up=up)
+        self._declared: Callable[[str], Any] | None = None
+        self._sources: dict[str, int | None] = {}  # input 1's name -> its constant's id (reads)
 
     def convert(self, node: onnx.NodeProto, node_steps: tuple[Step, ...]) -> None:
         """Convert the main graph's ``node`` (or a copy of it) in place."""
@@ -442,14 +444,19 @@ class NodeConverter:
         declared element types of its values (None: not a declared tensor) and the constant
         its input 1 names (by identity; None: none). Nodes alike in their fields but names,
         and in this, are converted alike."""
-        conv = self._conv
-        types = conv.types
-        elems = []
+        if self._declared is None:  # what a main-graph node sees (conv.types' own lookup), read once
+            self._declared = next(self._conv.types.by_graph())[1].get
+        declared, elems = self._declared, []
         for name in (*inputs, *outputs):
-            tp = types.get(name) if name else None
+            tp = declared(name) if name else None
             elems.append(tp.tensor_type.elem_type if tp is not None and tp.HasField("tensor_type") else None)
-        source = conv.constant(inputs[1]) if len(inputs) > 1 and inputs[1] else None
-        return tuple(elems), None if source is None else id(source[0])
+        source = None
+        if len(inputs) > 1 and inputs[1]:
+            source = self._sources.get(inputs[1], self)
+            if source is self:
+                found = self._conv.constant(inputs[1])
+                source = self._sources[inputs[1]] = None if found is None else id(found[0])
+        return tuple(elems), source
 
     @property
     def released(self) -> list[str]:
