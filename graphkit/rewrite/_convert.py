@@ -61,8 +61,11 @@ naming the node, the op and what to do.
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import onnx
@@ -426,6 +429,8 @@ class NodeConverter:
     def __init__(self, model: onnx.ModelProto, target: int, names: NameGenerator, path: str | None = None,
                  up: bool = True) -> None:
         self._conv = _Conversion(target, path, model, _names=names, up=up)
+        graph = self._conv.model.graph  # its nodes look up the main graph's own constants only
+        self._conv._constants[id(graph)] = _Constants(graph, nested=False)
         self._declared: Callable[[str], Any] | None = None
         self._sources: dict[str, int | None] = {}  # input 1's name -> its constant's id (reads)
 
@@ -639,13 +644,28 @@ class _Constants:
     """The tensors Constant nodes and initializers of a namespace (the main graph, or a
     function body, and their subgraphs) hold, by name, with the list holding each, per graph:
     a name is looked up in the node's graph, then the graphs around it (sibling subgraphs,
-    then and else branches, may each define one name)."""
+    then and else branches, may each define one name). ``nested=False``: the holder's own
+    only, for lookups from its own nodes (a subgraph's constants are not theirs to see)."""
 
-    def __init__(self, holder: onnx.GraphProto | onnx.FunctionProto) -> None:
+    def __init__(self, holder: onnx.GraphProto | onnx.FunctionProto, nested: bool = True) -> None:
         self._root = id(holder)
         self._graphs: list[Any] = []  # held: their ids stay theirs
         self._own: dict[int, dict[str, tuple[Any, Any]]] = {}
         self._parent: dict[int, int | None] = {}
+        if not nested:
+            self._graphs.append(holder)
+            self._parent[id(holder)] = None
+            own: dict[str, tuple[Any, Any]] = {}
+            if isinstance(holder, onnx.GraphProto):
+                for init in holder.initializer:
+                    own[init.name] = (init, holder.initializer)
+            nodes = holder.node
+            is_constant = map(operator.eq, map(attrgetter("op_type"), nodes), itertools.repeat("Constant"))
+            for node in map(nodes.__getitem__, itertools.compress(itertools.count(), is_constant)):
+                if node.domain in AI_ONNX and len(node.output) == 1:
+                    own[node.output[0]] = (node, nodes)
+            self._own[id(holder)] = own
+            return
         stack: list[tuple[Any, int | None]] = [(holder, None)]
         while stack:
             g, parent = stack.pop()
