@@ -1308,37 +1308,63 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                                                           map(len, outs_of), in_types), numbers))
         del attr_keys, aliasing, in_types
         k = -1
-        for scope in block:
+        n_scopes = len(block)
+        at_scope = 0
+        while at_scope < n_scopes:
+            scope = block[at_scope]
+            at_scope += 1
             if progress is not None and done_scopes >= next_report:
                 progress("lowering", done_scopes * total // len(lists), total)
                 next_report = done_scopes + max(1, step * len(lists) // total)
             done_scopes += 1
             lscope = None  # the scope's LoweringScope, made where the plan needs it
             alone = len(scope.custom) == 1
-            made_here = slots[id(scope)] = [None] * len(scope.custom)
-            if alone:  # a body's one placeholder of a kind adopted before: as below, in fewer steps
-                k += 1
-                fast = alone_rows.get(kinds_of[k])
-                if fast is not None:
-                    v_rows, a_rows, targets, asks, n_made, n_inputs, group, pattern_of = fast
-                    prefix = prefixes[k]
-                    values = values_of[k]
-                    made_names = [fresh(prefix + "/const") for _ in range(n_made)]
-                    pad = n_inputs - len(ins_of[k])
-                    v_rows.append([*ins_of[k], *[""] * pad, *made_names, *outs_of[k]] if pad or n_made else values)
-                    a_rows.append([fresh(prefix + a) for a in asks])
-                    adopted[group] += 1
-                    check_entry = None
-                    if check:
-                        pattern = (*pattern_of, "" in values and tuple(map(operator.not_, values)))
+            if alone and (fast := alone_rows.get(kinds_of[k + 1])) is not None:
+                # Bodies whose one placeholder is of a kind adopted before, one after the other:
+                # what the loop below does for each, for all of them at once.
+                kind = kinds_of[k + 1]
+                run_end = at_scope
+                while run_end < n_scopes and len(block[run_end].custom) == 1 and \
+                        kinds_of[k + 2 + run_end - at_scope] == kind:
+                    run_end += 1
+                run = block[at_scope - 1:run_end]
+                n = len(run)
+                done_scopes += n - 1
+                at_scope = run_end
+                first_k, k = k + 1, k + n
+                v_rows, a_rows, targets, asks, n_made, n_inputs, group, pattern_of = fast
+                asked = ["/const"] * n_made + asks
+                m = len(asked)
+                names = [fresh(prefix + a) for prefix in prefixes[first_k:k + 1] for a in asked]
+                row_at = range(0, n * m, m)
+                ins_r, outs_r = ins_of[first_k:k + 1], outs_of[first_k:k + 1]
+                pad = n_inputs - len(ins_r[0])
+                if pad or n_made:
+                    made = map(names.__getitem__, map(slice, row_at, map(operator.add, row_at, itertools.repeat(n_made))))
+                    v_rows += map(list.__add__, map(list.__add__, map(list.__add__, ins_r, itertools.repeat([""] * pad)),
+                                                    made), outs_r)
+                else:
+                    v_rows += values_of[first_k:k + 1]
+                a_rows += map(names.__getitem__, map(slice, map(operator.add, row_at, itertools.repeat(n_made)),
+                                                     map(operator.add, row_at, itertools.repeat(m))))
+                del names
+                adopted[group] += n
+                heres = [[None] for _ in range(n)]
+                slots.update(zip(map(id, run), heres))
+                checks: list[Any] = [None] * n
+                if check:
+                    values_r = values_of[first_k:k + 1]
+                    empty = list(map(operator.contains, values_r, itertools.repeat("")))
+                    for j in (range(n) if any(empty) else range(1)):
+                        pattern = (*pattern_of, empty[j] and tuple(map(operator.not_, values_r[j])))
                         if pattern not in seen:
                             seen.add(pattern)
-                            check_entry = [(*scope.path, scope.custom[0]), None, ins_of[k], outs_of[k]]
-                            checked.append(check_entry)
-                    targets.append((made_here, 0, check_entry))
-                    pending += 1
-                    continue
-                k -= 1
+                            checks[j] = [(*run[j].path, run[j].custom[0]), None, ins_r[j], outs_r[j]]
+                            checked.append(checks[j])
+                targets += zip(heres, itertools.repeat(0), checks)
+                pending += n
+                continue
+            made_here = slots[id(scope)] = [None] * len(scope.custom)
             for j, i in enumerate(scope.custom):
                 k += 1
                 node = ph[k]
