@@ -636,16 +636,28 @@ class _Types(_fp._ForwardTypes):
                     body_elem.update(filter(itemgetter(1), zip(names, elems)))
                     declared.append((names, tps, elems))
                     if field == "output" and control_flow:
+                        # each output takes its body output's type (a Loop's after the condition),
+                        # every output made once (else the graph-by-graph pass finds which way)
                         at_output = list(itertools.accumulate(these["output"][1], initial=0))
-                        for index, op_type, node_outputs, body in control_flow:
-                            outs = names[at_output[body - first]:at_output[body - first + 1]]
-                            for out, body_out in zip(node_outputs, outs[1:] if op_type == "Loop" else outs):
-                                if out:
-                                    t = body_elem.get(body_out)
-                                    if t is None or self._made[out] != 1:
-                                        raise _NotBulk  # the graph-by-graph pass finds which way (_Undeclared)
-                                    if out not in elem0 and out not in flow:
-                                        flow[out] = (t, index)
+                        indices, op_types, node_outputs, bodies_at = zip(*control_flow)
+                        skip = list(map(int, map(operator.eq, op_types, repeat("Loop"))))
+                        body_outputs = map(names.__getitem__, map(slice, map(operator.add, map(
+                            at_output.__getitem__, map(operator.sub, bodies_at, repeat(first))), skip),
+                            map(at_output.__getitem__, map(operator.add, map(operator.sub, bodies_at, repeat(first)),
+                                                            repeat(1)))))
+                        pairs = list(map(list, map(zip, node_outputs, body_outputs)))
+                        outs = list(map(itemgetter(0), chain(pairs)))
+                        ts = list(map(body_elem.get, map(itemgetter(1), chain(pairs))))
+                        at = list(chain(map(repeat, indices, map(len, pairs))))
+                        del pairs
+                        if "" in outs:
+                            keep = list(map(bool, outs))
+                            outs, ts, at = (list(itertools.compress(c, keep)) for c in (outs, ts, at))
+                        if None in ts or not all(map(operator.eq, map(self._made.__getitem__, outs), repeat(1))):
+                            raise _NotBulk  # the graph-by-graph pass finds which way (_Undeclared)
+                        new = list(map(operator.not_, map(elem0.__contains__, outs)))
+                        flow.update(zip(itertools.compress(outs, new), zip(itertools.compress(ts, new),
+                                                                            itertools.compress(at, new))))
                 del block_declared
                 # placeholders: (graph, index in it, the node)
                 offsets = list(itertools.accumulate(sizes, initial=0))
@@ -665,10 +677,16 @@ class _Types(_fp._ForwardTypes):
                     quick = list(map(operator.or_, map(operator.or_, map(operator.not_, xs), map(elem0.__contains__, xs)),
                                      map(operator.and_, map(operator.eq, map(owner.get, xs), xg),
                                          map(body_elem.__contains__, xs))))
-                    if not all(quick):
+                    if not all(quick):  # outputs of earlier If/Loop/Scan nodes of the main graph, most likely
                         slow = list(map(operator.not_, quick))
-                        if not all(map(typed_before, itertools.compress(xs, slow), itertools.compress(xg, slow))):
-                            raise _NotBulk
+                        xs, xg = list(itertools.compress(xs, slow)), list(itertools.compress(xg, slow))
+                        made_at = list(map(flow.get, xs, repeat((None, len(starts)))))
+                        quick = list(map(operator.lt, map(itemgetter(1), made_at),
+                                         map(itemgetter(0), map(paths.__getitem__, xg))))
+                        if not all(quick):
+                            slow = list(map(operator.not_, quick))
+                            if not all(map(typed_before, itertools.compress(xs, slow), itertools.compress(xg, slow))):
+                                raise _NotBulk
                     del inputs, xs, xg, quick
                     index_in = list(map(operator.sub, at_custom, map(offsets.__getitem__, map(
                         operator.sub, owner_of, repeat(first)))))
