@@ -936,18 +936,59 @@ def _holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[_Scope],
     _Skeletons, so every other field's bytes are as they were): protobuf's own bytes for the
     edited node, where the input is written as protobuf writes (the objects writer's)."""
     starts, ends = spans
-    by_holder: dict[int, _Edits] = {}
+    by_holder: dict[int, Any] = {}
+    shallow: dict[int, list[_Scope]] = {}
     for scope in scopes:
+        if len(scope.path) == 3 and scope.path[0] not in by_holder:
+            shallow.setdefault(scope.path[0], []).append(scope)
+            continue
         edits = by_holder.get(scope.path[0])
         if edits is None:
             edits = by_holder[scope.path[0]] = _Edits()
+            for moved in shallow.pop(scope.path[0], ()):  # a deeper graph in the same node after all
+                edits.add(moved.path[1:], moved.custom, slots.pop(id(moved)))
         edits.add(scope.path[1:], scope.custom, slots.pop(id(scope)))
-    out = []
+    entry = _fp._entry
+    out = [(index, entry(_shallow_node(data[starts[index] + 2 if data[starts[index] + 1] < 0x80 else
+                                            _fp._varint(data, starts[index] + 1)[1]:ends[index]], held, slots)))
+           for index, held in shallow.items()]
     for index, edits in by_holder.items():
         start = starts[index]
         value = data[start + 2 if data[start + 1] < 0x80 else _fp._varint(data, start + 1)[1]:ends[index]]
         out.append((index, _fp._entry(edits.node(value))))
     return out
+
+
+def _shallow_node(value: bytes, held: list[_Scope], slots: dict[int, list[bytes]]) -> bytes:
+    """``_Edits.node`` for a node whose graphs with placeholders are its own (``held``: their
+    scopes, paths (node, attribute, graph)), without the tree: the same messages parsed,
+    edited and serialized in the same order."""
+    sk = _Skeletons.load()
+    node = sk.node.FromString(value)
+    attributes = node.attribute
+    by_attribute: dict[int, list[_Scope]] = {}
+    for scope in held:
+        by_attribute.setdefault(scope.path[1], []).append(scope)
+    graph_from, serialize = sk.graph.FromString, sk.graph.SerializeToString
+    for a in sorted(by_attribute):
+        attr = sk.attribute.FromString(attributes[a])
+        field = attr.g if attr.type == _GRAPH else attr.graphs
+        for scope in by_attribute[a]:
+            k = scope.path[2]
+            graph = graph_from(field[k])
+            nodes = graph.node
+            custom, entries = scope.custom, slots.pop(id(scope))
+            first = custom[0]
+            if len(custom) == 1 and first == len(nodes) - 1:
+                pieces = entries
+            else:
+                new = dict(zip(custom, entries))
+                pieces = [new[i] if i in new else _fp._entry(nodes[i]) for i in range(first, len(nodes))]
+            del nodes[first:]
+            graph.MergeFromString(b"".join(pieces))
+            field[k] = serialize(graph)
+        attributes[a] = attr.SerializeToString()
+    return node.SerializeToString()
 
 
 def _serialized(scopes: list[_Scope]) -> Iterator[bytes]:
