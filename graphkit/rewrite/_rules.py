@@ -438,35 +438,22 @@ def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, ba
     """Every scope, outer before inner (callers go through it reversed: rebuilding a node
     list copies its nodes, subgraphs included). ``tree``: the main graph and its subgraphs
     as ModelIndex.tree has them, where the caller has them (their nodes are not walked again;
-    their op types, where read, go to the scopes' first views)."""
+    their op types, where read, go to the scopes' first views).
+
+    No nested functions: a recursive closure is a reference cycle, and it would keep every
+    scope (and through their type tables the model) alive until the cyclic collector runs."""
     model_opset = next((i.version for i in model.opset_import if i.domain in AI_ONNX), 1)
     out: list[Scope] = []
-
-    def scope(graph: onnx.GraphProto, outer: list[onnx.TensorProto], opset: int, tt: TypeTable) -> Scope:
-        visible = list(outer)  # a list of the scope's own: add_initializers() extends it
-        if graph.initializer:
-            # An initializer that is also a graph input may be fed at run time: not a constant.
-            fed = {i.name for i in graph.input}
-            visible += [t for t in graph.initializer if t.name not in fed]
-        return Scope(graph.node, {o.name for o in graph.output}, visible, graph, tt, opset, make_builder, base_dir)
-
-    def walk(graph: onnx.GraphProto, outer: list[onnx.TensorProto], opset: int, tt: TypeTable) -> None:
-        made = scope(graph, outer, opset, tt)
-        out.append(made)
-        for node in made.nodes:
-            if node.attribute:
-                for g in subgraphs(node):
-                    walk(g, made.initializers, opset, _ScopeTypes(tt, g))
-
     if tree is None:
-        walk(model.graph, [], model_opset, types)
+        _walk_scopes(out, model.graph, [], model_opset, types, make_builder, base_dir)
     else:
         for graph, parent, ops in tree:
             if parent < 0:
-                made = scope(graph, [], model_opset, types)
+                made = _scope(graph, [], model_opset, types, make_builder, base_dir)
             else:
                 up = out[parent]
-                made = scope(graph, up.initializers, model_opset, _ScopeTypes(up.types, graph))
+                made = _scope(graph, up.initializers, model_opset, _ScopeTypes(up.types, graph), make_builder,
+                              base_dir)
             made.ops = ops
             out.append(made)
     for fn in model.functions:
@@ -474,8 +461,29 @@ def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, ba
         out.append(Scope(fn.node, set(fn.output), [], None, TypeTable(), opset, make_builder, base_dir))
         for node in fn.node:
             for g in subgraphs(node):
-                walk(g, [], opset, TypeTable())
+                _walk_scopes(out, g, [], opset, TypeTable(), make_builder, base_dir)
     return out
+
+
+def _scope(graph: onnx.GraphProto, outer: list[onnx.TensorProto], opset: int, tt: Any, make_builder: Callable,
+           base_dir: str | None) -> Scope:
+    visible = list(outer)  # a list of the scope's own: add_initializers() extends it
+    if graph.initializer:
+        # An initializer that is also a graph input may be fed at run time: not a constant.
+        fed = {i.name for i in graph.input}
+        visible += [t for t in graph.initializer if t.name not in fed]
+    return Scope(graph.node, {o.name for o in graph.output}, visible, graph, tt, opset, make_builder, base_dir)
+
+
+def _walk_scopes(out: list[Scope], graph: onnx.GraphProto, outer: list[onnx.TensorProto], opset: int, tt: Any,
+                 make_builder: Callable, base_dir: str | None) -> None:
+    """``graph``'s scope, then its subgraphs', depth first, onto ``out``."""
+    made = _scope(graph, outer, opset, tt, make_builder, base_dir)
+    out.append(made)
+    for node in made.nodes:
+        if node.attribute:
+            for g in subgraphs(node):
+                _walk_scopes(out, g, made.initializers, opset, _ScopeTypes(tt, g), make_builder, base_dir)
 
 
 class _ScopeTypes:

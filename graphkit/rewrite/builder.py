@@ -89,7 +89,7 @@ class TypeTable:
     """
 
     # A model with thousands of If/Loop bodies may have a table per body: kept small.
-    __slots__ = ("_defined", "_elem", "_graph", "_model", "_parent", "_registry", "_root", "_scoped", "_state",
+    __slots__ = ("_defined", "_elem", "_graph", "_model", "_parent", "_registry", "_scoped", "_state", "_top",
                  "_tables", "_types")
 
     def __init__(self, model: onnx.ModelProto | None = None, registry: Any = None) -> None:
@@ -98,7 +98,10 @@ class TypeTable:
         self._types: dict[str, onnx.TypeProto] = {}
         self._elem: dict[str, int] = {}
         self._parent: TypeTable | None = None
-        self._root: TypeTable = self
+        # The root table (None: this one). Not a reference to itself: a table in a cycle lives,
+        # with the model it holds, until the cyclic collector runs (after the ONNX checker
+        # has parsed the output beside it, doubling the peak memory).
+        self._top: TypeTable | None = None
         self._graph: onnx.GraphProto | None = None  # a subgraph's table: its graph
         # On the root: whether there is a table per scope; id(subgraph) -> its table then;
         # while there is not, the names subgraphs define and leave untyped (to find one
@@ -107,6 +110,10 @@ class TypeTable:
         self._tables: dict[int, TypeTable] = {}
         self._defined: set[str] = set()
         self._state = "new" if model is not None else "done"
+
+    @property
+    def _root(self) -> "TypeTable":
+        return self._top or self
 
     def set(self, name: str, tp: onnx.TypeProto) -> None:
         self._types[name] = tp
@@ -186,7 +193,7 @@ class TypeTable:
         if not root._scoped:
             return root
         table = TypeTable(None, self._registry)
-        table._parent, table._root, table._graph = self, root, graph
+        table._parent, table._top, table._graph = self, root, graph
         table._tables = table._defined = None  # the root's only
         root._tables[id(graph)] = table
         return table
