@@ -1022,6 +1022,22 @@ def _bound(writer: _fp._Bound, node: Any) -> bytes:
     return _fp._entry(out.SerializeToString())
 
 
+def _bound_all(writer: _fp._Bound, nodes: list[bytes]) -> list[bytes]:
+    """``_bound`` for each of the serialized ``nodes``, a field of all of them at a time."""
+    sk = _Skeletons.load().node
+    attributes = getattr(writer, "attribute_bytes", None)
+    if attributes is None:
+        attributes = writer.attribute_bytes = [a.SerializeToString() for a in writer.attributes]
+    repeat = itertools.repeat
+    parsed = list(map(sk.FromString, nodes))
+    list(map(setattr, parsed, repeat("domain"), repeat(writer.domain)))
+    list(map(sk.ClearField, parsed, repeat("attribute")))
+    if attributes:
+        entries = b"".join(b"\x2a" + _LENGTHS[len(a)] + a for a in attributes)
+        list(map(sk.MergeFromString, parsed, repeat(entries)))
+    return list(map(_fp._entry, map(sk.SerializeToString, parsed)))
+
+
 class _Layout:
     """A template's nodes (after an adoption's constants) written for many placeholders at a
     time, a field of all of them at once: ``emit(values, asked)`` is, per placeholder, the
@@ -1378,6 +1394,32 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             done_scopes += 1
             lscope = None  # the scope's LoweringScope, made where the plan needs it
             alone = len(scope.custom) == 1
+            if alone and kinds_of[k + 1] in bound:
+                # Bodies whose one placeholder is of a kind bound before, one after the other: as below, at once.
+                kind = kinds_of[k + 1]
+                run_end = at_scope
+                while run_end < n_scopes and len(block[run_end].custom) == 1 and \
+                        kinds_of[k + 2 + run_end - at_scope] == kind:
+                    run_end += 1
+                run = block[at_scope - 1:run_end]
+                n = len(run)
+                done_scopes += n - 1
+                at_scope = run_end
+                first_k, k = k + 1, k + n
+                written = _bound_all(bound[kind], ph[first_k:k + 1])
+                slots.update(zip(map(id, run), map(list, zip(written))))
+                repeats[(kind, 0)] += n
+                repeated.setdefault((kind, 0), kinds[kind])
+                if check:
+                    values_r = values_of[first_k:k + 1]
+                    empty = list(map(operator.contains, values_r, itertools.repeat("")))
+                    for j in (range(n) if any(empty) else range(1)):
+                        pattern = ("bound", kind, empty[j] and tuple(map(operator.not_, values_r[j])))
+                        if pattern not in seen:
+                            seen.add(pattern)
+                            checked.append([(*run[j].path, run[j].custom[0]), written[j], ins_of[first_k + j],
+                                            outs_of[first_k + j]])
+                continue
             if alone and (fast := alone_rows.get(kinds_of[k + 1])) is not None:
                 # Bodies whose one placeholder is of a kind adopted before, one after the other:
                 # what the loop below does for each, for all of them at once.
