@@ -1373,7 +1373,10 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         aliasing: list[Any] = list(map(operator.eq, map(len, map(set, values_of)), map(len, values_of)))
         for k in itertools.compress(range(len(ph)), map(operator.not_, aliasing)):
             aliasing[k] = tuple(map(values_of[k].index, values_of[k]))
-        in_types = list(map(tuple, map(map, itertools.repeat(declared), ins_of)))
+        input_at = list(itertools.accumulate(map(len, ins_of), initial=0))
+        all_types = tuple(map(declared, itertools.chain.from_iterable(ins_of)))
+        in_types = list(map(all_types.__getitem__, map(slice, input_at, input_at[1:])))  # tuples, one a node
+        del input_at, all_types
         for k in itertools.compress(range(len(ph)), map(operator.or_, map(operator.contains, in_types,
                                                                          itertools.repeat(None)),
                                                        map(operator.contains, ins_of, itertools.repeat("")))):
