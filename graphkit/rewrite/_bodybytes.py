@@ -552,8 +552,23 @@ class _Types(_fp._ForwardTypes):
                           for op, d in zip(held["op_type"], holder_domains)]
                 bodies: dict[int, int] = {}
                 graph_bytes: list[bytes] = []
-                for j in itertools.compress(range(len(a_types)), map(operator.or_, map(_GRAPH.__eq__, a_types),
-                                                                      map(_GRAPHS.__eq__, a_types))):
+                single = list(itertools.compress(range(len(a_types)), map(_GRAPH.__eq__, a_types)))
+                if _GRAPHS not in a_types and all(map(operator.eq, map(g_counts.__getitem__, single), repeat(1))):
+                    # every graph an attribute's one (If, Loop, Scan): their paths and bytes at once
+                    holder_at = list(map(holder_of.__getitem__, single))
+                    graph_bytes = list(map(g_values.__getitem__, map(g_at.__getitem__, single)))
+                    base_paths = len(paths)
+                    paths += map(operator.add, map(bases.__getitem__, holder_at),
+                                 zip(map(index_of.__getitem__, single), repeat(0)))
+                    named = list(map(wanted.__getitem__, holder_at))
+                    if any(named):  # If/Loop/Scan of the main graph: the attribute naming their body (the last)
+                        chosen = list(map(operator.and_, map(bool, named),
+                                          map(operator.eq, map(a_names.__getitem__, single), named)))
+                        bodies = dict(zip(itertools.compress(holder_at, chosen),
+                                          itertools.compress(range(base_paths, len(paths)), chosen)))
+                    single = None
+                for j in () if single is None else itertools.compress(range(len(a_types)), map(
+                        operator.or_, map(_GRAPH.__eq__, a_types), map(_GRAPHS.__eq__, a_types))):
                     h = holder_of[j]
                     base, a = bases[h], index_of[j]
                     if a_types[j] == _GRAPH:
@@ -1335,10 +1350,11 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     def flush() -> None:
         alone_rows.clear()
         for layout, values, asked, targets in rows.values():
-            for (where, j, check_entry), entries in zip(targets, layout.emit(values, asked)):
-                where[j] = entries
-                if check_entry is not None:
-                    check_entry[1] = entries
+            written = layout.emit(values, asked)
+            wheres, places, checks = zip(*targets)
+            list(map(list.__setitem__, wheres, places, written))
+            for check_entry, entries in zip(itertools.compress(checks, checks), itertools.compress(written, checks)):
+                check_entry[1] = entries
         rows.clear()
 
     layouts: dict[int, tuple[Any, _Layout]] = {}  # id(_fastpath._Template) -> it (kept: ids stay its), its layout
