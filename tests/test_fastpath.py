@@ -1757,3 +1757,17 @@ def test_bodies_read_at_once_compute_what_the_placeholders_stand_for():
     b = np.array([1.0, -2.0, 0.5], np.float32)
     got = open_session(onnx.ModelProto.FromString(_same_bytes(_scan_bodies(2)))).run({"x": rows, "b": b})
     np.testing.assert_allclose(got["o1"], 2 * (2 * rows + b) + b, rtol=1e-6)
+
+
+def test_bodies_writer_from_threads(monkeypatch):
+    """Threads rewriting bodies at once, the skeleton message classes made by whichever comes
+    first (once): every output the objects writer's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(_bodybytes._Skeletons, "node", None)
+    model = _scaling("if_bodies", 30)
+    data = model.SerializeToString()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: rewrite_bytes(data), range(8)))
+    assert {report.writer for _, report in results} == {"bytes"}
+    assert {out for out, _ in results} == {rewrite_model(model)[0].SerializeToString()}

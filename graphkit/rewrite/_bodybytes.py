@@ -76,6 +76,7 @@ from __future__ import annotations
 import collections
 import itertools
 import operator
+import threading
 from collections.abc import Callable, Iterator
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -216,9 +217,15 @@ class _Skeletons:
     nodes: Any = None
     attributes: Any = None
 
+    _lock = threading.Lock()
+
     @classmethod
     def load(cls) -> type[_Skeletons]:
-        if cls.node is None:
+        if cls.node is not None:
+            return cls
+        with cls._lock:  # made once: threads rewriting at once never mix two pools' classes
+            if cls.node is not None:
+                return cls
             from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
             field = descriptor_pb2.FieldDescriptorProto
