@@ -1150,8 +1150,9 @@ class _Emitter:
 
 class _Adoption:
     """``LoweringPlan.adopt`` in a scope with no constants yet (a body whose only placeholder
-    this is), written as bytes: each constant the template reads, a copy of its node named
-    and producing ``fresh(prefix + "/const")``, then the template's instance reading them."""
+    this is), written as bytes (by its _Layout): each constant the template reads, a copy of
+    its node named and producing ``fresh(prefix + "/const")`` (``tails``: its fields after the
+    output and the name), then the template's instance reading them."""
 
     def __init__(self, plan: LoweringPlan, key: tuple) -> None:
         template, reads = plan.adoption(key)
@@ -1168,24 +1169,6 @@ class _Adoption:
                                          {name: name for name, _ in reads}))
         self.template = template
         self.constants = [const for _, const in reads]  # what count() counts of each adoption
-
-    def emit(self, inputs: list[str], outputs: list[str], prefix: str, fresh: Callable[[str], str]) -> bytes:
-        emitter = self.emitter
-        pad = emitter.n_inputs - len(inputs)
-        if not self.tails:  # the instance alone, written straight from its values
-            return emitter.written.emit([*inputs, *[""] * pad, *outputs] if pad else inputs + outputs, prefix, fresh)
-        L = _LENGTHS
-        parts = []
-        made = []
-        for tail in self.tails:
-            name = fresh(prefix + "/const")
-            made.append(name)
-            raw = name.encode()
-            field = L[len(raw)] + raw
-            body = b"".join((b"\x12", field, b"\x1a", field, tail))
-            parts += (b"\x0a", L[len(body)], body)
-        parts.append(emitter.written.emit([*inputs, *[""] * pad, *made, *outputs], prefix, fresh))
-        return b"".join(parts)
 
 
 def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
