@@ -1249,7 +1249,9 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             types = _Types(model, registry, main, domains, op_types, holders)
         return types, main
 
-    types, main = type_table(True)
+    # a conversion changing nodes lists every graph (_convertbytes.splice_scopes): where one may,
+    # no declarations-at-once pass first (the one after the counts would be for nothing)
+    types, main = type_table(not _convertbytes.may_splice(data, _engine.ai_onnx_opset(model), target_opset))
     report = RewriteReport(ops_before=types.counts)
     placeholders = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
     if len(placeholders) > 1 and (placeholders - {PLACEHOLDER_DOMAIN}) & {d for d, _ in report.ops_before}:
