@@ -1312,6 +1312,20 @@ def test_target_opset_converting_in_bodies_byte_identical(shape):
     assert report.writer_reason.startswith(_bodybytes.WHY), report.writer_reason
 
 
+def test_may_splice_probes_the_op_types_a_conversion_up_changes():
+    """The bodies' writer lists every graph at once where a conversion may change nodes
+    (ReduceMean 17 -> 18), and reads declarations at once otherwise (imports only, down)."""
+    from graphkit.rewrite import _convertbytes
+
+    import scaling_models
+
+    reducing = scaling_models.if_bodies(3, reduce=True).SerializeToString()
+    plain = _scaling("if_bodies", 3).SerializeToString()
+    assert _convertbytes.may_splice(reducing, 17, 18) and not _convertbytes.may_splice(plain, 17, 18)
+    assert not _convertbytes.may_splice(reducing, 17, 17) and not _convertbytes.may_splice(reducing, 18, 17)
+    assert not _convertbytes.may_splice(reducing, None, 18) and not _convertbytes.may_splice(reducing, 17, None)
+
+
 def test_target_opset_converting_in_bodies_numerics():
     from graphkit.runtime import open_session
 
