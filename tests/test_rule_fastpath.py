@@ -435,3 +435,27 @@ def test_nothing_of_a_rewrite_outlives_it_in_a_reference_cycle():
         if was:
             gc.enable()
     assert left == []
+
+
+def test_stamping_stops_at_a_node_without_a_match_and_goes_on_in_order():
+    """p1's second output is read: no match there. The nodes before it are stamped in the lean
+    loop, those after it in the general one: the same names, in the same order, as per match."""
+    nodes = [helper.make_node("pair", ["a"], ["p0", "p0b"], domain="t"),
+             helper.make_node("pair", ["p0"], ["p1", "p1b"], domain="t"),
+             helper.make_node("pair", ["p1"], ["p2", "p2b"], domain="t"),
+             helper.make_node("Add", ["p2", "p1b"], ["y"])]
+    vi = lambda name: helper.make_tensor_value_info(name, F, [2])  # noqa: E731
+    model = helper.make_model(helper.make_graph(nodes, "g", [vi("a")], [vi("y")]),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("t", 1)], ir_version=10)
+    runs = []
+    for templates in (True, False):
+        saved, _rules._TEMPLATES = _rules._TEMPLATES, templates
+        try:
+            out, report = rewrite_model(model, rules=[Rule.node("neg", "pair", lambda op, x0: op.Neg(x0), domain="t")],
+                                        lowering=Lowering.KEEP, check=False)
+        finally:
+            _rules._TEMPLATES = saved
+        runs.append((out.SerializeToString(), report.rules.applied, report.rules.matched, report.rules.reasons))
+    assert runs[0] == runs[1]
+    assert [n.op_type for n in out.graph.node] == ["Neg", "pair", "Neg", "Add"]
+    assert [n.name for n in out.graph.node][::2] == ["neg/Neg", "neg/Neg_1"]
