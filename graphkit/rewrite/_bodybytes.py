@@ -644,19 +644,24 @@ class _Types(_fp._ForwardTypes):
                     keep = list(map(bool, names_made))
                     names_made = list(itertools.compress(names_made, keep))
                     made_by = list(itertools.compress(made_by, keep))
+                # (looked up in the block's own dicts first: the model's are big, slow to look in)
+                block_owner = dict(zip(names_made, made_by))
                 size = len(owner)
-                owner.update(zip(names_made, made_by))
-                if len(owner) != size + len(names_made) or not (
+                owner.update(block_owner)
+                if len(block_owner) != len(names_made) or len(owner) != size + len(names_made) or not (
                         made.isdisjoint(names_made) and types0.keys().isdisjoint(names_made)
                         and elem0.keys().isdisjoint(names_made) and untyped0.isdisjoint(names_made)):
                     raise _NotBulk
                 del names_made, made_by
-                get_owner = owner.get
+                get_owner = block_owner.get
+                block_elem: dict[str, int] = {}
                 for field, names, by, tps, elems in block_declared:
                     if not all(map(operator.eq, map(get_owner, names), by)):
                         raise _NotBulk  # a graph declares a name it does not define
-                    body_elem.update(filter(itemgetter(1), zip(names, elems)))
+                    block_elem.update(filter(itemgetter(1), zip(names, elems)))
                     declared.append((names, tps, elems))
+                body_elem.update(block_elem)
+                for field, names, by, tps, elems in block_declared:
                     if field == "output" and control_flow:
                         # each output takes its body output's type (a Loop's after the condition),
                         # every output made once (else the graph-by-graph pass finds which way)
@@ -669,7 +674,7 @@ class _Types(_fp._ForwardTypes):
                                                             repeat(1)))))
                         pairs = list(map(list, map(zip, node_outputs, body_outputs)))
                         outs = list(map(itemgetter(0), chain(pairs)))
-                        ts = list(map(body_elem.get, map(itemgetter(1), chain(pairs))))
+                        ts = list(map(block_elem.get, map(itemgetter(1), chain(pairs))))
                         at = list(chain(map(repeat, indices, map(len, pairs))))
                         del pairs
                         if "" in outs:
@@ -697,8 +702,8 @@ class _Types(_fp._ForwardTypes):
                     xg = list(chain(map(repeat, owner_of, map(len, inputs))))
                     # most are typed in the main graph or by their own graph; the others one by one
                     quick = list(map(operator.or_, map(operator.or_, map(operator.not_, xs), map(elem0.__contains__, xs)),
-                                     map(operator.and_, map(operator.eq, map(owner.get, xs), xg),
-                                         map(body_elem.__contains__, xs))))
+                                     map(operator.and_, map(operator.eq, map(block_owner.get, xs), xg),
+                                         map(block_elem.__contains__, xs))))
                     if not all(quick):  # outputs of earlier If/Loop/Scan nodes of the main graph, most likely
                         slow = list(map(operator.not_, quick))
                         xs, xg = list(itertools.compress(xs, slow)), list(itertools.compress(xg, slow))
