@@ -4,6 +4,8 @@ rewritten model, byte for byte, and the same report (matches, rewrites, every re
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -361,31 +363,44 @@ def _relu_chain(n: int, names: bool = False) -> onnx.ModelProto:
                              opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
-def test_a_templated_rewrite_runs_twice_and_per_match_runs_it_for_every_match():
+def test_a_templated_rewrite_runs_twice_and_per_match_runs_it_for_every_match(monkeypatch):
+    from graphkit.rewrite import _template
+
+    traces = []
+    record = _template._record
+    monkeypatch.setattr(_template, "_record", lambda *a, **k: traces.append(a) or record(*a, **k))
+    model = _relu_chain(40)
+    out, report = rewrite_model(model, rules=[Rule.node("r", "Relu", lambda op, x0: op.Neg(x0))],
+                                lowering=Lowering.KEEP)
+    assert report.rules.applied == {"r": 40} and len(traces) == 2  # two traces on stand-ins
     calls = []
 
-    def rewrite(op, x0):
+    def rewrite(op, x0):  # keeps what it sees (a closure's list): its calls are seen, per match
         calls.append(x0)
         return op.Neg(x0)
 
-    model = _relu_chain(40)
-    out, report = rewrite_model(model, rules=[Rule.node("r", "Relu", rewrite)], lowering=Lowering.KEEP)
-    assert report.rules.applied == {"r": 40} and len(calls) == 2  # two traces on stand-ins
-    calls.clear()
-    again, _ = rewrite_model(model, rules=[Rule.node("r", "Relu", rewrite, per_match=True)], lowering=Lowering.KEEP)
-    assert calls == [f"r{i - 1}" if i else "x" for i in range(40)]
-    assert out.SerializeToString() == again.SerializeToString()
+    for per_match in (True, False):
+        calls.clear()
+        again, _ = rewrite_model(model, rules=[Rule.node("r", "Relu", rewrite, per_match=per_match)],
+                                 lowering=Lowering.KEEP)
+        assert calls == [f"r{i - 1}" if i else "x" for i in range(40)]
+        assert out.SerializeToString() == again.SerializeToString()
+    assert len(traces) == 2
 
 
 def test_a_stateful_rewrite_is_not_templated():
     count = [0]
 
-    def rewrite(op, x0):  # a different node each call: the second trace differs from the first
+    def rewrite(op, x0):  # a different node each call (state in a closure's list: not even traced)
         count[0] += 1
         return op.LeakyRelu(x0, alpha=float(count[0]))
 
     out, _ = rewrite_model(_relu_chain(5), rules=[Rule.node("leaky", "Relu", rewrite)], lowering=Lowering.KEEP)
-    assert [n.attribute[0].f for n in out.graph.node] == [3.0, 4.0, 5.0, 6.0, 7.0]
+    assert [n.attribute[0].f for n in out.graph.node] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    from graphkit.rewrite._template import trace
+
+    count[0] = 0  # traced all the same, the second trace differs from the first
+    assert trace(_rules._caller(rewrite), ("x0",), None, 0, ("", "Relu")) is None and count[0] == 2
 
 
 def test_templated_names_avoid_the_models_and_each_other():
@@ -459,3 +474,84 @@ def test_stamping_stops_at_a_node_without_a_match_and_goes_on_in_order():
     assert runs[0] == runs[1]
     assert [n.op_type for n in out.graph.node] == ["Neg", "pair", "Neg", "Add"]
     assert [n.name for n in out.graph.node][::2] == ["neg/Neg", "neg/Neg_1"]
+
+
+def _prefixed_chain() -> onnx.ModelProto:
+    """A Relu chain whose tensors are named "model/..." and "other/..." in turn."""
+    nodes, prev = [], "x"
+    for i in range(6):
+        out = f"{'model' if i % 2 else 'other'}/r{i}"
+        nodes.append(helper.make_node("Relu", [prev], [out]))
+        prev = out
+    vi = lambda name: helper.make_tensor_value_info(name, F, [2])  # noqa: E731
+    return helper.make_model(helper.make_graph(nodes, "g", [vi("x")], [vi(prev)]),
+                             opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def _on_and_off(model, rule):
+    outs = []
+    for templates in (True, False):
+        saved, _rules._TEMPLATES = _rules._TEMPLATES, templates
+        try:
+            out, report = rewrite_model(model, rules=[rule], lowering=Lowering.KEEP, check=False)
+        finally:
+            _rules._TEMPLATES = saved
+        outs.append((out.SerializeToString(), report.rules.applied))
+    return outs
+
+
+@pytest.mark.parametrize("rewrite", [
+    lambda op, x0: op.Neg(x0) if re.match("model/", x0) else op.Abs(x0),       # C code reads the text
+    lambda op, x0: op.Neg(x0) if str.startswith(x0, "model/") else op.Abs(x0),  # str's method, not the stand-in's
+    lambda op, x0: op.Neg(x0) if _IS_MODEL(x0) else op.Abs(x0),                 # through a global helper
+])
+def test_a_rewrite_reading_the_text_in_c_code_is_run_per_match(rewrite):
+    on, off = _on_and_off(_prefixed_chain(), Rule.node("by_prefix", "Relu", rewrite))
+    assert on == off
+    out = onnx.load_from_string(off[0])
+    assert [n.op_type for n in out.graph.node] == ["Abs", "Abs", "Neg", "Abs", "Neg", "Abs"]
+
+
+def _IS_MODEL(name):  # noqa: N802
+    return re.match("model/", name) is not None
+
+
+_TABLE = {"model/r1": 1}
+
+
+def _neg(op, x):
+    return op.Neg(x)
+
+
+def _unary(op_type: str):
+    return lambda op, x0: op.op(op_type, x0)
+
+
+@pytest.mark.parametrize("rewrite, expected", [
+    (lambda op, x0, x1: op.Add(x0, x1), True),                       # the benchmark's rule
+    (lambda op, x0: op.Cast(x0, to=TensorProto.FLOAT), True),        # onnx's constants
+    (lambda op, x0: op.Cast(x0, to=onnx.TensorProto.FLOAT), True),
+    (lambda op, x0: _neg(op, x0), True),                            # a helper that is itself harmless
+    (_unary("Neg"), True),                                           # a closure over a str
+    (lambda op, *xs: op.Sum(*[op.Neg(x) for x in xs]), True),        # a comprehension
+    (lambda op, x0: op.Neg(x0) if type(x0) is str else op.Abs(x0), False),  # the stand-in is a subclass
+    (lambda op, x0: op.Neg(x0) if x0.__class__ is str else op.Abs(x0), False),
+    (lambda op, x0: op.Neg(x0) if _TABLE.get(x0) else op.Abs(x0), False),  # a mutable global
+    (lambda op, x0: op.Neg(x0) if re.match("m", x0) else op.Abs(x0), False),
+    (lambda op, x0: op.Neg(x0) if __import__("re").match("m", x0) else op.Abs(x0), False),
+    (lambda op, x0: op.Cast(x0, to=np.float32), False),              # numpy reads strings in C (np.char)
+    (lambda op, x0: op.Neg(x0) if id(x0) % 2 else op.Abs(x0), False),
+])
+def test_only_a_rewrite_reaching_nothing_but_its_arguments_is_traceable(rewrite, expected):
+    import functools
+
+    from graphkit.rewrite._template import traceable
+
+    assert traceable(rewrite) is expected
+    assert not traceable(functools.partial(rewrite))
+
+
+def test_a_rewrite_asking_the_type_of_a_binding_is_run_per_match():
+    rule = Rule.node("by_type", "Relu", lambda op, x0: op.Neg(x0) if type(x0) is str else op.Abs(x0))
+    on, off = _on_and_off(_prefixed_chain(), rule)
+    assert on == off and [n.op_type for n in onnx.load_from_string(on[0]).graph.node] == ["Neg"] * 6

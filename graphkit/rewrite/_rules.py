@@ -40,7 +40,7 @@ from graphkit.errors import GraphkitError, RewriteError, RuleError
 from graphkit.rewrite._graphview import GraphView
 from graphkit.rewrite._matcher import Match, Matcher, deterministic
 from graphkit.rewrite._pattern import Either, Many, Out, PatternOps, PNode, Var, variables
-from graphkit.rewrite._template import Template, trace
+from graphkit.rewrite._template import Template, trace, traceable
 from graphkit.rewrite._walk import AI_ONNX, graphs, subgraphs
 from graphkit.rewrite.builder import TypeTable
 
@@ -633,7 +633,7 @@ class _RuleRun:
     """What applying one rule keeps from scope to scope: its matchers (pointed at each
     scope's view), the rewrite's caller, one builder restarted for every match."""
 
-    __slots__ = ("builder", "call", "fresh", "lean", "matchers", "restart", "stamps", "templates")
+    __slots__ = ("builder", "call", "fresh", "lean", "matchers", "restart", "stamps", "templates", "traced")
 
     def __init__(self, rule: Rule, view: GraphView, opset: int, delta: OpDelta) -> None:
         self.matchers = [(p.anchor[1], Matcher(p.roots, commute=rule.commute, view=view, rule=rule.name,
@@ -648,7 +648,9 @@ class _RuleRun:
         # One flat pattern (one node of distinct variables) without check: its matches are
         # found from the node's fields and stamped without a Match (_stamp_matches).
         matcher = self.matchers[0][1]
-        self.lean = _FIRST and _TEMPLATES and not rule.per_match and rule.check is None \
+        # Traced at all: not asked per match, and its code reaches nothing but its arguments.
+        self.traced = _TEMPLATES and not rule.per_match and traceable(rule.rewrite)
+        self.lean = _FIRST and self.traced and rule.check is None \
             and len(rule._patterns) == 1 and matcher.flat is not None and rule._simple()
 
     def close(self) -> None:
@@ -688,7 +690,7 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
     first = matchers[0][1].first if _FIRST and len(patterns) == 1 and rule._simple() else None
     # A flat single-node pattern: its matches may get a traced replacement (see _template.py),
     # found from the matched node's fields alone where there is no check to hand bindings to.
-    flat = matchers[0][1].flat if first is not None and _TEMPLATES and not rule.per_match else None
+    flat = matchers[0][1].flat if first is not None and run.traced else None
     flat_match = matchers[0][1].flat_match if flat is not None and rule.check is None else None
     names_of, many = (flat[1], flat[2]) if flat is not None else ((), None)
     anchor = patterns[0].anchor

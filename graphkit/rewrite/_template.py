@@ -20,16 +20,24 @@ on anything else a Builder offers (``dtype``, ``shape``, ``constant_value``,
   keeping state, random, or reading the text through C code that calls no method of the
   stand-in, such as ``len("".join(...))``, differs);
 - it is one node, of another op type than the matched one, whose one output is the
-  result and whose inputs read every binding (:attr:`Template.in_place`): the engine
-  overwrites the matched node with it. Anything else runs ``rewrite`` per match.
+  result and whose inputs read every binding, holding no subgraph: the engine overwrites
+  the matched node with it. Anything else runs ``rewrite`` per match.
 
-Out of sight: C code reading a binding's characters without calling a method of it where
-both stand-ins give the same answer (``re.match("model/", x)``), and state ``rewrite``
-changes only after its first calls. ``Rule(per_match=True)`` calls ``rewrite`` for every match.
+C code can read a binding's characters without calling a method of it (``re.match("model/",
+x)``, ``str.startswith(x, "m")``): where both stand-ins give the same answer the traces agree
+and the template would be wrong for the matches they stand for. So only a ``rewrite`` whose
+code can reach nothing but its arguments is traced (:func:`traceable`: no global, closure
+variable or default but constants, functions passing the same test, ``onnx``/``math`` and a
+few builtins that read a ``str`` through its methods; no import, no dunder attribute, no
+global or closure variable written). Out of sight still: state ``rewrite`` keeps in its
+arguments' objects. ``Rule(per_match=True)`` calls ``rewrite`` for every match.
 """
 
 from __future__ import annotations
 
+import builtins
+import dis
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +45,7 @@ from typing import Any
 import onnx
 from onnx import helper
 
-__all__ = ["Template", "trace"]
+__all__ = ["Template", "trace", "traceable"]
 
 _MARK = "\x00graphkit-trace:"
 _MARK_BYTES = _MARK.encode()
@@ -217,3 +225,85 @@ def trace(call: Callable[[Any, dict[str, Any]], Any], names: tuple[str, ...], ma
             return None  # a node holding subgraphs: new scopes, counted again (per match)
     positions = tuple(wanted.index(ref) if ref in wanted else -1 for ref in inputs)
     return Template(node, positions, list(inputs) == wanted, op_type, domain)
+
+
+# Builtins a traced rewrite may call: each reads a str argument, if at all, through the
+# stand-in's own methods (len: __len__, int: __int__, sorted/min/max: __lt__...), never its
+# characters directly. type(), id(), getattr(), str and the like are not among them.
+_SAFE_BUILTINS = frozenset(id(f) for f in (
+    abs, all, any, bool, dict, enumerate, float, int, isinstance, len, list, max, min, range, reversed,
+    sorted, sum, tuple, zip))
+_CONSTANTS = (type(None), bool, int, float, complex, str, bytes)
+_SAFE_MODULES = ("onnx", "math")
+_SAFE_CLASSES = frozenset({id(onnx.TensorProto), id(onnx.AttributeProto)})
+_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+_DEREFS = frozenset({"LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_CLOSURE"})
+_REFUSED = frozenset({"IMPORT_NAME", "IMPORT_FROM", "IMPORT_STAR", "STORE_GLOBAL", "DELETE_GLOBAL",
+                      "STORE_NAME", "DELETE_NAME", "LOAD_SUPER_ATTR", "LOAD_ASSERTION_ERROR"})
+
+
+def traceable(fn: Any) -> bool:
+    """May ``fn``'s result depend on its str arguments only through their methods? True where
+    everything its code reaches besides its arguments is harmless (see the module docstring);
+    False for anything else (a bound method, a partial, a callable object, a module or class
+    reachable from its code): such a rewrite runs per match."""
+    return _reaches_nothing(fn, set())
+
+
+def _harmless(value: Any, seen: set[int]) -> bool:
+    if isinstance(value, _CONSTANTS):
+        return True
+    if type(value) in (tuple, frozenset):
+        return all(_harmless(v, seen) for v in value)
+    if isinstance(value, types.FunctionType):
+        return _reaches_nothing(value, seen)
+    if isinstance(value, types.ModuleType):
+        name = value.__name__
+        return name in _SAFE_MODULES or name.startswith("onnx.")
+    if isinstance(value, type) and issubclass(value, BaseException):
+        return True  # raising: the trace fails, the rewrite runs per match
+    return id(value) in _SAFE_BUILTINS or id(value) in _SAFE_CLASSES
+
+
+def _reaches_nothing(fn: Any, seen: set[int]) -> bool:
+    if not isinstance(fn, types.FunctionType):
+        return False
+    if id(fn) in seen:
+        return True
+    seen.add(id(fn))
+    code = fn.__code__
+    cells = dict(zip(code.co_freevars, fn.__closure__ or ()))
+    defaults = (*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values())
+    if not all(_harmless(d, seen) for d in defaults):
+        return False
+    fn_globals = fn.__globals__
+    missing = object()
+    stack = [code]
+    while stack:
+        co = stack.pop()
+        stack.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
+        for ins in dis.get_instructions(co):
+            op = ins.opname
+            if op in _REFUSED:
+                return False
+            if op in ("LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "DELETE_ATTR"):
+                if str(ins.argval).startswith("__"):  # x.__class__, f.__globals__...
+                    return False
+            elif op in _LOADS:
+                value = fn_globals.get(ins.argval, missing)
+                if value is missing:
+                    value = getattr(builtins, ins.argval, missing)
+                if value is missing or not _harmless(value, seen):
+                    return False
+            elif op in _DEREFS or op in ("STORE_DEREF", "DELETE_DEREF"):
+                cell = cells.get(ins.argval) if ins.argval not in code.co_cellvars else None
+                if cell is not None:
+                    if op != "LOAD_DEREF" and op != "LOAD_CLASSDEREF" and op != "LOAD_CLOSURE":
+                        return False  # a closure variable written: state kept between calls
+                    try:
+                        value = cell.cell_contents
+                    except ValueError:
+                        return False
+                    if not _harmless(value, seen):
+                        return False
+    return True
