@@ -1211,13 +1211,17 @@ def test_target_opset_converting_down_numerics_and_by_parts(monkeypatch):
 
 def test_target_opset_converting_down_refusals_reported_alike():
     """What the adapters refuse going down, both writers refuse in the same words: axes that
-    are no constant, noop_with_empty_axes=1 without axes."""
-    for change in ("input", "noop"):
+    are no constant, noop_with_empty_axes=1 without axes, and axes from an initializer that
+    is also a graph input (a default the caller may replace at run time: baked into an
+    attribute, a value fed would be ignored)."""
+    for change in ("input", "noop", "fed"):
         model = _down(2)
         reduce = model.graph.node[1]
         if change == "input":
             model.graph.input.append(helper.make_tensor_value_info("dyn", TensorProto.INT64, [1]))
             reduce.input[1] = "dyn"
+        elif change == "fed":
+            model.graph.input.append(helper.make_tensor_value_info("axes", TensorProto.INT64, [1]))
         else:
             del reduce.input[1:]
             reduce.attribute.append(helper.make_attribute("noop_with_empty_axes", 1))

@@ -657,8 +657,7 @@ class _Constants:
             self._parent[id(holder)] = None
             own: dict[str, tuple[Any, Any]] = {}
             if isinstance(holder, onnx.GraphProto):
-                for init in holder.initializer:
-                    own[init.name] = (init, holder.initializer)
+                _own_initializers(holder, own)
             nodes = holder.node
             is_constant = map(operator.eq, map(attrgetter("op_type"), nodes), itertools.repeat("Constant"))
             for node in map(nodes.__getitem__, itertools.compress(itertools.count(), is_constant)):
@@ -673,8 +672,7 @@ class _Constants:
             self._parent[id(g)] = parent
             own: dict[str, tuple[Any, Any]] = {}
             if isinstance(g, onnx.GraphProto):
-                for init in g.initializer:
-                    own[init.name] = (init, g.initializer)
+                _own_initializers(g, own)
             for node in g.node:
                 if node.op_type == "Constant" and node.domain in AI_ONNX and len(node.output) == 1:
                     own[node.output[0]] = (node, g.node)
@@ -694,6 +692,19 @@ class _Constants:
                 return found[name]
             at = self._parent[at]
         return None
+
+
+def _own_initializers(graph: onnx.GraphProto, own: dict[str, tuple[Any, Any]]) -> None:
+    """``graph``'s initializers into ``own``, but those that are also its inputs: a value fed
+    at run time may replace one, so it is no constant (an adapter going down would bake the
+    default into an attribute)."""
+    inits = graph.initializer
+    if not inits:
+        return
+    fed = {i.name for i in graph.input} if graph.input else ()
+    for init in inits:
+        if init.name not in fed:
+            own[init.name] = (init, inits)
 
 
 def _place_constants(model: onnx.ModelProto, made: dict[int, tuple[Any, list[tuple[str, Any]]]]) -> None:
