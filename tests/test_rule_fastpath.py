@@ -504,6 +504,9 @@ def _on_and_off(model, rule):
     lambda op, x0: op.Neg(x0) if re.match("model/", x0) else op.Abs(x0),       # C code reads the text
     lambda op, x0: op.Neg(x0) if str.startswith(x0, "model/") else op.Abs(x0),  # str's method, not the stand-in's
     lambda op, x0: op.Neg(x0) if _IS_MODEL(x0) else op.Abs(x0),                 # through a global helper
+    lambda op, x0: op.Neg(x0) if x0 in "model/r1 model/r3" else op.Abs(x0),      # a literal's __contains__
+    lambda op, x0: op.Neg(x0) if "model/r1 model/r3".find(x0) >= 0 else op.Abs(x0),  # a literal's method
+    lambda op, x0: op.Neg(x0) if "".join([x0]).startswith("model/") else op.Abs(x0),  # a str made of it
 ])
 def test_a_rewrite_reading_the_text_in_c_code_is_run_per_match(rewrite):
     on, off = _on_and_off(_prefixed_chain(), Rule.node("by_prefix", "Relu", rewrite))

@@ -29,7 +29,8 @@ and the template would be wrong for the matches they stand for. So only a ``rewr
 code can reach nothing but its arguments is traced (:func:`traceable`: no global, closure
 variable or default but constants, functions passing the same test, ``onnx``/``math`` and a
 few builtins that read a ``str`` through its methods; no import, no dunder attribute, no
-global or closure variable written). Out of sight still: state ``rewrite`` keeps in its
+attribute named as a ``str`` method (``"a/b".find(x)``), no ``in``, no global or closure
+variable written). Out of sight still: state ``rewrite`` keeps in its
 arguments' objects. ``Rule(per_match=True)`` calls ``rewrite`` for every match.
 """
 
@@ -234,6 +235,7 @@ _SAFE_BUILTINS = frozenset(id(f) for f in (
     abs, all, any, bool, dict, enumerate, float, int, isinstance, len, list, max, min, range, reversed,
     sorted, sum, tuple, zip))
 _CONSTANTS = (type(None), bool, int, float, complex, str, bytes)
+_STR_ATTRIBUTES = frozenset(dir(str))
 _SAFE_MODULES = ("onnx", "math")
 _SAFE_CLASSES = frozenset({id(onnx.TensorProto), id(onnx.AttributeProto)})
 _LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
@@ -287,8 +289,14 @@ def _reaches_nothing(fn: Any, seen: set[int]) -> bool:
             if op in _REFUSED:
                 return False
             if op in ("LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "DELETE_ATTR"):
-                if str(ins.argval).startswith("__"):  # x.__class__, f.__globals__...
+                # x.__class__, f.__globals__...; and a str's methods: on a literal or a str made
+                # of a binding ("a/b".find(x), "".join([x]).startswith(...)) C code reads the
+                # binding's characters (on the binding itself the stand-in notices them anyway)
+                name = str(ins.argval)
+                if name.startswith("__") or name in _STR_ATTRIBUTES:
                     return False
+            elif op == "CONTAINS_OP":  # x in "a/b c/d": str.__contains__ reads x in C
+                return False
             elif op in _LOADS:
                 value = fn_globals.get(ins.argval, missing)
                 if value is missing:
