@@ -526,6 +526,11 @@ def _neg(op, x):
     return op.Neg(x)
 
 
+def _stores_on_op(op, x0):
+    op.seen = x0
+    return op.Neg(x0)
+
+
 def _unary(op_type: str):
     return lambda op, x0: op.op(op_type, x0)
 
@@ -544,6 +549,7 @@ def _unary(op_type: str):
     (lambda op, x0: op.Neg(x0) if __import__("re").match("m", x0) else op.Abs(x0), False),
     (lambda op, x0: op.Cast(x0, to=np.float32), False),              # numpy reads strings in C (np.char)
     (lambda op, x0: op.Neg(x0) if id(x0) % 2 else op.Abs(x0), False),
+    (_stores_on_op, False),                                          # state on the builder, kept across matches
 ])
 def test_only_a_rewrite_reaching_nothing_but_its_arguments_is_traceable(rewrite, expected):
     import functools

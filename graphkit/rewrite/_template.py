@@ -241,7 +241,8 @@ _SAFE_CLASSES = frozenset({id(onnx.TensorProto), id(onnx.AttributeProto)})
 _LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
 _DEREFS = frozenset({"LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_CLOSURE"})
 _REFUSED = frozenset({"IMPORT_NAME", "IMPORT_FROM", "IMPORT_STAR", "STORE_GLOBAL", "DELETE_GLOBAL",
-                      "STORE_NAME", "DELETE_NAME", "LOAD_SUPER_ATTR", "LOAD_ASSERTION_ERROR"})
+                      "STORE_NAME", "DELETE_NAME", "LOAD_SUPER_ATTR", "LOAD_ASSERTION_ERROR",
+                      "STORE_ATTR", "DELETE_ATTR"})  # (an attribute set: state kept between calls)
 
 
 def traceable(fn: Any) -> bool:
@@ -288,7 +289,7 @@ def _reaches_nothing(fn: Any, seen: set[int]) -> bool:
             op = ins.opname
             if op in _REFUSED:
                 return False
-            if op in ("LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "DELETE_ATTR"):
+            if op in ("LOAD_ATTR", "LOAD_METHOD"):
                 # x.__class__, f.__globals__...; and a str's methods: on a literal or a str made
                 # of a binding ("a/b".find(x), "".join([x]).startswith(...)) C code reads the
                 # binding's characters (on the binding itself the stand-in notices them anyway)
