@@ -52,7 +52,7 @@ from graphkit.rewrite import _convert
 from graphkit.rewrite._walk import AI_ONNX, ModelIndex, graphs, subgraphs
 from graphkit.rewrite.builder import _SAME_AS_INPUT0, NameGenerator
 
-__all__ = ["InSubgraphs", "NotSpliced", "ScopedSplice", "Spliced", "plan", "splice", "splice_scopes"]
+__all__ = ["InSubgraphs", "NotSpliced", "ScopedSplice", "Spliced", "encode_varint", "plan", "splice", "splice_scopes"]
 
 
 class NotSpliced(Exception):
@@ -101,8 +101,8 @@ class _DataNames(NameGenerator):
         return super().fresh(base)
 
 
-def _varint(n: int) -> bytes:
-    """A varint's bytes (_fastpath's encoding; not imported from there: it imports this module)."""
+def encode_varint(n: int) -> bytes:
+    """A varint's bytes (the byte writers' one encoder: graphkit.rewrite._fastpath imports this module)."""
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -113,14 +113,14 @@ def _varint(n: int) -> bytes:
 
 def _field(tag: bytes, value: str | bytes) -> bytes:
     raw = value.encode() if isinstance(value, str) else value
-    return tag + _varint(len(raw)) + raw
+    return tag + encode_varint(len(raw)) + raw
 
 
 def _header(size: int) -> int:
     """The bytes of a node entry's tag and length, from the entry's size."""
     if size <= 1 + 1 + 127:
         return 2
-    return next((h for h in range(3, 12) if 1 + len(_varint(size - h)) == h), 0)  # 0: no entry is that size
+    return next((h for h in range(3, 12) if 1 + len(encode_varint(size - h)) == h), 0)  # 0: no entry is that size
 
 
 _SENTINEL = "\x00in"
@@ -158,7 +158,7 @@ class _Kind:
             parts.append(_field(b"\x1a", name))
         parts.append(self.rest)
         body = b"".join(parts)
-        return b"\x0a" + _varint(len(body)) + body
+        return b"\x0a" + encode_varint(len(body)) + body
 
     def emit_ascii(self, ins: list, outs: list, names: list) -> list[bytes]:
         """emit_one for many nodes whose names are ASCII and under 128 bytes, a column at a
@@ -185,7 +185,7 @@ class _Kind:
 
 
 def _text_varint(n: int) -> str:
-    return chr(n) if n < 0x80 else _varint(n).decode("latin-1")
+    return chr(n) if n < 0x80 else encode_varint(n).decode("latin-1")
 
 
 Steps = dict  # op -> the steps converting its nodes (_convert.node_steps)
@@ -367,7 +367,7 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
 def _canonical(data: bytes, start: int, end: int, node: onnx.NodeProto) -> bool:
     """Whether the node entry ``data[start:end]`` is ``node`` as protobuf writes it."""
     body = node.SerializeToString()
-    return end - start == 1 + len(_varint(len(body))) + len(body) and data.endswith(body, start, end)
+    return end - start == 1 + len(encode_varint(len(body))) + len(body) and data.endswith(body, start, end)
 
 
 @dataclass
@@ -527,4 +527,4 @@ def splice_scopes(data: bytes, model: onnx.ModelProto, main: Any, changed: Steps
 def _field_size(name: str) -> int:
     """The bytes of a string field holding ``name``: key, length, UTF-8."""
     n = len(name) if name.isascii() else len(name.encode())
-    return 2 + n if n < 0x80 else 1 + len(_varint(n)) + n
+    return 2 + n if n < 0x80 else 1 + len(encode_varint(n)) + n

@@ -193,13 +193,7 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
             raise Unsupported("malformed varint")
 
 
-def _encode_varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+_encode_varint = _convertbytes.encode_varint  # (one encoder for the byte writers)
 
 
 class _Lengths(dict):
