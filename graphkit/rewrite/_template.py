@@ -238,8 +238,8 @@ _CONSTANTS = (type(None), bool, int, float, complex, str, bytes)
 _STR_ATTRIBUTES = frozenset(dir(str))
 _SAFE_MODULES = ("onnx", "math")
 _SAFE_CLASSES = frozenset({id(onnx.TensorProto), id(onnx.AttributeProto)})
-_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
-_DEREFS = frozenset({"LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_CLOSURE"})
+_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})  # (the last: 3.12)
+_DEREFS = frozenset({"LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_CLOSURE", "LOAD_FROM_DICT_OR_DEREF"})
 _REFUSED = frozenset({"IMPORT_NAME", "IMPORT_FROM", "IMPORT_STAR", "STORE_GLOBAL", "DELETE_GLOBAL",
                       "STORE_NAME", "DELETE_NAME", "LOAD_SUPER_ATTR", "LOAD_ASSERTION_ERROR",
                       "STORE_ATTR", "DELETE_ATTR"})  # (an attribute set: state kept between calls)
@@ -307,7 +307,7 @@ def _reaches_nothing(fn: Any, seen: set[int]) -> bool:
             elif op in _DEREFS or op in ("STORE_DEREF", "DELETE_DEREF"):
                 cell = cells.get(ins.argval) if ins.argval not in code.co_cellvars else None
                 if cell is not None:
-                    if op != "LOAD_DEREF" and op != "LOAD_CLASSDEREF" and op != "LOAD_CLOSURE":
+                    if op not in _DEREFS:
                         return False  # a closure variable written: state kept between calls
                     try:
                         value = cell.cell_contents
