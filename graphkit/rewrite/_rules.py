@@ -633,7 +633,8 @@ class _RuleRun:
     """What applying one rule keeps from scope to scope: its matchers (pointed at each
     scope's view), the rewrite's caller, one builder restarted for every match."""
 
-    __slots__ = ("builder", "call", "fresh", "lean", "matchers", "restart", "stamps", "templates", "traced")
+    __slots__ = ("anchor", "builder", "call", "fresh", "lean", "matchers", "restart", "stamps", "templates",
+                 "traced")
 
     def __init__(self, rule: Rule, view: GraphView, opset: int, delta: OpDelta) -> None:
         self.matchers = [(p.anchor[1], Matcher(p.roots, commute=rule.commute, view=view, rule=rule.name,
@@ -652,6 +653,16 @@ class _RuleRun:
         self.traced = _TEMPLATES and not rule.per_match and traceable(rule.rewrite)
         self.lean = _FIRST and self.traced and rule.check is None \
             and len(rule._patterns) == 1 and matcher.flat is not None and rule._simple()
+        self.anchor = rule._patterns[0].anchor
+
+    def template(self, extra: int) -> Template | None:
+        """The traced replacement for matches binding ``extra`` inputs to ``*xs`` (-1: no
+        ``*xs``), traced the first time it is asked for (the matcher's plan is flat)."""
+        template = self.templates.get(extra, _UNTRACED)
+        if template is _UNTRACED:
+            _, names_of, many = self.matchers[0][1].flat
+            template = self.templates[extra] = trace(self.call, names_of, many, max(extra, 0), self.anchor)
+        return template
 
     def close(self) -> None:
         self.stamps.count()
@@ -679,7 +690,7 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
             b = scope.make_builder(view.nodes[candidates[0]], rule.name)
             run.fresh = getattr(getattr(b, "_names", None), "fresh", None)
         if candidates and run.fresh is not None:
-            done = _stamp_matches(view, candidates, matchers[0][1], run, rule.name, rule._patterns[0].anchor, stamp)
+            done = _stamp_matches(view, candidates, matchers[0][1], run, rule.name, stamp)
             if done == len(candidates):
                 return _stamped(view, stamp, report, rule.name)
     nodes = scope.nodes
@@ -693,8 +704,6 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
     flat = matchers[0][1].flat if first is not None and run.traced else None
     flat_match = matchers[0][1].flat_match if flat is not None and rule.check is None else None
     names_of, many = (flat[1], flat[2]) if flat is not None else ((), None)
-    anchor = patterns[0].anchor
-    templates = run.templates
     by_op = view.by_op
     if len(anchors) == 1:
         candidates = by_op.get(next(iter(anchors)), ())
@@ -726,17 +735,11 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
         node = vnodes[index]
         if flat_match is not None and (found := flat_match(index)) is not None:
             domain, bound_names, rest, output, _ = found
-            extra = -1 if many is None else len(rest)
-            template = templates.get(extra, _UNTRACED)
-            if template is _UNTRACED:
-                template = templates[extra] = trace(call, names_of, many, max(extra, 0), anchor)
-            if template is not None and output:
-                if fresh is not None:  # the names the Builder would give the node and its output
-                    node_name = fresh(f"{node.name or name}/{template.op_type}")
-                    fresh(f"{node_name}_out")
-                    used.add(index)
-                    stamp(index, node, template, node_name, template.inputs(bound_names, rest), output, domain)
-                    continue
+            template = run.template(-1 if many is None else len(rest))
+            if template is not None and output and fresh is not None:
+                used.add(index)
+                stamp(index, node, template, fresh, name, template.inputs(bound_names, rest), output, domain)
+                continue
         match = None if first is None else first(index)
         if match is not None:  # first() refuses nodes taken by earlier matches: no overlap
             report.matched[name] = report.matched.get(name, 0) + 1
@@ -756,21 +759,16 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
             if flat is not None:  # (with a check: the bindings it was handed)
                 bound = match.bindings
                 rest = bound[many] if many is not None else []
-                extra = -1 if many is None else len(rest)
-                template = templates.get(extra, _UNTRACED)
-                if template is _UNTRACED:
-                    template = templates[extra] = trace(call, names_of, many, max(extra, 0), anchor)
+                template = run.template(-1 if many is None else len(rest))
                 output = match.outputs[0]
                 if template is not None and output:
                     if fresh is None:
                         b = make_builder(node, name)
                         fresh = run.fresh = getattr(getattr(b, "_names", None), "fresh", None)
                     if fresh is not None:
-                        node_name = fresh(f"{node.name or name}/{template.op_type}")
-                        fresh(f"{node_name}_out")
                         used.add(index)
                         inputs = template.inputs(tuple(bound[n] for n in names_of), rest)
-                        stamp(index, node, template, node_name, inputs, output, node.domain)
+                        stamp(index, node, template, fresh, name, inputs, output, node.domain)
                         continue
         else:
             label = _label(node, view, index)
@@ -860,12 +858,12 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
 
 
 def _stamp_matches(view: GraphView, candidates: Any, matcher: Matcher, run: _RuleRun, rule: str,
-                   anchor: tuple[str, str], stamp: "_Stamps") -> int:
+                   stamp: "_Stamps") -> int:
     """Stamp the template on the matches at ``candidates`` (a flat pattern, no check), in
     order, up to the first that has none (no match, no template); returns how many.
     (``_Stamps.__call__`` inlined: this loop runs once per match.)"""
-    flat_match, fresh, templates, call = matcher.flat_match, run.fresh, run.templates, run.call
-    _, names_of, many = matcher.flat
+    flat_match, fresh, templates = matcher.flat_match, run.fresh, run.templates
+    many = matcher.flat[2]
     matcher.taken = set()  # single nodes in order: no match overlaps an earlier one
     nodes = view.nodes
     indices, ops, domains, made = stamp.indices, stamp.ops, stamp.domains, stamp.made
@@ -878,7 +876,7 @@ def _stamp_matches(view: GraphView, candidates: Any, matcher: Matcher, run: _Rul
         extra = -1 if many is None else len(rest)
         template = templates.get(extra, _UNTRACED)
         if template is _UNTRACED:
-            template = templates[extra] = trace(call, names_of, many, max(extra, 0), anchor)
+            template = run.template(extra)
         if template is None or not output:
             break
         if node is None:
@@ -946,8 +944,11 @@ class _Stamps:
         self.made: dict[int, tuple[Template, int]] = {}
         self.holds_graphs = False
 
-    def __call__(self, index: int, node: onnx.NodeProto, template: Template, name: str, inputs: Any,
-                 output: str, domain: str) -> None:
+    def __call__(self, index: int, node: onnx.NodeProto, template: Template, fresh: Callable[[str], str],
+                 rule: str, inputs: Any, output: str, domain: str) -> None:
+        # the names the Builder would give the node and its output (which finish() replaces)
+        name = fresh(f"{node.name or rule}/{template.op_type}")
+        fresh(f"{name}_out")
         if node.attribute and not self.holds_graphs:
             self.holds_graphs = any(a.type in _GRAPH_TYPES for a in node.attribute)
         node.CopyFrom(template.node)
