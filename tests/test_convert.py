@@ -904,3 +904,23 @@ def test_softmax_axis_from_a_function_attribute_is_refused(source, target, messa
         functions=[fn], ir_version=8, opset_imports=[helper.make_opsetid("", source), helper.make_opsetid("local", 1)])
     error = _refusal(model, target)
     assert message in str(error) and "inline the function" in error.hint
+
+
+@pytest.mark.parametrize("ir", [3, 10])
+def test_down_an_initializer_that_is_also_an_input_is_a_constant_only_below_ir_4(ir):
+    """From IR 4 on a graph input's initializer is a default a value fed replaces (ONNX
+    Runtime's rule): baking it into the attribute would ignore what is fed, so the adapters
+    refuse; below IR 4 every initializer is a graph input and none is replaced."""
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    graph = helper.make_graph([helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=1)], "g",
+                              [helper.make_tensor_value_info("x", F, [2, 3]),
+                               helper.make_tensor_value_info("axes", TensorProto.INT64, [1])],
+                              [helper.make_tensor_value_info("y", F, None)], initializer=[axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=ir)
+    if ir >= 4:
+        with pytest.raises(RewriteError, match=r"its axes \(axes\) are not a constant"):
+            rewrite_model(model, target_opset=17, lowering=Lowering.KEEP)
+        return
+    out, _ = rewrite_model(model, target_opset=17, lowering=Lowering.KEEP)
+    reduce = next(n for n in out.graph.node if n.op_type == "ReduceMean")
+    assert list(reduce.input) == ["x"] and helper.get_attribute_value(reduce.attribute[-1]) == [1]

@@ -26,7 +26,8 @@ against the schemas by the tests):
   graph, one per distinct value, which every subgraph reads from the outer scope (no node
   list is copied or reordered); below IR 4 (where an initializer must be a graph input) and
   in a function body (no initializers there) a Constant node first in the graph or body, ``value_ints = @attr`` where the attribute referred to the function's.
-  Down: the input must be a constant (Constant node or initializer); it becomes the
+  Down: the input must be a constant (Constant node or initializer, from IR 4 on not also a
+  graph input: a value fed would replace it); it becomes the
   attribute again, and a Constant or initializer nothing else reads is removed, as onnx's
   converter does;
 - ``last-axis``: Softmax, LogSoftmax and Hardmax at 13 no longer flatten to 2-D and default
@@ -270,7 +271,7 @@ class _Conversion:
         each define one name), in the node's namespace (the main graph's or its function's)."""
         holder = self.model.graph if self.function is None else self.function
         if id(holder) not in self._constants:
-            self._constants[id(holder)] = _Constants(holder)
+            self._constants[id(holder)] = _Constants(holder, overridable=self.model.ir_version >= 4)
         return self._constants[id(holder)].get(name, self.graph)
 
     def error(self, node: onnx.NodeProto, message: str, hint: str) -> RewriteError:
@@ -430,7 +431,7 @@ class NodeConverter:
                  up: bool = True) -> None:
         self._conv = _Conversion(target, path, model, _names=names, up=up)
         graph = self._conv.model.graph  # its nodes look up the main graph's own constants only
-        self._conv._constants[id(graph)] = _Constants(graph, nested=False)
+        self._conv._constants[id(graph)] = _Constants(graph, nested=False, overridable=model.ir_version >= 4)
         self._declared: Callable[[str], Any] | None = None
         self._sources: dict[str, int | None] = {}  # input 1's name -> its constant's id (reads)
 
@@ -647,7 +648,8 @@ class _Constants:
     then and else branches, may each define one name). ``nested=False``: the holder's own
     only, for lookups from its own nodes (a subgraph's constants are not theirs to see)."""
 
-    def __init__(self, holder: onnx.GraphProto | onnx.FunctionProto, nested: bool = True) -> None:
+    def __init__(self, holder: onnx.GraphProto | onnx.FunctionProto, nested: bool = True,
+                 overridable: bool = True) -> None:
         self._root = id(holder)
         self._graphs: list[Any] = []  # held: their ids stay theirs
         self._own: dict[int, dict[str, tuple[Any, Any]]] = {}
@@ -657,7 +659,7 @@ class _Constants:
             self._parent[id(holder)] = None
             own: dict[str, tuple[Any, Any]] = {}
             if isinstance(holder, onnx.GraphProto):
-                _own_initializers(holder, own)
+                _own_initializers(holder, own, overridable)
             nodes = holder.node
             is_constant = map(operator.eq, map(attrgetter("op_type"), nodes), itertools.repeat("Constant"))
             for node in map(nodes.__getitem__, itertools.compress(itertools.count(), is_constant)):
@@ -672,7 +674,7 @@ class _Constants:
             self._parent[id(g)] = parent
             own: dict[str, tuple[Any, Any]] = {}
             if isinstance(g, onnx.GraphProto):
-                _own_initializers(g, own)
+                _own_initializers(g, own, overridable)
             for node in g.node:
                 if node.op_type == "Constant" and node.domain in AI_ONNX and len(node.output) == 1:
                     own[node.output[0]] = (node, g.node)
@@ -694,14 +696,15 @@ class _Constants:
         return None
 
 
-def _own_initializers(graph: onnx.GraphProto, own: dict[str, tuple[Any, Any]]) -> None:
-    """``graph``'s initializers into ``own``, but those that are also its inputs: a value fed
-    at run time may replace one, so it is no constant (an adapter going down would bake the
-    default into an attribute)."""
+def _own_initializers(graph: onnx.GraphProto, own: dict[str, tuple[Any, Any]], overridable: bool) -> None:
+    """``graph``'s initializers into ``own``, but, where ``overridable`` (IR 4 and up), those that
+    are also its inputs: a value fed at run time may replace one, so it is no constant (an
+    adapter going down would bake the default into an attribute). Below IR 4 every
+    initializer is a graph input and none can be replaced (ONNX Runtime's rule too)."""
     inits = graph.initializer
     if not inits:
         return
-    fed = {i.name for i in graph.input} if graph.input else ()
+    fed = {i.name for i in graph.input} if overridable and graph.input else ()
     for init in inits:
         if init.name not in fed:
             own[init.name] = (init, inits)
