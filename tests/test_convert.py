@@ -924,3 +924,26 @@ def test_down_an_initializer_that_is_also_an_input_is_a_constant_only_below_ir_4
     out, _ = rewrite_model(model, target_opset=17, lowering=Lowering.KEEP)
     reduce = next(n for n in out.graph.node if n.op_type == "ReduceMean")
     assert list(reduce.input) == ["x"] and helper.get_attribute_value(reduce.attribute[-1]) == [1]
+
+
+@pytest.mark.parametrize("ir", [3, 10])
+@pytest.mark.parametrize("rules", [False, True], ids=["lowering", "rule"])
+def test_up_the_op_counts_after_include_the_constant_nodes_below_ir_4(ir, rules):
+    """Below IR 4 the adapters going up put the axes in a Constant node of the main graph
+    (an initializer would have to be a graph input): the report's counts see it."""
+    from graphkit.rewrite import Rule
+    from graphkit.rewrite._walk import count_ops
+
+    graph = helper.make_graph([helper.make_node("my_add", ["x", "x"], ["a"], domain="custom"),
+                               helper.make_node("ReduceMean", ["a"], ["r"], axes=[0], keepdims=1),
+                               helper.make_node("Relu", ["r"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", F, [1, 1])],
+                              [helper.make_tensor_value_info("y", F, [1, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                              ir_version=ir)
+    for lowering in (Lowering.KEEP, Lowering.DECOMPOSE):
+        out, report = rewrite_model(model, target_opset=18, lowering=lowering,
+                                    rules=[Rule.node("r", "Relu", lambda op, x0: op.Neg(x0))] if rules else None)
+        assert report.conversions == [(17, 18, "adapters")]
+        assert sum(n.op_type == "Constant" for n in out.graph.node) == (ir < 4) + (lowering == Lowering.DECOMPOSE)
+        assert report.ops_after == count_ops(out)

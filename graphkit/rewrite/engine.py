@@ -445,8 +445,10 @@ def _convert_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
             ctx.make_plan(out, ctx.index.names)
         elif how.startswith("adapters") and taken is not None:  # the names, with the adapters' constants'
             # Going up, the adapters add initializers and touch no node list but a function
-            # body's (Constant nodes): the index holds. Going down they may remove Constants.
-            ctx.index_valid = ctx.same_nodes = how == "adapters" and before < ctx.target_opset and not out.functions
+            # body's, or below IR 4 the main graph's (Constant nodes): the index holds where
+            # neither is. Going down they may remove Constants.
+            ctx.index_valid = ctx.same_nodes = how == "adapters" and before < ctx.target_opset \
+                and not out.functions and out.ir_version >= 4
             ctx.make_plan(out, taken)
         else:
             ctx.index_valid = False
