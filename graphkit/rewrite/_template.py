@@ -204,7 +204,8 @@ def trace(call: Callable[[Any, dict[str, Any]], Any], names: tuple[str, ...], ma
     """The template of a single-node rule's ``rewrite`` (``call(op, bindings)``) for matches binding
     the variables ``names`` and ``extra`` inputs to ``*many``; None where it is not provably the
     same for every such match or cannot overwrite the matched node (then ``rewrite`` runs per
-    match). ``anchor``: the matched op's (domain, op_type)."""
+    match). ``anchor``: the matched op's (domain, op_type). The traces cannot see C code
+    reading a binding's text: the caller asks :func:`traceable` of the rewrite first."""
     first = _record(call, names, many, extra)
     if first is None or _record(call, names, many, extra, salt=".other-text" * 3) != first:
         return None
