@@ -470,6 +470,8 @@ def _rules_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     tree = ctx.index.tree if ctx.index_valid else None
     total = apply_rule_set(model, ctx.rules, make_builder=make_builder, types=types, report=ctx.report.rules,
                            path=ctx.path, delta=delta, tree=tree)
+    if tree:  # the op types it read for the rules (a pointer per node) are of no more use
+        ctx.index.tree = [(graph, parent, None) for graph, parent, _ in tree]
     # Nodes overwritten where they were (none holding subgraphs): the index's node lists and
     # graphs are still the model's.
     ctx.index_valid = ctx.index_valid and (not total or (delta.exact and delta.in_place))
