@@ -1789,3 +1789,32 @@ def test_bodies_writer_from_threads(monkeypatch):
         results = list(pool.map(lambda _: rewrite_bytes(data), range(8)))
     assert {report.writer for _, report in results} == {"bytes"}
     assert {out for out, _ in results} == {rewrite_model(model)[0].SerializeToString()}
+
+
+@pytest.mark.parametrize("case", ["if_bodies", "loop_bodies", "loop_rich", "scan"])
+def test_bodies_read_at_once_give_the_graph_by_graph_table(case):
+    """The declarations read at once leave the type table the graph-by-graph pass leaves:
+    element types, TypeProtos (made when first asked for), names left untyped, op counts,
+    the scopes holding placeholders (paths and placeholder indices)."""
+    from operator import attrgetter
+
+    model = {"if_bodies": lambda: _scaling("if_bodies", 6), "loop_bodies": lambda: _scaling("loop_bodies", 6),
+             "loop_rich": lambda: _loop_bodies_rich(4), "scan": lambda: _scan_bodies(4)}[case]()
+    data = model.SerializeToString()
+    nodes = model.graph.node
+    top = _fastpath._entries(data, 0, len(data))
+    _, _, g0, g1 = next(e for e in top if e[0] == 7)
+    starts, ends, _ = _fastpath._node_entries(data, g0, g1)
+    domains, op_types = list(map(attrgetter("domain"), nodes)), list(map(attrgetter("op_type"), nodes))
+    holders = [i for i, n in enumerate(nodes) if any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)]
+    tables = [_bodybytes._Types(model, default_registry(), _bodybytes._Scope(model.graph, ()), domains, op_types,
+                                holders, forward=False, data=data, spans=spans) for spans in ((starts, ends), None)]
+    bulk, one_by_one = tables
+    assert bulk.bulk and not one_by_one.bulk
+    bulk._materialize()
+    assert bulk._elem == one_by_one._elem and bulk._defined == one_by_one._defined
+    assert {k: v.SerializeToString() for k, v in bulk._types.items()} == {
+        k: v.SerializeToString() for k, v in one_by_one._types.items()}
+    assert +bulk.counts == +one_by_one.counts
+    assert [(s.path, s.custom) for s in bulk.scopes] == [(s.path, s.custom) for s in one_by_one.scopes if s.custom
+                                                          or not s.path]

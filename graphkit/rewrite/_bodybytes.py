@@ -742,15 +742,40 @@ class _Types(_fp._ForwardTypes):
                 del node_columns, flat_bytes, flat_domains, owner_of_node, these, node_attributes
             level = below
         # Nothing was changed so far: now the pass's result.
-        types, elem = self._types, self._elem
+        elem = self._elem
         for names, tps, elems in declared:
-            types.update(zip(names, tps))
             elem.update(filter(itemgetter(1), zip(names, elems)))
+        # The TypeProtos (shapes) only where asked for (_type, set, _infer: a shape-dependent
+        # decomposition, the check of a replacement): most lowerings read element types alone.
+        self._types_pending = [(names, tps) for names, tps, _ in declared]
         for out, (t, _) in flow.items():
             elem.setdefault(out, t)
         untyped0.update(itertools.filterfalse(elem.__contains__, owner))
         self.counts.update(counts)
         self.scopes += found
+
+    _types_pending: list | None = None
+
+    def _materialize(self) -> None:
+        """The TypeProtos _declared_bulk left pending put in the table, in their order."""
+        pending, self._types_pending = self._types_pending, None
+        for names, tps in pending or ():
+            self._types.update(zip(names, tps))
+
+    def _type(self, name: str) -> onnx.TypeProto | None:
+        if self._types_pending is not None:
+            self._materialize()
+        return super()._type(name)
+
+    def set(self, name: str, tp: onnx.TypeProto) -> None:
+        if self._types_pending is not None:
+            self._materialize()
+        super().set(name, tp)
+
+    def _infer(self) -> None:
+        if self._types_pending is not None:
+            self._materialize()
+        super()._infer()
 
     def _forward_graph(self, graph: onnx.GraphProto) -> None:
         """TypeTable._forward_graph, listing the graph as a scope (the whole pass; _declared_body
