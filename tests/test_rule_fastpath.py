@@ -564,3 +564,17 @@ def test_a_rewrite_asking_the_type_of_a_binding_is_run_per_match():
     rule = Rule.node("by_type", "Relu", lambda op, x0: op.Neg(x0) if type(x0) is str else op.Abs(x0))
     on, off = _on_and_off(_prefixed_chain(), rule)
     assert on == off and [n.op_type for n in onnx.load_from_string(on[0]).graph.node] == ["Neg"] * 6
+
+
+def test_a_checked_template_is_stamped_after_the_rules_checks():
+    """(Found by the hypothesis test above.) The second scale node's input is typed only by
+    shape inference, which runs when its check asks: on the model as the rule found it. A
+    template stamped at once had made the first scale a Neg by then, inference typed the
+    second's input (rank 0), and its check failed where rewrite per match passed it."""
+    steps = [("Add", [0, 1, 0], 0, False), ("mul2_add", [0, 0, 0], 0, False), ("scale", [8, 0, 0], 0, False),
+             ("Add", [0, 0, 0], 0, False), ("scale", [1, 0, 0], 0, False), *[("Add", [0, 0, 0], 0, False)] * 4]
+    model = graph_of(steps, False, [0])
+    picks = [i for i, r in enumerate(template_rules()) if r.name in ("relu_as_neg", "scale_checked")]
+    slow = _rewrite_templates(model, picks, False)
+    assert slow[1] == {"scale_checked": 2}
+    assert _rewrite_templates(model, picks, True) == slow

@@ -716,6 +716,7 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
     for _, matcher in matchers:
         matcher.taken = used  # later matches skip nodes earlier ones rewrite
     replacements: dict[int, list[onnx.NodeProto]] = {}
+    checked: list[tuple] = []  # templates of matches a check passed: stamped after the loop
     removed: set[int] = set()
     aliases: dict[str, str] = {}
     reorder = False
@@ -765,10 +766,12 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
                     if fresh is None:
                         b = make_builder(node, name)
                         fresh = run.fresh = getattr(getattr(b, "_names", None), "fresh", None)
-                    if fresh is not None:
+                    if fresh is not None:  # named now, written after the loop (as replacements are):
+                        # a later match's check reads the nodes and types as the rule found them
                         used.add(index)
                         inputs = template.inputs(tuple(bound[n] for n in names_of), rest)
-                        stamp(index, node, template, fresh, name, inputs, output, node.domain)
+                        checked.append((index, node, template, _Stamps.name(fresh, node, name, template), inputs,
+                                        output, node.domain))
                         continue
         else:
             label = _label(node, view, index)
@@ -818,6 +821,9 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
             replacements[last] = new_nodes
             removed.update(i for i in matched if i != last)
         reorder |= len(outputs) > 1
+    for args in checked:
+        stamp.write(*args)
+    del checked
     stamped = len(stamp.indices)
     if not replacements:
         return _stamped(view, stamp, report, name, counted=flat_match is None)
@@ -946,9 +952,18 @@ class _Stamps:
 
     def __call__(self, index: int, node: onnx.NodeProto, template: Template, fresh: Callable[[str], str],
                  rule: str, inputs: Any, output: str, domain: str) -> None:
-        # the names the Builder would give the node and its output (which finish() replaces)
+        self.write(index, node, template, self.name(fresh, node, rule, template), inputs, output, domain)
+
+    @staticmethod
+    def name(fresh: Callable[[str], str], node: onnx.NodeProto, rule: str, template: Template) -> str:
+        """The names the Builder would give the node and its output (which finish() replaces)."""
         name = fresh(f"{node.name or rule}/{template.op_type}")
         fresh(f"{name}_out")
+        return name
+
+    def write(self, index: int, node: onnx.NodeProto, template: Template, name: str, inputs: Any, output: str,
+              domain: str) -> None:
+        """Overwrite ``node`` (at ``index``) with the template's node, so named and wired."""
         if node.attribute and not self.holds_graphs:
             self.holds_graphs = any(a.type in _GRAPH_TYPES for a in node.attribute)
         node.CopyFrom(template.node)
