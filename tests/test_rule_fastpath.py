@@ -578,3 +578,31 @@ def test_a_checked_template_is_stamped_after_the_rules_checks():
     slow = _rewrite_templates(model, picks, False)
     assert slow[1] == {"scale_checked": 2}
     assert _rewrite_templates(model, picks, True) == slow
+
+
+def test_a_rewrite_run_per_match_reads_types_as_the_rule_found_them():
+    """A *xs rule templated for two inputs but reading a shape for three: the rewrite run per
+    match on the second Concat must see the first as it was (a Concat, [4, 3]), not the Sum
+    a template stamped before it ([2, 3])."""
+    nodes = [helper.make_node("Concat", ["x", "x"], ["c1"], axis=0),
+             helper.make_node("Concat", ["c1", "c1", "c1"], ["c2"], axis=0)]
+    model = helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2, 3])],
+                                                [helper.make_tensor_value_info("c2", F, None)]),
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+    def rewrite(op, *xs):
+        if len(xs) == 2:
+            return op.Sum(*xs)
+        return op.Neg(xs[0]) if op.shape(xs[0]) == [4, 3] else op.Abs(xs[0])
+
+    outs = []
+    for templates in (True, False):
+        saved, _rules._TEMPLATES = _rules._TEMPLATES, templates
+        try:
+            out, _ = rewrite_model(model, rules=[Rule("cat", lambda op, *xs: op.Concat(*xs, axis=0), rewrite)],
+                                   lowering=Lowering.KEEP, check=False)
+        finally:
+            _rules._TEMPLATES = saved
+        outs.append(out.SerializeToString())
+    assert outs[0] == outs[1]
+    assert [n.op_type for n in out.graph.node] == ["Sum", "Neg"]

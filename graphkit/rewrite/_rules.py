@@ -651,8 +651,10 @@ class _RuleRun:
         matcher = self.matchers[0][1]
         # Traced at all: not asked per match, and its code reaches nothing but its arguments.
         self.traced = _TEMPLATES and not rule.per_match and traceable(rule.rewrite)
+        # Not with *xs: a count of its inputs may have no template, and the rewrite run per
+        # match then must not read (types of) nodes stamped before it.
         self.lean = _FIRST and self.traced and rule.check is None \
-            and len(rule._patterns) == 1 and matcher.flat is not None and rule._simple()
+            and len(rule._patterns) == 1 and matcher.flat is not None and matcher.flat[2] is None and rule._simple()
         self.anchor = rule._patterns[0].anchor
 
     def template(self, extra: int) -> Template | None:
@@ -716,7 +718,9 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
     for _, matcher in matchers:
         matcher.taken = used  # later matches skip nodes earlier ones rewrite
     replacements: dict[int, list[onnx.NodeProto]] = {}
-    checked: list[tuple] = []  # templates of matches a check passed: stamped after the loop
+    # Templates stamped after the loop, as replacements are written (named now, in order): a
+    # check or a rewrite run per match reads the nodes and types as the rule found them.
+    checked: list[tuple] = []
     removed: set[int] = set()
     aliases: dict[str, str] = {}
     reorder = False
@@ -737,9 +741,10 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
         if flat_match is not None and (found := flat_match(index)) is not None:
             domain, bound_names, rest, output, _ = found
             template = run.template(-1 if many is None else len(rest))
-            if template is not None and output and fresh is not None:
+            if template is not None and output and fresh is not None:  # (written after the loop: below)
                 used.add(index)
-                stamp(index, node, template, fresh, name, template.inputs(bound_names, rest), output, domain)
+                checked.append((index, node, template, _Stamps.name(fresh, node, name, template),
+                                template.inputs(bound_names, rest), output, domain))
                 continue
         match = None if first is None else first(index)
         if match is not None:  # first() refuses nodes taken by earlier matches: no overlap
@@ -766,8 +771,7 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
                     if fresh is None:
                         b = make_builder(node, name)
                         fresh = run.fresh = getattr(getattr(b, "_names", None), "fresh", None)
-                    if fresh is not None:  # named now, written after the loop (as replacements are):
-                        # a later match's check reads the nodes and types as the rule found them
+                    if fresh is not None:
                         used.add(index)
                         inputs = template.inputs(tuple(bound[n] for n in names_of), rest)
                         checked.append((index, node, template, _Stamps.name(fresh, node, name, template), inputs,
@@ -867,7 +871,7 @@ def _stamp_matches(view: GraphView, candidates: Any, matcher: Matcher, run: _Rul
                    stamp: "_Stamps") -> int:
     """Stamp the template on the matches at ``candidates`` (a flat pattern, no check), in
     order, up to the first that has none (no match, no template); returns how many.
-    (``_Stamps.__call__`` inlined: this loop runs once per match.)"""
+    (``_Stamps.name`` and ``write`` inlined: this loop runs once per match.)"""
     flat_match, fresh, templates = matcher.flat_match, run.fresh, run.templates
     many = matcher.flat[2]
     matcher.taken = set()  # single nodes in order: no match overlaps an earlier one
@@ -949,10 +953,6 @@ class _Stamps:
         self.domains: dict[str, int] = {}
         self.made: dict[int, tuple[Template, int]] = {}
         self.holds_graphs = False
-
-    def __call__(self, index: int, node: onnx.NodeProto, template: Template, fresh: Callable[[str], str],
-                 rule: str, inputs: Any, output: str, domain: str) -> None:
-        self.write(index, node, template, self.name(fresh, node, rule, template), inputs, output, domain)
 
     @staticmethod
     def name(fresh: Callable[[str], str], node: onnx.NodeProto, rule: str, template: Template) -> str:
