@@ -192,6 +192,15 @@ _ATTRIBUTE_FIELDS = (("name", 1, str, True), ("g", 6, bytes, False), ("graphs", 
                      ("type", 20, int, True))
 
 
+def _vi_sizes(names: list[str], types: list[bytes]) -> list[int]:
+    """The size of each ValueInfoProto holding just a name of ``names`` and a type of ``types``."""
+    name_sizes = list(map(len, map(str.encode, names)))
+    type_sizes = list(map(len, types))
+    if max(name_sizes, default=0) < 0x80 and max(type_sizes, default=0) < 0x80:  # one-byte lengths
+        return list(map(operator.add, map(operator.add, name_sizes, type_sizes), itertools.repeat(4)))
+    return list(map(_field_sizes, name_sizes, type_sizes))
+
+
 def _field_sizes(a: int, b: int) -> int:
     """The size of two length-delimited fields with one-byte keys, of values ``a`` and ``b`` bytes long."""
     return 2 + len(_LENGTHS[a]) + a + len(_LENGTHS[b]) + b
@@ -618,8 +627,7 @@ class _Types(_fp._ForwardTypes):
                     names = columns.name[:]
                     raw_types = columns.type[:]
                     if len(names) != len(vis) or len(raw_types) != len(vis) or columns.doc_string or \
-                            columns.metadata_props or list(map(len, vis)) != list(map(
-                                _field_sizes, map(len, map(str.encode, names)), map(len, raw_types))):
+                            columns.metadata_props or list(map(len, vis)) != _vi_sizes(names, raw_types):
                         vis = list(map(vi_from, vis))
                         names = list(map(_NAME, vis))
                         tps = list(map(_EVERYTHING, map(_TYPE, vis)))
