@@ -1209,6 +1209,15 @@ class _Adoption:
         self.constants = [const for _, const in reads]  # what count() counts of each adoption
 
 
+def _run_end(block: list, start: int, kinds_of: list[int], offset: int, kind: int) -> int:
+    """Where the run of bodies from ``block[start]`` on ends: bodies with one placeholder each,
+    of ``kind`` (``kinds_of[offset + i]`` is the kind of ``block[i]``'s placeholder)."""
+    end = start
+    while end < len(block) and len(block[end].custom) == 1 and kinds_of[offset + end] == kind:
+        end += 1
+    return end
+
+
 def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
                 prefer: tuple[Lowering, ...], check: bool = True, full_check: bool = False,
                 path: str | None = None, progress: Callable[[str, int, int], None] | None = None,
@@ -1443,18 +1452,16 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             done_scopes += 1
             lscope = None  # the scope's LoweringScope, made where the plan needs it
             alone = len(scope.custom) == 1
-            if alone and kinds_of[k + 1] in bound:
-                # Bodies whose one placeholder is of a kind bound before, one after the other: as below, at once.
-                kind = kinds_of[k + 1]
-                run_end = at_scope
-                while run_end < n_scopes and len(block[run_end].custom) == 1 and \
-                        kinds_of[k + 2 + run_end - at_scope] == kind:
-                    run_end += 1
+            if alone and ((kind := kinds_of[k + 1]) in bound or kind in alone_rows):
+                # Bodies whose one placeholder is of a kind bound or adopted before, one after the
+                # other: what the loop below does for each, for all of them at once.
+                run_end = _run_end(block, at_scope, kinds_of, k + 2 - at_scope, kind)
                 run = block[at_scope - 1:run_end]
                 n = len(run)
                 done_scopes += n - 1
                 at_scope = run_end
                 first_k, k = k + 1, k + n
+            if alone and kind in bound:
                 written = _bound_all(bound[kind], ph[first_k:k + 1])
                 slots.update(zip(map(id, run), map(list, zip(written))))
                 repeats[(kind, 0)] += n
@@ -1469,20 +1476,8 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                             checked.append([(*run[j].path, run[j].custom[0]), written[j], ins_of[first_k + j],
                                             outs_of[first_k + j]])
                 continue
-            if alone and (fast := alone_rows.get(kinds_of[k + 1])) is not None:
-                # Bodies whose one placeholder is of a kind adopted before, one after the other:
-                # what the loop below does for each, for all of them at once.
-                kind = kinds_of[k + 1]
-                run_end = at_scope
-                while run_end < n_scopes and len(block[run_end].custom) == 1 and \
-                        kinds_of[k + 2 + run_end - at_scope] == kind:
-                    run_end += 1
-                run = block[at_scope - 1:run_end]
-                n = len(run)
-                done_scopes += n - 1
-                at_scope = run_end
-                first_k, k = k + 1, k + n
-                v_rows, a_rows, targets, asks, n_made, n_inputs, group, pattern_of = fast
+            if alone and kind in alone_rows:
+                v_rows, a_rows, targets, asks, n_made, n_inputs, group, pattern_of = alone_rows[kind]
                 asked = ["/const"] * n_made + asks
                 m = len(asked)
                 names = [fresh(prefix + a) for prefix in prefixes[first_k:k + 1] for a in asked]
