@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -1554,6 +1555,280 @@ def test_bodies_non_canonical_encoding():
     for node in model.graph.node[1:]:
         node.attribute.reverse()
     same(model)
+
+
+# -- the main-graph nodes holding bodies, written again (_bodybytes._holder_entries) ----------
+
+def _holder_spy(monkeypatch) -> list:
+    """Per block _holder_entries hands to _spliced_holders: (nodes it spliced, nodes handed)."""
+    blocks = []
+    spliced = _bodybytes._spliced_holders
+
+    def spy(data, buf, v0, *args):
+        out = spliced(data, buf, v0, *args)
+        blocks.append((sum(e is not None for e in out), len(out)))
+        return out
+
+    monkeypatch.setattr(_bodybytes, "_spliced_holders", spy)
+    return blocks
+
+
+def _holders_alike(model: onnx.ModelProto, monkeypatch, data: bytes | None = None, *,
+                   canonical: bool = True, **options) -> list:
+    """The bodies' writer on ``model`` (serialized as ``data``): the objects writer's model field
+    for field (its bytes where ``canonical``), and byte for byte what it writes with every
+    holder parsed and written again (the way before splicing, still the one for a node where a
+    message would not come back as it is). Returns _holder_spy's blocks of the first run."""
+    data = model.SerializeToString() if data is None else data
+    blocks = _holder_spy(monkeypatch)
+    fast = same(model, data=data, **options) if canonical else _same_bytes(model, **options)
+    ran = list(blocks)
+    assert ran, "the bodies' writer wrote no holder"
+    registry = default_registry()
+    with monkeypatch.context() as m:
+        m.setattr(_bodybytes, "_spliced_holders", lambda data, buf, v0, *a: [None] * len(v0))
+        parsed, _ = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, check=True, **options)
+    assert fast == parsed
+    return ran
+
+
+def _branch(nodes: list, name: str, out: str, value_info=()) -> onnx.GraphProto:
+    return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(out, F, [1, 4])],
+                             value_info=[helper.make_tensor_value_info(v, F, [1, 4]) for v in value_info])
+
+
+def _if_model(n: int, *, then_nodes: Any = None, else_nodes: Any = None, **fields) -> onnx.ModelProto:
+    """``n`` chained If nodes (``fields`` set on each: name, doc_string, domain); branch i of
+    each made by ``then_nodes(i, prev)`` / ``else_nodes(i, prev)`` -> (nodes, value_info),
+    its output f"t{i}" / f"e{i}"; by default a my_add of the previous output."""
+    def plain(tag):
+        return lambda i, prev: ([helper.make_node("my_add", [prev, prev], [f"{tag}{i}"], domain="custom")], [])
+
+    then_nodes, else_nodes = then_nodes or plain("t"), else_nodes or plain("e")
+    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
+    nodes, prev = [cond], "x"
+    for i in range(n):
+        t_nodes, t_vi = then_nodes(i, prev)
+        e_nodes, e_vi = else_nodes(i, prev)
+        node = helper.make_node("If", ["c"], [f"o{i}"], then_branch=_branch(t_nodes, f"t{i}", f"t{i}", t_vi),
+                                else_branch=_branch(e_nodes, f"e{i}", f"e{i}", e_vi))
+        for field, value in fields.items():
+            setattr(node, field, f"{value}{i}" if field == "name" else value)
+        nodes.append(node)
+        prev = f"o{i}"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 4])],
+                              [helper.make_tensor_value_info(prev, F, [1, 4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                             ir_version=10)
+
+
+def _middle(tag: str):
+    """A branch of three nodes: Neg, the placeholder, Relu (the placeholder neither first nor last)."""
+    return lambda i, prev: ([helper.make_node("Neg", [prev], [f"{tag}n{i}"]),
+                             helper.make_node("my_add", [f"{tag}n{i}", prev], [f"{tag}a{i}"], domain="custom"),
+                             helper.make_node("Relu", [f"{tag}a{i}"], [f"{tag}{i}"])], [f"{tag}n{i}", f"{tag}a{i}"])
+
+
+def _two(tag: str):
+    """A branch with two placeholders and a standard node between them."""
+    return lambda i, prev: ([helper.make_node("my_add", [prev, prev], [f"{tag}a{i}"], domain="custom"),
+                             helper.make_node("Neg", [f"{tag}a{i}"], [f"{tag}n{i}"]),
+                             helper.make_node("asinh", [f"{tag}n{i}"], [f"{tag}{i}"], domain="custom")],
+                            [f"{tag}a{i}", f"{tag}n{i}"])
+
+
+def _none(tag: str):
+    """A branch without a placeholder."""
+    return lambda i, prev: ([helper.make_node("Neg", [prev], [f"{tag}{i}"])], [])
+
+
+@pytest.mark.parametrize("case", ["if", "loop", "named", "doc_and_domain", "middle", "two_a_branch",
+                                  "one_branch_without", "else_only"])
+def test_holders_spliced_byte_identical(case, monkeypatch):
+    """Canonical inputs: every holder written without parsing, the objects writer's bytes and
+    those of the parsing way: If and Loop bodies; fields of the If node before and after its
+    attributes (name; doc_string and domain); a placeholder between two nodes of its branch;
+    two in one branch; a branch without any (its attribute left as it is)."""
+    model = {"if": lambda: _scaling("if_bodies", 5), "loop": lambda: _scaling("loop_bodies", 5),
+             "named": lambda: _if_model(4, name="if"),
+             "doc_and_domain": lambda: _if_model(4, name="if", doc_string="a branch", domain=""),
+             "middle": lambda: _if_model(4, then_nodes=_middle("t"), else_nodes=_middle("e")),
+             "two_a_branch": lambda: _if_model(4, then_nodes=_two("t"), else_nodes=_middle("e")),
+             "one_branch_without": lambda: _if_model(4, else_nodes=_none("e")),
+             "else_only": lambda: _if_model(4, then_nodes=_none("t"))}[case]()
+    ran = _bulk_spy(monkeypatch)
+    blocks = _holders_alike(model, monkeypatch, canonical=False)
+    assert ran and all(ran)
+    assert blocks and all(spliced == handed for spliced, handed in blocks), blocks
+
+
+def _nested_if(n: int) -> onnx.ModelProto:
+    """An If whose then branch holds an If with placeholders (a holder of a deeper graph), then
+    ``n`` plain If nodes holding their own: parsed and spliced holders, in the main graph's order."""
+    inner = helper.make_node("If", ["c"], ["io"], then_branch=_branch(
+        [helper.make_node("my_add", ["x", "x"], ["it"], domain="custom")], "it", "it"),
+        else_branch=_branch([helper.make_node("asinh", ["x"], ["ie"], domain="custom")], "ie", "ie"))
+    outer = helper.make_node("If", ["c"], ["oo"], then_branch=_branch(
+        [inner, helper.make_node("my_add", ["io", "x"], ["ot"], domain="custom")], "ot", "ot", ["io"]),
+        else_branch=_branch([helper.make_node("Neg", ["x"], ["oe"])], "oe", "oe"))
+    model = _if_model(n)
+    nodes = list(model.graph.node)
+    nodes[1].input[0] = "c"
+    for node in nodes[1:]:
+        for attr in node.attribute:
+            if attr.g.node[0].input[0] == "x":
+                attr.g.node[0].input[:] = ["oo", "oo"]
+    del model.graph.node[:]
+    model.graph.node.extend([nodes[0], outer, *nodes[1:]])
+    return model
+
+
+def test_holders_nested_and_own_in_one_graph(monkeypatch):
+    """A holder of a deeper graph (parsed: _Edits) before holders of their own graphs (spliced):
+    the entries are put back in the main graph's order."""
+    model = _nested_if(3)
+    onnx.checker.check_model(model)
+    ran = _bulk_spy(monkeypatch)
+    blocks = _holders_alike(model, monkeypatch, canonical=False)
+    assert all(ran) and blocks and all(b == (3, 3) for b in blocks), blocks
+
+
+def _message_fields(value: bytes) -> list[tuple[int, int, bytes]]:
+    """(number, wire type, raw value: a length-delimited one's content, else its bytes) of each field."""
+    return [(field, value[start] & 7 if value[start] < 0x80 else _fastpath._varint(value, start)[0] & 7,
+             value[v0:end]) for field, start, v0, end in _fastpath._entries(value, 0, len(value))]
+
+
+def _message(fields: list, padded: int | None = None) -> bytes:
+    """``fields`` written again, field ``padded``'s length (or varint value) one byte longer than it needs."""
+    out = b""
+    for k, (number, wire, raw) in enumerate(fields):
+        out += _fastpath._encode_varint(number << 3 | wire)
+        if wire == 2:
+            length = _fastpath._encode_varint(len(raw))
+            if k == padded:
+                length = bytes([length[0] | 0x80]) + length[1:] + b"\x00" if len(length) == 1 else \
+                    length[:-1] + bytes([length[-1] | 0x80, 0])
+            out += length
+        elif k == padded:
+            raw = raw[:-1] + bytes([raw[-1] | 0x80, 0])
+        out += raw
+    return out
+
+
+def _first_attribute(fields: list, edit) -> list:
+    k = next(k for k, f in enumerate(fields) if f[0] == 5)
+    fields[k] = (5, 2, edit(_message_fields(fields[k][2])))
+    return fields
+
+
+def _first_graph(fields: list, edit) -> list:
+    def in_attribute(attribute):
+        k = next(k for k, f in enumerate(attribute) if f[0] == 6)
+        attribute[k] = (6, 2, edit(_message_fields(attribute[k][2])))
+        return _message(attribute)
+    return _first_attribute(fields, in_attribute)
+
+
+# Ways a holder's bytes may differ from what protobuf writes: each parsed, and written as ever.
+_NOT_CANONICAL = {
+    "op_type_after_attributes": lambda f: [x for x in f if x[0] != 4] + [x for x in f if x[0] == 4],
+    "name_after_attributes": lambda f: [x for x in f if x[0] != 3] + [x for x in f if x[0] == 3],
+    "name_twice": lambda f: [x for x in f if x[0] == 3] + f,
+    "unknown_field": lambda f: [x for x in f if x[0] < 5] + [(99, 2, b"x")] + [x for x in f if x[0] >= 5],
+    "attribute_length_padded": lambda f: ("pad", next(k for k, x in enumerate(f) if x[0] == 5)),
+    "attribute_type_padded": lambda f: _first_attribute(f, lambda a: _message(a, padded=len(a) - 1)),
+    "attribute_type_first": lambda f: _first_attribute(f, lambda a: _message(a[-1:] + a[:-1])),
+    "graph_name_first": lambda f: _first_graph(f, lambda g: _message([x for x in g if x[0] == 2]
+                                                                       + [x for x in g if x[0] != 2])),
+    "graph_node_length_padded": lambda f: _first_graph(f, lambda g: _message(g, padded=0)),
+}
+
+
+def _holder_rewritten(data: bytes, index: int, how: str) -> bytes:
+    """``data`` (a model) with main-graph node ``index`` written as ``how`` (_NOT_CANONICAL) says."""
+    top = _fastpath._entries(data, 0, len(data))
+    _, g_start, g0, g1 = next(e for e in top if e[0] == 7)
+    starts, ends, _ = _fastpath._node_entries(data, g0, g1)
+    start, end = starts[index], ends[index]
+    fields = _message_fields(data[start:end])[0][2]
+    fields = _message_fields(fields)
+    made = _NOT_CANONICAL[how](fields)
+    value = _message(fields, padded=made[1]) if made[0] == "pad" else _message(made)
+    graph = data[g0:start] + b"\x0a" + _fastpath._encode_varint(len(value)) + value + data[end:g1]
+    return data[:g_start] + b"\x3a" + _fastpath._encode_varint(len(graph)) + graph + data[g1:]
+
+
+@pytest.mark.parametrize("how", sorted(_NOT_CANONICAL))
+def test_holders_not_as_protobuf_writes_them_are_parsed(how, monkeypatch):
+    """An If node (of four) whose bytes are not as protobuf writes them, in the node, in an
+    attribute holding a branch, in a branch: that one parsed and written again (bytes as
+    before), the others spliced; the objects writer's model, field for field."""
+    data = _holder_rewritten(_if_model(4, name="if").SerializeToString(), 2, how)
+    model = onnx.ModelProto.FromString(data)
+    assert model.SerializeToString() != data
+    blocks = _holders_alike(model, monkeypatch, data)
+    assert blocks and all(b == (3, 4) for b in blocks), blocks
+
+
+@settings(max_examples=25, derandomize=True, deadline=None, database=None)
+@given(st.lists(st.sampled_from([None, *sorted(_NOT_CANONICAL)]), min_size=4, max_size=4))
+def test_holders_spliced_or_parsed_mixed(hows):
+    """Any mix of holders as protobuf writes them and not: the same bytes as the parsing way."""
+    data = _if_model(4, then_nodes=_middle("t"), name="if").SerializeToString()
+    for index, how in enumerate(hows):
+        if how is not None:
+            data = _holder_rewritten(data, index + 1, how)
+    model = onnx.ModelProto.FromString(data)
+    registry = default_registry()
+    with pytest.MonkeyPatch.context() as m:
+        blocks = _holder_spy(m)
+        fast, _ = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, check=False)
+        m.setattr(_bodybytes, "_spliced_holders", lambda data, buf, v0, *a: [None] * len(v0))
+        parsed, _ = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, check=False)
+    assert fast == parsed and blocks == [(hows.count(None), 4)]
+
+
+def test_holders_with_long_bodies_parsed(monkeypatch):
+    """Messages still being read after _SCAN_MIN fields, if fewer than _SCAN_MIN, go the parsing way."""
+    def longer(i, prev):  # the second If's then branch five nodes longer than the others
+        nodes, value_info = [], []
+        for k in range(5 if i == 1 else 0):
+            nodes.append(helper.make_node("Neg", [prev], [f"tn{i}_{k}"]))
+            prev = f"tn{i}_{k}"
+            value_info.append(prev)
+        return nodes + [helper.make_node("my_add", [prev, prev], [f"t{i}"], domain="custom")], value_info
+
+    monkeypatch.setattr(_bodybytes, "_SCAN_MIN", 2)
+    blocks = _holders_alike(_if_model(3, then_nodes=longer), monkeypatch, canonical=False)
+    assert blocks and all(b == (2, 3) for b in blocks), blocks
+
+
+def test_holder_rules_are_protobufs_order():
+    """_Rules' ranks are the order protobuf writes a skeleton's fields in: a message with
+    every field it knows set reads as written back; with two fields swapped, not."""
+    from google.protobuf.descriptor import FieldDescriptor as D
+
+    sk = _bodybytes._Skeletons.load()
+    for message, rules in zip((sk.node, sk.attribute, sk.graph), _bodybytes._Rules.of()):
+        full = message()
+        for f in message.DESCRIPTOR.fields:
+            value = {D.TYPE_STRING: "s", D.TYPE_BYTES: b"b", D.TYPE_FLOAT: 1.5, D.TYPE_INT64: 7,
+                     D.TYPE_ENUM: 5}.get(f.type)
+            if value is None:
+                pytest.fail(f"a field of a type the test does not set: {f.name}")
+            if f.is_repeated:
+                getattr(full, f.name).extend([value, value])
+            else:
+                setattr(full, f.name, value)
+        data = full.SerializeToString()
+        buf = np.frombuffer(data, np.uint8)
+        ok, _ = _bodybytes._scan(buf, np.array([0]), np.array([len(data)]), rules, ())
+        assert ok.tolist() == [True], message.DESCRIPTOR.name
+        fields = _message_fields(data)
+        swapped = _message(fields[:1] + fields[2:3] + fields[1:2] + fields[3:])
+        ok, _ = _bodybytes._scan(np.frombuffer(swapped, np.uint8), np.array([0]), np.array([len(swapped)]), rules, ())
+        assert ok.tolist() == [fields[1][0] == fields[2][0]], message.DESCRIPTOR.name
 
 
 def test_bodies_declaring_one_name_with_two_types():

@@ -81,6 +81,7 @@ from collections.abc import Callable, Iterator
 from operator import attrgetter, itemgetter
 from typing import Any
 
+import numpy as np
 import onnx
 
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
@@ -991,31 +992,60 @@ class _Edits:
 
 def _holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[_Scope],
                     slots: dict[int, list[bytes]]) -> list[tuple[int, bytes]]:
-    """(index, new node entry) of each main-graph node holding graphs with placeholders: its
-    bytes with every placeholder replaced, each message around them written again (as
-    _Skeletons, so every other field's bytes are as they were): protobuf's own bytes for the
-    edited node, where the input is written as protobuf writes (the objects writer's)."""
+    """(index, new node entry) of each main-graph node holding graphs with placeholders, in
+    index order: its bytes with every placeholder replaced, each message around them written
+    again (as _Skeletons, so every other field's bytes are as they were): protobuf's own bytes
+    for the edited node, where the input is written as protobuf writes (the objects writer's).
+    A node whose graphs with placeholders are its own is written a block at a time without
+    parsing where the messages on the way down come back as they are (_spliced_holders)."""
     starts, ends = spans
-    by_holder: dict[int, Any] = {}
-    shallow: dict[int, list[_Scope]] = {}
-    for scope in scopes:
-        if len(scope.path) == 3 and scope.path[0] not in by_holder:
-            shallow.setdefault(scope.path[0], []).append(scope)
-            continue
-        edits = by_holder.get(scope.path[0])
-        if edits is None:
-            edits = by_holder[scope.path[0]] = _Edits()
-            for moved in shallow.pop(scope.path[0], ()):  # a deeper graph in the same node after all
-                edits.add(moved.path[1:], moved.custom, slots.pop(id(moved)))
-        edits.add(scope.path[1:], scope.custom, slots.pop(id(scope)))
-    entry = _fp._entry
-    out = [(index, entry(_shallow_node(data[starts[index] + 2 if data[starts[index] + 1] < 0x80 else
-                                            _fp._varint(data, starts[index] + 1)[1]:ends[index]], held, slots)))
-           for index, held in shallow.items()]
+    paths = list(map(attrgetter("path"), scopes))
+    # nodes holding a placeholder deeper down
+    deep = {path[0] for path in paths if len(path) != 3} if max(map(len, paths), default=3) != 3 else set()
+    by_holder: dict[int, _Edits] = {}
+    if deep:
+        shallow = []
+        for scope, path in zip(scopes, paths):
+            if path[0] not in deep:
+                shallow.append(scope)
+                continue
+            edits = by_holder.get(path[0])
+            if edits is None:
+                edits = by_holder[path[0]] = _Edits()
+            edits.add(path[1:], scope.custom, slots.pop(id(scope)))
+        scopes = shallow
+        paths = list(map(attrgetter("path"), scopes))
+    out: list[tuple[int, bytes]] = []
+    if scopes:
+        holder = np.fromiter(map(itemgetter(0), paths), np.int64, len(paths))
+        order = np.argsort(holder, kind="stable")
+        holder = holder[order]
+        scopes = list(map(scopes.__getitem__, order.tolist()))
+        indices, first = np.unique(holder, return_index=True)
+        bounds = np.append(first, len(holder))
+        buf = np.frombuffer(data, np.uint8)
+        all_starts, all_ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+        for at in range(0, len(indices), _BLOCK):
+            block = indices[at:at + _BLOCK]
+            s0, s1 = int(bounds[at]), int(bounds[at + len(block)])
+            h_start = all_starts[block]
+            _, size, short = _varints(buf, h_start + 1)
+            v0 = h_start + 1 + size
+            for j in np.flatnonzero(~short).tolist():  # a length padded past 5 bytes
+                v0[j] = _fp._varint(data, int(h_start[j]) + 1)[1]
+            v1 = all_ends[block]
+            own = np.searchsorted(block, holder[s0:s1])  # the block's scopes: their node's place in the block
+            written = _spliced_holders(data, buf, v0, v1, scopes[s0:s1], own, slots)
+            for j in [j for j, entry in enumerate(written) if entry is None]:  # parsed and written again
+                held = scopes[int(bounds[at + j]):int(bounds[at + j + 1])]
+                written[j] = _fp._entry(_shallow_node(data[int(v0[j]):int(v1[j])], held, slots))
+            out += zip(block.tolist(), written)
     for index, edits in by_holder.items():
         start = starts[index]
         value = data[start + 2 if data[start + 1] < 0x80 else _fp._varint(data, start + 1)[1]:ends[index]]
         out.append((index, _fp._entry(edits.node(value))))
+    if by_holder:
+        out.sort(key=itemgetter(0))
     return out
 
 
@@ -1049,6 +1079,264 @@ def _shallow_node(value: bytes, held: list[_Scope], slots: dict[int, list[bytes]
             field[k] = serialize(graph)
         attributes[a] = attr.SerializeToString()
     return node.SerializeToString()
+
+
+class _Rules:
+    """How protobuf writes back the skeletons _holder_entries parses (node, attribute, graph),
+    as arrays indexed by a field's key (keys of one or two bytes): ``rank`` (-1: a key it
+    never writes back as it came: unknown, another wire type, a packed or signed varint, a
+    singular field without presence, which protobuf leaves out where it holds its default),
+    ``after`` (the least rank the next field may have: a repeated field's own, the next
+    field's for a singular one; fields in number order, each message-typed one repeated
+    bytes) and ``varints`` ((key, the values below which it keeps, or a table of them))."""
+
+    made: tuple[_Rules, _Rules, _Rules] | None = None
+
+    def __init__(self, message: Any) -> None:
+        from google.protobuf.descriptor import FieldDescriptor as F
+
+        wires = {F.TYPE_STRING: 2, F.TYPE_BYTES: 2, F.TYPE_MESSAGE: 2, F.TYPE_INT64: 0, F.TYPE_UINT64: 0,
+                 F.TYPE_UINT32: 0, F.TYPE_BOOL: 0, F.TYPE_ENUM: 0, F.TYPE_FLOAT: 5, F.TYPE_FIXED32: 5,
+                 F.TYPE_DOUBLE: 1, F.TYPE_FIXED64: 1}
+        below = {F.TYPE_INT64: 1 << 64, F.TYPE_UINT64: 1 << 64, F.TYPE_UINT32: 1 << 32, F.TYPE_BOOL: 2}
+        self.rank = np.full(1 << 14, -1, np.int64)
+        self.after = np.zeros(1 << 14, np.int64)
+        self.varints: list[tuple[int, Any]] = []
+        for f in message.DESCRIPTOR.fields:
+            wire = wires.get(f.type)
+            key = f.number << 3 | (wire or 0)
+            if wire is None or key >= 1 << 14 or getattr(f, "is_packed", False) or not (
+                    f.is_repeated or f.has_presence):
+                continue
+            self.rank[key] = rank = 2 * f.number
+            self.after[key] = rank if f.is_repeated else rank + 1
+            if f.type == F.TYPE_ENUM:  # the values it knows (one below 2**16, as _varints reads them)
+                known = [v.number for v in f.enum_type.values if 0 <= v.number < 1 << 16]
+                table = np.zeros(max(known, default=0) + 1, bool)
+                table[known] = True
+                self.varints.append((key, table))
+            elif wire == 0:
+                self.varints.append((key, below[f.type]))
+
+    @classmethod
+    def of(cls) -> tuple[_Rules, _Rules, _Rules]:
+        if cls.made is None:  # equal tables whichever thread makes them first
+            sk = _Skeletons.load()
+            cls.made = (cls(sk.node), cls(sk.attribute), cls(sk.graph))
+        return cls.made
+
+
+def _varints(buf: Any, at: Any) -> tuple[Any, Any, Any]:
+    """The varints at offsets ``at`` of ``buf`` (uint8): values, byte counts, and whether each
+    is as short as it goes and at most 5 bytes long (a longer one reads as not)."""
+    top = len(buf) - 1
+    b = buf[np.minimum(at, top)].astype(np.int64)
+    value = b & 0x7F
+    count = np.ones(len(at), np.int64)
+    more = b >= 0x80
+    last = b
+    for i in range(1, 5):
+        if not more.any():
+            break
+        b = buf[np.minimum(at + i, top)].astype(np.int64)
+        value |= np.where(more, (b & 0x7F) << (7 * i), 0)
+        count += more
+        last = np.where(more, b, last)
+        more &= b >= 0x80
+    return value, count, ~more & ((count == 1) | (last != 0))
+
+
+def _varint_sizes(values: Any) -> Any:
+    """Bytes the varints of ``values`` (below 2**35) take."""
+    return 1 + (values >= 1 << 7) + (values >= 1 << 14) + (values >= 1 << 21) + (values >= 1 << 28)
+
+
+# After this many fields, messages still being read, if fewer than this, go the parsing way (a step of
+# _scan costs about as much for a few as for thousands)
+_SCAN_MIN = 64
+# Fields _scan found, as arrays: (message, which of its fields of that key, entry start, value start
+# (a varint's: its value), entry end)
+_Hits = tuple
+
+
+def _scan(buf: Any, pos: Any, end: Any, rules: _Rules, wanted: tuple[int, ...]) -> tuple[Any, dict[int, _Hits]]:
+    """Read the messages at ``buf[pos[m]:end[m]]`` together, a field of all of them at a time:
+    whether each comes back as it is when parsed as its skeleton and serialized (keys in the
+    rules' order with none but a repeated field's twice, every key known with its wire type,
+    keys, lengths and values as short as they go, varint values ones the field keeps), and
+    the fields of ``wanted`` keys (_Hits arrays, per key)."""
+    n = len(pos)
+    pos = pos.copy()
+    last = np.zeros(n, np.int64)
+    ok = np.ones(n, bool)
+    seen = {k: np.zeros(n, np.int64) for k in wanted}
+    found: dict[int, list] = {k: [] for k in wanted}
+    active = np.flatnonzero(pos < end)
+    steps = 0
+    while active.size:
+        steps += 1
+        if steps > _SCAN_MIN and active.size < _SCAN_MIN:
+            ok[active] = False
+            break
+        p = pos[active]
+        key, size, good = _varints(buf, p)
+        good &= key < 1 << 14
+        key[~good] = 0
+        rank = rules.rank[key]
+        good &= rank >= last[active]
+        last[active] = rules.after[key]
+        wire = key & 7
+        at = p + size
+        value, size, short = _varints(buf, at)
+        good &= short | (wire == 1) | (wire == 5)
+        start = at + size
+        stop = np.where(wire == 2, start + value, np.where(wire == 0, start, at + np.where(wire == 5, 4, 8)))
+        for k, keeps in rules.varints:
+            is_k = key == k
+            if is_k.any():
+                if isinstance(keeps, int):
+                    good &= ~is_k | (value < keeps)
+                else:
+                    good &= ~is_k | ((value < len(keeps)) & keeps[np.minimum(value, len(keeps) - 1)])
+        good &= stop <= end[active]
+        for k in wanted:
+            is_k = good & (key == k)
+            if is_k.any():
+                m = active[is_k]
+                found[k].append((m, seen[k][m], p[is_k], np.where(wire == 0, value, start)[is_k], stop[is_k]))
+                seen[k][m] += 1
+        ok[active[~good]] = False
+        pos[active] = stop
+        active = active[good & (stop < end[active])]
+    hits = {k: tuple(map(np.concatenate, zip(*v))) if v else tuple(np.zeros(0, np.int64) for _ in range(5))
+            for k, v in found.items()}
+    return ok, hits
+
+
+def _lookup(owner: Any, nth: Any, hits: _Hits) -> tuple[Any, Any]:
+    """Per (``owner``, ``nth``): the index in ``hits`` of message ``owner``'s ``nth`` field, and
+    whether it has one (where not, the index is any)."""
+    width = int(max(hits[1].max(initial=0), nth.max(initial=0))) + 1
+    keys = hits[0] * width + hits[1]
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    want = owner * width + nth
+    at = np.minimum(np.searchsorted(keys, want), max(len(keys) - 1, 0))
+    there = (keys[at] == want) if len(keys) else np.zeros(len(want), bool)
+    return (order[at] if len(keys) else at), there
+
+
+def _spliced_holders(data: bytes, buf: Any, v0: Any, v1: Any, scopes: list[_Scope], own: Any,
+                     slots: dict[int, list[bytes]]) -> list[bytes | None]:
+    """Per main-graph node (its value at ``data[v0[j]:v1[j]]``) whose graphs with placeholders
+    are its own (``scopes``, node ``own[i]`` holding ``scopes[i]``), its new entry as
+    ``_shallow_node`` writes it, made without parsing: where each message that parses and
+    serializes there comes back as it is (_scan: the node, its attributes holding those
+    graphs, the graphs), those bytes are the input's with the placeholders' entries replaced
+    and the length prefixes around them written again. None for a node where not (its
+    scopes' slots are left to _shallow_node; the others' are taken)."""
+    node_rules, attribute_rules, graph_rules = _Rules.of()
+    n = len(v0)
+    good, node_hits = _scan(buf, v0, v1, node_rules, (0x2A,))
+    paths = list(map(attrgetter("path"), scopes))
+    s_attribute = np.fromiter(map(itemgetter(1), paths), np.int64, len(paths))
+    s_graph = np.fromiter(map(itemgetter(2), paths), np.int64, len(paths))
+    # the attributes holding them: read, each once
+    hit, there = _lookup(own, s_attribute, node_hits[0x2A])
+    good[own[~there]] = False
+    if not good.any():
+        return [None] * n
+    width = int(s_attribute.max(initial=0)) + 1
+    _, first, s_attr = np.unique(own * width + s_attribute, return_index=True, return_inverse=True)
+    s_attr = s_attr.reshape(-1)
+    a_holder, a_hit = own[first], hit[first]
+    a_start, a0, a1 = (node_hits[0x2A][c][a_hit] for c in (2, 3, 4))
+    ok, attr_hits = _scan(buf, a0, a1, attribute_rules, (0x32, 0x5A, _TYPE_KEY))
+    good[a_holder[~ok]] = False
+    kind = np.zeros(len(a0), np.int64)
+    kind[attr_hits[_TYPE_KEY][0]] = attr_hits[_TYPE_KEY][3]
+    many = (kind != _GRAPH).astype(np.int64)  # as _shallow_node reads it: attr.g if attr.type == GRAPH else attr.graphs
+    # the graphs: per attribute, its g entries (0) or its graphs entries (1), in order
+    one, several = attr_hits[0x32], attr_hits[0x5A]
+    graph_hits = tuple(map(np.concatenate, zip(one, several)))
+    graph_hits = (graph_hits[0] * 2 + np.repeat([0, 1], [len(one[0]), len(several[0])]), *graph_hits[1:])
+    hit, there = _lookup(s_attr * 2 + many[s_attr], s_graph, graph_hits)
+    good[own[~there]] = False
+    if not good.any():
+        return [None] * n
+    g_start, g0, g1 = graph_hits[2][hit], graph_hits[3][hit], graph_hits[4][hit]
+    ok, entry_hits = _scan(buf, g0, g1, graph_rules, (0x0A,))
+    good[own[~ok]] = False
+    # the placeholders' entries, in order in their graph
+    customs = list(map(attrgetter("custom"), scopes))
+    p_scope = np.repeat(np.arange(len(scopes)), list(map(len, customs)))
+    hit, there = _lookup(p_scope, np.fromiter(itertools.chain.from_iterable(customs), np.int64, len(p_scope)),
+                         entry_hits[0x0A])
+    good[own[p_scope[~there]]] = False
+    if not good.any():
+        return [None] * n
+    p_start, p_end = entry_hits[0x0A][2][hit], entry_hits[0x0A][4][hit]
+    twice = (p_scope[1:] == p_scope[:-1]) & (p_start[1:] < p_end[:-1])  # out of order or twice: _shallow_node's
+    good[own[p_scope[1:][twice]]] = False
+    new = list(itertools.chain.from_iterable(map(slots.pop, map(id, scopes))))
+    left = np.flatnonzero(~good[own]).tolist()
+    if left:  # the placeholders of nodes parsed and written again: put back
+        at = np.concatenate([[0], np.cumsum(list(map(len, customs)))]).tolist()
+        for k in left:
+            slots[id(scopes[k])] = new[at[k]:at[k + 1]]
+    # sizes, from the inside out
+    g_size = g1 - g0
+    np.add.at(g_size, p_scope, np.fromiter(map(len, new), np.int64, len(new)) - (p_end - p_start))
+    a_size = a1 - a0
+    np.add.at(a_size, s_attr, 1 + _varint_sizes(g_size) + g_size - (g1 - g_start))
+    size = v1 - v0
+    np.add.at(size, a_holder, 1 + _varint_sizes(a_size) + a_size - (a1 - a_start))
+    # every cut (a length prefix or a placeholder's entry) with what goes there, in the input's order
+    tags = np.concatenate([np.full(len(a0), 0x2A), np.where(many[s_attr], 0x5A, 0x32)])
+    inserts = list(map(_HEADS.__getitem__, (tags << 40 | np.concatenate([a_size, g_size])).tolist())) + new
+    c_holder = np.concatenate([a_holder, own, own[p_scope]])
+    c_start = np.concatenate([a_start, g_start, p_start])
+    c_end = np.concatenate([a0, g0, p_end])
+    keep = np.flatnonzero(good[c_holder])
+    keep = keep[np.argsort(c_start[keep], kind="stable")]  # the nodes' entries are in order in the input
+    c_start, c_end = c_start[keep], c_end[keep]
+    done = np.flatnonzero(good)
+    out: list[bytes | None] = [None] * n
+    if not len(done):
+        return out
+    cuts = np.bincount(c_holder[keep], minlength=n)[done]  # one at least: the attribute's length prefix
+    first_cut = np.cumsum(cuts) - cuts
+    gap_from = np.concatenate([[0], c_end[:-1]])
+    gap_from[first_cut] = v0[done]
+    last_cut = first_cut + cuts - 1
+    # per node: its entry's key and length, (the input's bytes up to a cut, what goes there) per cut, the rest;
+    # nodes of one count of cuts a column of pieces at a time
+    for count in np.unique(cuts).tolist():
+        these = np.flatnonzero(cuts == count)
+        nodes = done[these]
+        columns: list[Any] = [list(map(_HEADS.__getitem__, (0x0A << 40 | size[nodes]).tolist()))]
+        for t in range(count):
+            at = first_cut[these] + t
+            if (gap_from[at] != c_start[at]).any():  # input bytes before the cut: not none for all
+                columns.append(list(map(data.__getitem__, map(slice, gap_from[at].tolist(), c_start[at].tolist()))))
+            columns.append(list(map(inserts.__getitem__, keep[at].tolist())))
+        columns.append(list(map(data.__getitem__, map(slice, c_end[last_cut[these]].tolist(), v1[nodes].tolist()))))
+        for j, entry in zip(nodes.tolist(), map(b"".join, zip(*columns))):
+            out[j] = entry
+        del columns
+    return out
+
+
+class _Heads(dict):
+    """A length-delimited field's key and length, encoded, by key << 40 | length (made on first use)."""
+
+    def __missing__(self, key: int) -> bytes:
+        self[key] = value = bytes([key >> 40]) + _LENGTHS[key & ((1 << 40) - 1)]
+        return value
+
+
+_HEADS = _Heads()
+_TYPE_KEY = 20 << 3  # AttributeProto.type
 
 
 def _serialized(scopes: list[_Scope]) -> Iterator[bytes]:
