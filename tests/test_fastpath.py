@@ -1642,20 +1642,30 @@ def _none(tag: str):
     return lambda i, prev: ([helper.make_node("Neg", [prev], [f"{tag}{i}"])], [])
 
 
+def _alternate(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every other If's attributes the other way round: then_branch and else_branch names, as
+    long as each other, in one column of pieces."""
+    for node in model.graph.node[1::2]:
+        node.attribute.reverse()
+    return model
+
+
 @pytest.mark.parametrize("case", ["if", "loop", "named", "doc_and_domain", "middle", "two_a_branch",
-                                  "one_branch_without", "else_only"])
+                                  "one_branch_without", "else_only", "attributes_either_way"])
 def test_holders_spliced_byte_identical(case, monkeypatch):
     """Canonical inputs: every holder written without parsing, the objects writer's bytes and
     those of the parsing way: If and Loop bodies; fields of the If node before and after its
     attributes (name; doc_string and domain); a placeholder between two nodes of its branch;
-    two in one branch; a branch without any (its attribute left as it is)."""
+    two in one branch; a branch without any (its attribute left as it is); the branches'
+    attributes in either order."""
     model = {"if": lambda: _scaling("if_bodies", 5), "loop": lambda: _scaling("loop_bodies", 5),
              "named": lambda: _if_model(4, name="if"),
              "doc_and_domain": lambda: _if_model(4, name="if", doc_string="a branch", domain=""),
              "middle": lambda: _if_model(4, then_nodes=_middle("t"), else_nodes=_middle("e")),
              "two_a_branch": lambda: _if_model(4, then_nodes=_two("t"), else_nodes=_middle("e")),
              "one_branch_without": lambda: _if_model(4, else_nodes=_none("e")),
-             "else_only": lambda: _if_model(4, then_nodes=_none("t"))}[case]()
+             "else_only": lambda: _if_model(4, then_nodes=_none("t")),
+             "attributes_either_way": lambda: _alternate(_if_model(5))}[case]()
     ran = _bulk_spy(monkeypatch)
     blocks = _holders_alike(model, monkeypatch, canonical=False)
     assert ran and all(ran)

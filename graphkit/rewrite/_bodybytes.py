@@ -1018,9 +1018,10 @@ def _holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[_Scope],
     out: list[tuple[int, bytes]] = []
     if scopes:
         holder = np.fromiter(map(itemgetter(0), paths), np.int64, len(paths))
-        order = np.argsort(holder, kind="stable")
-        holder = holder[order]
-        scopes = list(map(scopes.__getitem__, order.tolist()))
+        if (holder[1:] < holder[:-1]).any():
+            order = np.argsort(holder, kind="stable")
+            holder = holder[order]
+            scopes = list(map(scopes.__getitem__, order.tolist()))
         indices, first = np.unique(holder, return_index=True)
         bounds = np.append(first, len(holder))
         buf = np.frombuffer(data, np.uint8)
@@ -1318,13 +1319,25 @@ def _spliced_holders(data: bytes, buf: Any, v0: Any, v1: Any, scopes: list[_Scop
         for t in range(count):
             at = first_cut[these] + t
             if (gap_from[at] != c_start[at]).any():  # input bytes before the cut: not none for all
-                columns.append(list(map(data.__getitem__, map(slice, gap_from[at].tolist(), c_start[at].tolist()))))
+                columns.append(_gaps(data, buf, gap_from[at], c_start[at]))
             columns.append(list(map(inserts.__getitem__, keep[at].tolist())))
         columns.append(list(map(data.__getitem__, map(slice, c_end[last_cut[these]].tolist(), v1[nodes].tolist()))))
         for j, entry in zip(nodes.tolist(), map(b"".join, zip(*columns))):
             out[j] = entry
         del columns
     return out
+
+
+def _gaps(data: bytes, buf: Any, start: Any, end: Any) -> list[bytes]:
+    """``data[start[i]:end[i]]`` for each i; one bytes object for all where they are alike
+    and short (an attribute's name before its graph, say), read at once."""
+    sizes = end - start
+    size = int(sizes[0])
+    if size <= 64 and (sizes == size).all():
+        block = buf[start[:, None] + np.arange(size)]
+        if (block == block[0]).all():
+            return [data[int(start[0]):int(end[0])]] * len(start)
+    return list(map(data.__getitem__, map(slice, start.tolist(), end.tolist())))
 
 
 class _Heads(dict):
