@@ -1651,13 +1651,13 @@ def _alternate(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("case", ["if", "loop", "named", "doc_and_domain", "middle", "two_a_branch",
-                                  "one_branch_without", "else_only", "attributes_either_way"])
+                                  "one_branch_without", "else_only", "attributes_either_way", "scan"])
 def test_holders_spliced_byte_identical(case, monkeypatch):
     """Canonical inputs: every holder written without parsing, the objects writer's bytes and
     those of the parsing way: If and Loop bodies; fields of the If node before and after its
     attributes (name; doc_string and domain); a placeholder between two nodes of its branch;
     two in one branch; a branch without any (its attribute left as it is); the branches'
-    attributes in either order."""
+    attributes in either order; Scan nodes (an int attribute beside the body)."""
     model = {"if": lambda: _scaling("if_bodies", 5), "loop": lambda: _scaling("loop_bodies", 5),
              "named": lambda: _if_model(4, name="if"),
              "doc_and_domain": lambda: _if_model(4, name="if", doc_string="a branch", domain=""),
@@ -1665,7 +1665,7 @@ def test_holders_spliced_byte_identical(case, monkeypatch):
              "two_a_branch": lambda: _if_model(4, then_nodes=_two("t"), else_nodes=_middle("e")),
              "one_branch_without": lambda: _if_model(4, else_nodes=_none("e")),
              "else_only": lambda: _if_model(4, then_nodes=_none("t")),
-             "attributes_either_way": lambda: _alternate(_if_model(5))}[case]()
+             "attributes_either_way": lambda: _alternate(_if_model(5)), "scan": lambda: _scan_bodies(4)}[case]()
     ran = _bulk_spy(monkeypatch)
     blocks = _holders_alike(model, monkeypatch, canonical=False)
     assert ran and all(ran)

@@ -58,7 +58,11 @@ The result is the objects writer's, byte for byte (tests/test_fastpath.py's corp
   scope, among the reasons: the whole check gives them an empty shape, as the engine's).
 * Bytes: a message written again is protobuf's serialization of it (fields in number
   order), so where the input is as protobuf writes it, the output is the objects
-  writer's byte for byte; where not, it is the same model (field for field).
+  writer's byte for byte; where not, it is the same model (field for field). A main-graph
+  node holding its own graphs is not parsed where the messages written again (it, the
+  attributes and graphs on the way down) are as protobuf writes them back, read a field
+  of many at a time (_spliced_holders): its bytes are the input's with the placeholders'
+  entries replaced and the length prefixes around them written again, the same bytes.
 
 Preconditions (each an ``Unsupported``, the report's ``writer_reason`` when the objects
 writer runs instead): no model-local functions or training info, no custom node holding
@@ -1116,8 +1120,8 @@ class _Rules:
                 table = np.zeros(max(known, default=0) + 1, bool)
                 table[known] = True
                 self.varints.append((key, table))
-            elif wire == 0:
-                self.varints.append((key, below[f.type]))
+            elif wire == 0:  # (_varints reads values below 2**35: a bound past that is none)
+                self.varints.append((key, min(below[f.type], 1 << 40)))
 
     @classmethod
     def of(cls) -> tuple[_Rules, _Rules, _Rules]:
