@@ -75,3 +75,41 @@ def test_both_writers_lower_with_the_collector_off_and_restore_it(collector_on):
     _, report = lower_bytes(model.SerializeToString(), model, registry=registry, prefer=DEFAULT_PREFERENCE)
     assert report.writer == "bytes"
     assert seen and not any(seen) and gc.isenabled()
+
+
+def _bodies_model(n: int):
+    """``n`` If nodes, each branch one placeholder (the bodies writer's shape)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import scaling_models
+
+    return scaling_models.if_bodies(n)
+
+
+@pytest.mark.parametrize("bodies", [False, True])
+def test_the_collectors_first_pass_after_a_rewrite_finds_its_lists_freed(collector_on, bodies):
+    # Objects made while the collector is paused are all young when it runs again: were the
+    # rewrite's lists still alive then (the check holds them), its first pass would walk them all.
+    from graphkit.ops import default_registry
+    from graphkit.rewrite import _bodybytes
+    from scaling_models import chain
+
+    n = 3000
+    model = _bodies_model(n) if bodies else chain(n)
+    lower = _bodybytes.lower_bytes if bodies else lower_bytes
+    young: list[int] = []
+
+    def seen(phase, info):
+        if phase == "start":
+            young.append(len(gc.get_objects(generation=0)))
+
+    gc.collect()
+    gc.callbacks.append(seen)
+    try:
+        _, report = lower(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE)
+    finally:
+        gc.callbacks.remove(seen)
+    assert report.writer == "bytes"
+    assert max(young, default=0) < n // 2, young

@@ -80,6 +80,7 @@ from __future__ import annotations
 import collections
 import itertools
 import operator
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from operator import attrgetter, itemgetter
@@ -187,8 +188,8 @@ def _columns(cls: Any, messages: list[bytes], fields: tuple[tuple[str, int, type
     return out
 
 
-_NODE_FIELDS = (("input", 1, str, False), ("output", 2, str, False), ("op_type", 4, str, True),
-                ("attribute", 5, bytes, False), ("domain", 7, str, True))
+_NODE_FIELDS = (("input", 1, str, False), ("output", 2, str, False), ("name", 3, str, True),
+                ("op_type", 4, str, True), ("attribute", 5, bytes, False), ("domain", 7, str, True))
 _PLACEHOLDER_FIELDS = (("input", 1, str, False), ("output", 2, str, False), ("name", 3, str, True),
                        ("op_type", 4, str, True), ("attribute", 5, bytes, False))
 _PREFIX_FIELDS = (("name", 3, str, True), ("op_type", 4, str, True))
@@ -279,14 +280,17 @@ class _Scope:
     and the nested graphs (``subs``: per node holding graphs, (node index, [(attribute index,
     [(position among the attribute's graphs, _Scope)])]))."""
 
-    __slots__ = ("graph", "path", "size", "custom", "subs", "dirty", "nodes")
+    __slots__ = ("graph", "path", "size", "custom", "subs", "dirty", "nodes", "fields")
 
     def __init__(self, graph: onnx.GraphProto | None, path: tuple[int, ...], custom: list[int] | None = None,
-                 nodes: list[bytes] | None = None) -> None:
+                 nodes: list[bytes] | None = None, fields: list[tuple] | None = None) -> None:
         self.graph = graph
         self.path = path  # (node, attribute, graph) indices down from the main graph: tuples sort in output order
         self.custom: list[int] = [] if custom is None else custom
         self.nodes = nodes  # its placeholders serialized (_Types._declared_bulk), or None: graph.node[i] for i in custom
+        # per placeholder, as _declared_bulk read them: (inputs, outputs, name or op type, op type,
+        # its attributes' bytes); None: read again from ``nodes`` where the lowering needs them
+        self.fields = fields
         self.size = 0  # nodes
         # per node holding graphs: (node index, its attribute count, whether a graph it holds is dirty,
         # [(attribute index, its graphs' field number, [(position among them, _Scope)])])
@@ -325,6 +329,7 @@ class _Types(_fp._ForwardTypes):
         self.scopes = [main]
         self.counts = collections.Counter(zip(domains, op_types))
         self.bulk = False  # the declarations read at once (_declared_bulk): only graphs holding placeholders listed
+        self.prefixes: set[str] = set()  # where bulk: the subgraphs' placeholders' names (their op types where unnamed)
         self._main = main
         self._main_holders = iter(holders)  # the pass reaches the main graph's holders in order
         self._frames: list[tuple[_Scope, int, Iterator[tuple[int, int]], list]] = []
@@ -355,7 +360,7 @@ class _Types(_fp._ForwardTypes):
                 self.scopes.sort(key=attrgetter("path"))  # the pass's order (each graph before those in it)
                 return
             except _NotBulk:
-                pass
+                self.prefixes = set()
         for index in holders:
             self._forward_subgraphs(nodes[index], domains[index])
 
@@ -727,22 +732,42 @@ class _Types(_fp._ForwardTypes):
                             slow = list(map(operator.not_, quick))
                             if not all(map(typed_before, itertools.compress(xs, slow), itertools.compress(xg, slow))):
                                 raise _NotBulk
-                    del inputs, xs, xg, quick
+                    del xs, xg, quick
+                    # what the lowering reads of each, kept (_Scope.fields): not parsed again there
+                    all_outputs, n_outputs = node_columns["output"]  # (input names appended after: not reached)
+                    output_at = list(itertools.accumulate(n_outputs, initial=0))
+                    outputs = list(map(all_outputs.__getitem__, map(slice, map(output_at.__getitem__, at_custom), map(
+                        output_at.__getitem__, map(operator.add, at_custom, repeat(1))))))
+                    del all_outputs, n_outputs, output_at
+                    op_types = list(map(sys.intern, map(node_columns["op_type"].__getitem__, at_custom)))  # kept: one each
+                    prefixes = [name or op for name, op in zip(map(node_columns["name"].__getitem__, at_custom),
+                                                               op_types)]
+                    self.prefixes.update(prefixes)
+                    keys = [b""] * len(at_custom)
+                    node_attributes, n_node_attributes = node_columns["attribute"]
+                    if node_attributes:
+                        attribute_at = list(itertools.accumulate(n_node_attributes, initial=0))
+                        keys = [b"".join(node_attributes[attribute_at[p]:attribute_at[p + 1]]) if
+                                n_node_attributes[p] else b"" for p in at_custom]
+                    fields = list(zip(inputs, outputs, prefixes, op_types, keys))
+                    del inputs, outputs, op_types, prefixes, keys
                     index_in = list(map(operator.sub, at_custom, map(offsets.__getitem__, map(
                         operator.sub, owner_of, repeat(first)))))
                     if len(set(owner_of)) == len(owner_of):  # one placeholder a graph
                         found += map(_Scope, repeat(None), map(paths.__getitem__, owner_of), map(list, zip(index_in)),
-                                     map(list, zip(map(flat_bytes.__getitem__, at_custom))))
+                                     map(list, zip(map(flat_bytes.__getitem__, at_custom))), map(list, zip(fields)))
                     else:
-                        by_graph: dict[int, tuple[list[int], list[bytes]]] = {}
-                        for g, i, p in zip(owner_of, index_in, at_custom):
+                        by_graph: dict[int, tuple[list[int], list[bytes], list[tuple]]] = {}
+                        for g, i, p, f in zip(owner_of, index_in, at_custom, fields):
                             place = by_graph.get(g)
                             if place is None:
-                                place = by_graph[g] = ([], [])
+                                place = by_graph[g] = ([], [], [])
                             place[0].append(i)
                             place[1].append(flat_bytes[p])
-                        found += [_Scope(None, paths[g], custom, placeholders)
-                                  for g, (custom, placeholders) in by_graph.items()]
+                            place[2].append(f)
+                        found += [_Scope(None, paths[g], custom, placeholders, graph_fields)
+                                  for g, (custom, placeholders, graph_fields) in by_graph.items()]
+                    del fields
                 # the next level: this level's nodes holding graphs
                 node_attributes, n_node_attributes = node_columns["attribute"]
                 if node_attributes:
@@ -1543,8 +1568,11 @@ def lower_pieces(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
         with gc_paused():
             out, report, run_check = _lower(data, model, registry, prefer, check, full_check, path, progress,
                                             target_opset)
-        if run_check is not None:
-            run_check()
+            if run_check is not None:
+                run_check()
+            # the rewrite's lists (held by the check) freed while the collector is paused: once it
+            # runs again, its first pass walks every object made in the pause that is still alive
+            del run_check
         return out, report
     finally:
         _fp._Canonical.forget()
@@ -1627,10 +1655,12 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         report.ops_after = report.ops_before.copy()
         return _fp.Pieces([data]), report, None
 
-    prefixes: set[str] = set()
-    for at in range(0, len(lists), _BLOCK):
-        columns = _columns(_Skeletons.load().nodes, list(_serialized(lists[at:at + _BLOCK])), _PREFIX_FIELDS)
+    prefixes: set[str] = set(types.prefixes)  # those _declared_bulk read
+    unread = [s for s in lists if s.fields is None]
+    for at in range(0, len(unread), _BLOCK):
+        columns = _columns(_Skeletons.load().nodes, list(_serialized(unread[at:at + _BLOCK])), _PREFIX_FIELDS)
         prefixes.update([name or op for name, op in zip(columns["name"], columns["op_type"])])
+    del unread
     regions = [(start, end) for field, start, _, end in top if field != _fp._M_GRAPH]
     regions += [(start, end) for field, start, end in others if field not in (5, 15)]
     if starts:
@@ -1651,7 +1681,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             seed.update(spliced.made)
     opset = target_opset if target_opset is not None else current or _engine.DEFAULT_OPSET
     plan = LoweringPlan(registry, prefer, opset, path=path, names=NameGenerator(seed or ()))
-    fresh = plan.names.fresh
+    fresh, fresh_grid = plan.names.fresh, plan.names.fresh_grid
     elem = types.elem_type
     declared = types._elem.get  # elem_type's first look (no names to avoid here, nothing pending after the pass)
 
@@ -1717,17 +1747,23 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         block = order[block_at:block_at + _BLOCK]
         # The block's placeholders (serialized), a field of all of them at a time.
         ph = list(_serialized(block))
-        columns = _columns(_Skeletons.load().nodes, ph, _PLACEHOLDER_FIELDS)
-        ins_of, outs_of = _split(*columns["input"]), _split(*columns["output"])
-        ops_of = columns["op_type"]
-        prefixes = [name or op for name, op in zip(columns["name"], ops_of)]
-        attributes, n_attributes = columns["attribute"]
-        attr_keys: list[bytes] = [b""] * len(ph)
-        if attributes:  # a kind's attributes: their bytes
-            for k, key in zip(itertools.compress(range(len(ph)), n_attributes),
-                              map(b"".join, _split(attributes, [n for n in n_attributes if n]))):
-                attr_keys[k] = key
-        del columns, attributes, n_attributes
+        if all(map(attrgetter("fields"), block)):  # as _declared_bulk read them
+            read = list(itertools.chain.from_iterable(map(attrgetter("fields"), block)))
+            ins_of, outs_of, prefixes, ops_of, attr_keys = map(list, zip(*read))
+            del read
+            list(map(setattr, block, itertools.repeat("fields"), itertools.repeat(None)))  # read once: freed as it goes
+        else:
+            columns = _columns(_Skeletons.load().nodes, ph, _PLACEHOLDER_FIELDS)
+            ins_of, outs_of = _split(*columns["input"]), _split(*columns["output"])
+            ops_of = columns["op_type"]
+            prefixes = [name or op for name, op in zip(columns["name"], ops_of)]
+            attributes, n_attributes = columns["attribute"]
+            attr_keys = [b""] * len(ph)
+            if attributes:  # a kind's attributes: their bytes
+                for k, key in zip(itertools.compress(range(len(ph)), n_attributes),
+                                  map(b"".join, _split(attributes, [n for n in n_attributes if n]))):
+                    attr_keys[k] = key
+            del columns, attributes, n_attributes
         values_of = list(map(operator.add, ins_of, outs_of))
         # A kind: op, attributes, arity, aliasing among inputs and outputs, input types.
         aliasing: list[Any] = list(map(operator.eq, map(len, map(set, values_of)), map(len, values_of)))
@@ -1785,7 +1821,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                 v_rows, a_rows, targets, asks, n_made, n_inputs, group, pattern_of = alone_rows[kind]
                 asked = ["/const"] * n_made + asks
                 m = len(asked)
-                names = [fresh(prefix + a) for prefix in prefixes[first_k:k + 1] for a in asked]
+                names = fresh_grid(prefixes[first_k:k + 1], asked)
                 row_at = range(0, n * m, m)
                 ins_r, outs_r = ins_of[first_k:k + 1], outs_of[first_k:k + 1]
                 pad = n_inputs - len(ins_r[0])

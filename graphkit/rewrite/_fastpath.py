@@ -1052,8 +1052,11 @@ def lower_pieces(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
         with gc_paused():
             out, report, run_check = _lower(data, model, registry, prefer, check, full_check, path, progress,
                                             target_opset)
-        if run_check is not None:
-            run_check()
+            if run_check is not None:
+                run_check()
+            # the rewrite's lists (held by the check) freed while the collector is paused: once it
+            # runs again, its first pass walks every object made in the pause that is still alive
+            del run_check
         return out, report
     finally:
         _Canonical.forget()

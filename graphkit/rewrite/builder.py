@@ -44,6 +44,55 @@ class NameGenerator:
         taken.add(name)
         return name
 
+    def fresh_grid(self, prefixes: list[str], suffixes: list[str]) -> list[str]:
+        """``[self.fresh(p + s) for p in prefixes for s in suffixes]``, the same names, made a
+        base at a time where one prefix repeats (unnamed nodes) or every base is new.
+
+        Per base ``b`` (one of the suffixes after the one prefix), its names are ``b`` if not
+        taken, then ``b_<i>`` on from its counter: made at once where none of those is taken
+        and no base is another's plus ``_<digits>`` (only then can two bases' names meet, and
+        the order they are asked in matter). Anything else is asked one by one."""
+        if type(self).fresh is not NameGenerator.fresh or not prefixes:  # a subclass's own rule
+            return [self.fresh(p + s) for p in prefixes for s in suffixes]
+        taken, counters = self._taken, self._next
+        first = prefixes[0]
+        if prefixes.count(first) != len(prefixes):
+            bases = [p + s for p in prefixes for s in suffixes]
+            if len(set(bases)) == len(bases) and taken.isdisjoint(bases):  # each its own name
+                taken.update(bases)
+                return bases
+            return list(map(self.fresh, bases))
+        n, m = len(prefixes), len(suffixes)
+        slots: dict[str, list[int]] = {}
+        for t, s in enumerate(suffixes):
+            slots.setdefault(first + s, []).append(t)
+        if any(_numbered(b2, b1) for b1 in slots for b2 in slots if b1 != b2):
+            return [self.fresh(p + s) for p in prefixes for s in suffixes]
+        made: list[tuple[str, list[int], list[str], int]] = []
+        for base, at in slots.items():
+            count = n * len(at)
+            own = base not in taken
+            start = counters.get(base, 1)
+            names = [f"{base}_{i}" for i in range(start, start + count - own)]
+            if not taken.isdisjoint(names):  # a taken name to step over: one by one
+                return [self.fresh(p + s) for p in prefixes for s in suffixes]
+            made.append((base, at, [base, *names] if own else names, start + count - own))
+        out: list[str] = [""] * (n * m)
+        for base, at, names, after in made:
+            taken.update(names)
+            if len(names) > 1 or names[0] != base:  # a counter only where one was read
+                counters[base] = after
+            k = len(at)
+            for r, t in enumerate(at):
+                out[t::m] = names[r::k]
+        return out
+
+
+def _numbered(name: str, base: str) -> bool:
+    """Whether ``name`` may be one NameGenerator makes from ``base`` (``base_<digits>``)."""
+    rest = name[len(base) + 1:]
+    return name.startswith(base + "_") and rest.isascii() and rest.isdigit()
+
 
 _T = onnx.TensorProto
 _GRAPH = onnx.AttributeProto.GRAPH
