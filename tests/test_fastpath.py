@@ -1642,6 +1642,24 @@ def _none(tag: str):
     return lambda i, prev: ([helper.make_node("Neg", [prev], [f"{tag}{i}"])], [])
 
 
+def _four_or_two(model_n: int) -> onnx.ModelProto:
+    """If nodes with as many cuts (length prefixes, placeholders) in another order: every other
+    one four placeholders in its then branch and none in its else branch, the others one in each."""
+    def then_nodes(i, prev):
+        if i % 2 == 0:
+            return [helper.make_node("my_add", [prev, prev], [f"t{i}"], domain="custom")], []
+        names = [prev] + [f"t{i}_{k}" for k in range(3)] + [f"t{i}"]
+        return ([helper.make_node("my_add", [a, a], [b], domain="custom") for a, b in zip(names, names[1:])],
+                names[1:-1])
+
+    def else_nodes(i, prev):
+        if i % 2:
+            return [helper.make_node("Neg", [prev], [f"e{i}"])], []
+        return [helper.make_node("my_add", [prev, prev], [f"e{i}"], domain="custom")], []
+
+    return _if_model(model_n, then_nodes=then_nodes, else_nodes=else_nodes)
+
+
 def _alternate(model: onnx.ModelProto) -> onnx.ModelProto:
     """Every other If's attributes the other way round: then_branch and else_branch names, as
     long as each other, in one column of pieces."""
@@ -1651,13 +1669,15 @@ def _alternate(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("case", ["if", "loop", "named", "doc_and_domain", "middle", "two_a_branch",
-                                  "one_branch_without", "else_only", "attributes_either_way", "scan"])
+                                  "one_branch_without", "else_only", "attributes_either_way", "scan",
+                                  "cuts_in_another_order"])
 def test_holders_spliced_byte_identical(case, monkeypatch):
     """Canonical inputs: every holder written without parsing, the objects writer's bytes and
     those of the parsing way: If and Loop bodies; fields of the If node before and after its
     attributes (name; doc_string and domain); a placeholder between two nodes of its branch;
     two in one branch; a branch without any (its attribute left as it is); the branches'
-    attributes in either order; Scan nodes (an int attribute beside the body)."""
+    attributes in either order; Scan nodes (an int attribute beside the body); nodes with as
+    many cuts, made of length prefixes and placeholders in another order."""
     model = {"if": lambda: _scaling("if_bodies", 5), "loop": lambda: _scaling("loop_bodies", 5),
              "named": lambda: _if_model(4, name="if"),
              "doc_and_domain": lambda: _if_model(4, name="if", doc_string="a branch", domain=""),
@@ -1665,7 +1685,8 @@ def test_holders_spliced_byte_identical(case, monkeypatch):
              "two_a_branch": lambda: _if_model(4, then_nodes=_two("t"), else_nodes=_middle("e")),
              "one_branch_without": lambda: _if_model(4, else_nodes=_none("e")),
              "else_only": lambda: _if_model(4, then_nodes=_none("t")),
-             "attributes_either_way": lambda: _alternate(_if_model(5)), "scan": lambda: _scan_bodies(4)}[case]()
+             "attributes_either_way": lambda: _alternate(_if_model(5)), "scan": lambda: _scan_bodies(4),
+             "cuts_in_another_order": lambda: _four_or_two(4)}[case]()
     ran = _bulk_spy(monkeypatch)
     blocks = _holders_alike(model, monkeypatch, canonical=False)
     assert ran and all(ran)
@@ -2084,7 +2105,8 @@ def test_bodies_read_at_once_give_the_graph_by_graph_table(case):
     from operator import attrgetter
 
     model = {"if_bodies": lambda: _scaling("if_bodies", 6), "loop_bodies": lambda: _scaling("loop_bodies", 6),
-             "loop_rich": lambda: _loop_bodies_rich(4), "scan": lambda: _scan_bodies(4)}[case]()
+             "loop_rich": lambda: _loop_bodies_rich(4), "scan": lambda: _scan_bodies(4),
+             "cuts_in_another_order": lambda: _four_or_two(4)}[case]()
     data = model.SerializeToString()
     nodes = model.graph.node
     top = _fastpath._entries(data, 0, len(data))

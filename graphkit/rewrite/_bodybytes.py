@@ -1323,7 +1323,8 @@ def _spliced_holders(data: bytes, buf: Any, v0: Any, v1: Any, scopes: list[_Scop
     np.add.at(size, a_holder, 1 + _varint_sizes(a_size) + a_size - (a1 - a_start))
     # every cut (a length prefix or a placeholder's entry) with what goes there, in the input's order
     tags = np.concatenate([np.full(len(a0), 0x2A), np.where(many[s_attr], 0x5A, 0x32)])
-    inserts = list(map(_HEADS.__getitem__, (tags << 40 | np.concatenate([a_size, g_size])).tolist())) + new
+    heads = tags << 40 | np.concatenate([a_size, g_size])  # the attributes' and graphs' keys and lengths
+    n_heads = len(heads)
     c_holder = np.concatenate([a_holder, own, own[p_scope]])
     c_start = np.concatenate([a_start, g_start, p_start])
     c_end = np.concatenate([a0, g0, p_end])
@@ -1349,7 +1350,13 @@ def _spliced_holders(data: bytes, buf: Any, v0: Any, v1: Any, scopes: list[_Scop
             at = first_cut[these] + t
             if (gap_from[at] != c_start[at]).any():  # input bytes before the cut: not none for all
                 columns.append(_gaps(data, buf, gap_from[at], c_start[at]))
-            columns.append(list(map(inserts.__getitem__, keep[at].tolist())))
+            which = keep[at]
+            if (which < n_heads).all():
+                columns.append(list(map(_HEADS.__getitem__, heads[which].tolist())))
+            elif (which >= n_heads).all():
+                columns.append(list(map(new.__getitem__, (which - n_heads).tolist())))
+            else:
+                columns.append([_HEADS[int(heads[w])] if w < n_heads else new[w - n_heads] for w in which.tolist()])
         columns.append(list(map(data.__getitem__, map(slice, c_end[last_cut[these]].tolist(), v1[nodes].tolist()))))
         for j, entry in zip(nodes.tolist(), map(b"".join, zip(*columns))):
             out[j] = entry
