@@ -530,9 +530,12 @@ class _Types(_fp._ForwardTypes):
 
         paths: list[tuple[int, ...]] = []  # every subgraph's, in the order read (level by level)
         owner: dict[str, int] = {}  # each name a subgraph defines -> that subgraph
-        declared: list[tuple[list[str], list, list[int]]] = []  # per block and field: names, types, element types
+        declared: list[tuple[list[str], list]] = []  # per block and field: names, types
         parsed: dict[bytes, tuple[onnx.TypeProto, int]] = {}  # a TypeProto's bytes -> it, its element type
-        body_elem: dict[str, int] = {}  # the element types subgraphs' declarations give
+        body_elems: list[dict[str, int]] = []  # per block, the element types its graphs' declarations give
+        untyped: list[list[str]] = []  # per block, the names its graphs define and leave untyped
+        # every name of the main graph (made, declared, typed, defined untyped): none a subgraph's
+        main_names = set(made).union(types0.keys(), elem0.keys(), untyped0)
         flow: dict[str, tuple[int, int]] = {}  # a main-graph If/Loop/Scan output -> its type, the node
         found: list[_Scope] = []
         counts: collections.Counter = collections.Counter()
@@ -544,7 +547,7 @@ class _Types(_fp._ForwardTypes):
             if x in flow:
                 return flow[x][1] < paths[g][0]
             o = owner.get(x)
-            return o is not None and x in body_elem and (o == g or paths[o] <= paths[g])
+            return o is not None and any(x in e for e in body_elems) and (o == g or paths[o] <= paths[g])
 
         # (serialized holder node, its path, its domain), level by level
         level: list[tuple[bytes, tuple[int, ...], str]] = list(zip(map(value, holders), zip(holders),
@@ -666,19 +669,21 @@ class _Types(_fp._ForwardTypes):
                 block_owner = dict(zip(names_made, made_by))
                 size = len(owner)
                 owner.update(block_owner)
-                if len(block_owner) != len(names_made) or len(owner) != size + len(names_made) or not (
-                        made.isdisjoint(names_made) and types0.keys().isdisjoint(names_made)
-                        and elem0.keys().isdisjoint(names_made) and untyped0.isdisjoint(names_made)):
+                if len(block_owner) != len(names_made) or len(owner) != size + len(names_made) or \
+                        not main_names.isdisjoint(names_made):
                     raise _NotBulk
-                del names_made, made_by
+                del made_by
                 get_owner = block_owner.get
                 block_elem: dict[str, int] = {}
                 for field, names, by, tps, elems in block_declared:
                     if not all(map(operator.eq, map(get_owner, names), by)):
                         raise _NotBulk  # a graph declares a name it does not define
                     block_elem.update(filter(itemgetter(1), zip(names, elems)))
-                    declared.append((names, tps, elems))
-                body_elem.update(block_elem)
+                    declared.append((names, tps))
+                body_elems.append(block_elem)
+                # a name is typed by its own graph's declarations or not at all (checked just above)
+                untyped.append(list(itertools.filterfalse(block_elem.__contains__, names_made)))
+                del names_made
                 for field, names, by, tps, elems in block_declared:
                     if field == "output" and control_flow:
                         # each output takes its body output's type (a Loop's after the condition),
@@ -781,14 +786,14 @@ class _Types(_fp._ForwardTypes):
             level = below
         # Nothing was changed so far: now the pass's result.
         elem = self._elem
-        for names, tps, elems in declared:
-            elem.update(filter(itemgetter(1), zip(names, elems)))
+        for block_elem in body_elems:  # each block's declarations in order, as TypeTable.set makes them
+            elem.update(block_elem)
         # The TypeProtos (shapes) only where asked for (_type, set, _infer: a shape-dependent
         # decomposition, the check of a replacement): most lowerings read element types alone.
-        self._types_pending = [(names, tps) for names, tps, _ in declared]
+        self._types_pending = declared
         for out, (t, _) in flow.items():
             elem.setdefault(out, t)
-        untyped0.update(itertools.filterfalse(elem.__contains__, owner))
+        untyped0.update(itertools.chain.from_iterable(untyped))
         self.counts.update(counts)
         self.scopes += found
 

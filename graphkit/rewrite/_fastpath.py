@@ -298,6 +298,7 @@ class _Canonical:
     """
 
     last: tuple[Any, int, bool] | None = None
+    external: tuple[Any, int, bool] | None = None  # has_external_data's last answer (three scans of the bytes)
 
     @classmethod
     def check(cls, data: bytes, model: onnx.ModelProto) -> bool:
@@ -309,17 +310,24 @@ class _Canonical:
 
     @classmethod
     def forget(cls) -> None:
-        cls.last = None
+        cls.last = cls.external = None
 
 
 def has_external_data(data: bytes, model: onnx.ModelProto) -> bool:
-    """Whether any tensor of ``model`` (parsed from ``data``) is stored externally."""
+    """Whether any tensor of ``model`` (parsed from ``data``) is stored externally (asked
+    again of the same model, the answer remembered until ``_Canonical.forget()``)."""
+    last = _Canonical.external
+    if last is not None and last[0] is model and last[1] == len(data):
+        return last[2]
     if not any(p in data for p in _PROBE_EXTERNAL) and (_PADDED_EXTERNAL not in data
                                                         or _Canonical.check(data, model)):
-        return False
-    from graphkit.external_data import external_tensors
+        result = False
+    else:
+        from graphkit.external_data import external_tensors
 
-    return bool(external_tensors(model))
+        result = bool(external_tensors(model))
+    _Canonical.external = (model, len(data), result)
+    return result
 
 
 # -- lowerings repeated -------------------------------------------------------------------

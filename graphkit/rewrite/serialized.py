@@ -136,6 +136,7 @@ def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None
     data = read_model_bytes(src)
     model = parse_model_bytes(data, src)
     if _fastpath.has_external_data(data, model):
+        _fastpath._Canonical.forget()  # it holds the model
         files = check_external_data(model, src)
         if dst is not None:  # the weights are input too: refuse before any work
             check_output_path(dst, src, inputs=weights_files(files, dst))
