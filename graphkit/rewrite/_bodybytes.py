@@ -82,6 +82,7 @@ import itertools
 import operator
 import sys
 import threading
+from array import array
 from collections.abc import Callable, Iterator
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -1059,7 +1060,7 @@ def _holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[_Scope],
         indices, first = np.unique(holder, return_index=True)
         bounds = np.append(first, len(holder))
         buf = np.frombuffer(data, np.uint8)
-        all_starts, all_ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+        all_starts, all_ends = _offsets(starts), _offsets(ends)
         for at in range(0, len(indices), _BLOCK):
             block = indices[at:at + _BLOCK]
             s0, s1 = int(bounds[at]), int(bounds[at + len(block)])
@@ -1082,6 +1083,14 @@ def _holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[_Scope],
     if by_holder:
         out.sort(key=itemgetter(0))
     return out
+
+
+def _offsets(values: Any) -> Any:
+    """Offsets (an array('q'), as _fastpath._node_entries makes them, or a list) as int64s:
+    the array's own memory where it is one."""
+    if isinstance(values, array) and values.typecode == "q":
+        return np.frombuffer(values, np.int64)
+    return np.asarray(values, np.int64)
 
 
 def _shallow_node(value: bytes, held: list[_Scope], slots: dict[int, list[bytes]]) -> bytes:
