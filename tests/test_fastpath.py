@@ -1724,6 +1724,34 @@ def test_holders_nested_and_own_in_one_graph(monkeypatch):
     assert all(ran) and blocks and all(b == (3, 3) for b in blocks), blocks
 
 
+def test_holders_of_several_graphs_in_one_attribute(monkeypatch):
+    """A node of another domain holding three graphs in one attribute (GRAPHS), the first and
+    the last with a placeholder: spliced, the middle graph left as it is; the objects writer's
+    bytes (not checked: the checker knows no such op)."""
+    nodes, prev = [], "x"
+    for i in range(3):
+        bodies = [_branch([helper.make_node("my_add", [prev, prev], [f"b{i}_{k}"], domain="custom")],
+                          f"b{i}_{k}", f"b{i}_{k}") for k in range(3)]
+        bodies[1] = _branch([helper.make_node("Neg", [prev], [f"b{i}_1"])], f"b{i}_1", f"b{i}_1")
+        node = helper.make_node("Multi", [prev], [f"o{i}"], domain="com.example")
+        node.attribute.append(helper.make_attribute("bodies", bodies))
+        nodes.append(node)
+        prev = f"o{i}"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 4])],
+                              [helper.make_tensor_value_info(prev, F, [1, 4])],
+                              value_info=[helper.make_tensor_value_info(f"o{i}", F, [1, 4]) for i in range(3)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1),
+                                                    helper.make_opsetid("com.example", 1)], ir_version=10)
+    data = model.SerializeToString()
+    registry = default_registry()
+    blocks = _holder_spy(monkeypatch)
+    fast, report = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, check=False)
+    assert report.writer == "bytes" and blocks == [(3, 3)]
+    monkeypatch.setattr(_bodybytes, "_spliced_holders", lambda data, buf, v0, *a: [None] * len(v0))
+    parsed, _ = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, check=False)
+    assert fast == parsed == rewrite_model(model, check=False)[0].SerializeToString()
+
+
 def _message_fields(value: bytes) -> list[tuple[int, int, bytes]]:
     """(number, wire type, raw value: a length-delimited one's content, else its bytes) of each field."""
     return [(field, value[start] & 7 if value[start] < 0x80 else _fastpath._varint(value, start)[0] & 7,
