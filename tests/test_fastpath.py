@@ -2146,7 +2146,17 @@ def test_bodies_read_at_once_give_the_graph_by_graph_table(case):
                                 holders, forward=False, data=data, spans=spans) for spans in ((starts, ends), None)]
     bulk, one_by_one = tables
     assert bulk.bulk and not one_by_one.bulk
-    bulk._materialize()
+    # a TypeProto asked for before the table is made is found in what is pending (the last
+    # declaration of its name), then remembered; past _LOOKUPS names the table is made
+    asked = [*one_by_one._types, "no such name"]
+    bulk._LOOKUPS = len(asked) + 1
+    for name in asked * 2:
+        got, want = bulk._type(name), one_by_one._type(name)
+        assert (got and got.SerializeToString()) == (want and want.SerializeToString()), name
+    assert bulk._types_pending is not None
+    bulk._LOOKUPS = 1
+    assert bulk._type("not asked yet") is None
+    assert bulk._types_pending is None  # made at once now
     assert bulk._elem == one_by_one._elem and bulk._defined == one_by_one._defined
     assert {k: v.SerializeToString() for k, v in bulk._types.items()} == {
         k: v.SerializeToString() for k, v in one_by_one._types.items()}

@@ -105,6 +105,7 @@ def test_the_collectors_first_pass_after_a_rewrite_finds_its_lists_freed(collect
         if phase == "start":
             young.append(len(gc.get_objects(generation=0)))
 
+    lower(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE)  # caches made
     gc.collect()
     gc.callbacks.append(seen)
     try:

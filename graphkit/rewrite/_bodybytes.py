@@ -803,12 +803,37 @@ class _Types(_fp._ForwardTypes):
     def _materialize(self) -> None:
         """The TypeProtos _declared_bulk left pending put in the table, in their order."""
         pending, self._types_pending = self._types_pending, None
+        self.__dict__.pop("_found", None)
         for names, tps in pending or ():
             self._types.update(zip(names, tps))
 
+    _LOOKUPS = 64  # names looked up in what is pending before it is all put in the table
+
     def _type(self, name: str) -> onnx.TypeProto | None:
-        if self._types_pending is not None:
-            self._materialize()
+        pending = self._types_pending
+        if pending is not None:
+            # A few names are asked for (the checks' shapes): each found in the pending lists,
+            # its last declaration as the table would hold it, not a million put in the table.
+            found = self.__dict__.setdefault("_found", {})
+            if name in found:
+                return found[name] or super()._type(name)
+            if len(found) >= self._LOOKUPS:
+                self._materialize()
+                return super()._type(name)
+            tp = None
+            for names, tps in reversed(pending):
+                if name in names:
+                    at = names.index(name)
+                    try:
+                        while True:
+                            at = names.index(name, at + 1)
+                    except ValueError:
+                        pass
+                    tp = tps[at]
+                    break
+            found[name] = tp
+            if tp is not None:
+                return tp
         return super()._type(name)
 
     def set(self, name: str, tp: onnx.TypeProto) -> None:

@@ -1056,6 +1056,7 @@ def lower_pieces(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
                  path: str | None = None, progress: Callable[[str, int, int], None] | None = None,
                  target_opset: int | None = None) -> tuple[Pieces, RewriteReport]:
     """lower_bytes, the output as its :class:`Pieces`."""
+    forget = True
     try:
         with gc_paused():
             out, report, run_check = _lower(data, model, registry, prefer, check, full_check, path, progress,
@@ -1066,8 +1067,12 @@ def lower_pieces(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
             # runs again, its first pass walks every object made in the pause that is still alive
             del run_check
         return out, report
+    except InBodies:
+        forget = False  # the bodies writer goes on with this model: what is remembered of it holds
+        raise
     finally:
-        _Canonical.forget()
+        if forget:
+            _Canonical.forget()
 
 
 def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tuple[Lowering, ...], check: bool,
