@@ -2163,3 +2163,38 @@ def test_bodies_read_at_once_give_the_graph_by_graph_table(case):
     assert +bulk.counts == +one_by_one.counts
     assert [(s.path, s.custom) for s in bulk.scopes] == [(s.path, s.custom) for s in one_by_one.scopes if s.custom
                                                           or not s.path]
+
+
+@pytest.mark.parametrize("reuse", ["then_of_first_and_last", "untyped_and_typed", "none"])
+def test_bodies_names_defined_twice_across_blocks_go_graph_by_graph(reuse, monkeypatch):
+    """A name two bodies define (sibling graphs: allowed), found only when a later block is read
+    (blocks of 2 holders here): the declarations read at once are dropped and the graph-by-graph
+    pass finds it, which hands the model to the objects writer (a type table per scope); typed
+    in one body and untyped in the other is found too."""
+    monkeypatch.setattr(_bodybytes, "_BLOCK", 2)
+    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
+    nodes, prev, n = [cond], "x", 6
+    for i in range(n):
+        def body(tag: str) -> onnx.GraphProto:
+            inner = f"{tag}{i}w"
+            if reuse == "then_of_first_and_last" and tag == "t" and i in (0, n - 1):
+                inner = "shared"
+            if reuse == "untyped_and_typed" and tag == "e" and i in (0, n - 1):
+                inner = "shared"
+            declared = [helper.make_tensor_value_info(inner, TensorProto.FLOAT, [1, 4])] if (
+                reuse != "untyped_and_typed" or i == 0) else []
+            return helper.make_graph([helper.make_node("Relu", [prev], [inner]),
+                                      helper.make_node("my_add", [inner, inner], [f"{tag}{i}"], domain="custom")],
+                                     f"{tag}{i}", [], [helper.make_tensor_value_info(f"{tag}{i}", TensorProto.FLOAT,
+                                                                                      [1, 4])], value_info=declared)
+        nodes.append(helper.make_node("If", ["c"], [f"o{i}"], then_branch=body("t"), else_branch=body("e")))
+        prev = f"o{i}"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                              ir_version=8)
+    ran = _bulk_spy(monkeypatch)
+    out, report = rewrite_bytes(model.SerializeToString())
+    assert report.writer == ("bytes" if reuse == "none" else "objects")
+    assert ran == [reuse == "none"], ran
+    assert out == rewrite_model(model)[0].SerializeToString()

@@ -530,11 +530,13 @@ class _Types(_fp._ForwardTypes):
             return data[start + 2 if data[start + 1] < 0x80 else _fp._varint(data, start + 1)[1]:ends[index]]
 
         paths: list[tuple[int, ...]] = []  # every subgraph's, in the order read (level by level)
-        owner: dict[str, int] = {}  # each name a subgraph defines -> that subgraph
+        owners: list[dict[str, int]] = []  # per block, each name its graphs define -> that graph
         declared: list[tuple[list[str], list]] = []  # per block and field: names, types
         parsed: dict[bytes, tuple[onnx.TypeProto, int]] = {}  # a TypeProto's bytes -> it, its element type
-        body_elems: list[dict[str, int]] = []  # per block, the element types its graphs' declarations give
-        untyped: list[list[str]] = []  # per block, the names its graphs define and leave untyped
+        # The names subgraphs define, each once in the model: typed by their graph's declarations
+        # (-> element type) or left untyped (a graph declares only names it defines: checked)
+        body_elem: dict[str, int] = {}
+        untyped: set[str] = set()
         # every name of the main graph (made, declared, typed, defined untyped): none a subgraph's
         main_names = set(made).union(types0.keys(), elem0.keys(), untyped0)
         flow: dict[str, tuple[int, int]] = {}  # a main-graph If/Loop/Scan output -> its type, the node
@@ -547,8 +549,8 @@ class _Types(_fp._ForwardTypes):
                 return True
             if x in flow:
                 return flow[x][1] < paths[g][0]
-            o = owner.get(x)
-            return o is not None and any(x in e for e in body_elems) and (o == g or paths[o] <= paths[g])
+            o = next((own[x] for own in owners if x in own), None)
+            return o is not None and x in body_elem and (o == g or paths[o] <= paths[g])
 
         # (serialized holder node, its path, its domain), level by level
         level: list[tuple[bytes, tuple[int, ...], str]] = list(zip(map(value, holders), zip(holders),
@@ -668,11 +670,9 @@ class _Types(_fp._ForwardTypes):
                     made_by = list(itertools.compress(made_by, keep))
                 # (looked up in the block's own dicts first: the model's are big, slow to look in)
                 block_owner = dict(zip(names_made, made_by))
-                size = len(owner)
-                owner.update(block_owner)
-                if len(block_owner) != len(names_made) or len(owner) != size + len(names_made) or \
-                        not main_names.isdisjoint(names_made):
+                if len(block_owner) != len(names_made) or not main_names.isdisjoint(names_made):
                     raise _NotBulk
+                owners.append(block_owner)
                 del made_by
                 get_owner = block_owner.get
                 block_elem: dict[str, int] = {}
@@ -681,10 +681,18 @@ class _Types(_fp._ForwardTypes):
                         raise _NotBulk  # a graph declares a name it does not define
                     block_elem.update(filter(itemgetter(1), zip(names, elems)))
                     declared.append((names, tps))
-                body_elems.append(block_elem)
-                # a name is typed by its own graph's declarations or not at all (checked just above)
-                untyped.append(list(itertools.filterfalse(block_elem.__contains__, names_made)))
+                # a name is typed by its own graph's declarations or not at all (checked just above):
+                # the names defined here are block_elem's and block_untyped, none defined before
+                block_untyped = list(itertools.filterfalse(block_elem.__contains__, names_made))
                 del names_made
+                typed_size, untyped_size = len(body_elem), len(untyped)
+                body_elem.update(block_elem)
+                untyped.update(block_untyped)
+                if len(body_elem) != typed_size + len(block_elem) or len(untyped) != untyped_size + len(
+                        block_untyped) or not untyped.isdisjoint(block_elem) or not body_elem.keys().isdisjoint(
+                        block_untyped):
+                    raise _NotBulk
+                del block_untyped
                 for field, names, by, tps, elems in block_declared:
                     if field == "output" and control_flow:
                         # each output takes its body output's type (a Loop's after the condition),
@@ -786,15 +794,15 @@ class _Types(_fp._ForwardTypes):
                 del node_columns, flat_bytes, flat_domains, owner_of_node, these, node_attributes
             level = below
         # Nothing was changed so far: now the pass's result.
-        elem = self._elem
-        for block_elem in body_elems:  # each block's declarations in order, as TypeTable.set makes them
-            elem.update(block_elem)
+        # the subgraphs' element types, then the main graph's (no name in both): one dict update
+        body_elem.update(elem0)
+        self._elem = elem = body_elem
         # The TypeProtos (shapes) only where asked for (_type, set, _infer: a shape-dependent
         # decomposition, the check of a replacement): most lowerings read element types alone.
         self._types_pending = declared
         for out, (t, _) in flow.items():
             elem.setdefault(out, t)
-        untyped0.update(itertools.chain.from_iterable(untyped))
+        untyped0.update(untyped)
         self.counts.update(counts)
         self.scopes += found
 
