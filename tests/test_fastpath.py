@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import NP_TYPES, REPO, my_add_model, run_cli
-from graphkit.errors import RewriteError, ValidationError
+from graphkit.errors import GraphkitError, RewriteError, ValidationError
 from graphkit.ops import Decomposition, NativeKernels, OpDef, OpPackage, OpRegistry, Param, default_registry
 from graphkit.rewrite import Lowering, rewrite_model
 from graphkit.rewrite import _bodybytes, _fastpath
@@ -595,6 +595,20 @@ def test_cli_report_that_cannot_be_made_writes_nothing(tmp_path):
     src.write_bytes(data.replace(b":\x06custom", b":\x06\xe3ustom"))
     proc = run_cli("rewrite", src, dst, "--json", "--debug", check_rc=3)
     assert "not valid UTF-8" in proc.stderr and not dst.exists(), proc.stderr
+
+
+def test_rewrite_file_refused_before_the_writers_keeps_no_model(tmp_path):
+    """rewrite_file asks has_external_data first; the answer, remembered for the writers, holds
+    the parsed model until a writer forgets it. A rewrite refused before either writer runs (a
+    --target-opset out of range) forgets it too: the model is not kept after the error."""
+    from graphkit.errors import UsageError
+    from graphkit.rewrite import rewrite_file
+
+    src = tmp_path / "in.onnx"
+    onnx.save(_scaling("if_bodies", 3), src)
+    with pytest.raises(UsageError, match="--target-opset 2"):
+        rewrite_file(src, None, target_opset=2)
+    assert _fastpath._Canonical.external is None and _fastpath._Canonical.last is None
 
 
 def test_rewrite_file_is_the_clis_one_entry_point(tmp_path, monkeypatch):
@@ -2091,6 +2105,75 @@ def test_bodies_read_at_once_or_graph_by_graph(case, bulk, lowering, monkeypatch
     ran = _bulk_spy(monkeypatch)
     _same_bytes(model, lowering=lowering, check=case != "outer_output")  # the checker refuses that one's output
     assert ran and all(r == bulk for r in ran), ran
+
+
+def _deform_in_branches(n: int, wrong_last: bool = False) -> onnx.ModelProto:
+    """``n`` If nodes whose branches run deform_conv2d (its check reads the offset's shape) on
+    an offset the branch makes and declares twice: a wrong shape, then the right one (the
+    other way round where ``wrong_last``)."""
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 2, 3, 3)).astype(np.float32), "w")
+    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
+    nodes = [cond]
+    for i in range(n):
+        def branch(tag: str) -> onnx.GraphProto:
+            shapes = [[1, 18, 7, 7] if i % 2 else ["h", 18, 5, 5], [1, 18, 5, 5]]
+            vi = [helper.make_tensor_value_info(f"{tag}off{i}", F, s) for s in shapes[::-1 if wrong_last else 1]]
+            return helper.make_graph(
+                [helper.make_node("Identity", ["off"], [f"{tag}off{i}"]),
+                 helper.make_node("deform_conv2d", ["x", "w", f"{tag}off{i}"], [f"{tag}{i}"], domain="custom",
+                                  padding=[1, 1])],
+                f"{tag}{i}", [], [helper.make_tensor_value_info(f"{tag}{i}", F, [1, 4, 5, 5])], value_info=vi)
+        nodes.append(helper.make_node("If", ["c"], [f"o{i}"], then_branch=branch("t"), else_branch=branch("e")))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 2, 5, 5]),
+                                           helper.make_tensor_value_info("off", F, [1, 18, 5, 5])],
+                              [helper.make_tensor_value_info(f"o{i}", F, [1, 4, 5, 5]) for i in range(n)],
+                              initializer=[w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                             ir_version=9)
+
+
+@pytest.mark.parametrize("lookups", [1, 64])
+def test_bodies_read_at_once_shapes_of_names_declared_twice(lookups, monkeypatch):
+    """Shapes a body declares twice, read at once (the TypeProtos left pending, looked up
+    there or the table made past _LOOKUPS names): the last declaration, as the objects
+    writer's table has it, for the check and for the writer's bytes; the wrong one last gives
+    the objects writer's error."""
+    monkeypatch.setattr(_bodybytes._Types, "_LOOKUPS", lookups)
+    ran = _bulk_spy(monkeypatch)
+    for lowering in (Lowering.NATIVE, Lowering.DECOMPOSE):  # the check reads the shape; the decomposition too
+        _same_bytes(_deform_in_branches(4), lowering=lowering)
+        wrong = _deform_in_branches(2, wrong_last=True)
+        with pytest.raises(GraphkitError) as fast:  # a ValidationError (the check) or a RewriteError
+            lower_bytes(wrong.SerializeToString(), wrong, registry=default_registry(), prefer=(lowering,))
+        with pytest.raises(GraphkitError) as slow:
+            rewrite_model(wrong, lowering=lowering)
+        assert str(fast.value) == str(slow.value) and "offset height is 7" in str(fast.value)
+    assert ran and all(ran), ran
+
+
+@pytest.mark.parametrize("late", ["initializer", "outer_value_info", "sibling_reuse"])
+def test_bodies_not_read_at_once_past_the_first_blocks(late, monkeypatch):
+    """Bodies read a block at a time (two graphs a block here) until one in the last block is
+    not of that form: the graph-by-graph pass then reads them all (nothing the first blocks
+    read is kept), the objects writer's bytes; two sibling branches defining one name: the
+    objects writer, as for a model of one block."""
+    monkeypatch.setattr(_bodybytes, "_BLOCK", 2)
+    model = _if_model(7)
+    branch = model.graph.node[-1].attribute[0].g
+    if late == "initializer":
+        branch.initializer.append(numpy_helper.from_array(np.ones((1, 4), np.float32), "late_w"))
+    elif late == "outer_value_info":
+        branch.value_info.append(helper.make_tensor_value_info("x", F, [1, 4]))
+    else:
+        for attr in model.graph.node[-1].attribute:
+            out = attr.g.node[0].output[0]
+            attr.g.node[0].output[0] = "shared"
+            attr.g.node.append(helper.make_node("Identity", ["shared"], [out]))
+        steps_aside(model, "sibling subgraphs both define 'shared'")
+        return
+    ran = _bulk_spy(monkeypatch)
+    _same_bytes(model)
+    assert ran and not any(ran), ran
 
 
 def test_bodies_read_at_once_compute_what_the_placeholders_stand_for():

@@ -156,7 +156,10 @@ def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None
     del model  # the list holds the only reference: the rewrite may drop it early
     size, source = len(data), [data]
     del data  # the list holds the only reference: the objects writer lets the bytes go
-    out, report = _rewrite_bytes(source, parsed, True, registry=registry, lowering=lowering, path=src, **options)
+    try:
+        out, report = _rewrite_bytes(source, parsed, True, registry=registry, lowering=lowering, path=src, **options)
+    finally:  # has_external_data's answer holds the model: also where no writer ran to forget it (an error before)
+        _fastpath._Canonical.forget()
     sizes = {"bytes_before": size, "bytes_after": len(out)}
     if before_write is not None:
         before_write(report, sizes)
