@@ -1331,18 +1331,41 @@ def test_target_opset_converting_in_bodies_byte_identical(shape):
     assert report.writer_reason.startswith(_bodybytes.WHY), report.writer_reason
 
 
-def test_may_splice_probes_the_op_types_a_conversion_up_changes():
-    """The bodies' writer lists every graph at once where a conversion may change nodes
-    (ReduceMean 17 -> 18), and reads declarations at once otherwise (imports only, down)."""
-    from graphkit.rewrite import _convertbytes
-
+@pytest.mark.parametrize("shape, bulk", [("if_bodies", True), ("nested", False)])
+def test_target_opset_converting_in_bodies_reads_declarations_at_once(shape, bulk, monkeypatch):
+    """A conversion changing nodes in bodies: the declarations are read at once, then every
+    graph is listed (_Types.list_every_graph: the scopes the graph-by-graph pass lists, each
+    placeholder's fields as read) for the conversion to splice into; the objects writer's bytes."""
     import scaling_models
 
-    reducing = scaling_models.if_bodies(3, reduce=True).SerializeToString()
-    plain = _scaling("if_bodies", 3).SerializeToString()
-    assert _convertbytes.may_splice(reducing, 17, 18) and not _convertbytes.may_splice(plain, 17, 18)
-    assert not _convertbytes.may_splice(reducing, 17, 17) and not _convertbytes.may_splice(reducing, 18, 17)
-    assert not _convertbytes.may_splice(reducing, None, 18) and not _convertbytes.may_splice(reducing, 17, None)
+    model = {"if_bodies": lambda: scaling_models.if_bodies(7, reduce=True), "nested": lambda: _reducing_nested(False),
+             "in-a-body-only": _reduce_in_a_body}[shape]()
+    listed: list[list] = []
+    list_every_graph = _bodybytes._Types.list_every_graph
+
+    def spy(self, *args):
+        list_every_graph(self, *args)
+        listed.append([(s.path, s.custom, s.size, s.dirty, s.fields is not None) for s in self.scopes])
+
+    monkeypatch.setattr(_bodybytes._Types, "list_every_graph", spy)
+    ran = _bulk_spy(monkeypatch)
+    _converted_by_bytes(model)
+    if not bulk:  # not of the form _declared_bulk reads: graph by graph, every graph listed by that pass
+        assert ran and not any(ran) and not listed, (ran, listed)
+        return
+    assert ran and all(ran) and listed, (ran, listed)
+    # the graph-by-graph pass lists the same scopes
+    data = model.SerializeToString()
+    nodes = model.graph.node
+    from operator import attrgetter
+
+    holders = [i for i, n in enumerate(nodes) if any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)]
+    one_by_one = _bodybytes._Types(model, default_registry(), _bodybytes._Scope(model.graph, ()),
+                                   list(map(attrgetter("domain"), nodes)), list(map(attrgetter("op_type"), nodes)),
+                                   holders, forward=False, data=data, spans=None)
+    assert [row[:4] for row in listed[0][1:]] == [(s.path, s.custom, s.size, s.dirty) for s in one_by_one.scopes[1:]]
+    assert len(listed[0]) == len(one_by_one.scopes) > 1
+    assert all(fields for _, custom, _, _, fields in listed[0][1:] if custom)  # fields carried over
 
 
 def test_target_opset_converting_in_bodies_numerics():

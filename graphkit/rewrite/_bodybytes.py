@@ -197,6 +197,7 @@ _PREFIX_FIELDS = (("name", 3, str, True), ("op_type", 4, str, True))
 _HOLDER_FIELDS = (("output", 2, str, False), ("op_type", 4, str, True), ("attribute", 5, bytes, False))
 _ATTRIBUTE_FIELDS = (("name", 1, str, True), ("g", 6, bytes, False), ("graphs", 11, bytes, False),
                      ("type", 20, int, True))
+_ATTRIBUTE_TYPE = (("type", 20, int, True),)
 
 
 def _vi_sizes(names: list[str], types: list[bytes]) -> list[int]:
@@ -522,7 +523,7 @@ class _Types(_fp._ForwardTypes):
         starts, ends = spans
         made = self._main_outputs
         elem0, types0, untyped0 = self._elem, self._types, self._defined
-        attr_from, vi_from = sk.attribute.FromString, sk.value_info.FromString
+        vi_from = sk.value_info.FromString
         repeat, chain = itertools.repeat, itertools.chain.from_iterable
 
         def value(index: int) -> bytes:
@@ -784,13 +785,15 @@ class _Types(_fp._ForwardTypes):
                     del fields
                 # the next level: this level's nodes holding graphs
                 node_attributes, n_node_attributes = node_columns["attribute"]
-                if node_attributes:
-                    attribute_at = list(itertools.accumulate(n_node_attributes, initial=0))
-                    for p in itertools.compress(range(len(flat_bytes)), n_node_attributes):
-                        if any(a.type == _GRAPH or a.type == _GRAPHS for a in map(
-                                attr_from, node_attributes[attribute_at[p]:attribute_at[p + 1]])):
+                if node_attributes:  # their types a column: the nodes with a graph attribute, in order
+                    a_types = _columns(sk.attributes, node_attributes, _ATTRIBUTE_TYPE)["type"]
+                    with_graph = list(map(operator.or_, map(_GRAPH.__eq__, a_types), map(_GRAPHS.__eq__, a_types)))
+                    if any(with_graph):
+                        of_node = list(chain(map(repeat, range(len(flat_bytes)), n_node_attributes)))
+                        for p in dict.fromkeys(itertools.compress(of_node, with_graph)):
                             g = owner_of_node[p]
                             below.append((flat_bytes[p], (*paths[g], p - offsets[g - first]), flat_domains[p]))
+                    del a_types, with_graph
                 del node_columns, flat_bytes, flat_domains, owner_of_node, these, node_attributes
             level = below
         # Nothing was changed so far: now the pass's result.
@@ -814,6 +817,58 @@ class _Types(_fp._ForwardTypes):
         self.__dict__.pop("_found", None)
         for names, tps in pending or ():
             self._types.update(zip(names, tps))
+
+    def list_every_graph(self, nodes: Any, holders: list[int]) -> None:
+        """After _declared_bulk (which lists the graphs holding placeholders alone, their
+        placeholders read): every graph listed as a scope, the graphs nested in each in its
+        ``subs``, as the declarations-only pass lists them, each placeholder's fields as read;
+        the table stays as it is (the whole pass's: _declared_bulk's conditions). What a
+        conversion splicing into every graph needs (_convertbytes.splice_scopes), the graphs
+        then written again by _graph_bytes (``bulk`` no longer)."""
+        read = {scope.path: scope for scope in self.scopes[1:]}
+        main = self._main
+        main.subs, main.dirty = [], bool(main.custom)
+        self.scopes = [main]
+        for index in holders:
+            self._listed_holder(nodes[index], main, index, read)
+        self.bulk = False
+
+    def _listed_holder(self, node: onnx.NodeProto, parent: _Scope, index: int, read: dict) -> None:
+        """list_every_graph for the graphs ``node`` (node ``index`` of ``parent``) holds."""
+        attributes = node.attribute
+        held: list[tuple[int, int, list[tuple[int, _Scope]]]] = []
+        dirty = False
+        base = (*parent.path, index)
+        for a, attr in enumerate(attributes):
+            t = attr.type
+            if t == _GRAPH:
+                scope = self._listed_body(attr.g, (*base, a, 0), read)
+                held.append((a, 6, [(0, scope)]))
+                dirty = dirty or scope.dirty
+            elif t == _GRAPHS and attr.graphs:
+                subs = [(k, self._listed_body(g, (*base, a, k), read)) for k, g in enumerate(attr.graphs)]
+                held.append((a, 11, subs))
+                dirty = dirty or any(scope.dirty for _, scope in subs)
+        if held:
+            parent.subs.append((index, len(attributes), dirty, held))
+            parent.dirty = parent.dirty or dirty
+
+    def _listed_body(self, graph: onnx.GraphProto, path: tuple[int, ...], read: dict) -> _Scope:
+        """list_every_graph for one graph (``read``: the scopes _declared_bulk listed, by path)."""
+        scope = _Scope(graph, path)
+        self.scopes.append(scope)
+        nodes = graph.node
+        domains = list(map(attrgetter("domain"), nodes))
+        scope.size = len(domains)
+        if PLACEHOLDER_DOMAIN in domains:
+            scope.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
+            scope.dirty = True
+            listed = read.get(path)
+            if listed is not None and listed.custom == scope.custom:
+                scope.nodes, scope.fields = listed.nodes, listed.fields
+        for i in itertools.compress(range(len(domains)), map(attrgetter("attribute"), nodes)):
+            self._listed_holder(nodes[i], scope, i, read)
+        return scope
 
     _LOOKUPS = 64  # names looked up in what is pending before it is all put in the table
 
@@ -1683,9 +1738,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             types = _Types(model, registry, main, domains, op_types, holders)
         return types, main
 
-    # a conversion changing nodes lists every graph (_convertbytes.splice_scopes): where one may,
-    # no declarations-at-once pass first (the one after the counts would be for nothing)
-    types, main = type_table(not _convertbytes.may_splice(data, _engine.ai_onnx_opset(model), target_opset))
+    types, main = type_table(True)
     report = RewriteReport(ops_before=types.counts)
     placeholders = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
     if len(placeholders) > 1 and (placeholders - {PLACEHOLDER_DOMAIN}) & {d for d, _ in report.ops_before}:
@@ -1699,7 +1752,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     changed = _fp._conversion(model, report.ops_before, collections.Counter(), current, target_opset, bodies=True) \
         if converting else None
     if changed is not None and types.bulk:  # the conversion splices into every graph: their scopes listed
-        types, main = type_table(False)
+        types.list_every_graph(nodes, holders)
     types.counts = collections.Counter()
     scopes = types.scopes
     lists = [s for s in scopes if s.custom]

@@ -421,28 +421,6 @@ class ScopedSplice:
         return [*pieces[:-1], view[last:self.insert_at], self.initializers, view[self.insert_at:g1]]
 
 
-@functools.lru_cache(maxsize=None)
-def _spliceable_up(a: int, b: int) -> tuple[bytes, ...]:
-    """The op_type fields (key, length, name) of the ai.onnx ops whose nodes a conversion up
-    from ``a`` to ``b`` changes by steps :func:`splice_scopes` makes."""
-    ops = sorted({s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain in AI_ONNX})
-    out = []
-    for op in ops:
-        found = _convert.steps(op, a, b)
-        if found and any(s.kind in _convert._OWN_FIELDS_UP for s in found):
-            out.append(_field(b"\x22", op))
-    return tuple(out)
-
-
-def may_splice(data: bytes, current: int | None, target: int | None) -> bool:
-    """Whether converting the serialized model ``data`` from ai.onnx opset ``current`` to
-    ``target`` may change a node :func:`splice_scopes` converts: an op_type field of such an
-    op occurs in it (a False is sure where the fields are written as protobuf writes them)."""
-    if current is None or target is None or target <= current:
-        return False
-    return any(probe in data for probe in _spliceable_up(current, target))
-
-
 def splice_scopes(data: bytes, model: onnx.ModelProto, main: Any, changed: Steps, target: int,
                   others: list[tuple[int, int, int]], ends: Sequence[int], g1: int,
                   path: str | None = None) -> ScopedSplice:
