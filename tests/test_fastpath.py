@@ -1331,7 +1331,40 @@ def test_target_opset_converting_in_bodies_byte_identical(shape):
     assert report.writer_reason.startswith(_bodybytes.WHY), report.writer_reason
 
 
-@pytest.mark.parametrize("shape, bulk", [("if_bodies", True), ("nested", False)])
+def _subs(scope) -> list:
+    """A scope's ``subs`` with each nested scope as its path."""
+    return [(index, n, dirty, [(a, field, [(k, sub.path) for k, sub in subs]) for a, field, subs in held])
+            for index, n, dirty, held in scope.subs]
+
+
+def _loops_of_reducing_ifs(n: int) -> onnx.ModelProto:
+    """``n`` chained Loops (one trip), each body an If whose branches are a my_add of the
+    carried value and a ReduceMean of it (names all their own: the declarations are read at once)."""
+    def vi(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 4])
+
+    nodes = [helper.make_node("Constant", [], ["m"], value=helper.make_tensor("m", TensorProto.INT64, [], [1])),
+             helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.BOOL, [], [True]))]
+    prev = "x"
+    for i in range(n):
+        def branch(tag: str) -> onnx.GraphProto:
+            return helper.make_graph([helper.make_node("my_add", [f"v{i}", f"v{i}"], [f"{tag}{i}a"], domain="custom"),
+                                      helper.make_node("ReduceMean", [f"{tag}{i}a"], [f"{tag}{i}"], axes=[0],
+                                                       keepdims=1)], f"{tag}{i}", [], [vi(f"{tag}{i}")])
+        body = helper.make_graph(
+            [helper.make_node("Identity", [f"ci{i}"], [f"co{i}"]),
+             helper.make_node("If", [f"ci{i}"], [f"vo{i}"], then_branch=branch("t"), else_branch=branch("e"))],
+            f"b{i}", [helper.make_tensor_value_info(f"it{i}", TensorProto.INT64, []),
+                      helper.make_tensor_value_info(f"ci{i}", TensorProto.BOOL, []), vi(f"v{i}")],
+            [helper.make_tensor_value_info(f"co{i}", TensorProto.BOOL, []), vi(f"vo{i}")])
+        nodes.append(helper.make_node("Loop", ["m", "c", prev], [f"o{i}"], body=body))
+        prev = f"o{i}"
+    graph = helper.make_graph(nodes, "g", [vi("x")], [vi(prev)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                             ir_version=8)
+
+
+@pytest.mark.parametrize("shape, bulk", [("if_bodies", True), ("loops_of_ifs", True), ("nested", False)])
 def test_target_opset_converting_in_bodies_reads_declarations_at_once(shape, bulk, monkeypatch):
     """A conversion changing nodes in bodies: the declarations are read at once, then every
     graph is listed (_Types.list_every_graph: the scopes the graph-by-graph pass lists, each
@@ -1339,13 +1372,13 @@ def test_target_opset_converting_in_bodies_reads_declarations_at_once(shape, bul
     import scaling_models
 
     model = {"if_bodies": lambda: scaling_models.if_bodies(7, reduce=True), "nested": lambda: _reducing_nested(False),
-             "in-a-body-only": _reduce_in_a_body}[shape]()
+             "loops_of_ifs": lambda: _loops_of_reducing_ifs(5)}[shape]()
     listed: list[list] = []
     list_every_graph = _bodybytes._Types.list_every_graph
 
     def spy(self, *args):
         list_every_graph(self, *args)
-        listed.append([(s.path, s.custom, s.size, s.dirty, s.fields is not None) for s in self.scopes])
+        listed.append([(s.path, s.custom, s.size, s.dirty, s.fields is not None, _subs(s)) for s in self.scopes])
 
     monkeypatch.setattr(_bodybytes._Types, "list_every_graph", spy)
     ran = _bulk_spy(monkeypatch)
@@ -1363,9 +1396,10 @@ def test_target_opset_converting_in_bodies_reads_declarations_at_once(shape, bul
     one_by_one = _bodybytes._Types(model, default_registry(), _bodybytes._Scope(model.graph, ()),
                                    list(map(attrgetter("domain"), nodes)), list(map(attrgetter("op_type"), nodes)),
                                    holders, forward=False, data=data, spans=None)
-    assert [row[:4] for row in listed[0][1:]] == [(s.path, s.custom, s.size, s.dirty) for s in one_by_one.scopes[1:]]
-    assert len(listed[0]) == len(one_by_one.scopes) > 1
-    assert all(fields for _, custom, _, _, fields in listed[0][1:] if custom)  # fields carried over
+    assert [(*row[:4], row[5]) for row in listed[0][1:]] == [(s.path, s.custom, s.size, s.dirty, _subs(s))
+                                                              for s in one_by_one.scopes[1:]]
+    assert listed[0][0][5] == _subs(one_by_one.scopes[0]) and len(listed[0]) == len(one_by_one.scopes) > 1
+    assert all(fields for _, custom, _, _, fields, _ in listed[0][1:] if custom)  # fields carried over
 
 
 def test_target_opset_converting_in_bodies_numerics():

@@ -531,6 +531,7 @@ class _Types(_fp._ForwardTypes):
             return data[start + 2 if data[start + 1] < 0x80 else _fp._varint(data, start + 1)[1]:ends[index]]
 
         paths: list[tuple[int, ...]] = []  # every subgraph's, in the order read (level by level)
+        graph_sizes: list[int] = []  # and its node count
         owners: list[dict[str, int]] = []  # per block, each name its graphs define -> that graph
         declared: list[tuple[list[str], list]] = []  # per block and field: names, types
         parsed: dict[bytes, tuple[onnx.TypeProto, int]] = {}  # a TypeProto's bytes -> it, its element type
@@ -627,6 +628,7 @@ class _Types(_fp._ForwardTypes):
                 if these["initializer"][0]:
                     raise _NotBulk
                 flat_bytes, sizes = these["node"]
+                graph_sizes += sizes
                 node_columns = _columns(sk.nodes, flat_bytes, _NODE_FIELDS)
                 owner_of_node = list(chain(map(repeat, ids, sizes)))
                 flat_domains = node_columns["domain"]
@@ -808,6 +810,7 @@ class _Types(_fp._ForwardTypes):
         untyped0.update(untyped)
         self.counts.update(counts)
         self.scopes += found
+        self._graphs = (paths, graph_sizes)  # for list_every_graph
 
     _types_pending: list | None = None
 
@@ -818,57 +821,61 @@ class _Types(_fp._ForwardTypes):
         for names, tps in pending or ():
             self._types.update(zip(names, tps))
 
+    _graphs: tuple[list[tuple[int, ...]], list[int]] | None = None
+
     def list_every_graph(self, nodes: Any, holders: list[int]) -> None:
         """After _declared_bulk (which lists the graphs holding placeholders alone, their
         placeholders read): every graph listed as a scope, the graphs nested in each in its
         ``subs``, as the declarations-only pass lists them, each placeholder's fields as read;
         the table stays as it is (the whole pass's: _declared_bulk's conditions). What a
         conversion splicing into every graph needs (_convertbytes.splice_scopes), the graphs
-        then written again by _graph_bytes (``bulk`` no longer)."""
+        then written again by _graph_bytes (``bulk`` no longer). Where the graphs are and
+        their sizes are _declared_bulk's (``_graphs``): only the nodes holding them are read."""
         read = {scope.path: scope for scope in self.scopes[1:]}
+        paths, sizes = self._graphs
+        size_of = dict(zip(paths, sizes))
+        below: dict[tuple[int, ...], list[tuple[int, ...]]] = {}  # a graph's path -> its graphs' paths
+        for path in sorted(paths):  # each graph before those in it (the pass's order)
+            below.setdefault(path[:-3], []).append(path)
         main = self._main
         main.subs, main.dirty = [], bool(main.custom)
-        self.scopes = [main]
-        for index in holders:
-            self._listed_holder(nodes[index], main, index, read)
+        scopes = self.scopes = [main]
+        stack = [(main, nodes)]
+        while stack:
+            parent, parent_nodes = stack.pop()
+            inner = below.get(parent.path)
+            if not inner:
+                continue
+            made: list[tuple[_Scope, Any]] = []
+            for index, group in itertools.groupby(inner, key=itemgetter(-3)):
+                attributes = parent_nodes[index].attribute
+                held: list[tuple[int, int, list[tuple[int, _Scope]]]] = []
+                for a, in_attribute in itertools.groupby(group, key=itemgetter(-2)):
+                    attr = attributes[a]
+                    one = attr.type == _GRAPH
+                    subs = []
+                    for path in in_attribute:
+                        graph = attr.g if one else attr.graphs[path[-1]]
+                        listed = read.get(path)
+                        scope = _Scope(graph, path, None if listed is None else listed.custom,
+                                       None if listed is None else listed.nodes,
+                                       None if listed is None else listed.fields)
+                        scope.size, scope.dirty = size_of[path], listed is not None
+                        scopes.append(scope)
+                        made.append((scope, graph.node))
+                        subs.append((path[-1], scope))
+                    held.append((a, 6 if one else 11, subs))
+                parent.subs.append((index, len(attributes), False, held))
+            stack.extend(made)
+        scopes.sort(key=attrgetter("path"))  # the pass's order: each graph, then those in it
+        # dirty: a graph holding placeholders or one holding such a graph, found from the deepest up
+        for scope in reversed(scopes):
+            if scope.subs:
+                subs = [(index, n, any(s.dirty for _, _, held_subs in held for _, s in held_subs), held)
+                        for index, n, _, held in scope.subs]
+                scope.subs = subs
+                scope.dirty = scope.dirty or any(d for _, _, d, _ in subs)
         self.bulk = False
-
-    def _listed_holder(self, node: onnx.NodeProto, parent: _Scope, index: int, read: dict) -> None:
-        """list_every_graph for the graphs ``node`` (node ``index`` of ``parent``) holds."""
-        attributes = node.attribute
-        held: list[tuple[int, int, list[tuple[int, _Scope]]]] = []
-        dirty = False
-        base = (*parent.path, index)
-        for a, attr in enumerate(attributes):
-            t = attr.type
-            if t == _GRAPH:
-                scope = self._listed_body(attr.g, (*base, a, 0), read)
-                held.append((a, 6, [(0, scope)]))
-                dirty = dirty or scope.dirty
-            elif t == _GRAPHS and attr.graphs:
-                subs = [(k, self._listed_body(g, (*base, a, k), read)) for k, g in enumerate(attr.graphs)]
-                held.append((a, 11, subs))
-                dirty = dirty or any(scope.dirty for _, scope in subs)
-        if held:
-            parent.subs.append((index, len(attributes), dirty, held))
-            parent.dirty = parent.dirty or dirty
-
-    def _listed_body(self, graph: onnx.GraphProto, path: tuple[int, ...], read: dict) -> _Scope:
-        """list_every_graph for one graph (``read``: the scopes _declared_bulk listed, by path)."""
-        scope = _Scope(graph, path)
-        self.scopes.append(scope)
-        nodes = graph.node
-        domains = list(map(attrgetter("domain"), nodes))
-        scope.size = len(domains)
-        if PLACEHOLDER_DOMAIN in domains:
-            scope.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
-            scope.dirty = True
-            listed = read.get(path)
-            if listed is not None and listed.custom == scope.custom:
-                scope.nodes, scope.fields = listed.nodes, listed.fields
-        for i in itertools.compress(range(len(domains)), map(attrgetter("attribute"), nodes)):
-            self._listed_holder(nodes[i], scope, i, read)
-        return scope
 
     _LOOKUPS = 64  # names looked up in what is pending before it is all put in the table
 
