@@ -38,7 +38,6 @@ other entries but its nodes.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import operator
 from collections.abc import Sequence
