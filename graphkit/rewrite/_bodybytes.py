@@ -862,7 +862,8 @@ class _Types(_fp._ForwardTypes):
                                        None if listed is None else listed.fields)
                         scope.size, scope.dirty = size_of[path], listed is not None
                         scopes.append(scope)
-                        made.append((scope, graph.node))
+                        if path in below:  # its nodes read only where it holds graphs
+                            made.append((scope, graph.node))
                         subs.append((path[-1], scope))
                     held.append((a, 6 if one else 11, subs))
                 parent.subs.append((index, len(attributes), False, held))
