@@ -166,6 +166,7 @@ RULES = [
 ]
 SIMPLE = 16  # RULES[:SIMPLE] have no choice points
 BY_NAME = {r.name: r for r in RULES}
+BY_NAME_INDEX = {r.name: i for i, r in enumerate(RULES)}
 
 
 def test_the_first_rules_are_the_deterministic_ones():
@@ -200,6 +201,19 @@ def test_fast_path_rewrites_as_the_generators_do(steps, named, extra, rules, low
         assert str(info.value) == str(exc)
         return
     assert _rewrite(model, rules, True, lowering) == slow
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_rules_after_a_graph_pass_see_the_op_types_it_wrote(fast):
+    """A graph pass edits nodes in place (each Sqrt made an Identity): a rule after it in the
+    same scope must not match the op types the model's index read before (found by the
+    property test above: rank_check made the Identity a Pow)."""
+    steps = [("Add", [0, 0, 0], 0, False)] * 4 + [("Sqrt", [0, 0, 0], 0, False)]
+    out, applied, _, reasons, _ = _rewrite(graph_of(steps, False, []), [BY_NAME_INDEX["drop_sqrt"],
+                                                                      BY_NAME_INDEX["rank_check"]], fast)
+    ops = [n.op_type for n in onnx.load_from_string(out).graph.node]
+    assert ops[-1] == "Identity" and "Pow" not in ops and applied == {"drop_sqrt": 1}, (ops, applied)
+    assert not any("Sqrt" in line for lines in reasons.values() for line in lines), reasons
 
 
 @settings(max_examples=150, deadline=None)

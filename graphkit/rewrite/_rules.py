@@ -580,7 +580,7 @@ def _apply_scope(scope: Scope, rules: list[Any], max_rounds: int, report: RuleRe
                     continue
                 mine = last[rule.name] = RuleReport()
                 n = _apply_pass(scope, rule, mine, path)
-                view = None
+                view = scope.ops = None  # the pass may have changed any node (the op types read before too)
                 delta.in_place = False
             else:
                 if view is None:
