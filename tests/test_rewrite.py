@@ -10,6 +10,7 @@ from conftest import NP_TYPES, my_add_model, run_ort
 from graphkit.errors import RewriteError, UnsupportedOpError
 from graphkit.ops import Attr, AttrType, Decomposition, OpDef, OpRegistry, Param, default_registry
 from graphkit.rewrite import Lowering, rewrite_model
+from graphkit.rewrite._walk import count_ops
 
 
 @pytest.mark.parametrize("dtype", list(NP_TYPES))
@@ -131,7 +132,7 @@ def _attr_op(**kw) -> OpDef:
                  infer_shapes=lambda s, a: [s[0]],
                  attributes=(Attr("scale", AttrType.FLOAT, 2.0), Attr("axes", AttrType.INTS, [0])),
                  python_kernel=lambda x, scale, axes: x * scale,
-                 decompositions=(Decomposition("mul", build, min_opset=13, max_opset=15),), **kw)
+                 **{"decompositions": (Decomposition("mul", build, min_opset=13, max_opset=15),), **kw})
 
 
 def _scale_model(opset=13, **attrs):
@@ -202,6 +203,85 @@ def test_as_functions_refuses_differing_attributes():
     model.graph.output[0].name = "y2"
     with pytest.raises(UnsupportedOpError, match="same attributes"):
         rewrite_model(model, registry=reg, as_functions=True)
+
+
+def _scales_in_bodies(*scales):
+    """scale nodes (None: no attribute) in the main graph, an If's branches and a function."""
+    def node(i, scale):
+        kw = {} if scale is None else {"scale": scale}
+        return helper.make_node("scale", ["x"], [f"y{i}"], domain="custom", name=f"s{i}", **kw)
+
+    nodes = [node(i, s) for i, s in enumerate(scales)]
+    out = lambda name: [helper.make_tensor_value_info(name, TensorProto.FLOAT, [3])]
+    then = helper.make_graph(nodes[1:2], "then", [], out("y1"))
+    orelse = helper.make_graph([helper.make_node("Identity", ["x"], ["y1"])], "else", [], out("y1"))
+    main = [nodes[0], helper.make_node("If", ["c"], ["z"], name="if0", then_branch=then, else_branch=orelse),
+            helper.make_node("f", ["x"], ["w"], domain="local")]
+    fn = helper.make_function("local", "f", ["x"], ["y2"], nodes[2:3], [helper.make_opsetid("custom", 1),
+                                                                        helper.make_opsetid("", 15)])
+    graph = helper.make_graph(main, "g", [*out("x"), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                              [*out("y0"), *out("z"), *out("w")])
+    return helper.make_model(graph, functions=[fn], ir_version=10, opset_imports=[
+        helper.make_opsetid("", 15), helper.make_opsetid("custom", 1), helper.make_opsetid("local", 1)])
+
+
+@pytest.mark.parametrize("scales", [(None, None, None), (2.0, None, 2.0), (None, 3.0, 3.0), (3.0, None, 3.0),
+                                    (None, 2.5, None), (3.0, 3.0, 4.0)])
+def test_as_functions_reads_attributes_from_the_index_as_the_walk_does(scales):
+    """The index keeps only the placeholder nodes with attributes: what it tells (the
+    attributes, or the error naming its node) is what walking every scope tells."""
+    from graphkit.rewrite._walk import ModelIndex
+    from graphkit.rewrite.engine import _function_attrs
+
+    def build(b, inputs, attrs):  # (like=: a function body does not know x's type)
+        return [b.op("Mul", inputs[0], b.constant(attrs["scale"], like=inputs[0]))]
+
+    reg = OpRegistry([_attr_op(decompositions=(Decomposition("mul", build, min_opset=15),))])
+    model = _scales_in_bodies(*scales)
+    index = ModelIndex(model, collect=frozenset({"custom"}))
+    assert [n.name for n in index.found] == [f"s{i}" for i, s in enumerate(scales) if s is not None]
+    same = len({2.0 if s is None else s for s in scales}) == 1
+    if same:
+        assert _function_attrs(model, reg, "m.onnx", index) == _function_attrs(model, reg, "m.onnx")
+        out, report = rewrite_model(model, registry=reg, as_functions=True)
+        assert [(f.domain, f.name) for f in out.functions] == [("local", "f"), ("custom", "scale")]
+        assert report.ops_after == count_ops(out)  # derived from the functions attached, not counted
+        return
+    errors = []
+    for given in (index, None):
+        with pytest.raises(UnsupportedOpError, match="same attributes") as err:
+            _function_attrs(model, reg, "m.onnx", given)
+        errors.append(str(err.value))
+    assert errors[0] == errors[1] and "m.onnx" in errors[0]
+    first = 2.0 if scales[0] is None else scales[0]
+    assert f"s{next(i for i, s in enumerate(scales) if (2.0 if s is None else s) != first)}" in errors[0]
+
+
+@pytest.mark.parametrize("rule", ["relu", "my_add", "graph_pass"])
+def test_as_functions_after_rules_counts_the_ops(rule, rng):
+    """Rules, then functions: the report's op counts are the output's whether the rules
+    counted what they changed or not, and the functions cover the placeholders left."""
+    from graphkit.rewrite import GraphPass, Rule, RuleSet
+
+    def drop_relu(scope):  # a graph pass: the op counts are counted again
+        relus = [node for node in scope.nodes if node.op_type == "Relu"]
+        for node in relus:
+            node.op_type = "Abs"
+        return len(relus)
+
+    rules = {"relu": Rule.node("relu_abs", "Relu", lambda op, x0: op.Abs(x0)),
+             "my_add": Rule.node("my_add_add", "my_add", lambda op, x0, x1: op.Add(x0, x1), domain="custom", inputs=2),
+             "graph_pass": GraphPass("relu_abs", drop_relu)}[rule]
+    model = my_add_model()
+    model.graph.node.insert(1, helper.make_node("my_add", ["a", "b"], ["c2"], domain="custom", name="add9"))
+    model.graph.node.append(helper.make_node("Relu", ["c2"], ["d2"]))
+    model.graph.output.append(helper.make_tensor_value_info("d2", TensorProto.FLOAT, [2, 3]))
+    out, report = rewrite_model(model, rules=RuleSet([rules]), as_functions=True)
+    assert report.ops_after == count_ops(out)
+    assert [f.name for f in out.functions] == ([] if rule == "my_add" else ["my_add"])
+    a = rng.standard_normal((2, 3)).astype(np.float32)
+    want = np.maximum(2 * a, 0) if rule == "my_add" else np.abs(3 * a)
+    np.testing.assert_allclose(run_ort(out, {"a": a, "b": a})[1], want, rtol=1e-6)
 
 
 def test_bad_attributes_are_reported():

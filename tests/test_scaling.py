@@ -16,7 +16,14 @@ import onnx
 import pytest
 
 from graphkit.rewrite import Lowering, rewrite_model
-from scaling_models import chain, fan_out, if_bodies, loop_bodies, sibling_reuse
+from scaling_models import chain, fan_out, functions, if_bodies, loop_bodies, multi_output, sibling_reuse
+
+
+def _functions(n: int) -> onnx.ModelProto:
+    """About ``n`` nodes: ``n // 20`` local functions (a my_add in each) called by the rest, as
+    the benchmark's shape (without its cap of 5000 functions)."""
+    return functions(n - n // 20, n // 20)
+
 
 def _seconds(model: onnx.ModelProto, lowering: Lowering) -> float:
     best = float("inf")
@@ -112,6 +119,11 @@ _CONVERT = {"target_opset": 18, "check": False}
 
 @pytest.mark.parametrize("shape, options, n", [
     (loop_bodies, {}, 150),
+    (multi_output, {}, 300),
+    (_functions, {}, 300),
+    (chain, {"lowering": Lowering.NATIVE}, 1000),
+    (if_bodies, {"lowering": Lowering.NATIVE}, 150),
+    (chain, {"as_functions": True}, 1000),
     (if_bodies, {"as_functions": True}, 150),
     (if_bodies, {"target_opset": 18}, 150),
     (_reducing(if_bodies), _CONVERT, 500),
@@ -119,7 +131,8 @@ _CONVERT = {"target_opset": 18, "check": False}
     (_reducing(if_bodies), {**_CONVERT, "lowering": Lowering.KEEP}, 500),
     (if_bodies, {"rules": "as_add"}, 150),
     (chain, {"rules": "as_add"}, 400),
-], ids=["loop-bodies", "if-bodies-as-functions", "if-bodies-target-opset", "if-bodies-converting-target-opset",
+], ids=["loop-bodies", "multi-output", "local-functions", "unnamed-chain-native", "if-bodies-native",
+        "unnamed-chain-as-functions", "if-bodies-as-functions", "if-bodies-target-opset", "if-bodies-converting-target-opset",
         "unnamed-chain-converting-target-opset", "if-bodies-converting-target-opset-only", "if-bodies-user-rule",
         "unnamed-chain-user-rule"])
 def test_lowerings_and_rules_grow_linearly(shape, options, n):

@@ -88,15 +88,19 @@ class ModelIndex:
     whether any tensor (initializers, sparse ones, attributes, any scope) is stored externally.
     ``tree``: the main graph and its subgraphs, each as (graph, position in ``tree`` of the
     graph holding it; -1 for the main graph, its nodes' op types (interned) where ``ops``,
-    else None), in ``node_lists``' order."""
+    else None), in ``node_lists``' order. ``found``: the nodes (any scope, in that order) whose
+    domain is one of ``collect`` and that have attributes (a node's Python object costs
+    hundreds of bytes: the others are only counted)."""
 
-    def __init__(self, model: onnx.ModelProto, *, ops: bool = False) -> None:
+    def __init__(self, model: onnx.ModelProto, *, ops: bool = False, collect: frozenset[str] = frozenset()) -> None:
         self.op_counts: collections.Counter = collections.Counter()
         self.names: set[str] = set()
         self.node_lists: list[tuple[Any, bool]] = []
         self.shapeless: list[onnx.TypeProto.Tensor] = []
         self.external = False
         self.tree: list[tuple[onnx.GraphProto, int, list[str] | None]] = []
+        self.found: list[onnx.NodeProto] = []
+        self.collect = collect
         tree = self.tree
         self._ops: list[str] | None = None  # _nodes' op types, where asked for
         for fn in (None, *model.functions):
@@ -155,9 +159,12 @@ class ModelIndex:
         ops = self._ops
         keep = None if ops is None else ops.append
         intern = sys.intern
+        collect, found = self.collect, self.found.append
         for n in nodes:
-            op = n.op_type
-            counts[(n.domain, op)] += 1
+            op, domain = n.op_type, n.domain
+            counts[(domain, op)] += 1
+            if domain in collect and n.attribute:
+                found(n)
             if keep is not None:
                 keep(intern(op))
             add(n.name)

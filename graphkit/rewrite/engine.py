@@ -19,7 +19,7 @@ from typing import Any
 import onnx
 from onnx import helper
 
-from graphkit.errors import ModelLoadError, RewriteError, UnsupportedOpError, ValidationError
+from graphkit.errors import GraphkitError, ModelLoadError, RewriteError, UnsupportedOpError, ValidationError
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpDef, OpRegistry, default_registry
 from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite._gsrules import GraphSurgeonRule, apply_graphsurgeon_rules
@@ -323,10 +323,24 @@ def _same_schemas(ops: set[str], a: int, b: int) -> bool:
     return True
 
 
-def _attach_functions(model: onnx.ModelProto, registry: OpRegistry, opset: int, names: NameGenerator,
-                      path: str | None) -> collections.Counter:
-    """Give every custom op used in ``model`` a local function holding its decomposition."""
-    attrs_seen: dict[str, tuple[OpDef, dict[str, Any]]] = {}
+def _function_attrs(model: onnx.ModelProto, registry: OpRegistry, path: str | None,
+                    index: ModelIndex | None = None) -> dict[str, tuple[OpDef, dict[str, Any]]]:
+    """The op and the one set of attributes of every custom op used in ``model``, in the order
+    the ops are first met; UnsupportedOpError/RewriteError naming the node where an op is
+    unknown, a node's attributes are bad, or two nodes of an op differ.
+
+    ``index``: the model's ModelIndex (collecting the placeholder domains), where it still
+    holds: then only the nodes with attributes are read (it kept no other node; a node without
+    attributes has the op's defaults), and the walk runs only to name the node of an error.
+    """
+    if index is not None:
+        try:
+            seen = _function_attrs_indexed(registry, path, index)
+        except GraphkitError:
+            seen = None
+        if seen is not None:
+            return seen  # else the walk below meets the same error and names its node
+    seen: dict[str, tuple[OpDef, dict[str, Any]]] = {}
     domains = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
     for nodes, _, _ in scopes(model):
         for node in nodes:
@@ -337,12 +351,45 @@ def _attach_functions(model: onnx.ModelProto, registry: OpRegistry, opset: int, 
                 raise UnsupportedOpError("no op package defines this op", path=path, node=node.name,
                                          op=f"{node.domain}::{node.op_type}", hint=UNKNOWN_OP_HINT)
             given = node_attrs(op, node, path)
-            if attrs_seen.setdefault(op.qualified_name, (op, given))[1] != given:
+            if seen.setdefault(op.qualified_name, (op, given))[1] != given:
                 raise UnsupportedOpError(
                     "--as-functions needs every node of an op to have the same attributes", path=path,
                     node=node.name, op=op.qualified_name, hint="decompose or bind these nodes instead")
+    return seen
+
+
+def _function_attrs_indexed(registry: OpRegistry, path: str | None,
+                            index: ModelIndex) -> dict[str, tuple[OpDef, dict[str, Any]]] | None:
+    """_function_attrs from the index; None where an op is unknown or its nodes differ."""
+    with_attrs: dict[tuple[str, str], list[onnx.NodeProto]] = collections.defaultdict(list)
+    for node in index.found:
+        with_attrs[(node.domain, node.op_type)].append(node)
+    seen: dict[str, tuple[OpDef, dict[str, Any]]] = {}
+    for key, count in index.op_counts.items():  # (in the order the walk met them)
+        if key[0] not in index.collect:
+            continue
+        op = registry.lookup(*key)
+        if op is None:
+            return None
+        nodes = with_attrs.get(key, [])
+        if count > len(nodes):
+            nodes = [*nodes, onnx.NodeProto(domain=key[0], op_type=key[1])]
+        for node in nodes:
+            given = node_attrs(op, node, path)
+            if seen.setdefault(op.qualified_name, (op, given))[1] != given:
+                return None
+    return seen
+
+
+def _attach_functions(model: onnx.ModelProto, registry: OpRegistry, opset: int, path: str | None,
+                      index: ModelIndex | None = None) -> tuple[collections.Counter, collections.Counter]:
+    """Give every custom op used in ``model`` a local function holding its decomposition;
+    returns the actions and the op counts of the functions' nodes. ``index``: as
+    :func:`_function_attrs`."""
+    attrs_seen = _function_attrs(model, registry, path, index)
     existing = {(f.domain, f.name) for f in model.functions}
     actions: collections.Counter = collections.Counter()
+    counts: collections.Counter = collections.Counter()
     for op, attrs in attrs_seen.values():
         name = op.name
         if (op.domain, name) in existing:
@@ -364,7 +411,9 @@ def _attach_functions(model: onnx.ModelProto, registry: OpRegistry, opset: int, 
             op.domain, name, inputs, [p.name for p in op.outputs], body,
             [helper.make_opsetid("", opset)], attributes=[a.name for a in op.attributes], doc_string=op.doc))
         actions[(op.qualified_name, f"function:{dec.name}")] += 1
-    return actions
+        for g in graphs(helper.make_graph(body, "", [], [])):
+            counts.update((n.domain, n.op_type) for n in g.node)
+    return actions, counts
 
 
 
@@ -402,9 +451,11 @@ class RewriteContext:
     has_standard: bool = False       # standard ops an op computes (ai.onnx DeformConv) in the input
     plan: LoweringPlan | None = None
     index: ModelIndex | None = None  # of the input's copy
-    index_valid: bool = True         # no pass but lowering changed the nodes or graphs since
+    index_valid: bool = True         # no pass but lowering changed the nodes or graphs since (functions
+                                     # attached are not in it; ``attached`` counts their nodes)
     types: TypeTable | None = None   # the main graph's (and its subgraphs') tensor types
     counts: collections.Counter | None = None  # op counts after the rules pass, where it could tell
+    attached: collections.Counter = field(default_factory=collections.Counter)  # the attached functions' ops
 
     def make_plan(self, model: onnx.ModelProto, names: set[str]) -> None:
         """The one lowering plan of this rewrite, at the model's opset, avoiding ``names`` (a
@@ -543,9 +594,11 @@ def _ticker(progress: Callable[[str, int, int], None], offset: int, total: int) 
 
 
 def _functions_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
-    actions = _attach_functions(model, ctx.registry, ctx.plan.opset, ctx.plan.names, ctx.path)
+    # The index's placeholder nodes are the model's where no pass changed a node since (rules
+    # may overwrite nodes where they are and keep the index valid).
+    index = ctx.index if ctx.index_valid and ctx.index.collect and not ctx.report.rules.applied else None
+    actions, ctx.attached = _attach_functions(model, ctx.registry, ctx.plan.opset, ctx.path, index)
     ctx.plan.actions.update(actions)
-    ctx.index_valid = ctx.index_valid and not actions
     return PassResult(model, bool(actions), f"{sum(actions.values())} functions attached")
 
 
@@ -581,7 +634,7 @@ def _check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     # external or a replacement holds subgraphs.
     scan = None
     if ctx.index_valid and not ctx.index.external and not {"If", "Loop", "Scan"} & {
-            op for _, op in ctx.plan.emitted}:
+            op for _, op in (*ctx.plan.emitted, *ctx.attached)}:
         scan = (ctx.index.shapeless, False)
     context, hint = check_context(applied, ctx.report.conversions)
     if ctx.defer_check and not full:
@@ -595,16 +648,15 @@ def _check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
 
 def _ops_after(ctx: RewriteContext, model: onnx.ModelProto) -> collections.Counter:
     report = ctx.report
-    if ctx.counts is not None and not ctx.as_functions:  # rules (counted) and lowering
+    if ctx.counts is not None:  # rules (counted), then lowering or functions
         after = ctx.counts.copy()
-        after.subtract(ctx.plan.lowered)
-        after.update(ctx.plan.emitted)
-        return +after
-    if report.rules.applied or (ctx.converting and not ctx.same_nodes) or ctx.as_functions:
+    elif report.rules.applied or (ctx.converting and not ctx.same_nodes):
         return count_ops(model)
-    after = report.ops_before.copy()  # lowering only: derive the counts instead of walking the model
+    else:  # the input's nodes: derive the counts instead of walking the model
+        after = report.ops_before.copy()
     after.subtract(ctx.plan.lowered)
     after.update(ctx.plan.emitted)
+    after.update(ctx.attached)
     return +after
 
 
@@ -686,7 +738,9 @@ def _passes(model: onnx.ModelProto, *, registry: OpRegistry | None, lowering: Lo
         out.CopyFrom(model)
     else:
         out = model
-    index = ModelIndex(out, ops=bool(rules))  # (rules start from the op types it reads)
+    placeholders = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
+    # (rules start from the op types it reads; functions are attached for the nodes it finds)
+    index = ModelIndex(out, ops=bool(rules), collect=placeholders if as_functions else frozenset())
     bad = next((k for k in index.op_counts if not (isinstance(k[0], str) and isinstance(k[1], str))), None)
     if bad is not None:  # protobuf hands over names that are not UTF-8 text as bytes
         raise ModelLoadError(f"a node's domain or op type {bad!r} is not valid UTF-8 text", path=path,
@@ -699,8 +753,7 @@ def _passes(model: onnx.ModelProto, *, registry: OpRegistry | None, lowering: Lo
                              hint="re-export the model; ONNX names are UTF-8")
     ctx = RewriteContext(registry, prefer, rules if isinstance(rules, RuleSet) else RuleSet(rules or ()),
                          target_opset, as_functions, check, full_check, path, progress,
-                         RewriteReport(ops_before=index.op_counts),
-                         registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}, defer_check=defer_check)
+                         RewriteReport(ops_before=index.op_counts), placeholders, defer_check=defer_check)
     ctx.converting = target_opset is not None and target_opset != ai_onnx_opset(out)
     ctx.has_standard = bool(registry.standard_op_types() & set(index.op_counts))
     ctx.has_placeholders = bool(ctx.placeholders & index.domains) or ctx.has_standard
