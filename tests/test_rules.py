@@ -239,3 +239,38 @@ def test_check_that_returns_nothing_says_so():
     out, report = rewrite_model(mul_add_model(), rules=[rule], lowering=Lowering.KEEP)
     assert len(out.graph.node) == 3
     assert report.rules.reasons["fuse_my_add"] == ["node 'add': check returned None"]
+
+
+@pytest.mark.parametrize("traced", [True, False], ids=["traced", "per-match"])
+def test_rules_functions_are_not_kept_alive_after_the_rewrite(traced):
+    """The rule engine's caches (how a function takes its bindings) hold no rule's functions:
+    once the caller drops the rule, its rewrite and check (and what they capture) are freed."""
+    import gc
+    import weakref
+
+    class Payload:  # what a user's functions may capture: big weights, a session
+        pass
+
+    def make_rule():
+        payload = Payload()
+
+        def rewrite(op, x0):
+            payload  # noqa: B018 - captured on purpose
+            return op.Neg(x0)
+
+        def check(ctx, x0):
+            return payload is not None
+
+        rule = Rule.node("relu_neg", "Relu", rewrite, check=check, per_match=not traced)
+        return rule, weakref.ref(payload), weakref.ref(rewrite), weakref.ref(check)
+
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Relu", ["y"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])]), opset_imports=[helper.make_opsetid("", 17)])
+    rule, *refs = make_rule()
+    out, report = rewrite_model(model, rules=[rule], lowering=Lowering.KEEP)
+    assert report.rules.applied == {"relu_neg": 2} and [n.op_type for n in out.graph.node] == ["Neg", "Neg"]
+    del rule
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None, None]

@@ -28,6 +28,7 @@ import contextlib
 import functools
 import inspect
 import operator
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,9 +183,23 @@ def _compile(name: str, pattern: Callable[..., Any]) -> list[_Compiled]:
     return compiled
 
 
-@functools.lru_cache(maxsize=1024)
+# _call_plan's answers, per function while it lives: a weak key, so that the cache keeps no
+# rule's functions (nor what they capture) alive after the rule is gone.
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _call_plan(fn: Callable[..., Any]) -> tuple[tuple[str, str], ...]:
     """How ``_call`` passes bindings to ``fn``: (kind, name) per parameter after the first."""
+    try:
+        return _PLANS[fn]
+    except KeyError:
+        plan = _PLANS[fn] = _make_call_plan(fn)
+        return plan
+    except TypeError:  # not weakly referable (or not hashable): worked out each time
+        return _make_call_plan(fn)
+
+
+def _make_call_plan(fn: Callable[..., Any]) -> tuple[tuple[str, str], ...]:
     params = list(inspect.signature(fn).parameters.values())[1:]
     plan = []
     positional = any(p.kind is p.VAR_POSITIONAL for p in params)
@@ -201,10 +216,9 @@ def _call_plan(fn: Callable[..., Any]) -> tuple[tuple[str, str], ...]:
     return tuple(plan)
 
 
-@functools.lru_cache(maxsize=1024)
 def _caller(fn: Callable[..., Any]) -> Callable[[Any, dict[str, Any]], Any]:
     """``_call`` for one function: where it takes only positional parameters, without the
-    plan's loop."""
+    plan's loop (made once per rule and rewrite: not cached, as it holds ``fn``)."""
     plan = _call_plan(fn)
     names = [name for _, name in plan]
     params = list(inspect.signature(fn).parameters.values())[1:]
