@@ -81,3 +81,17 @@ def test_cli_export_without_onnxscript_is_one_line(tmp_path, monkeypatch, capsys
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert "onnxscript" in err and "pip install 'graphkit-onnx[torch]'" in err
+
+
+@pytest.mark.parametrize("found, name", [([], "graphkit-onnx"), (["graphkit-onnx"], "graphkit-onnx"),
+                                         (["graphkit", "graphkit-onnx"], "graphkit-onnx"),
+                                         (["my-graphkit-fork"], "my-graphkit-fork")])
+def test_the_extra_hint_names_the_installed_distribution(found, name, monkeypatch):
+    """A stale graphkit.egg-info in a source checkout also claims the package: the hint
+    still names graphkit-onnx."""
+    import importlib.metadata
+
+    from graphkit.export._export import _distribution_name
+
+    monkeypatch.setattr(importlib.metadata, "packages_distributions", lambda: {"graphkit": found} if found else {})
+    assert _distribution_name() == name

@@ -267,14 +267,18 @@ def _export(model, args, path, *, dynamo, registry, opset, input_names, output_n
 
 
 def _distribution_name() -> str:
-    """The name graphkit is installed under (pip's name for it), ``graphkit-onnx`` if unknown."""
+    """The name graphkit is installed under (pip's name for it), ``graphkit-onnx`` if unknown.
+
+    Where several distributions claim the ``graphkit`` package (a stale ``*.egg-info`` left
+    in a source checkout beside the installed one), ``graphkit-onnx`` wins if among them.
+    """
     try:
         from importlib.metadata import packages_distributions
 
         names = packages_distributions().get("graphkit") or []
     except Exception:  # noqa: BLE001 - only a hint depends on it
         names = []
-    return names[0] if names else "graphkit-onnx"
+    return "graphkit-onnx" if "graphkit-onnx" in names or not names else names[0]
 
 
 def _require_dynamo_packages(model_name: str) -> None:
