@@ -17,7 +17,7 @@ from conftest import NP_TYPES, REPO, my_add_model, run_cli
 from graphkit.errors import GraphkitError, RewriteError, ValidationError
 from graphkit.ops import Decomposition, NativeKernels, OpDef, OpPackage, OpRegistry, Param, default_registry
 from graphkit.rewrite import Lowering, rewrite_model
-from graphkit.rewrite import _bodybytes, _fastpath
+from graphkit.rewrite import _bodybytes, _fastpath, _wire
 from graphkit.rewrite._fastpath import InBodies, Unsupported
 from graphkit.rewrite.engine import DEFAULT_PREFERENCE
 from graphkit.rewrite.serialized import rewrite_bytes
@@ -210,7 +210,7 @@ def test_non_canonical_encoding_and_field_order():
     """Fields out of the usual order (graph first, opset imports last): the same model."""
     model = _bench_model(4)
     data = model.SerializeToString()
-    entries = _fastpath._entries(data, 0, len(data))
+    entries = _wire.entries(data, 0, len(data))
     shuffled = b"".join(data[start:end] for field, start, _, end in sorted(entries, key=lambda e: -e[0]))
     assert onnx.ModelProto.FromString(shuffled).SerializeToString() == data
     same(model, data=shuffled)
@@ -443,8 +443,8 @@ def test_initializer_names_and_weights_in_the_name_probe():
     assert "add1/Mul_out_1" in [o for n in fast.graph.node for o in n.output]
     del model.graph.initializer[1]
     data = model.SerializeToString()
-    _, _, g0, g1 = next(e for e in _fastpath._entries(data, 0, len(data)) if e[0] == 7)
-    starts, ends, others = _fastpath._node_entries(data, g0, g1)
+    _, _, g0, g1 = next(e for e in _wire.entries(data, 0, len(data)) if e[0] == 7)
+    starts, ends, others = _wire.node_entries(data, g0, g1)
     regions = [(starts[0], ends[-1])] + [(s, e) for f, s, e in others if f != 5]
     assert _fastpath._name_seed(data, regions, ["w"], {"add0", "add1", "add2"}, model) is None
     assert b"add1/" in data
@@ -814,7 +814,7 @@ def test_invalid_input_node_found_by_parts_reported_by_the_whole_check(monkeypat
 
 
 def _part(nodes, inputs, outputs) -> tuple:
-    return (b"".join(_fastpath._entry(n.SerializeToString()) for n in nodes), tuple(inputs), tuple(outputs))
+    return (b"".join(_wire.entry(n.SerializeToString()) for n in nodes), tuple(inputs), tuple(outputs))
 
 
 def test_check_parts_refuses_what_the_checker_would():
@@ -859,7 +859,7 @@ def test_representatives_cover_each_pattern_of_empty_names():
 
 
 def _field(tag: bytes, body: bytes) -> bytes:
-    return tag + _fastpath._encode_varint(len(body)) + body
+    return tag + _wire.encode_varint(len(body)) + body
 
 
 # A varint field's key and value as protobuf writes them, then padded with continuation bytes.
@@ -868,7 +868,7 @@ PADDINGS = [(b"", b""), (b"\x80\x00", b""), (b"", b"\x80\x00"), (b"\x80\x80\x00"
 
 def _padded(key: int, value: int, key_pad: bytes, value_pad: bytes) -> bytes:
     def enc(n: int, pad: bytes) -> bytes:
-        raw = bytearray(_fastpath._encode_varint(n))
+        raw = bytearray(_wire.encode_varint(n))
         if pad:
             raw[-1] |= 0x80  # the last byte continues into the padding, which adds nothing
         return bytes(raw) + pad
@@ -891,7 +891,7 @@ def test_probes_find_padded_varints(key_pad, value_pad):
     assert model.graph.initializer[0].data_location == onnx.TensorProto.EXTERNAL
     assert model.graph.node[0].attribute[0].type == onnx.AttributeProto.GRAPH
     assert _fastpath.has_external_data(data, model)
-    _, _, g0, g1 = _fastpath._entries(data, 0, len(data))[1]
+    _, _, g0, g1 = _wire.entries(data, 0, len(data))[1]
     _, _, holders = _fastpath._subgraph_info(list(model.graph.node), data, g0, g1,
                                             lambda: len(data) == model.ByteSize())
     assert holders == {0}
@@ -1083,18 +1083,18 @@ def test_target_opset_converting_non_canonical_nodes_empty_inputs_and_non_ascii_
     model = _converting(4, named=True)
     model.graph.node[6].input.append("")  # Split's sizes left out
     data = model.SerializeToString()
-    _, _, g0, g1 = next(e for e in _fastpath._entries(data, 0, len(data)) if e[0] == 7)
-    starts, ends, others = _fastpath._node_entries(data, g0, g1)
+    _, _, g0, g1 = next(e for e in _wire.entries(data, 0, len(data)) if e[0] == 7)
+    starts, ends, others = _wire.node_entries(data, g0, g1)
     pieces, at = [], g0
     for k, (start, end) in enumerate(zip(starts, ends)):
-        body_at = _fastpath._entries(data, start, end)[0][2]
-        fields = _fastpath._entries(data, body_at, end)
+        body_at = _wire.entries(data, start, end)[0][2]
+        fields = _wire.entries(data, body_at, end)
         if k in (1, 8):  # a ReduceMean of the first kind, and one of its repeats: op_type first
             fields.sort(key=lambda f: f[0] != 4)
         body = b"".join(data[s:e] for _, s, _, e in fields)
         pieces += [data[at:start], _field(b"\x0a", body)]
         at = end
-    shuffled = data[:g0 - len(_fastpath._encode_varint(g1 - g0))] + _fastpath._encode_varint(g1 - g0) + \
+    shuffled = data[:g0 - len(_wire.encode_varint(g1 - g0))] + _wire.encode_varint(g1 - g0) + \
         b"".join(pieces) + data[at:]
     assert onnx.ModelProto.FromString(shuffled).SerializeToString() == data
     _converted_by_bytes(model, data=shuffled)
@@ -1825,17 +1825,17 @@ def test_holders_of_several_graphs_in_one_attribute(monkeypatch):
 
 def _message_fields(value: bytes) -> list[tuple[int, int, bytes]]:
     """(number, wire type, raw value: a length-delimited one's content, else its bytes) of each field."""
-    return [(field, value[start] & 7 if value[start] < 0x80 else _fastpath._varint(value, start)[0] & 7,
-             value[v0:end]) for field, start, v0, end in _fastpath._entries(value, 0, len(value))]
+    return [(field, value[start] & 7 if value[start] < 0x80 else _wire.read_varint(value, start)[0] & 7,
+             value[v0:end]) for field, start, v0, end in _wire.entries(value, 0, len(value))]
 
 
 def _message(fields: list, padded: int | None = None) -> bytes:
     """``fields`` written again, field ``padded``'s length (or varint value) one byte longer than it needs."""
     out = b""
     for k, (number, wire, raw) in enumerate(fields):
-        out += _fastpath._encode_varint(number << 3 | wire)
+        out += _wire.encode_varint(number << 3 | wire)
         if wire == 2:
-            length = _fastpath._encode_varint(len(raw))
+            length = _wire.encode_varint(len(raw))
             if k == padded:
                 length = bytes([length[0] | 0x80]) + length[1:] + b"\x00" if len(length) == 1 else \
                     length[:-1] + bytes([length[-1] | 0x80, 0])
@@ -1877,16 +1877,16 @@ _NOT_CANONICAL = {
 
 def _holder_rewritten(data: bytes, index: int, how: str) -> bytes:
     """``data`` (a model) with main-graph node ``index`` written as ``how`` (_NOT_CANONICAL) says."""
-    top = _fastpath._entries(data, 0, len(data))
+    top = _wire.entries(data, 0, len(data))
     _, g_start, g0, g1 = next(e for e in top if e[0] == 7)
-    starts, ends, _ = _fastpath._node_entries(data, g0, g1)
+    starts, ends, _ = _wire.node_entries(data, g0, g1)
     start, end = starts[index], ends[index]
     fields = _message_fields(data[start:end])[0][2]
     fields = _message_fields(fields)
     made = _NOT_CANONICAL[how](fields)
     value = _message(fields, padded=made[1]) if made[0] == "pad" else _message(made)
-    graph = data[g0:start] + b"\x0a" + _fastpath._encode_varint(len(value)) + value + data[end:g1]
-    return data[:g_start] + b"\x3a" + _fastpath._encode_varint(len(graph)) + graph + data[g1:]
+    graph = data[g0:start] + b"\x0a" + _wire.encode_varint(len(value)) + value + data[end:g1]
+    return data[:g_start] + b"\x3a" + _wire.encode_varint(len(graph)) + graph + data[g1:]
 
 
 @pytest.mark.parametrize("how", sorted(_NOT_CANONICAL))
@@ -2277,9 +2277,9 @@ def test_bodies_read_at_once_give_the_graph_by_graph_table(case):
              "cuts_in_another_order": lambda: _four_or_two(4)}[case]()
     data = model.SerializeToString()
     nodes = model.graph.node
-    top = _fastpath._entries(data, 0, len(data))
+    top = _wire.entries(data, 0, len(data))
     _, _, g0, g1 = next(e for e in top if e[0] == 7)
-    starts, ends, _ = _fastpath._node_entries(data, g0, g1)
+    starts, ends, _ = _wire.node_entries(data, g0, g1)
     domains, op_types = list(map(attrgetter("domain"), nodes)), list(map(attrgetter("op_type"), nodes))
     holders = [i for i, n in enumerate(nodes) if any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)]
     tables = [_bodybytes._Types(model, default_registry(), _bodybytes._Scope(model.graph, ()), domains, op_types,

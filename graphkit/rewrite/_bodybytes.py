@@ -91,12 +91,12 @@ import numpy as np
 import onnx
 
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
-from graphkit.rewrite import _convertbytes
+from graphkit.rewrite import _convertbytes, _wire
 from graphkit.rewrite import _fastpath as _fp
 from graphkit.rewrite import engine as _engine
-from graphkit.rewrite._fastpath import _LENGTHS, Unsupported
 from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite._walk import AI_ONNX, count_ops
+from graphkit.rewrite._wire import Unsupported
 from graphkit.rewrite.builder import NameGenerator, TypeTable
 from graphkit.rewrite.engine import RewriteReport
 from graphkit.rewrite.plan import Lowered, Lowering, LoweringPlan, LoweringScope, Template
@@ -159,10 +159,10 @@ def _columns(cls: Any, messages: list[bytes], fields: tuple[tuple[str, int, type
     end = b""
     for name, number, kind, _ in fields:
         if kind is int:
-            end += _fp._encode_varint(number << 3) + _fp._encode_varint((1 << 64) - 1)
+            end += _wire.encode_varint(number << 3) + _wire.encode_varint((1 << 64) - 1)
         else:
             raw = _ENDS[kind].encode() if kind is str else b""
-            end += _fp._encode_varint(number << 3 | 2) + _LENGTHS[len(raw)] + raw
+            end += _wire.encode_varint(number << 3 | 2) + _wire.LENGTHS[len(raw)] + raw
     joined = cls.FromString(b"".join(itertools.chain.from_iterable(zip(messages, itertools.repeat(end)))))
     n = len(messages)
     out: dict[str, Any] = {}
@@ -211,7 +211,7 @@ def _vi_sizes(names: list[str], types: list[bytes]) -> list[int]:
 
 def _field_sizes(a: int, b: int) -> int:
     """The size of two length-delimited fields with one-byte keys, of values ``a`` and ``b`` bytes long."""
-    return 2 + len(_LENGTHS[a]) + a + len(_LENGTHS[b]) + b
+    return 2 + len(_wire.LENGTHS[a]) + a + len(_wire.LENGTHS[b]) + b
 
 
 class _Skeletons:
@@ -528,7 +528,7 @@ class _Types(_fp._ForwardTypes):
 
         def value(index: int) -> bytes:
             start = starts[index]
-            return data[start + 2 if data[start + 1] < 0x80 else _fp._varint(data, start + 1)[1]:ends[index]]
+            return data[start + 2 if data[start + 1] < 0x80 else _wire.read_varint(data, start + 1)[1]:ends[index]]
 
         paths: list[tuple[int, ...]] = []  # every subgraph's, in the order read (level by level)
         graph_sizes: list[int] = []  # and its node count
@@ -946,88 +946,30 @@ class _Types(_fp._ForwardTypes):
                 self._at = None
 
 
-def _fields(data: bytes, pos: int, end: int, wanted: int) -> list[tuple[int, int, int]]:
-    """(entry start, value start, entry end) of each length-delimited field ``wanted`` of the
-    message at ``data[pos:end]`` (``_fastpath._entries``, with one-byte keys and lengths read inline)."""
-    out = []
-    varint = _fp._varint
-    while pos < end:
-        start = pos
-        key = data[pos]
-        pos += 1
-        if key >= 0x80:
-            key, pos = varint(data, start)
-        wire = key & 7
-        if wire == 2:
-            n = data[pos]
-            if n < 0x80:
-                value = pos + 1
-            else:
-                n, value = varint(data, pos)
-            pos = value + n
-            if key >> 3 == wanted:
-                out.append((start, value, pos))
-        elif wire == 0:
-            while data[pos] >= 0x80:
-                pos += 1
-            pos += 1
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        else:
-            raise Unsupported(f"wire type {wire}")
-    if pos != end:
-        raise Unsupported("truncated field")
-    return out
-
-
-def _node_spans(data: bytes, pos: int, end: int) -> tuple[list[int], list[int]]:
-    """Starts and ends of a GraphProto's node entries (field 1)."""
-    fields = _fields(data, pos, end, 1)
-    return list(map(itemgetter(0), fields)), list(map(itemgetter(2), fields))
-
-
-def _splice(data: bytes, v0: int, v1: int, edits: list[tuple[int, int, bytes]]) -> bytes:
-    """``data[v0:v1]`` with each (start, end, bytes) of ``edits`` (in order) put in place."""
-    return b"".join(_spliced(data, v0, v1, edits))
-
-
-def _spliced(data: bytes, v0: int, v1: int, edits: list[tuple[int, int, bytes]]) -> list[bytes]:
-    """_splice's pieces, in order."""
-    parts = []
-    at = v0
-    for start, end, new in edits:
-        parts += (data[at:start], new)
-        at = end
-    parts.append(data[at:v1])
-    return parts
-
-
 def _graph_bytes(data: bytes, scope: _Scope, v0: int, v1: int, slots: dict[int, list[bytes]],
                  entries: tuple[list[int], list[int]] | None = None, joined: bool = True) -> Any:
     """The value of ``scope``'s graph (at ``data[v0:v1]``; ``entries``: its node entries' starts
     and ends where known) with its placeholders replaced (``slots``: by scope id, in the
     placeholders' order, taken out of it: each written once) and its nested graphs holding
     placeholders written again, their length prefixes new. ``joined=False``: as its pieces, in order."""
-    starts, ends = entries if entries is not None else _node_spans(data, v0, v1)
+    starts, ends = entries if entries is not None else _wire.node_spans(data, v0, v1)
     if len(starts) != scope.size:
         raise Unsupported("a graph's node entries do not match the parsed model")
     key = id(scope)
     edits = list(zip(map(starts.__getitem__, scope.custom), map(ends.__getitem__, scope.custom), slots.pop(key, ())))
-    L = _LENGTHS
+    L = _wire.LENGTHS
     for index, n_attributes, dirty, held in scope.subs:
         if not dirty:
             continue
         start, end = starts[index], ends[index]
-        n0 = start + 2 if data[start + 1] < 0x80 else _fp._varint(data, start + 1)[1]
-        attributes = _fields(data, n0, end, 5)
+        n0 = start + 2 if data[start + 1] < 0x80 else _wire.read_varint(data, start + 1)[1]
+        attributes = _wire.fields(data, n0, end, 5)
         if len(attributes) != n_attributes:
             raise Unsupported("a node's attribute entries do not match the parsed model")
         node_edits = []
         for a, field, subs in held:
             a_start, a0, a1 = attributes[a]
-            graphs = _fields(data, a0, a1, field)
+            graphs = _wire.fields(data, a0, a1, field)
             if len(graphs) != len(subs):
                 raise Unsupported("an attribute's graph entries do not match the parsed model")
             tag = b"\x32" if field == 6 else b"\x5a"
@@ -1039,7 +981,7 @@ def _graph_bytes(data: bytes, scope: _Scope, v0: int, v1: int, slots: dict[int, 
                 if sub.subs:
                     graph = _graph_bytes(data, sub, s0, s1, slots)
                 else:  # a graph holding none: its placeholders' entries replaced, inline
-                    sub_starts, sub_ends = _node_spans(data, s0, s1)
+                    sub_starts, sub_ends = _wire.node_spans(data, s0, s1)
                     if len(sub_starts) != sub.size:
                         raise Unsupported("a graph's node entries do not match the parsed model")
                     pieces = []
@@ -1051,13 +993,13 @@ def _graph_bytes(data: bytes, scope: _Scope, v0: int, v1: int, slots: dict[int, 
                     graph = b"".join(pieces)
                 attr_edits.append((e_start, s1, tag + L[len(graph)] + graph))
             if attr_edits:
-                body = _splice(data, a0, a1, attr_edits)
+                body = _wire.splice(data, a0, a1, attr_edits)
                 node_edits.append((a_start, a1, b"\x2a" + L[len(body)] + body))
-        body = _splice(data, n0, end, node_edits)
+        body = _wire.splice(data, n0, end, node_edits)
         edits.append((start, end, b"\x0a" + L[len(body)] + body))
     if scope.custom and scope.subs:
         edits.sort(key=itemgetter(0))
-    return _splice(data, v0, v1, edits) if joined else _spliced(data, v0, v1, edits)
+    return _wire.splice(data, v0, v1, edits) if joined else _wire.spliced(data, v0, v1, edits)
 
 
 class _Edits:
@@ -1114,7 +1056,7 @@ class _Edits:
                 pieces = entries
             else:
                 new = dict(zip(custom, entries))
-                entry = _fp._entry
+                entry = _wire.entry
                 pieces = [new[i] if i in new else entry(nodes[i]) for i in range(first, len(nodes))]
             del nodes[first:]
             graph.MergeFromString(b"".join(pieces))
@@ -1161,28 +1103,28 @@ def _holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[_Scope],
             block = indices[at:at + _BLOCK]
             s0, s1 = int(bounds[at]), int(bounds[at + len(block)])
             h_start = all_starts[block]
-            _, size, short = _varints(buf, h_start + 1)
+            _, size, short = _wire.varints(buf, h_start + 1)
             v0 = h_start + 1 + size
             for j in np.flatnonzero(~short).tolist():  # a length padded past 5 bytes
-                v0[j] = _fp._varint(data, int(h_start[j]) + 1)[1]
+                v0[j] = _wire.read_varint(data, int(h_start[j]) + 1)[1]
             v1 = all_ends[block]
             own = np.searchsorted(block, holder[s0:s1])  # the block's scopes: their node's place in the block
             written = _spliced_holders(data, buf, v0, v1, scopes[s0:s1], own, slots)
             for j in [j for j, entry in enumerate(written) if entry is None]:  # parsed and written again
                 held = scopes[int(bounds[at + j]):int(bounds[at + j + 1])]
-                written[j] = _fp._entry(_shallow_node(data[int(v0[j]):int(v1[j])], held, slots))
+                written[j] = _wire.entry(_shallow_node(data[int(v0[j]):int(v1[j])], held, slots))
             out += zip(block.tolist(), written)
     for index, edits in by_holder.items():
         start = starts[index]
-        value = data[start + 2 if data[start + 1] < 0x80 else _fp._varint(data, start + 1)[1]:ends[index]]
-        out.append((index, _fp._entry(edits.node(value))))
+        value = data[start + 2 if data[start + 1] < 0x80 else _wire.read_varint(data, start + 1)[1]:ends[index]]
+        out.append((index, _wire.entry(edits.node(value))))
     if by_holder:
         out.sort(key=itemgetter(0))
     return out
 
 
 def _offsets(values: Any) -> Any:
-    """Offsets (an array('q'), as _fastpath._node_entries makes them, or a list) as int64s:
+    """Offsets (an array('q'), as _wire.node_entries makes them, or a list) as int64s:
     the array's own memory where it is one."""
     if isinstance(values, array) and values.typecode == "q":
         return np.frombuffer(values, np.int64)
@@ -1213,7 +1155,7 @@ def _shallow_node(value: bytes, held: list[_Scope], slots: dict[int, list[bytes]
                 pieces = entries
             else:
                 new = dict(zip(custom, entries))
-                pieces = [new[i] if i in new else _fp._entry(nodes[i]) for i in range(first, len(nodes))]
+                pieces = [new[i] if i in new else _wire.entry(nodes[i]) for i in range(first, len(nodes))]
             del nodes[first:]
             graph.MergeFromString(b"".join(pieces))
             field[k] = serialize(graph)
@@ -1250,12 +1192,12 @@ class _Rules:
                 continue
             self.rank[key] = rank = 2 * f.number
             self.after[key] = rank if f.is_repeated else rank + 1
-            if f.type == F.TYPE_ENUM:  # the values it knows (one below 2**16, as _varints reads them)
+            if f.type == F.TYPE_ENUM:  # the values it knows (one below 2**16, as _wire.varints reads them)
                 known = [v.number for v in f.enum_type.values if 0 <= v.number < 1 << 16]
                 table = np.zeros(max(known, default=0) + 1, bool)
                 table[known] = True
                 self.varints.append((key, table))
-            elif wire == 0:  # (_varints reads values below 2**35: a bound past that is none)
+            elif wire == 0:  # (_wire.varints reads values below 2**35: a bound past that is none)
                 self.varints.append((key, min(below[f.type], 1 << 40)))
 
     @classmethod
@@ -1264,31 +1206,6 @@ class _Rules:
             sk = _Skeletons.load()
             cls.made = (cls(sk.node), cls(sk.attribute), cls(sk.graph))
         return cls.made
-
-
-def _varints(buf: Any, at: Any) -> tuple[Any, Any, Any]:
-    """The varints at offsets ``at`` of ``buf`` (uint8): values, byte counts, and whether each
-    is as short as it goes and at most 5 bytes long (a longer one reads as not)."""
-    top = len(buf) - 1
-    b = buf[np.minimum(at, top)].astype(np.int64)
-    value = b & 0x7F
-    count = np.ones(len(at), np.int64)
-    more = b >= 0x80
-    last = b
-    for i in range(1, 5):
-        if not more.any():
-            break
-        b = buf[np.minimum(at + i, top)].astype(np.int64)
-        value |= np.where(more, (b & 0x7F) << (7 * i), 0)
-        count += more
-        last = np.where(more, b, last)
-        more &= b >= 0x80
-    return value, count, ~more & ((count == 1) | (last != 0))
-
-
-def _varint_sizes(values: Any) -> Any:
-    """Bytes the varints of ``values`` (below 2**35) take."""
-    return 1 + (values >= 1 << 7) + (values >= 1 << 14) + (values >= 1 << 21) + (values >= 1 << 28)
 
 
 # After this many fields, messages still being read, if fewer than this, go the parsing way (a step of
@@ -1319,7 +1236,7 @@ def _scan(buf: Any, pos: Any, end: Any, rules: _Rules, wanted: tuple[int, ...]) 
             ok[active] = False
             break
         p = pos[active]
-        key, size, good = _varints(buf, p)
+        key, size, good = _wire.varints(buf, p)
         good &= key < 1 << 14
         key[~good] = 0
         rank = rules.rank[key]
@@ -1327,7 +1244,7 @@ def _scan(buf: Any, pos: Any, end: Any, rules: _Rules, wanted: tuple[int, ...]) 
         last[active] = rules.after[key]
         wire = key & 7
         at = p + size
-        value, size, short = _varints(buf, at)
+        value, size, short = _wire.varints(buf, at)
         good &= short | (wire == 1) | (wire == 5)
         start = at + size
         stop = np.where(wire == 2, start + value, np.where(wire == 0, start, at + np.where(wire == 5, 4, 8)))
@@ -1428,9 +1345,9 @@ def _spliced_holders(data: bytes, buf: Any, v0: Any, v1: Any, scopes: list[_Scop
     g_size = g1 - g0
     np.add.at(g_size, p_scope, np.fromiter(map(len, new), np.int64, len(new)) - (p_end - p_start))
     a_size = a1 - a0
-    np.add.at(a_size, s_attr, 1 + _varint_sizes(g_size) + g_size - (g1 - g_start))
+    np.add.at(a_size, s_attr, 1 + _wire.varint_sizes(g_size) + g_size - (g1 - g_start))
     size = v1 - v0
-    np.add.at(size, a_holder, 1 + _varint_sizes(a_size) + a_size - (a1 - a_start))
+    np.add.at(size, a_holder, 1 + _wire.varint_sizes(a_size) + a_size - (a1 - a_start))
     # every cut (a length prefix or a placeholder's entry) with what goes there, in the input's order
     tags = np.concatenate([np.full(len(a0), 0x2A), np.where(many[s_attr], 0x5A, 0x32)])
     heads = tags << 40 | np.concatenate([a_size, g_size])  # the attributes' and graphs' keys and lengths
@@ -1455,18 +1372,18 @@ def _spliced_holders(data: bytes, buf: Any, v0: Any, v1: Any, scopes: list[_Scop
     for count in np.unique(cuts).tolist():
         these = np.flatnonzero(cuts == count)
         nodes = done[these]
-        columns: list[Any] = [list(map(_HEADS.__getitem__, (0x0A << 40 | size[nodes]).tolist()))]
+        columns: list[Any] = [list(map(_wire.HEADS.__getitem__, (0x0A << 40 | size[nodes]).tolist()))]
         for t in range(count):
             at = first_cut[these] + t
             if (gap_from[at] != c_start[at]).any():  # input bytes before the cut: not none for all
                 columns.append(_gaps(data, buf, gap_from[at], c_start[at]))
             which = keep[at]
             if (which < n_heads).all():
-                columns.append(list(map(_HEADS.__getitem__, heads[which].tolist())))
+                columns.append(list(map(_wire.HEADS.__getitem__, heads[which].tolist())))
             elif (which >= n_heads).all():
                 columns.append(list(map(new.__getitem__, (which - n_heads).tolist())))
             else:
-                columns.append([_HEADS[int(heads[w])] if w < n_heads else new[w - n_heads] for w in which.tolist()])
+                columns.append([_wire.HEADS[int(heads[w])] if w < n_heads else new[w - n_heads] for w in which.tolist()])
         columns.append(list(map(data.__getitem__, map(slice, c_end[last_cut[these]].tolist(), v1[nodes].tolist()))))
         for j, entry in zip(nodes.tolist(), map(b"".join, zip(*columns))):
             out[j] = entry
@@ -1486,15 +1403,6 @@ def _gaps(data: bytes, buf: Any, start: Any, end: Any) -> list[bytes]:
     return list(map(data.__getitem__, map(slice, start.tolist(), end.tolist())))
 
 
-class _Heads(dict):
-    """A length-delimited field's key and length, encoded, by key << 40 | length (made on first use)."""
-
-    def __missing__(self, key: int) -> bytes:
-        self[key] = value = bytes([key >> 40]) + _LENGTHS[key & ((1 << 40) - 1)]
-        return value
-
-
-_HEADS = _Heads()
 _TYPE_KEY = 20 << 3  # AttributeProto.type
 
 
@@ -1526,7 +1434,7 @@ def _bound(writer: _fp._Bound, node: Any) -> bytes:
     out.domain = writer.domain
     del out.attribute[:]
     out.attribute.extend(attributes)
-    return _fp._entry(out.SerializeToString())
+    return _wire.entry(out.SerializeToString())
 
 
 def _bound_all(writer: _fp._Bound, nodes: list[bytes]) -> list[bytes]:
@@ -1540,9 +1448,9 @@ def _bound_all(writer: _fp._Bound, nodes: list[bytes]) -> list[bytes]:
     list(map(setattr, parsed, repeat("domain"), repeat(writer.domain)))
     list(map(sk.ClearField, parsed, repeat("attribute")))
     if attributes:
-        entries = b"".join(b"\x2a" + _LENGTHS[len(a)] + a for a in attributes)
+        entries = b"".join(b"\x2a" + _wire.LENGTHS[len(a)] + a for a in attributes)
         list(map(sk.MergeFromString, parsed, repeat(entries)))
-    return list(map(_fp._entry, map(sk.SerializeToString, parsed)))
+    return list(map(_wire.entry, map(sk.SerializeToString, parsed)))
 
 
 class _Layout:
@@ -1566,7 +1474,7 @@ class _Layout:
         self.n_values: int | None = None
 
     def emit(self, values: list[list[str]], asked: list[list[str]]) -> list[bytes]:
-        L = _LENGTHS
+        L = _wire.LENGTHS
         lengths = L.__getitem__
         repeat = itertools.repeat
         add = operator.add
@@ -1698,7 +1606,7 @@ def lower_pieces(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
 def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tuple[Lowering, ...], check: bool,
            full_check: bool, path: str | None, progress: Callable[[str, int, int], None] | None,
            target_opset: int | None) -> tuple[_fp.Pieces, RewriteReport, Callable[[], None] | None]:
-    top = _fp._entries(data, 0, len(data))
+    top = _wire.entries(data, 0, len(data))
     fields = [e[0] for e in top]
     if fields.count(_fp._M_GRAPH) != 1:
         raise Unsupported("graph field not present exactly once")
@@ -1724,7 +1632,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     holders = [i for i, node in enumerate(nodes) if node.attribute and any(
         a.type == _GRAPH or a.type == _GRAPHS for a in node.attribute)]
     op_types = list(map(attrgetter("op_type"), nodes))
-    starts, ends, others = _fp._node_entries(data, g0, g1)
+    starts, ends, others = _wire.node_entries(data, g0, g1)
     if len(starts) != len(nodes):
         raise Unsupported("node entries do not match the parsed graph")
 
@@ -2016,7 +1924,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                         lscope = lscope or LoweringScope(types)
                         template, constants = plan.adopt(key, prefix, lscope)
                         made = emitter(template)
-                        entries = b"".join(_fp._entry(c.SerializeToString()) for c in constants)
+                        entries = b"".join(_wire.entry(c.SerializeToString()) for c in constants)
                         entries += made.emit(template, inputs, outputs, prefix, fresh)
                         plan.count(Lowered(first.op, first.how, first.action, [], template, constants),
                                    PLACEHOLDER_DOMAIN, ops_of[k])
@@ -2036,7 +1944,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                     lscope = lscope or LoweringScope(types)
                     lowered = plan.lower(_real(node), lscope)
                 if mode is None:
-                    made_here[j] = entries = b"".join(_fp._entry(r.SerializeToString()) for r in lowered.nodes)
+                    made_here[j] = entries = b"".join(_wire.entry(r.SerializeToString()) for r in lowered.nodes)
                     checked.append([(*scope.path, i), entries, inputs, outputs])
                     continue
                 check_entry = None

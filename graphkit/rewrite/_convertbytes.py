@@ -47,11 +47,11 @@ from typing import Any
 
 import onnx
 
-from graphkit.rewrite import _convert
+from graphkit.rewrite import _convert, _wire
 from graphkit.rewrite._walk import AI_ONNX, ModelIndex, graphs, subgraphs
 from graphkit.rewrite.builder import _SAME_AS_INPUT0, NameGenerator
 
-__all__ = ["InSubgraphs", "NotSpliced", "ScopedSplice", "Spliced", "encode_varint", "plan", "splice", "splice_scopes"]
+__all__ = ["InSubgraphs", "NotSpliced", "ScopedSplice", "Spliced", "plan", "splice", "splice_scopes"]
 
 
 class NotSpliced(Exception):
@@ -100,28 +100,6 @@ class _DataNames(NameGenerator):
         return super().fresh(base)
 
 
-def encode_varint(n: int) -> bytes:
-    """A varint's bytes (the byte writers' one encoder: graphkit.rewrite._fastpath imports this module)."""
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _field(tag: bytes, value: str | bytes) -> bytes:
-    raw = value.encode() if isinstance(value, str) else value
-    return tag + encode_varint(len(raw)) + raw
-
-
-def _header(size: int) -> int:
-    """The bytes of a node entry's tag and length, from the entry's size."""
-    if size <= 1 + 1 + 127:
-        return 2
-    return next((h for h in range(3, 12) if 1 + len(encode_varint(size - h)) == h), 0)  # 0: no entry is that size
-
-
 _SENTINEL = "\x00in"
 
 
@@ -151,13 +129,13 @@ class _Kind:
         self.same = False  # the conversion left the nodes of the kind as they were
 
     def emit_one(self, ins: Sequence[str], outs: Sequence[str], name: str) -> bytes:
-        parts = [_field(b"\x0a", ins[x] if x.__class__ is int else x) for x in self.inputs]
-        parts += [_field(b"\x12", o) for o in outs]
+        parts = [_wire.field(b"\x0a", ins[x] if x.__class__ is int else x) for x in self.inputs]
+        parts += [_wire.field(b"\x12", o) for o in outs]
         if self.has_name:
-            parts.append(_field(b"\x1a", name))
+            parts.append(_wire.field(b"\x1a", name))
         parts.append(self.rest)
         body = b"".join(parts)
-        return b"\x0a" + encode_varint(len(body)) + body
+        return b"\x0a" + _wire.encode_varint(len(body)) + body
 
     def emit_ascii(self, ins: list, outs: list, names: list) -> list[bytes]:
         """emit_one for many nodes whose names are ASCII and under 128 bytes, a column at a
@@ -166,7 +144,7 @@ class _Kind:
         pieces: list[Any] = []
         for x in self.inputs:
             if x.__class__ is str:
-                pieces.append(repeat(_field(b"\x0a", x).decode("latin-1")))
+                pieces.append(repeat(_wire.field(b"\x0a", x).decode("latin-1")))
             else:
                 column = list(map(itemgetter(x), ins))
                 pieces += (repeat("\n"), map(chr, map(len, column)), column)
@@ -179,12 +157,8 @@ class _Kind:
         if all(p.__class__ is repeat for p in pieces):  # nothing of a node's own: all alike
             return [self.emit_one([], [], "")] * len(names)
         bodies = list(map("".join, zip(*pieces)))
-        heads = map(add, repeat("\n"), map(_text_varint, map(len, bodies)))
+        heads = map(add, repeat("\n"), map(_wire.text_varint, map(len, bodies)))
         return list(map(str.encode, map(add, heads, bodies), repeat("latin-1")))
-
-
-def _text_varint(n: int) -> str:
-    return chr(n) if n < 0x80 else encode_varint(n).decode("latin-1")
 
 
 Steps = dict  # op -> the steps converting its nodes (_convert.node_steps)
@@ -257,7 +231,7 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
         own = map(operator.add, own, map(operator.mul, n_outs, itertools.repeat(2)))
         own = map(operator.add, own, map(operator.mul, has_name, map(operator.add, map(len, names),
                                                                      itertools.repeat(2))))
-        rest_at = map(operator.add, map(operator.add, at, map(_header, map(operator.sub, to, at))), own)
+        rest_at = map(operator.add, map(operator.add, at, map(_wire.header, map(operator.sub, to, at))), own)
         rests = map(data.__getitem__, map(slice, rest_at, to))
         numbers: dict[tuple, int] = {}
         # going down, the adapters read the values' declared types and input 1's constant too
@@ -309,7 +283,7 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
         else:
             kinds[key] = None
             converter.convert(node, op_steps)
-            entry = _field(b"\x0a", node.SerializeToString())
+            entry = _wire.field(b"\x0a", node.SerializeToString())
             p = positions[k]
             entries[k] = None if data[starts[p]:ends[p]] == entry else entry  # None: left as it was
             inputs = list(node.input)
@@ -339,7 +313,7 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
                                   list(map(names.__getitem__, block)))
         for k, entry in zip(block, results):
             entries[k] = entry
-    out.initializers = b"".join(_field(b"\x2a", t.SerializeToString()) for t in converter.initializers())
+    out.initializers = b"".join(_wire.field(b"\x2a", t.SerializeToString()) for t in converter.initializers())
     released = set(converter.released)
     if released:  # _convert's _drop_unread: what nothing reads any more is removed
         kept = bytearray(b"\x01") * len(op_types)
@@ -366,7 +340,7 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
 def _canonical(data: bytes, start: int, end: int, node: onnx.NodeProto) -> bool:
     """Whether the node entry ``data[start:end]`` is ``node`` as protobuf writes it."""
     body = node.SerializeToString()
-    return end - start == 1 + len(encode_varint(len(body))) + len(body) and data.endswith(body, start, end)
+    return end - start == 1 + len(_wire.encode_varint(len(body))) + len(body) and data.endswith(body, start, end)
 
 
 @dataclass
@@ -497,11 +471,11 @@ def splice_scopes(data: bytes, model: onnx.ModelProto, main: Any, changed: Steps
             written = list(map(kind.emit_one, ins, outs, names))
         for (scope_id, k, *_), entry in zip(block, written):
             out.entries[scope_id][k] = entry
-    out.initializers = b"".join(_field(b"\x2a", t.SerializeToString()) for t in converter.initializers())
+    out.initializers = b"".join(_wire.field(b"\x2a", t.SerializeToString()) for t in converter.initializers())
     return out
 
 
 def _field_size(name: str) -> int:
     """The bytes of a string field holding ``name``: key, length, UTF-8."""
     n = len(name) if name.isascii() else len(name.encode())
-    return 2 + n if n < 0x80 else 1 + len(encode_varint(n)) + n
+    return 2 + n if n < 0x80 else 1 + len(_wire.encode_varint(n)) + n

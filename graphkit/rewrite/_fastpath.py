@@ -88,13 +88,14 @@ import onnx
 
 from graphkit.errors import ValidationError
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
-from graphkit.rewrite import _convertbytes
+from graphkit.rewrite import _convertbytes, _wire
 from graphkit.rewrite import engine as _engine
 from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite._memory import release_freed_memory
 from graphkit.rewrite.builder import _FIXED, _SAME_AS_INPUT0, NameGenerator, TypeTable
 from graphkit.rewrite.engine import RewriteReport
 from graphkit.rewrite._walk import AI_ONNX
+from graphkit.rewrite._wire import Unsupported
 from graphkit.rewrite.plan import Lowering, LoweringPlan, LoweringScope, Template
 
 __all__ = ["Pieces", "Unsupported", "has_external_data", "lower_bytes", "lower_pieces"]
@@ -140,10 +141,6 @@ CHECKED_BY_PARTS = ("checked by parts: the input model, and each kind of replace
                     "opset imports (generated names are unique by construction)")
 
 
-class Unsupported(Exception):
-    """The fast path does not handle this model or option; use the object path."""
-
-
 class InBodies(Unsupported):
     """Placeholders inside subgraphs: graphkit.rewrite._bodybytes's business."""
 
@@ -176,118 +173,6 @@ def _imports_only(ops: collections.Counter, current: int | None, target: int) ->
     if standard and not _engine._same_schemas(standard, current, target):
         raise Unsupported(f"--target-opset {target} needs the version converter (a standard op of the model "
                           f"has a new version between opsets {current} and {target})")
-
-
-# -- the wire format ----------------------------------------------------------------------
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise Unsupported("malformed varint")
-
-
-_encode_varint = _convertbytes.encode_varint  # (one encoder for the byte writers)
-
-
-class _Lengths(dict):
-    """Encoded varints by value, made on first use."""
-
-    def __missing__(self, n: int) -> bytes:
-        self[n] = value = _encode_varint(n)
-        return value
-
-
-_LENGTHS = _Lengths((i, bytes([i])) for i in range(128))
-
-
-class _StrLengths(dict):
-    """Encoded varints by value, as latin-1 str."""
-
-    def __missing__(self, n: int) -> str:
-        self[n] = value = _encode_varint(n).decode("latin-1")
-        return value
-
-
-_STR_LENGTHS = _StrLengths((i, chr(i)) for i in range(128))
-
-
-def _entries(data: bytes, pos: int, end: int) -> list[tuple[int, int, int, int]]:
-    """(field, entry start, value start, entry end) of every top-level field of a message."""
-    out = []
-    while pos < end:
-        start = pos
-        key, pos = _varint(data, pos)
-        field, wire = key >> 3, key & 7
-        value = pos
-        if wire == 0:
-            _, pos = _varint(data, pos)
-        elif wire == 1:
-            pos += 8
-        elif wire == 2:
-            length, value = _varint(data, pos)
-            pos = value + length
-        elif wire == 5:
-            pos += 4
-        else:
-            raise Unsupported(f"wire type {wire}")
-        if pos > end:
-            raise Unsupported("truncated field")
-        out.append((field, start, value, pos))
-    return out
-
-
-def _node_entries(data: bytes, pos: int, end: int) -> tuple[array, array, list[tuple[int, int, int]]]:
-    """Start and end offsets of a GraphProto's node entries (field 1), in order, and the
-    (field, start, end) of its other entries."""
-    starts: list[int] = []
-    ends: list[int] = []
-    others: list[tuple[int, int, int]] = []
-    add_start, add_end = starts.append, ends.append
-    while pos < end:
-        if data[pos] == 0x0A:  # field 1, length-delimited
-            add_start(pos)
-            length = data[pos + 1]
-            if length < 0x80:
-                pos += 2 + length
-            else:
-                length, value = _varint(data, pos + 1)
-                pos = value + length
-            add_end(pos)
-            continue
-        start = pos
-        key, p = _varint(data, pos)
-        wire = key & 7
-        if wire == 0:
-            _, pos = _varint(data, p)
-        elif wire == 1:
-            pos = p + 8
-        elif wire == 2:
-            length, value = _varint(data, p)
-            pos = value + length
-        elif wire == 5:
-            pos = p + 4
-        else:
-            raise Unsupported(f"wire type {wire}")
-        others.append((key >> 3, start, pos))
-    if pos != end:
-        raise Unsupported("truncated graph")
-    return array("q", starts), array("q", ends), others  # 8 bytes an offset, not a list of ints
-
-
-def _field_bytes(tag: bytes, value: str) -> bytes:
-    raw = value.encode()
-    return tag + _LENGTHS[len(raw)] + raw
-
-
-def _entry(body: bytes) -> bytes:
-    return b"\x0a" + _LENGTHS[len(body)] + body
 
 
 class _Canonical:
@@ -378,7 +263,7 @@ class _Template:
             for tag, ref, name in [(b"\x0a", slot.get(i), i) for i in tpl.input] + [(b"\x12", r, None)
                                                                                       for r in out_slots]:
                 if ref is None:  # a name the renaming leaves alone (a shared constant, say)
-                    static += _field_bytes(tag, name)
+                    static += _wire.field(tag, name)
                     continue
                 fields.append(static + tag)
                 fields.append(ref)
@@ -409,7 +294,7 @@ class _Template:
 
     def _emit(self, v: Any, prefix: str, fresh: Callable[[str], str] | None, tail: str = "") -> bytes:
         names = [x.encode() for x in v]
-        L = _LENGTHS
+        L = _wire.LENGTHS
         entries = []
         for suffix, generated, fields, rest in self._plan:
             node_name = (prefix + suffix + tail if fresh is None else fresh(prefix + suffix)).encode()
@@ -432,7 +317,7 @@ class _Template:
         one map over all of them (the loops run in C), then every node's text is joined once.
         A node's length is summed from its names' (names shorter than 128 take one byte to
         say how long they are; with a longer one, emit_all does it)."""
-        length = _STR_LENGTHS.__getitem__
+        length = _wire.STR_LENGTHS.__getitem__
         add, repeat = operator.add, itertools.repeat
         columns: list[Any] = list(zip(*values))
         # A value every node has (fan-out: one input read by all) is written as fixed text.
@@ -486,7 +371,7 @@ class _Bound:
         out.domain = self.domain
         del out.attribute[:]
         out.attribute.extend(self.attributes)
-        return _entry(out.SerializeToString())
+        return _wire.entry(out.SerializeToString())
 
 
 # -- element types ------------------------------------------------------------------------
@@ -1026,7 +911,7 @@ def assemble(data: bytes | memoryview, model: onnx.ModelProto, top: list, graph:
                 imports = b""
         elif field == _M_GRAPH:
             graph_at = len(parts)
-            parts += [b"\x3a", _LENGTHS[sum(map(len, graph))], *graph]  # field 7, length-delimited
+            parts += [b"\x3a", _wire.LENGTHS[sum(map(len, graph))], *graph]  # field 7, length-delimited
         else:
             parts.append(data[start:end])
     parts.append(imports)
@@ -1079,14 +964,14 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
            full_check: bool, path: str | None, progress: Callable[[str, int, int], None] | None,
            target_opset: int | None = None) -> tuple[Pieces, RewriteReport, Callable[[], None] | None]:
     """The rewritten bytes, the report, and the check to run on them (None: no check)."""
-    top = _entries(data, 0, len(data))
+    top = _wire.entries(data, 0, len(data))
     fields = [e[0] for e in top]
     if fields.count(_M_GRAPH) != 1:
         raise Unsupported("graph field not present exactly once")
     if _M_FUNCTIONS in fields or _M_TRAINING_INFO in fields:
         raise Unsupported("model-local functions or training info")
     _, _, g0, g1 = top[fields.index(_M_GRAPH)]
-    starts, ends, others = _node_entries(data, g0, g1)
+    starts, ends, others = _wire.node_entries(data, g0, g1)
     # Node fields are read a field of every node at a time, straight from the parsed graph:
     # a list of the nodes would keep a Python object per node, and per field read (several
     # hundred bytes a node, which the process pays for again in page faults).
@@ -1225,7 +1110,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         # The first node of its kind (or of a kind the plan lowers each time), by the plan.
         planned.append(k)
         lowered = plan.lower(node_at(custom[k]), scope)
-        slots[k] = b"".join(_entry(r.SerializeToString()) for r in lowered.nodes)
+        slots[k] = b"".join(_wire.entry(r.SerializeToString()) for r in lowered.nodes)
         if key in kinds:
             continue
         made = kinds[key] = _repeater(lowered, n_inputs[k], batched)
