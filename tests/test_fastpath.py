@@ -17,7 +17,7 @@ from conftest import NP_TYPES, REPO, my_add_model, run_cli
 from graphkit.errors import GraphkitError, RewriteError, ValidationError
 from graphkit.ops import Decomposition, NativeKernels, OpDef, OpPackage, OpRegistry, Param, default_registry
 from graphkit.rewrite import Lowering, rewrite_model
-from graphkit.rewrite import _bodybytes, _fastpath, _wire
+from graphkit.rewrite import _bodybytes, _bodysplice, _fastpath, _wire
 from graphkit.rewrite._fastpath import InBodies, Unsupported
 from graphkit.rewrite.engine import DEFAULT_PREFERENCE
 from graphkit.rewrite.serialized import rewrite_bytes
@@ -1393,7 +1393,7 @@ def test_target_opset_converting_in_bodies_reads_declarations_at_once(shape, bul
     from operator import attrgetter
 
     holders = [i for i, n in enumerate(nodes) if any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)]
-    one_by_one = _bodybytes._Types(model, default_registry(), _bodybytes._Scope(model.graph, ()),
+    one_by_one = _bodybytes._Types(model, default_registry(), _bodysplice.Scope(model.graph, ()),
                                    list(map(attrgetter("domain"), nodes)), list(map(attrgetter("op_type"), nodes)),
                                    holders, forward=False, data=data, spans=None)
     assert [(*row[:4], row[5]) for row in listed[0][1:]] == [(s.path, s.custom, s.size, s.dirty, _subs(s))
@@ -1628,19 +1628,19 @@ def test_bodies_non_canonical_encoding():
     same(model)
 
 
-# -- the main-graph nodes holding bodies, written again (_bodybytes._holder_entries) ----------
+# -- the main-graph nodes holding bodies, written again (_bodysplice.holder_entries) ----------
 
 def _holder_spy(monkeypatch) -> list:
     """Per block _holder_entries hands to _spliced_holders: (nodes it spliced, nodes handed)."""
     blocks = []
-    spliced = _bodybytes._spliced_holders
+    spliced = _bodysplice._spliced_holders
 
     def spy(data, buf, v0, *args):
         out = spliced(data, buf, v0, *args)
         blocks.append((sum(e is not None for e in out), len(out)))
         return out
 
-    monkeypatch.setattr(_bodybytes, "_spliced_holders", spy)
+    monkeypatch.setattr(_bodysplice, "_spliced_holders", spy)
     return blocks
 
 
@@ -1657,7 +1657,7 @@ def _holders_alike(model: onnx.ModelProto, monkeypatch, data: bytes | None = Non
     assert ran, "the bodies' writer wrote no holder"
     registry = default_registry()
     with monkeypatch.context() as m:
-        m.setattr(_bodybytes, "_spliced_holders", lambda data, buf, v0, *a: [None] * len(v0))
+        m.setattr(_bodysplice, "_spliced_holders", lambda data, buf, v0, *a: [None] * len(v0))
         parsed, _ = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, check=True, **options)
     assert fast == parsed
     return ran
@@ -1818,7 +1818,7 @@ def test_holders_of_several_graphs_in_one_attribute(monkeypatch):
     blocks = _holder_spy(monkeypatch)
     fast, report = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, check=False)
     assert report.writer == "bytes" and blocks == [(3, 3)]
-    monkeypatch.setattr(_bodybytes, "_spliced_holders", lambda data, buf, v0, *a: [None] * len(v0))
+    monkeypatch.setattr(_bodysplice, "_spliced_holders", lambda data, buf, v0, *a: [None] * len(v0))
     parsed, _ = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, check=False)
     assert fast == parsed == rewrite_model(model, check=False)[0].SerializeToString()
 
@@ -1914,7 +1914,7 @@ def test_holders_spliced_or_parsed_mixed(hows):
     with pytest.MonkeyPatch.context() as m:
         blocks = _holder_spy(m)
         fast, _ = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, check=False)
-        m.setattr(_bodybytes, "_spliced_holders", lambda data, buf, v0, *a: [None] * len(v0))
+        m.setattr(_bodysplice, "_spliced_holders", lambda data, buf, v0, *a: [None] * len(v0))
         parsed, _ = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, check=False)
     assert fast == parsed and blocks == [(hows.count(None), 4)]
 
@@ -1929,7 +1929,7 @@ def test_holders_with_long_bodies_parsed(monkeypatch):
             value_info.append(prev)
         return nodes + [helper.make_node("my_add", [prev, prev], [f"t{i}"], domain="custom")], value_info
 
-    monkeypatch.setattr(_bodybytes, "_SCAN_MIN", 2)
+    monkeypatch.setattr(_bodysplice, "_SCAN_MIN", 2)
     blocks = _holders_alike(_if_model(3, then_nodes=longer), monkeypatch, canonical=False)
     assert blocks and all(b == (2, 3) for b in blocks), blocks
 
@@ -1939,8 +1939,8 @@ def test_holder_rules_are_protobufs_order():
     every field it knows set reads as written back; with two fields swapped, not."""
     from google.protobuf.descriptor import FieldDescriptor as D
 
-    sk = _bodybytes._Skeletons.load()
-    for message, rules in zip((sk.node, sk.attribute, sk.graph), _bodybytes._Rules.of()):
+    sk = _wire.Skeletons.load()
+    for message, rules in zip((sk.node, sk.attribute, sk.graph), _bodysplice._Rules.of()):
         full = message()
         for f in message.DESCRIPTOR.fields:
             value = {D.TYPE_STRING: "s", D.TYPE_BYTES: b"b", D.TYPE_FLOAT: 1.5, D.TYPE_INT64: 7,
@@ -1953,11 +1953,11 @@ def test_holder_rules_are_protobufs_order():
                 setattr(full, f.name, value)
         data = full.SerializeToString()
         buf = np.frombuffer(data, np.uint8)
-        ok, _ = _bodybytes._scan(buf, np.array([0]), np.array([len(data)]), rules, ())
+        ok, _ = _bodysplice._scan(buf, np.array([0]), np.array([len(data)]), rules, ())
         assert ok.tolist() == [True], message.DESCRIPTOR.name
         fields = _message_fields(data)
         swapped = _message(fields[:1] + fields[2:3] + fields[1:2] + fields[3:])
-        ok, _ = _bodybytes._scan(np.frombuffer(swapped, np.uint8), np.array([0]), np.array([len(swapped)]), rules, ())
+        ok, _ = _bodysplice._scan(np.frombuffer(swapped, np.uint8), np.array([0]), np.array([len(swapped)]), rules, ())
         assert ok.tolist() == [fields[1][0] == fields[2][0]], message.DESCRIPTOR.name
 
 
@@ -2214,7 +2214,7 @@ def test_bodies_not_read_at_once_past_the_first_blocks(late, monkeypatch):
     not of that form: the graph-by-graph pass then reads them all (nothing the first blocks
     read is kept), the objects writer's bytes; two sibling branches defining one name: the
     objects writer, as for a model of one block."""
-    monkeypatch.setattr(_bodybytes, "_BLOCK", 2)
+    monkeypatch.setattr(_bodysplice, "BLOCK", 2)
     model = _if_model(7)
     branch = model.graph.node[-1].attribute[0].g
     if late == "initializer":
@@ -2256,7 +2256,7 @@ def test_bodies_writer_from_threads(monkeypatch):
     first (once): every output the objects writer's."""
     from concurrent.futures import ThreadPoolExecutor
 
-    monkeypatch.setattr(_bodybytes._Skeletons, "node", None)
+    monkeypatch.setattr(_wire.Skeletons, "node", None)
     model = _scaling("if_bodies", 30)
     data = model.SerializeToString()
     with ThreadPoolExecutor(8) as pool:
@@ -2282,7 +2282,7 @@ def test_bodies_read_at_once_give_the_graph_by_graph_table(case):
     starts, ends, _ = _wire.node_entries(data, g0, g1)
     domains, op_types = list(map(attrgetter("domain"), nodes)), list(map(attrgetter("op_type"), nodes))
     holders = [i for i, n in enumerate(nodes) if any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)]
-    tables = [_bodybytes._Types(model, default_registry(), _bodybytes._Scope(model.graph, ()), domains, op_types,
+    tables = [_bodybytes._Types(model, default_registry(), _bodysplice.Scope(model.graph, ()), domains, op_types,
                                 holders, forward=False, data=data, spans=spans) for spans in ((starts, ends), None)]
     bulk, one_by_one = tables
     assert bulk.bulk and not one_by_one.bulk
@@ -2311,7 +2311,7 @@ def test_bodies_names_defined_twice_across_blocks_go_graph_by_graph(reuse, monke
     (blocks of 2 holders here): the declarations read at once are dropped and the graph-by-graph
     pass finds it, which hands the model to the objects writer (a type table per scope); typed
     in one body and untyped in the other is found too."""
-    monkeypatch.setattr(_bodybytes, "_BLOCK", 2)
+    monkeypatch.setattr(_bodysplice, "BLOCK", 2)
     cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
     nodes, prev, n = [cond], "x", 6
     for i in range(n):

@@ -4,7 +4,7 @@ graphkit.rewrite._fastpath splices replacements into the main graph's serialized
 list. Here every graph nested in a node's attributes (``g``, ``graphs``, at any depth) is
 a scope of its own: each main-graph node holding graphs with placeholders is written
 again from its serialized bytes, each message on the way down to the placeholders parsed
-as a _Skeletons message (every message-typed field kept as its bytes) and serialized
+as a _wire.Skeletons message (every message-typed field kept as its bytes) and serialized
 again with the placeholders' entries replaced; every other main-graph byte stays as it was.
 
 Reading thousands of subgraphs field by field through protobuf's Python objects costs a
@@ -61,8 +61,9 @@ The result is the objects writer's, byte for byte (tests/test_fastpath.py's corp
   writer's byte for byte; where not, it is the same model (field for field). A main-graph
   node holding its own graphs is not parsed where the messages written again (it, the
   attributes and graphs on the way down) are as protobuf writes them back, read a field
-  of many at a time (_spliced_holders): its bytes are the input's with the placeholders'
-  entries replaced and the length prefixes around them written again, the same bytes.
+  of many at a time (graphkit.rewrite._bodysplice, which writes every graph holding
+  placeholders again): its bytes are the input's with the placeholders' entries replaced
+  and the length prefixes around them written again, the same bytes.
 
 Preconditions (each an ``Unsupported``, the report's ``writer_reason`` when the objects
 writer runs instead): no model-local functions or training info, no custom node holding
@@ -72,7 +73,7 @@ type table for every scope (no two sibling graphs define a name); a target opset
 where the conversion moves the imports alone or changes nodes by steps on their own fields, which
 graphkit's adapters make here (graphkit.rewrite._convertbytes.splice_scopes: in every graph,
 spliced like the replacements, every graph listed and written as its serialized entries
-spliced: ``_graph_bytes``).
+spliced: ``graph_bytes``).
 """
 
 from __future__ import annotations
@@ -81,17 +82,16 @@ import collections
 import itertools
 import operator
 import sys
-import threading
-from array import array
 from collections.abc import Callable, Iterator
 from operator import attrgetter, itemgetter
 from typing import Any
 
-import numpy as np
 import onnx
 
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
 from graphkit.rewrite import _convertbytes, _wire
+from graphkit.rewrite import _bodysplice
+from graphkit.rewrite._bodysplice import Scope, graph_bytes, holder_entries
 from graphkit.rewrite import _fastpath as _fp
 from graphkit.rewrite import engine as _engine
 from graphkit.rewrite._gcpause import gc_paused
@@ -111,7 +111,6 @@ _NAME, _TYPE, _ELEM = attrgetter("name"), attrgetter("type"), attrgetter("tensor
 _MAX_DEPTH = 64  # nested graphs deeper than this go to the objects writer (recursion here)
 _BULK_DEPTH = 8  # _Types._declared_bulk reads graphs nested this deep; deeper ones go graph by graph
 _CONTROL_FLOW_BODY = {"If": "then_branch", "Loop": "body", "Scan": "body"}
-_BLOCK = 1 << 14  # graphs (and placeholders written a field at a time) the lowering holds the lists of at once
 _EVERYTHING = itemgetter(slice(None))  # a repeated field's values as a list, in one call
 
 
@@ -126,7 +125,7 @@ def _graph_columns(graphs: list[bytes]) -> dict[str, tuple[list[bytes], list[int
     ``graphs`` in order (serialized) and how many each has: they are parsed as one message,
     each followed by _GRAPH_END (protobuf appends a repeated field's values as they come; an
     empty value ends a graph's). _NotBulk where one holds an empty value itself."""
-    joined = _Skeletons.load().graph.FromString(b"".join(itertools.chain.from_iterable(
+    joined = _wire.Skeletons.load().graph.FromString(b"".join(itertools.chain.from_iterable(
         zip(graphs, itertools.repeat(_GRAPH_END)))))
     out = {}
     n = len(graphs)
@@ -214,92 +213,6 @@ def _field_sizes(a: int, b: int) -> int:
     return 2 + len(_wire.LENGTHS[a]) + a + len(_wire.LENGTHS[b]) + b
 
 
-class _Skeletons:
-    """NodeProto, AttributeProto, GraphProto and ValueInfoProto with every message-typed field
-    read as repeated bytes (its serialized value, unparsed; repeated, so that one given twice,
-    which protobuf would merge, is seen): the same fields, numbers and wire format, so that
-    parsing one of them from a message's bytes and serializing it again gives the bytes the
-    real message gives (protobuf writes fields in number order either way). Reading a field
-    of one costs a bytes or str object, not the Python wrapper of a message, which is what
-    makes reading thousands of subgraphs field by field slow."""
-
-    node: Any = None
-    attribute: Any = None
-    graph: Any = None
-    value_info: Any = None
-    # ValueInfoProto with every field repeated: ValueInfoProtos serialized one after the other
-    # parse as one of these, each field's values in order (protobuf merges repeated fields so)
-    value_infos: Any = None
-    # NodeProto and AttributeProto so, likewise (AttributeProto's type an int64: any value parses)
-    nodes: Any = None
-    attributes: Any = None
-
-    _lock = threading.Lock()
-
-    @classmethod
-    def load(cls) -> type[_Skeletons]:
-        if cls.node is not None:
-            return cls
-        with cls._lock:  # made once: threads rewriting at once never mix two pools' classes
-            if cls.node is not None:
-                return cls
-            from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-            field = descriptor_pb2.FieldDescriptorProto
-            proto = descriptor_pb2.FileDescriptorProto()
-            onnx.NodeProto.DESCRIPTOR.file.CopyToProto(proto)
-            wanted = {"NodeProto", "AttributeProto", "GraphProto", "ValueInfoProto"}
-            for message in proto.message_type:
-                if message.name in wanted:
-                    for f in message.field:
-                        if f.type == field.TYPE_MESSAGE:
-                            f.type, f.label = field.TYPE_BYTES, field.LABEL_REPEATED
-                            f.ClearField("type_name")
-                if message.name in ("ValueInfoProto", "NodeProto", "AttributeProto"):
-                    columns = proto.message_type.add()
-                    columns.CopyFrom(message)
-                    columns.name = message.name.replace("Proto", "Columns")
-                    for f in columns.field:
-                        f.label = field.LABEL_REPEATED
-                        if f.type == field.TYPE_ENUM:
-                            f.type = field.TYPE_INT64
-                            f.ClearField("type_name")
-            pool = descriptor_pool.DescriptorPool()  # a pool of its own: onnx's names again, apart
-            pool.Add(proto)
-            made = {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{proto.package}.{name}"))
-                    for name in wanted}
-            cls.attribute, cls.graph, cls.value_info = (made["AttributeProto"], made["GraphProto"],
-                                                        made["ValueInfoProto"])
-            cls.value_infos, cls.nodes, cls.attributes = (
-                message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{proto.package}.{name}"))
-                for name in ("ValueInfoColumns", "NodeColumns", "AttributeColumns"))
-            cls.node = made["NodeProto"]
-        return cls
-
-
-class _Scope:
-    """One graph: its parsed message, its path from the main graph, the placeholders' indices
-    and the nested graphs (``subs``: per node holding graphs, (node index, [(attribute index,
-    [(position among the attribute's graphs, _Scope)])]))."""
-
-    __slots__ = ("graph", "path", "size", "custom", "subs", "dirty", "nodes", "fields")
-
-    def __init__(self, graph: onnx.GraphProto | None, path: tuple[int, ...], custom: list[int] | None = None,
-                 nodes: list[bytes] | None = None, fields: list[tuple] | None = None) -> None:
-        self.graph = graph
-        self.path = path  # (node, attribute, graph) indices down from the main graph: tuples sort in output order
-        self.custom: list[int] = [] if custom is None else custom
-        self.nodes = nodes  # its placeholders serialized (_Types._declared_bulk), or None: graph.node[i] for i in custom
-        # per placeholder, as _declared_bulk read them: (inputs, outputs, name or op type, op type,
-        # its attributes' bytes); None: read again from ``nodes`` where the lowering needs them
-        self.fields = fields
-        self.size = 0  # nodes
-        # per node holding graphs: (node index, its attribute count, whether a graph it holds is dirty,
-        # [(attribute index, its graphs' field number, [(position among them, _Scope)])])
-        self.subs: list[tuple[int, int, bool, list[tuple[int, int, list[tuple[int, _Scope]]]]]] = []
-        self.dirty = False  # it or a graph nested in it holds a placeholder
-
-
 class _Undeclared(Exception):
     """A placeholder reads a name not declared (so far): the types need the whole pass."""
 
@@ -325,7 +238,7 @@ class _Types(_fp._ForwardTypes):
     whole pass. Where every subgraph's names are its own (_declared_bulk), the declarations
     are read a field of every subgraph at a time; else graph by graph."""
 
-    def __init__(self, model: onnx.ModelProto, registry: OpRegistry, main: _Scope, domains: list[str],
+    def __init__(self, model: onnx.ModelProto, registry: OpRegistry, main: Scope, domains: list[str],
                  op_types: list[str], holders: list[int], forward: bool = True, data: bytes = b"",
                  spans: tuple[Any, Any] | None = None) -> None:
         self.scopes = [main]
@@ -334,8 +247,8 @@ class _Types(_fp._ForwardTypes):
         self.prefixes: set[str] = set()  # where bulk: the subgraphs' placeholders' names (their op types where unnamed)
         self._main = main
         self._main_holders = iter(holders)  # the pass reaches the main graph's holders in order
-        self._frames: list[tuple[_Scope, int, Iterator[tuple[int, int]], list]] = []
-        self._at: tuple[_Scope, int] | None = None
+        self._frames: list[tuple[Scope, int, Iterator[tuple[int, int]], list]] = []
+        self._at: tuple[Scope, int] | None = None
         self._forwarding = forward
         nodes = model.graph.node
         if forward:
@@ -376,13 +289,13 @@ class _Types(_fp._ForwardTypes):
             return super()._forward_subgraphs(node, domain)
         if domain == PLACEHOLDER_DOMAIN:
             raise Unsupported("a custom node with a subgraph")
-        made: list[tuple[int, int, _Scope]] = []
+        made: list[tuple[int, int, Scope]] = []
         self._frames.append((parent, index, iter(positions), made))
         at, self._at = self._at, None
         super()._forward_subgraphs(node, domain)
         self._at = at
         self._frames.pop()
-        held: dict[int, list[tuple[int, _Scope]]] = {}
+        held: dict[int, list[tuple[int, Scope]]] = {}
         for a, k, scope in made:
             held.setdefault(a, []).append((k, scope))
         attributes = node.attribute
@@ -391,7 +304,7 @@ class _Types(_fp._ForwardTypes):
                             [(a, 6 if attributes[a].type == _GRAPH else 11, subs) for a, subs in held.items()]))
         parent.dirty = parent.dirty or dirty
 
-    def _declared_holder(self, node: onnx.NodeProto, domain: str, parent: _Scope, index: int) -> None:
+    def _declared_holder(self, node: onnx.NodeProto, domain: str, parent: Scope, index: int) -> None:
         """The declarations-only pass through the graphs ``node`` (node ``index`` of ``parent``)
         holds: per graph, _declared_body; the main graph's If/Loop/Scan outputs then take their
         bodies' declared types (_declared_control_flow)."""
@@ -426,7 +339,7 @@ class _Types(_fp._ForwardTypes):
         parent.subs.append((index, len(attributes), dirty, held))
         parent.dirty = parent.dirty or dirty
 
-    def _declared_body(self, graph: onnx.GraphProto, path: tuple[int, ...]) -> _Scope:
+    def _declared_body(self, graph: onnx.GraphProto, path: tuple[int, ...]) -> Scope:
         """One subgraph, declarations only, listed as a scope (``_forward_graph``'s): TypeTable's
         ``_define`` before it and ``_defined_untyped`` after (the names it defines that no
         declaration types are left untyped: the union the check looks in is the same as the
@@ -443,7 +356,7 @@ class _Types(_fp._ForwardTypes):
                 self._sibling_reuse(name)
         if not self._main_outputs.isdisjoint(names):
             raise _Undeclared
-        scope = _Scope(graph, path)
+        scope = Scope(graph, path)
         self.scopes.append(scope)
         self._declare(graph)
         domains = list(map(attrgetter("domain"), nodes))
@@ -499,8 +412,8 @@ class _Types(_fp._ForwardTypes):
 
     def _declared_bulk(self, data: bytes, spans: tuple[Any, Any], domains: list[str], holders: list[int]) -> None:
         """The declarations-only pass over every subgraph, read from the serialized model
-        (``data``; ``spans``: the main graph's node entries' starts and ends) as _Skeletons, a
-        field of _BLOCK graphs at a time, where its result does not depend on the order the
+        (``data``; ``spans``: the main graph's node entries' starts and ends) as _wire.Skeletons, a
+        field of _bodysplice.BLOCK graphs at a time, where its result does not depend on the order the
         graph-by-graph pass goes in (else _NotBulk, before anything is changed; that pass then
         runs):
 
@@ -518,8 +431,8 @@ class _Types(_fp._ForwardTypes):
         Then the declarations are the same TypeTable.set calls, each graph's in its order
         (equal TypeProto bytes parsed once); the names left untyped are those no declaration
         types; the control-flow outputs are typed as _declared_control_flow types them. The
-        scopes listed hold their placeholders serialized (``_Scope.nodes``)."""
-        sk = _Skeletons.load()
+        scopes listed hold their placeholders serialized (``Scope.nodes``)."""
+        sk = _wire.Skeletons.load()
         starts, ends = spans
         made = self._main_outputs
         elem0, types0, untyped0 = self._elem, self._types, self._defined
@@ -542,7 +455,7 @@ class _Types(_fp._ForwardTypes):
         # every name of the main graph (made, declared, typed, defined untyped): none a subgraph's
         main_names = set(made).union(types0.keys(), elem0.keys(), untyped0)
         flow: dict[str, tuple[int, int]] = {}  # a main-graph If/Loop/Scan output -> its type, the node
-        found: list[_Scope] = []
+        found: list[Scope] = []
         counts: collections.Counter = collections.Counter()
 
         def typed_before(x: str, g: int) -> bool:
@@ -563,8 +476,8 @@ class _Types(_fp._ForwardTypes):
             if depth > _BULK_DEPTH:
                 raise _NotBulk
             below: list[tuple[bytes, tuple[int, ...], str]] = []
-            for at in range(0, len(level), _BLOCK):
-                block = level[at:at + _BLOCK]
+            for at in range(0, len(level), _bodysplice.BLOCK):
+                block = level[at:at + _bodysplice.BLOCK]
                 first = len(paths)
                 raws, bases, holder_domains = zip(*block)
                 if PLACEHOLDER_DOMAIN in holder_domains:
@@ -750,7 +663,7 @@ class _Types(_fp._ForwardTypes):
                             if not all(map(typed_before, itertools.compress(xs, slow), itertools.compress(xg, slow))):
                                 raise _NotBulk
                     del xs, xg, quick
-                    # what the lowering reads of each, kept (_Scope.fields): not parsed again there
+                    # what the lowering reads of each, kept (Scope.fields): not parsed again there
                     all_outputs, n_outputs = node_columns["output"]  # (input names appended after: not reached)
                     output_at = list(itertools.accumulate(n_outputs, initial=0))
                     outputs = list(map(all_outputs.__getitem__, map(slice, map(output_at.__getitem__, at_custom), map(
@@ -771,7 +684,7 @@ class _Types(_fp._ForwardTypes):
                     index_in = list(map(operator.sub, at_custom, map(offsets.__getitem__, map(
                         operator.sub, owner_of, repeat(first)))))
                     if len(set(owner_of)) == len(owner_of):  # one placeholder a graph
-                        found += map(_Scope, repeat(None), map(paths.__getitem__, owner_of), map(list, zip(index_in)),
+                        found += map(Scope, repeat(None), map(paths.__getitem__, owner_of), map(list, zip(index_in)),
                                      map(list, zip(map(flat_bytes.__getitem__, at_custom))), map(list, zip(fields)))
                     else:
                         by_graph: dict[int, tuple[list[int], list[bytes], list[tuple]]] = {}
@@ -782,7 +695,7 @@ class _Types(_fp._ForwardTypes):
                             place[0].append(i)
                             place[1].append(flat_bytes[p])
                             place[2].append(f)
-                        found += [_Scope(None, paths[g], custom, placeholders, graph_fields)
+                        found += [Scope(None, paths[g], custom, placeholders, graph_fields)
                                   for g, (custom, placeholders, graph_fields) in by_graph.items()]
                     del fields
                 # the next level: this level's nodes holding graphs
@@ -829,7 +742,7 @@ class _Types(_fp._ForwardTypes):
         ``subs``, as the declarations-only pass lists them, each placeholder's fields as read;
         the table stays as it is (the whole pass's: _declared_bulk's conditions). What a
         conversion splicing into every graph needs (_convertbytes.splice_scopes), the graphs
-        then written again by _graph_bytes (``bulk`` no longer). Where the graphs are and
+        then written again by graph_bytes (``bulk`` no longer). Where the graphs are and
         their sizes are _declared_bulk's (``_graphs``): only the nodes holding them are read."""
         read = {scope.path: scope for scope in self.scopes[1:]}
         paths, sizes = self._graphs
@@ -846,10 +759,10 @@ class _Types(_fp._ForwardTypes):
             inner = below.get(parent.path)
             if not inner:
                 continue
-            made: list[tuple[_Scope, Any]] = []
+            made: list[tuple[Scope, Any]] = []
             for index, group in itertools.groupby(inner, key=itemgetter(-3)):
                 attributes = parent_nodes[index].attribute
-                held: list[tuple[int, int, list[tuple[int, _Scope]]]] = []
+                held: list[tuple[int, int, list[tuple[int, Scope]]]] = []
                 for a, in_attribute in itertools.groupby(group, key=itemgetter(-2)):
                     attr = attributes[a]
                     one = attr.type == _GRAPH
@@ -857,7 +770,7 @@ class _Types(_fp._ForwardTypes):
                     for path in in_attribute:
                         graph = attr.g if one else attr.graphs[path[-1]]
                         listed = read.get(path)
-                        scope = _Scope(graph, path, None if listed is None else listed.custom,
+                        scope = Scope(graph, path, None if listed is None else listed.custom,
                                        None if listed is None else listed.nodes,
                                        None if listed is None else listed.fields)
                         scope.size, scope.dirty = size_of[path], listed is not None
@@ -925,7 +838,7 @@ class _Types(_fp._ForwardTypes):
         path = (*parent.path, index, a, k)
         if len(path) > 3 * _MAX_DEPTH:
             raise Unsupported(f"graphs nested more than {_MAX_DEPTH} deep")
-        scope = _Scope(graph, path)
+        scope = Scope(graph, path)
         self.scopes.append(scope)
         made.append((a, k, scope))
         self._declare(graph)
@@ -946,467 +859,7 @@ class _Types(_fp._ForwardTypes):
                 self._at = None
 
 
-def _graph_bytes(data: bytes, scope: _Scope, v0: int, v1: int, slots: dict[int, list[bytes]],
-                 entries: tuple[list[int], list[int]] | None = None, joined: bool = True) -> Any:
-    """The value of ``scope``'s graph (at ``data[v0:v1]``; ``entries``: its node entries' starts
-    and ends where known) with its placeholders replaced (``slots``: by scope id, in the
-    placeholders' order, taken out of it: each written once) and its nested graphs holding
-    placeholders written again, their length prefixes new. ``joined=False``: as its pieces, in order."""
-    starts, ends = entries if entries is not None else _wire.node_spans(data, v0, v1)
-    if len(starts) != scope.size:
-        raise Unsupported("a graph's node entries do not match the parsed model")
-    key = id(scope)
-    edits = list(zip(map(starts.__getitem__, scope.custom), map(ends.__getitem__, scope.custom), slots.pop(key, ())))
-    L = _wire.LENGTHS
-    for index, n_attributes, dirty, held in scope.subs:
-        if not dirty:
-            continue
-        start, end = starts[index], ends[index]
-        n0 = start + 2 if data[start + 1] < 0x80 else _wire.read_varint(data, start + 1)[1]
-        attributes = _wire.fields(data, n0, end, 5)
-        if len(attributes) != n_attributes:
-            raise Unsupported("a node's attribute entries do not match the parsed model")
-        node_edits = []
-        for a, field, subs in held:
-            a_start, a0, a1 = attributes[a]
-            graphs = _wire.fields(data, a0, a1, field)
-            if len(graphs) != len(subs):
-                raise Unsupported("an attribute's graph entries do not match the parsed model")
-            tag = b"\x32" if field == 6 else b"\x5a"
-            attr_edits = []
-            for k, sub in subs:
-                if not sub.dirty:
-                    continue
-                e_start, s0, s1 = graphs[k]
-                if sub.subs:
-                    graph = _graph_bytes(data, sub, s0, s1, slots)
-                else:  # a graph holding none: its placeholders' entries replaced, inline
-                    sub_starts, sub_ends = _wire.node_spans(data, s0, s1)
-                    if len(sub_starts) != sub.size:
-                        raise Unsupported("a graph's node entries do not match the parsed model")
-                    pieces = []
-                    at = s0
-                    for i, new in zip(sub.custom, slots.pop(id(sub))):
-                        pieces += (data[at:sub_starts[i]], new)
-                        at = sub_ends[i]
-                    pieces.append(data[at:s1])
-                    graph = b"".join(pieces)
-                attr_edits.append((e_start, s1, tag + L[len(graph)] + graph))
-            if attr_edits:
-                body = _wire.splice(data, a0, a1, attr_edits)
-                node_edits.append((a_start, a1, b"\x2a" + L[len(body)] + body))
-        body = _wire.splice(data, n0, end, node_edits)
-        edits.append((start, end, b"\x0a" + L[len(body)] + body))
-    if scope.custom and scope.subs:
-        edits.sort(key=itemgetter(0))
-    return _wire.splice(data, v0, v1, edits) if joined else _wire.spliced(data, v0, v1, edits)
-
-
-class _Edits:
-    """What changes under one node of the main graph: the placeholders of its graphs (by path
-    below it) and where they are, as a tree: (attribute, graph) -> [placeholder indices and
-    their entries, {node index: the _Edits of a node in that graph holding graphs}]."""
-
-    __slots__ = ("graphs",)
-
-    def __init__(self) -> None:
-        self.graphs: dict[tuple[int, int], list] = {}
-
-    def add(self, path: tuple[int, ...], custom: list[int], entries: list[bytes]) -> None:
-        edits = self
-        while True:
-            place = edits.graphs.get(path[:2])
-            if place is None:
-                place = edits.graphs[path[:2]] = [None, None, {}]
-            if len(path) == 2:
-                place[0], place[1] = custom, entries
-                return
-            inner = place[2].get(path[2])
-            if inner is None:
-                inner = place[2][path[2]] = _Edits()
-            edits, path = inner, path[3:]
-
-    def node(self, value: bytes) -> bytes:
-        """The serialized node ``value`` (a NodeProto's bytes) with these edits made."""
-        sk = _Skeletons.load()
-        node = sk.node.FromString(value)
-        attributes = node.attribute
-        for a in sorted({a for a, _ in self.graphs}):
-            attr = sk.attribute.FromString(attributes[a])
-            many = attr.type != _GRAPH
-            for (b, k), place in self.graphs.items():
-                if b == a:
-                    field = attr.graphs if many else attr.g
-                    field[k] = self._graph(field[k], *place)
-            attributes[a] = attr.SerializeToString()
-        return node.SerializeToString()
-
-    @staticmethod
-    def _graph(value: bytes, custom: list[int] | None, entries: list[bytes] | None, inner: dict) -> bytes:
-        """The serialized graph ``value`` with the graphs in its nodes edited, then each
-        placeholder ``custom[j]`` replaced by the serialized nodes ``entries[j]`` (the nodes
-        after the first placeholder written again: a repeated field is added to at its end)."""
-        graph = _Skeletons.load().graph.FromString(value)
-        nodes = graph.node
-        for i, edits in inner.items():
-            nodes[i] = edits.node(nodes[i])
-        if custom:
-            first = custom[0]
-            if len(custom) == 1 and first == len(nodes) - 1:
-                pieces = entries
-            else:
-                new = dict(zip(custom, entries))
-                entry = _wire.entry
-                pieces = [new[i] if i in new else entry(nodes[i]) for i in range(first, len(nodes))]
-            del nodes[first:]
-            graph.MergeFromString(b"".join(pieces))
-        return graph.SerializeToString()
-
-
-def _holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[_Scope],
-                    slots: dict[int, list[bytes]]) -> list[tuple[int, bytes]]:
-    """(index, new node entry) of each main-graph node holding graphs with placeholders, in
-    index order: its bytes with every placeholder replaced, each message around them written
-    again (as _Skeletons, so every other field's bytes are as they were): protobuf's own bytes
-    for the edited node, where the input is written as protobuf writes (the objects writer's).
-    A node whose graphs with placeholders are its own is written a block at a time without
-    parsing where the messages on the way down come back as they are (_spliced_holders)."""
-    starts, ends = spans
-    paths = list(map(attrgetter("path"), scopes))
-    # nodes holding a placeholder deeper down
-    deep = {path[0] for path in paths if len(path) != 3} if max(map(len, paths), default=3) != 3 else set()
-    by_holder: dict[int, _Edits] = {}
-    if deep:
-        shallow = []
-        for scope, path in zip(scopes, paths):
-            if path[0] not in deep:
-                shallow.append(scope)
-                continue
-            edits = by_holder.get(path[0])
-            if edits is None:
-                edits = by_holder[path[0]] = _Edits()
-            edits.add(path[1:], scope.custom, slots.pop(id(scope)))
-        scopes = shallow
-        paths = list(map(attrgetter("path"), scopes))
-    out: list[tuple[int, bytes]] = []
-    if scopes:
-        holder = np.fromiter(map(itemgetter(0), paths), np.int64, len(paths))
-        if (holder[1:] < holder[:-1]).any():
-            order = np.argsort(holder, kind="stable")
-            holder = holder[order]
-            scopes = list(map(scopes.__getitem__, order.tolist()))
-        indices, first = np.unique(holder, return_index=True)
-        bounds = np.append(first, len(holder))
-        buf = np.frombuffer(data, np.uint8)
-        all_starts, all_ends = _offsets(starts), _offsets(ends)
-        for at in range(0, len(indices), _BLOCK):
-            block = indices[at:at + _BLOCK]
-            s0, s1 = int(bounds[at]), int(bounds[at + len(block)])
-            h_start = all_starts[block]
-            _, size, short = _wire.varints(buf, h_start + 1)
-            v0 = h_start + 1 + size
-            for j in np.flatnonzero(~short).tolist():  # a length padded past 5 bytes
-                v0[j] = _wire.read_varint(data, int(h_start[j]) + 1)[1]
-            v1 = all_ends[block]
-            own = np.searchsorted(block, holder[s0:s1])  # the block's scopes: their node's place in the block
-            written = _spliced_holders(data, buf, v0, v1, scopes[s0:s1], own, slots)
-            for j in [j for j, entry in enumerate(written) if entry is None]:  # parsed and written again
-                held = scopes[int(bounds[at + j]):int(bounds[at + j + 1])]
-                written[j] = _wire.entry(_shallow_node(data[int(v0[j]):int(v1[j])], held, slots))
-            out += zip(block.tolist(), written)
-    for index, edits in by_holder.items():
-        start = starts[index]
-        value = data[start + 2 if data[start + 1] < 0x80 else _wire.read_varint(data, start + 1)[1]:ends[index]]
-        out.append((index, _wire.entry(edits.node(value))))
-    if by_holder:
-        out.sort(key=itemgetter(0))
-    return out
-
-
-def _offsets(values: Any) -> Any:
-    """Offsets (an array('q'), as _wire.node_entries makes them, or a list) as int64s:
-    the array's own memory where it is one."""
-    if isinstance(values, array) and values.typecode == "q":
-        return np.frombuffer(values, np.int64)
-    return np.asarray(values, np.int64)
-
-
-def _shallow_node(value: bytes, held: list[_Scope], slots: dict[int, list[bytes]]) -> bytes:
-    """``_Edits.node`` for a node whose graphs with placeholders are its own (``held``: their
-    scopes, paths (node, attribute, graph)), without the tree: the same messages parsed,
-    edited and serialized in the same order."""
-    sk = _Skeletons.load()
-    node = sk.node.FromString(value)
-    attributes = node.attribute
-    by_attribute: dict[int, list[_Scope]] = {}
-    for scope in held:
-        by_attribute.setdefault(scope.path[1], []).append(scope)
-    graph_from, serialize = sk.graph.FromString, sk.graph.SerializeToString
-    for a in sorted(by_attribute):
-        attr = sk.attribute.FromString(attributes[a])
-        field = attr.g if attr.type == _GRAPH else attr.graphs
-        for scope in by_attribute[a]:
-            k = scope.path[2]
-            graph = graph_from(field[k])
-            nodes = graph.node
-            custom, entries = scope.custom, slots.pop(id(scope))
-            first = custom[0]
-            if len(custom) == 1 and first == len(nodes) - 1:
-                pieces = entries
-            else:
-                new = dict(zip(custom, entries))
-                pieces = [new[i] if i in new else _wire.entry(nodes[i]) for i in range(first, len(nodes))]
-            del nodes[first:]
-            graph.MergeFromString(b"".join(pieces))
-            field[k] = serialize(graph)
-        attributes[a] = attr.SerializeToString()
-    return node.SerializeToString()
-
-
-class _Rules:
-    """How protobuf writes back the skeletons _holder_entries parses (node, attribute, graph),
-    as arrays indexed by a field's key (keys of one or two bytes): ``rank`` (-1: a key it
-    never writes back as it came: unknown, another wire type, a packed or signed varint, a
-    singular field without presence, which protobuf leaves out where it holds its default),
-    ``after`` (the least rank the next field may have: a repeated field's own, the next
-    field's for a singular one; fields in number order, each message-typed one repeated
-    bytes) and ``varints`` ((key, the values below which it keeps, or a table of them))."""
-
-    made: tuple[_Rules, _Rules, _Rules] | None = None
-
-    def __init__(self, message: Any) -> None:
-        from google.protobuf.descriptor import FieldDescriptor as F
-
-        wires = {F.TYPE_STRING: 2, F.TYPE_BYTES: 2, F.TYPE_MESSAGE: 2, F.TYPE_INT64: 0, F.TYPE_UINT64: 0,
-                 F.TYPE_UINT32: 0, F.TYPE_BOOL: 0, F.TYPE_ENUM: 0, F.TYPE_FLOAT: 5, F.TYPE_FIXED32: 5,
-                 F.TYPE_DOUBLE: 1, F.TYPE_FIXED64: 1}
-        below = {F.TYPE_INT64: 1 << 64, F.TYPE_UINT64: 1 << 64, F.TYPE_UINT32: 1 << 32, F.TYPE_BOOL: 2}
-        self.rank = np.full(1 << 14, -1, np.int64)
-        self.after = np.zeros(1 << 14, np.int64)
-        self.varints: list[tuple[int, Any]] = []
-        for f in message.DESCRIPTOR.fields:
-            wire = wires.get(f.type)
-            key = f.number << 3 | (wire or 0)
-            if wire is None or key >= 1 << 14 or getattr(f, "is_packed", False) or not (
-                    f.is_repeated or f.has_presence):
-                continue
-            self.rank[key] = rank = 2 * f.number
-            self.after[key] = rank if f.is_repeated else rank + 1
-            if f.type == F.TYPE_ENUM:  # the values it knows (one below 2**16, as _wire.varints reads them)
-                known = [v.number for v in f.enum_type.values if 0 <= v.number < 1 << 16]
-                table = np.zeros(max(known, default=0) + 1, bool)
-                table[known] = True
-                self.varints.append((key, table))
-            elif wire == 0:  # (_wire.varints reads values below 2**35: a bound past that is none)
-                self.varints.append((key, min(below[f.type], 1 << 40)))
-
-    @classmethod
-    def of(cls) -> tuple[_Rules, _Rules, _Rules]:
-        if cls.made is None:  # equal tables whichever thread makes them first
-            sk = _Skeletons.load()
-            cls.made = (cls(sk.node), cls(sk.attribute), cls(sk.graph))
-        return cls.made
-
-
-# After this many fields, messages still being read, if fewer than this, go the parsing way (a step of
-# _scan costs about as much for a few as for thousands)
-_SCAN_MIN = 64
-# Fields _scan found, as arrays: (message, which of its fields of that key, entry start, value start
-# (a varint's: its value), entry end)
-_Hits = tuple
-
-
-def _scan(buf: Any, pos: Any, end: Any, rules: _Rules, wanted: tuple[int, ...]) -> tuple[Any, dict[int, _Hits]]:
-    """Read the messages at ``buf[pos[m]:end[m]]`` together, a field of all of them at a time:
-    whether each comes back as it is when parsed as its skeleton and serialized (keys in the
-    rules' order with none but a repeated field's twice, every key known with its wire type,
-    keys, lengths and values as short as they go, varint values ones the field keeps), and
-    the fields of ``wanted`` keys (_Hits arrays, per key)."""
-    n = len(pos)
-    pos = pos.copy()
-    last = np.zeros(n, np.int64)
-    ok = np.ones(n, bool)
-    seen = {k: np.zeros(n, np.int64) for k in wanted}
-    found: dict[int, list] = {k: [] for k in wanted}
-    active = np.flatnonzero(pos < end)
-    steps = 0
-    while active.size:
-        steps += 1
-        if steps > _SCAN_MIN and active.size < _SCAN_MIN:
-            ok[active] = False
-            break
-        p = pos[active]
-        key, size, good = _wire.varints(buf, p)
-        good &= key < 1 << 14
-        key[~good] = 0
-        rank = rules.rank[key]
-        good &= rank >= last[active]
-        last[active] = rules.after[key]
-        wire = key & 7
-        at = p + size
-        value, size, short = _wire.varints(buf, at)
-        good &= short | (wire == 1) | (wire == 5)
-        start = at + size
-        stop = np.where(wire == 2, start + value, np.where(wire == 0, start, at + np.where(wire == 5, 4, 8)))
-        for k, keeps in rules.varints:
-            is_k = key == k
-            if is_k.any():
-                if isinstance(keeps, int):
-                    good &= ~is_k | (value < keeps)
-                else:
-                    good &= ~is_k | ((value < len(keeps)) & keeps[np.minimum(value, len(keeps) - 1)])
-        good &= stop <= end[active]
-        for k in wanted:
-            is_k = good & (key == k)
-            if is_k.any():
-                m = active[is_k]
-                found[k].append((m, seen[k][m], p[is_k], np.where(wire == 0, value, start)[is_k], stop[is_k]))
-                seen[k][m] += 1
-        ok[active[~good]] = False
-        pos[active] = stop
-        active = active[good & (stop < end[active])]
-    hits = {k: tuple(map(np.concatenate, zip(*v))) if v else tuple(np.zeros(0, np.int64) for _ in range(5))
-            for k, v in found.items()}
-    return ok, hits
-
-
-def _lookup(owner: Any, nth: Any, hits: _Hits) -> tuple[Any, Any]:
-    """Per (``owner``, ``nth``): the index in ``hits`` of message ``owner``'s ``nth`` field, and
-    whether it has one (where not, the index is any)."""
-    width = int(max(hits[1].max(initial=0), nth.max(initial=0))) + 1
-    keys = hits[0] * width + hits[1]
-    order = np.argsort(keys, kind="stable")
-    keys = keys[order]
-    want = owner * width + nth
-    at = np.minimum(np.searchsorted(keys, want), max(len(keys) - 1, 0))
-    there = (keys[at] == want) if len(keys) else np.zeros(len(want), bool)
-    return (order[at] if len(keys) else at), there
-
-
-def _spliced_holders(data: bytes, buf: Any, v0: Any, v1: Any, scopes: list[_Scope], own: Any,
-                     slots: dict[int, list[bytes]]) -> list[bytes | None]:
-    """Per main-graph node (its value at ``data[v0[j]:v1[j]]``) whose graphs with placeholders
-    are its own (``scopes``, node ``own[i]`` holding ``scopes[i]``), its new entry as
-    ``_shallow_node`` writes it, made without parsing: where each message that parses and
-    serializes there comes back as it is (_scan: the node, its attributes holding those
-    graphs, the graphs), those bytes are the input's with the placeholders' entries replaced
-    and the length prefixes around them written again. None for a node where not (its
-    scopes' slots are left to _shallow_node; the others' are taken)."""
-    node_rules, attribute_rules, graph_rules = _Rules.of()
-    n = len(v0)
-    good, node_hits = _scan(buf, v0, v1, node_rules, (0x2A,))
-    paths = list(map(attrgetter("path"), scopes))
-    s_attribute = np.fromiter(map(itemgetter(1), paths), np.int64, len(paths))
-    s_graph = np.fromiter(map(itemgetter(2), paths), np.int64, len(paths))
-    # the attributes holding them: read, each once
-    hit, there = _lookup(own, s_attribute, node_hits[0x2A])
-    good[own[~there]] = False
-    if not good.any():
-        return [None] * n
-    width = int(s_attribute.max(initial=0)) + 1
-    _, first, s_attr = np.unique(own * width + s_attribute, return_index=True, return_inverse=True)
-    s_attr = s_attr.reshape(-1)
-    a_holder, a_hit = own[first], hit[first]
-    a_start, a0, a1 = (node_hits[0x2A][c][a_hit] for c in (2, 3, 4))
-    ok, attr_hits = _scan(buf, a0, a1, attribute_rules, (0x32, 0x5A, _TYPE_KEY))
-    good[a_holder[~ok]] = False
-    kind = np.zeros(len(a0), np.int64)
-    kind[attr_hits[_TYPE_KEY][0]] = attr_hits[_TYPE_KEY][3]
-    many = (kind != _GRAPH).astype(np.int64)  # as _shallow_node reads it: attr.g if attr.type == GRAPH else attr.graphs
-    # the graphs: per attribute, its g entries (0) or its graphs entries (1), in order
-    one, several = attr_hits[0x32], attr_hits[0x5A]
-    graph_hits = tuple(map(np.concatenate, zip(one, several)))
-    graph_hits = (graph_hits[0] * 2 + np.repeat([0, 1], [len(one[0]), len(several[0])]), *graph_hits[1:])
-    hit, there = _lookup(s_attr * 2 + many[s_attr], s_graph, graph_hits)
-    good[own[~there]] = False
-    if not good.any():
-        return [None] * n
-    g_start, g0, g1 = graph_hits[2][hit], graph_hits[3][hit], graph_hits[4][hit]
-    ok, entry_hits = _scan(buf, g0, g1, graph_rules, (0x0A,))
-    good[own[~ok]] = False
-    # the placeholders' entries, in order in their graph
-    customs = list(map(attrgetter("custom"), scopes))
-    p_scope = np.repeat(np.arange(len(scopes)), list(map(len, customs)))
-    hit, there = _lookup(p_scope, np.fromiter(itertools.chain.from_iterable(customs), np.int64, len(p_scope)),
-                         entry_hits[0x0A])
-    good[own[p_scope[~there]]] = False
-    if not good.any():
-        return [None] * n
-    p_start, p_end = entry_hits[0x0A][2][hit], entry_hits[0x0A][4][hit]
-    twice = (p_scope[1:] == p_scope[:-1]) & (p_start[1:] < p_end[:-1])  # out of order or twice: _shallow_node's
-    good[own[p_scope[1:][twice]]] = False
-    new = list(itertools.chain.from_iterable(map(slots.pop, map(id, scopes))))
-    left = np.flatnonzero(~good[own]).tolist()
-    if left:  # the placeholders of nodes parsed and written again: put back
-        at = np.concatenate([[0], np.cumsum(list(map(len, customs)))]).tolist()
-        for k in left:
-            slots[id(scopes[k])] = new[at[k]:at[k + 1]]
-    # sizes, from the inside out
-    g_size = g1 - g0
-    np.add.at(g_size, p_scope, np.fromiter(map(len, new), np.int64, len(new)) - (p_end - p_start))
-    a_size = a1 - a0
-    np.add.at(a_size, s_attr, 1 + _wire.varint_sizes(g_size) + g_size - (g1 - g_start))
-    size = v1 - v0
-    np.add.at(size, a_holder, 1 + _wire.varint_sizes(a_size) + a_size - (a1 - a_start))
-    # every cut (a length prefix or a placeholder's entry) with what goes there, in the input's order
-    tags = np.concatenate([np.full(len(a0), 0x2A), np.where(many[s_attr], 0x5A, 0x32)])
-    heads = tags << 40 | np.concatenate([a_size, g_size])  # the attributes' and graphs' keys and lengths
-    n_heads = len(heads)
-    c_holder = np.concatenate([a_holder, own, own[p_scope]])
-    c_start = np.concatenate([a_start, g_start, p_start])
-    c_end = np.concatenate([a0, g0, p_end])
-    keep = np.flatnonzero(good[c_holder])
-    keep = keep[np.argsort(c_start[keep], kind="stable")]  # the nodes' entries are in order in the input
-    c_start, c_end = c_start[keep], c_end[keep]
-    done = np.flatnonzero(good)
-    out: list[bytes | None] = [None] * n
-    if not len(done):
-        return out
-    cuts = np.bincount(c_holder[keep], minlength=n)[done]  # one at least: the attribute's length prefix
-    first_cut = np.cumsum(cuts) - cuts
-    gap_from = np.concatenate([[0], c_end[:-1]])
-    gap_from[first_cut] = v0[done]
-    last_cut = first_cut + cuts - 1
-    # per node: its entry's key and length, (the input's bytes up to a cut, what goes there) per cut, the rest;
-    # nodes of one count of cuts a column of pieces at a time
-    for count in np.unique(cuts).tolist():
-        these = np.flatnonzero(cuts == count)
-        nodes = done[these]
-        columns: list[Any] = [list(map(_wire.HEADS.__getitem__, (0x0A << 40 | size[nodes]).tolist()))]
-        for t in range(count):
-            at = first_cut[these] + t
-            if (gap_from[at] != c_start[at]).any():  # input bytes before the cut: not none for all
-                columns.append(_gaps(data, buf, gap_from[at], c_start[at]))
-            which = keep[at]
-            if (which < n_heads).all():
-                columns.append(list(map(_wire.HEADS.__getitem__, heads[which].tolist())))
-            elif (which >= n_heads).all():
-                columns.append(list(map(new.__getitem__, (which - n_heads).tolist())))
-            else:
-                columns.append([_wire.HEADS[int(heads[w])] if w < n_heads else new[w - n_heads] for w in which.tolist()])
-        columns.append(list(map(data.__getitem__, map(slice, c_end[last_cut[these]].tolist(), v1[nodes].tolist()))))
-        for j, entry in zip(nodes.tolist(), map(b"".join, zip(*columns))):
-            out[j] = entry
-        del columns
-    return out
-
-
-def _gaps(data: bytes, buf: Any, start: Any, end: Any) -> list[bytes]:
-    """``data[start[i]:end[i]]`` for each i; one bytes object for all where they are alike
-    and short (an attribute's name before its graph, say), read at once."""
-    sizes = end - start
-    size = int(sizes[0])
-    if size <= 64 and (sizes == size).all():
-        block = buf[start[:, None] + np.arange(size)]
-        if (block == block[0]).all():
-            return [data[int(start[0]):int(end[0])]] * len(start)
-    return list(map(data.__getitem__, map(slice, start.tolist(), end.tolist())))
-
-
-_TYPE_KEY = 20 << 3  # AttributeProto.type
-
-
-def _serialized(scopes: list[_Scope]) -> Iterator[bytes]:
+def _serialized(scopes: list[Scope]) -> Iterator[bytes]:
     """The placeholders of ``scopes``, in order, serialized."""
     for s in scopes:
         yield from s.nodes if s.nodes is not None else map(onnx.NodeProto.SerializeToString,
@@ -1425,11 +878,11 @@ def _split(values: list, counts: list[int]) -> list[list]:
 
 
 def _bound(writer: _fp._Bound, node: Any) -> bytes:
-    """``writer.emit`` for a _Skeletons NodeProto: the node with the bound one's domain and attributes."""
+    """``writer.emit`` for a _wire.Skeletons NodeProto: the node with the bound one's domain and attributes."""
     attributes = getattr(writer, "attribute_bytes", None)
     if attributes is None:
         attributes = writer.attribute_bytes = [a.SerializeToString() for a in writer.attributes]
-    out = _Skeletons.load().node()
+    out = _wire.Skeletons.load().node()
     out.CopyFrom(node)
     out.domain = writer.domain
     del out.attribute[:]
@@ -1439,7 +892,7 @@ def _bound(writer: _fp._Bound, node: Any) -> bytes:
 
 def _bound_all(writer: _fp._Bound, nodes: list[bytes]) -> list[bytes]:
     """``_bound`` for each of the serialized ``nodes``, a field of all of them at a time."""
-    sk = _Skeletons.load().node
+    sk = _wire.Skeletons.load().node
     attributes = getattr(writer, "attribute_bytes", None)
     if attributes is None:
         attributes = writer.attribute_bytes = [a.SerializeToString() for a in writer.attributes]
@@ -1636,9 +1089,9 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     if len(starts) != len(nodes):
         raise Unsupported("node entries do not match the parsed graph")
 
-    def type_table(bulk: bool) -> tuple[_Types, _Scope]:
+    def type_table(bulk: bool) -> tuple[_Types, Scope]:
         """The table and the main graph's scope; ``bulk``: the subgraphs' declarations may be read at once."""
-        main = _Scope(model.graph, (), list(custom))
+        main = Scope(model.graph, (), list(custom))
         main.size, main.dirty = len(nodes), bool(custom)
         try:
             types = _Types(model, registry, main, domains, op_types, holders, forward=False, data=data,
@@ -1649,7 +1102,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             if not all(x in declared for i in custom for x in nodes[i].input if x):
                 raise _Undeclared
         except _Undeclared:  # a placeholder reads a name no graph declares with a type: the forward rules'
-            main = _Scope(model.graph, (), list(custom))
+            main = Scope(model.graph, (), list(custom))
             main.size, main.dirty = len(nodes), bool(custom)
             types = _Types(model, registry, main, domains, op_types, holders)
         return types, main
@@ -1680,8 +1133,9 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
 
     prefixes: set[str] = set(types.prefixes)  # those _declared_bulk read
     unread = [s for s in lists if s.fields is None]
-    for at in range(0, len(unread), _BLOCK):
-        columns = _columns(_Skeletons.load().nodes, list(_serialized(unread[at:at + _BLOCK])), _PREFIX_FIELDS)
+    block = _bodysplice.BLOCK
+    for at in range(0, len(unread), block):
+        columns = _columns(_wire.Skeletons.load().nodes, list(_serialized(unread[at:at + block])), _PREFIX_FIELDS)
         prefixes.update([name or op for name, op in zip(columns["name"], columns["op_type"])])
     del unread
     regions = [(start, end) for field, start, _, end in top if field != _fp._M_GRAPH]
@@ -1766,8 +1220,8 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         return got
 
     done_scopes = 0
-    for block_at in range(0, len(order), _BLOCK):
-        block = order[block_at:block_at + _BLOCK]
+    for block_at in range(0, len(order), _bodysplice.BLOCK):
+        block = order[block_at:block_at + _bodysplice.BLOCK]
         # The block's placeholders (serialized), a field of all of them at a time.
         ph = list(_serialized(block))
         if all(map(attrgetter("fields"), block)):  # as _declared_bulk read them
@@ -1776,7 +1230,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             del read
             list(map(setattr, block, itertools.repeat("fields"), itertools.repeat(None)))  # read once: freed as it goes
         else:
-            columns = _columns(_Skeletons.load().nodes, ph, _PLACEHOLDER_FIELDS)
+            columns = _columns(_wire.Skeletons.load().nodes, ph, _PLACEHOLDER_FIELDS)
             ins_of, outs_of = _split(*columns["input"]), _split(*columns["output"])
             ops_of = columns["op_type"]
             prefixes = [name or op for name, op in zip(columns["name"], ops_of)]
@@ -1936,7 +1390,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                     writer = bound.get(kind)
                     if writer is None:
                         writer = bound[kind] = _fp._Bound(first.nodes[0])
-                    entries = _bound(writer, _Skeletons.load().node.FromString(node))
+                    entries = _bound(writer, _wire.Skeletons.load().node.FromString(node))
                     repeats[(kind, 0)] += 1
                     repeated.setdefault((kind, 0), first)
                     mode = ("bound", kind)
@@ -1960,7 +1414,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                 else:
                     made_here[j] = entries
         del ph, ins_of, outs_of, ops_of, prefixes, values_of, kinds_of
-        if pending >= _BLOCK:
+        if pending >= _bodysplice.BLOCK:
             flush()
             pending = 0
     flush()
@@ -1977,11 +1431,11 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
         spliced.merge(scopes, slots)
         checked += spliced.checked
     if not types.bulk:  # every graph listed, the graphs in each (scope.subs): spliced in place, nested
-        graph = _graph_bytes(data, main, g0, g1, slots, (starts, ends), joined=False)  # pieces, joined only where asked
+        graph = graph_bytes(data, main, g0, g1, slots, (starts, ends), joined=False)  # pieces, joined only where asked
         if spliced is not None:
             graph = spliced.insert(graph, data, g1)
     else:  # the graphs holding placeholders only: their main-graph nodes written again from skeletons
-        edits = _holder_entries(data, (starts, ends), [s for s in lists if s.path], slots)
+        edits = holder_entries(data, (starts, ends), [s for s in lists if s.path], slots)
         if main.custom:
             edits += zip(main.custom, slots.pop(id(main)))
             edits.sort(key=itemgetter(0))

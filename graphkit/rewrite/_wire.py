@@ -2,21 +2,24 @@
 
 Varints read and encoded (one at a time, or a column of them with numpy), a message's
 top-level entries located, the length-delimited fields of one number listed, byte ranges
-spliced. graphkit.rewrite._fastpath, _bodybytes and _convertbytes write serialized models
-with these; a malformed encoding raises :class:`Unsupported` (the objects writer runs).
+spliced, and :class:`Skeletons`: ONNX's messages with their message fields read as bytes.
+graphkit.rewrite._fastpath, _bodybytes, _bodysplice and _convertbytes write serialized
+models with these; a malformed encoding raises :class:`Unsupported` (the objects writer runs).
 """
 
 from __future__ import annotations
 
+import threading
 from array import array
 from operator import itemgetter
 from typing import Any
 
 import numpy as np
+import onnx
 
-__all__ = ["HEADS", "LENGTHS", "STR_LENGTHS", "Unsupported", "encode_varint", "entries", "entry", "field", "fields",
-           "header", "node_entries", "node_spans", "read_varint", "splice", "spliced", "text_varint", "varint_sizes",
-           "varints"]
+__all__ = ["HEADS", "LENGTHS", "STR_LENGTHS", "Skeletons", "Unsupported", "encode_varint", "entries", "entry",
+           "field", "fields", "header", "node_entries", "node_spans", "read_varint", "splice", "spliced", "text_varint",
+           "varint_sizes", "varints"]
 
 
 class Unsupported(Exception):
@@ -248,3 +251,66 @@ class _Heads(dict):
 
 
 HEADS = _Heads()
+
+
+class Skeletons:
+    """NodeProto, AttributeProto, GraphProto and ValueInfoProto with every message-typed field
+    read as repeated bytes (its serialized value, unparsed; repeated, so that one given twice,
+    which protobuf would merge, is seen): the same fields, numbers and wire format, so that
+    parsing one of them from a message's bytes and serializing it again gives the bytes the
+    real message gives (protobuf writes fields in number order either way). Reading a field
+    of one costs a bytes or str object, not the Python wrapper of a message, which is what
+    makes reading thousands of subgraphs field by field slow."""
+
+    node: Any = None
+    attribute: Any = None
+    graph: Any = None
+    value_info: Any = None
+    # ValueInfoProto with every field repeated: ValueInfoProtos serialized one after the other
+    # parse as one of these, each field's values in order (protobuf merges repeated fields so)
+    value_infos: Any = None
+    # NodeProto and AttributeProto so, likewise (AttributeProto's type an int64: any value parses)
+    nodes: Any = None
+    attributes: Any = None
+
+    _lock = threading.Lock()
+
+    @classmethod
+    def load(cls) -> type[Skeletons]:
+        if cls.node is not None:
+            return cls
+        with cls._lock:  # made once: threads rewriting at once never mix two pools' classes
+            if cls.node is not None:
+                return cls
+            from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+            field = descriptor_pb2.FieldDescriptorProto
+            proto = descriptor_pb2.FileDescriptorProto()
+            onnx.NodeProto.DESCRIPTOR.file.CopyToProto(proto)
+            wanted = {"NodeProto", "AttributeProto", "GraphProto", "ValueInfoProto"}
+            for message in proto.message_type:
+                if message.name in wanted:
+                    for f in message.field:
+                        if f.type == field.TYPE_MESSAGE:
+                            f.type, f.label = field.TYPE_BYTES, field.LABEL_REPEATED
+                            f.ClearField("type_name")
+                if message.name in ("ValueInfoProto", "NodeProto", "AttributeProto"):
+                    columns = proto.message_type.add()
+                    columns.CopyFrom(message)
+                    columns.name = message.name.replace("Proto", "Columns")
+                    for f in columns.field:
+                        f.label = field.LABEL_REPEATED
+                        if f.type == field.TYPE_ENUM:
+                            f.type = field.TYPE_INT64
+                            f.ClearField("type_name")
+            pool = descriptor_pool.DescriptorPool()  # a pool of its own: onnx's names again, apart
+            pool.Add(proto)
+            made = {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{proto.package}.{name}"))
+                    for name in wanted}
+            cls.attribute, cls.graph, cls.value_info = (made["AttributeProto"], made["GraphProto"],
+                                                        made["ValueInfoProto"])
+            cls.value_infos, cls.nodes, cls.attributes = (
+                message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{proto.package}.{name}"))
+                for name in ("ValueInfoColumns", "NodeColumns", "AttributeColumns"))
+            cls.node = made["NodeProto"]
+        return cls
