@@ -335,11 +335,11 @@ def _function_attrs(model: onnx.ModelProto, registry: OpRegistry, path: str | No
     """
     if index is not None:
         try:
-            seen = _function_attrs_indexed(registry, path, index)
+            read = _function_attrs_indexed(registry, path, index)
         except GraphkitError:
-            seen = None
-        if seen is not None:
-            return seen  # else the walk below meets the same error and names its node
+            read = None
+        if read is not None:
+            return read  # else the walk below meets the same error and names its node
     seen: dict[str, tuple[OpDef, dict[str, Any]]] = {}
     domains = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
     for nodes, _, _ in scopes(model):
