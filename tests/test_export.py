@@ -208,16 +208,35 @@ def test_bad_arguments_are_export_errors(tmp_path, inputs):
     assert not list(tmp_path.iterdir())
 
 
+class _GridSample(torch.nn.Module):
+    def forward(self, x, grid):
+        return torch.nn.functional.grid_sample(x, grid, align_corners=False)
+
+
 def test_dynamo_below_opset_18_converts_or_fails_naming_the_converter(tmp_path, inputs):
     """torch builds opset 18 and runs onnx's version converter below it; torch keeps opset 18
-    silently when that fails: graphkit's export fails instead, with the converter's reason."""
+    silently when that fails: graphkit's export converts it, or fails with the reason. An op
+    the older opset lacks becomes ONNX's function body for it (LayerNormalization at 14,
+    matching torch); one with none (GridSample, from 16) fails."""
+    import numpy as np
+    import onnxruntime as ort
+
     report = export(FunctionModel(), inputs, tmp_path / "f17.onnx", dynamo=True, opset=17)
     assert report.opset == 17 and report.count("my_add") == 1
     norm = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
-    with pytest.raises(ExportError, match=r"could not convert it to opset 14: .*LayerNormalization") as info:
-        export(norm, inputs[:1], tmp_path / "n14.onnx", dynamo=True, opset=14)
+    x = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    export(norm, (x,), tmp_path / "n14.onnx", dynamo=True, opset=14)
+    model = onnx.load(tmp_path / "n14.onnx")
+    assert [(i.domain, i.version) for i in model.opset_import if i.domain in ("", "ai.onnx")] == [("", 14)]
+    assert "LayerNormalization" not in {n.op_type for n in model.graph.node}
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {model.graph.input[0].name: x.numpy()})[0]
+    np.testing.assert_allclose(got, norm(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+    grid = torch.rand(1, 3, 3, 2, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    with pytest.raises(ExportError, match=r"could not convert it to opset 14: .*GridSample") as info:
+        export(_GridSample(), (torch.randn(1, 2, 4, 4), grid), tmp_path / "g14.onnx", dynamo=True, opset=14)
     assert "dynamo=False" in info.value.hint
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["f17.onnx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f17.onnx", "n14.onnx"]
 
 
 def test_dynamo_at_opset_12_softmax_over_a_middle_axis_matches_torch(tmp_path):

@@ -47,8 +47,12 @@ against the schemas by the tests):
   Splits' even split would refuse an uneven length), and below opset 13, where the sizes are
   an attribute, the node is refused.
 
-A node whose op changed meaning with no converter down for it (GroupNormalization at 21:
-:data:`_MEANING_CHANGED`) is refused going down. A node whose op has a step of no kind here (Resize at 11, Softmax over a middle axis at 13,
+Going down, a node of an op the target opset lacks (LayerNormalization below 17,
+GroupNormalization below 18, Gelu below 20), or whose meaning changed in between
+(GroupNormalization across 21), is first replaced by the nodes of ONNX's own function body
+for it (made for its attributes and its inputs' declared element types, its values named
+apart), which the steps above then take down like any other node. An op whose meaning
+changed with neither (:data:`_MEANING_CHANGED`) is refused going down. A node whose op has a step of no kind here (Resize at 11, Softmax over a middle axis at 13,
 anything before opset 12 going down, ...) is converted by onnx's converter, all such nodes
 in batches of :data:`_BATCH` per call, each node on its own in the batch's model (inputs
 typed as declared in its scope), and the nodes it makes put in its place. Only such a node
@@ -289,6 +293,7 @@ class Converted:
 
     fallback: list[str] = field(default_factory=list)
     by_onnx: list[str] = field(default_factory=list)
+    expanded: list[str] = field(default_factory=list)  # "LayerNormalization 17": ops made their function bodies
 
 
 def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, taken: set[str] | None = None,
@@ -298,12 +303,16 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, tak
     node no adapter covers is converted by onnx's converter (all such nodes in one call, each
     on its own: :func:`_by_onnx`), its nodes put in its place; one that holds
     subgraphs (If/Loop/Scan going below 12) leaves the whole model to onnx's converter:
-    ``fallback`` names it and nothing was changed. Raises RewriteError where an adapter, or
+    ``fallback`` names it and nothing was changed but the nodes of ops the target lacks,
+    made ONNX's function bodies for them (``expanded``; standard ops, which onnx's converter
+    takes too, where it takes none of the ops they stand for). Raises RewriteError where an adapter, or
     onnx's converter on one node, refuses a node. ``taken``: every name in ``model``, where
     the caller has them; the names made are added. The constants made (axes, split sizes)
     are shared by the nodes of one graph or function body that read the same values.
     ``pick`` and ``keep``: how the errors' hints ask for another target opset (``"<pick> of
     at least 13"``) and for none (the export side asks for an export opset)."""
+    expanded = _expand_functions(model, target, path=path, taken=taken, pick=pick, keep=keep) \
+        if any(a > target for a, _, _ in _roots(model)) else []
     work: list[tuple] = []
     uncovered: set[str] = set()
     declared: list[ScopedTypes] = []
@@ -385,7 +394,7 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, tak
         for imp in imports:
             if imp.domain in AI_ONNX:
                 imp.version = target
-    return Converted(by_onnx=by_onnx)
+    return Converted(by_onnx=by_onnx, expanded=expanded)
 
 
 # Step kinds whose adapter changes only the node's own fields: going up, it adds int64
@@ -579,6 +588,127 @@ def _roots(model: onnx.ModelProto) -> list[tuple[int, Any, Any]]:
     for fn in model.functions:
         if (version := opset(fn.opset_import)) is not None:
             out.append((version, fn, fn.node))
+    return out
+
+
+def _expandable(op: str, a: int, target: int) -> int | None:
+    """The opset of the ONNX function body standing for ai.onnx ``op`` (at opset ``a``) going
+    down to ``target``, where the older opset lacks the op or its meaning (LayerNormalization
+    below 17, GroupNormalization below 18 or across 21, Gelu below 20), else None: the body's
+    version is the newest up to ``a`` whose ops all have the schemas they have at ``a``."""
+    try:
+        schema = onnx.defs.get_schema(op, a, "")
+    except onnx.defs.SchemaError:
+        return None
+    if not schema.has_context_dependent_function:
+        return None
+    try:
+        older = onnx.defs.get_schema(op, target, "").since_version
+    except onnx.defs.SchemaError:
+        older = None
+    changed = any(o == op and target < v <= a for o, v in _MEANING_CHANGED)
+    if older is not None and not changed:
+        return None
+    versions = [v for v in schema.context_dependent_function_opset_versions if v <= a]
+    return max(versions) if versions else None
+
+
+def _expand_functions(model: onnx.ModelProto, target: int, *, path: str | None, taken: set[str] | None,
+                      pick: str, keep: str) -> list[str]:
+    """Going down, each node of an op the target opset lacks (or whose meaning changed across
+    it) replaced, where it is, by the nodes of ONNX's own function body for it: standard ops
+    that the conversion then takes down as any other (LayerNormalization-17 to 13 becomes
+    Flatten, ReduceMean, Sub, Div... at 13). The body is made for the node's attributes and
+    its inputs' declared element types; its values get names of their own. Returns the ops
+    expanded, as "<op> <opset of the body>"."""
+    types: list[ScopedTypes] = []
+    done: set[str] = set()
+    conv = _Conversion(target, path, model, taken, pick=pick, keep=keep)
+    for a, fn, root in _roots(model):
+        if a <= target:
+            continue
+        found: dict[str, int | None] = {}
+        fn_types = _function_types(fn) if fn is not None else None
+        stack: list[tuple[Any, onnx.GraphProto | None]] = [(root, None)]
+        while stack:
+            nodes, graph = stack.pop()
+            expanded = False
+            placed: list[list[onnx.NodeProto]] = []
+            for node in nodes:
+                version = None
+                if node.domain in AI_ONNX:
+                    op = node.op_type
+                    if op not in found:
+                        found[op] = _expandable(op, a, target)
+                    version = found[op]
+                if version is None:
+                    placed.append([node])
+                    stack.extend((g.node, g) for sub in subgraphs(node) for g in graphs(sub))
+                    continue
+                conv.function, conv.graph = fn, graph
+                if fn_types is not None:
+                    scope = fn_types
+                else:
+                    if not types:
+                        types.append(value_types(model, infer=False))
+                    scope = types[0] if graph is None else types[0].scope(graph)
+                placed.append(_function_nodes(conv, node, version, a, scope))
+                done.add(f"{op} {version}")
+                expanded = True
+            if expanded:
+                made = [n for group in placed for n in group]
+                del nodes[:]
+                nodes.extend(made)
+    if taken is not None:
+        taken.update(conv.made)
+    return sorted(done)
+
+
+def _function_nodes(conv: _Conversion, node: onnx.NodeProto, version: int, a: int,
+                    scope: Mapping[str, onnx.TypeProto] | None) -> list[onnx.NodeProto]:
+    """ONNX's function body (opset ``version``) for ``node``, its values renamed apart."""
+    ref = next((at for at in node.attribute if at.ref_attr_name), None)
+    if ref is not None:
+        raise conv.error(node, f"it does not exist at that opset, and its attribute {ref.name} is the function's "
+                         f"attribute {ref.ref_attr_name}, which the nodes standing for it need the value of",
+                         f"inline the function, or {conv.keep}")
+    inputs = []
+    for name in node.input:
+        tp = scope.get(name) if name and scope is not None else None
+        if name and (tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.elem_type):
+            raise conv.error(node, f"it does not exist at that opset, and the element type of its input '{name}' "
+                             "(which the nodes standing for it depend on) is not declared",
+                             f"declare the type of '{name}' in the model, or {conv.keep}")
+        inputs.append(helper.make_tensor_type_proto(tp.tensor_type.elem_type, None).SerializeToString()
+                      if name else onnx.TypeProto().SerializeToString())
+    schema = onnx.defs.get_schema(node.op_type, a, "")
+    try:
+        body = onnx.FunctionProto.FromString(
+            schema.get_context_dependent_function_with_opset_version(version, node.SerializeToString(), inputs))
+    except Exception as exc:  # onnx raises bare errors from its function builders
+        raise conv.error(node, f"it does not exist at that opset, and ONNX's function body for it fails: "
+                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", conv.keep) from exc
+    for n in body.node:  # the body's ops must mean at ``a`` what they meant at ``version``
+        if n.domain not in AI_ONNX or onnx.defs.get_schema(n.op_type, a, "").since_version > version:
+            raise conv.error(node, f"it does not exist at that opset, and ONNX's function body for it (opset "
+                             f"{version}) uses {n.domain or 'ai.onnx'}::{n.op_type}, which changed by opset {a}",
+                             conv.keep)
+    rename = {formal: actual for formal, actual in zip(body.input, node.input)}
+    rename.update({formal: actual for formal, actual in zip(body.output, node.output) if actual})
+    base = node.name or node.op_type
+    out = []
+    for n in body.node:
+        for k, name in enumerate(n.input):
+            if name:
+                n.input[k] = rename[name]  # (a value the body reads is an input or made before)
+        for k, name in enumerate(n.output):
+            if name and name not in rename:
+                rename[name] = conv.names.fresh(f"{base}/{name}")
+                conv.made.append(rename[name])
+            if name:
+                n.output[k] = rename[name]
+        n.name = conv.names.fresh(f"{base}/{n.op_type}")
+        out.append(n)
     return out
 
 

@@ -295,6 +295,8 @@ def _convert_opset(model: onnx.ModelProto, target: int, path: str | None, taken:
         converted = model
     elif not (done := convert_by_adapters(model, target, path=path, taken=taken)).fallback:
         converted, how = model, "adapters"
+        if done.expanded:
+            how += f"; ONNX's function bodies for {', '.join(done.expanded)}"
         if done.by_onnx:
             how += f"; onnx's converter node by node: {', '.join(done.by_onnx)}"
     else:
