@@ -643,7 +643,7 @@ def _expand_functions(model: onnx.ModelProto, target: int, *, path: str | None, 
                     version = found[op]
                 if version is None:
                     placed.append([node])
-                    stack.extend((g.node, g) for sub in subgraphs(node) for g in graphs(sub))
+                    stack.extend((sub.node, sub) for sub in subgraphs(node))  # (theirs: when they are walked)
                     continue
                 conv.function, conv.graph = fn, graph
                 if fn_types is not None:
@@ -708,6 +708,7 @@ def _function_nodes(conv: _Conversion, node: onnx.NodeProto, version: int, a: in
             if name:
                 n.output[k] = rename[name]
         n.name = conv.names.fresh(f"{base}/{n.op_type}")
+        conv.made.append(n.name)
         out.append(n)
     return out
 
