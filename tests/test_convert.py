@@ -804,6 +804,33 @@ def test_export_down_moves_a_softmax_middle_axis_last():
     np.testing.assert_allclose(_run(out, x)[0], e / e.sum(axis=1, keepdims=True), rtol=1e-5)
 
 
+def _one_node_in(where: str, node: onnx.NodeProto, inputs: list, output: list, opset: int, *,
+                 typed_function: bool = False, ir_version: int = 8) -> tuple[onnx.ModelProto, dict]:
+    """A model whose one node ``node`` (output "y") is in the main graph, an If's then branch
+    ("if") or a local function's body ("function"; its inputs' element types in the body's
+    value_info where ``typed_function``), and the feeds the If's condition needs."""
+    names = list(node.input)
+    imports, functions, feeds, inputs = [helper.make_opsetid("", opset)], [], {}, list(inputs)
+    if where == "main":
+        nodes = [node]
+    elif where == "if":
+        node.output[0] = "t_y"
+        branches = {tag: helper.make_graph(body, tag, [], [helper.make_tensor_value_info(f"{tag}_y", F, None)])
+                    for tag, body in (("t", [node]), ("e", [helper.make_node("Identity", ["x"], ["e_y"])]))}
+        nodes = [helper.make_node("If", ["c"], ["y"], then_branch=branches["t"], else_branch=branches["e"])]
+        inputs.append(helper.make_tensor_value_info("c", TensorProto.BOOL, []))
+        feeds["c"] = np.array(True)
+    else:
+        fn = helper.make_function("local", "f", names, ["y"], [node], imports)
+        if typed_function:
+            fn.value_info.extend(helper.make_tensor_value_info(n, F, None) for n in names)
+        functions, imports = [fn], [*imports, helper.make_opsetid("local", 1)]
+        nodes = [helper.make_node("f", names, ["y"], domain="local")]
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, output), opset_imports=imports,
+                              functions=functions, ir_version=ir_version)
+    return model, feeds
+
+
 # (op, its opset, the target, attributes, input shapes): ops the target lacks (or whose meaning
 # changed in between) going down as ONNX's function bodies for them
 _BODIES = [
@@ -828,23 +855,9 @@ def test_ops_the_target_lacks_go_down_as_onnxs_function_bodies(op, source, targe
     names = ["x", "s", "b"][:len(shapes)]
     node = helper.make_node(op, names, ["y"], name="n0", **attrs)
     inputs = [helper.make_tensor_value_info(n, F, list(sh)) for n, sh in zip(names, shapes)]
-    imports, functions, feeds = [helper.make_opsetid("", source)], [], {}
-    if where == "main":
-        nodes = [node]
-    elif where == "if":
-        node.output[0] = "t_y"
-        branches = {tag: helper.make_graph(body, tag, [], [helper.make_tensor_value_info(f"{tag}_y", F, None)])
-                    for tag, body in (("t", [node]), ("e", [helper.make_node("Identity", ["x"], ["e_y"])]))}
-        nodes = [helper.make_node("If", ["c"], ["y"], then_branch=branches["t"], else_branch=branches["e"])]
-        inputs.append(helper.make_tensor_value_info("c", TensorProto.BOOL, []))
-        feeds["c"] = np.array(True)
-    else:  # a function body: the types from its value_info
-        fn = helper.make_function("local", "f", names, ["y"], [node], imports)
-        fn.value_info.extend(helper.make_tensor_value_info(n, F, None) for n in names)
-        functions, imports = [fn], [*imports, helper.make_opsetid("local", 1)]
-        nodes = [helper.make_node("f", names, ["y"], domain="local")]
-    model = helper.make_model(helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", F, None)]),
-                              opset_imports=imports, functions=functions, ir_version=10)
+    # (in a function body the types are the body's value_info's)
+    model, feeds = _one_node_in(where, node, inputs, [helper.make_tensor_value_info("y", F, None)], source,
+                                typed_function=True, ir_version=10)
     out, report = rewrite_model(model, target_opset=target, lowering=Lowering.KEEP)
     assert report.conversions == [(source, target, f"adapters; ONNX's function bodies for {op} {source}")]
     assert op not in {n.op_type for ns, _ in node_lists(out) for n in ns}
@@ -922,22 +935,7 @@ def test_group_normalization_up_across_21_repeats_scale_and_bias_per_channel(whe
     inputs = [helper.make_tensor_value_info("x", F, [2, channels, 3]), helper.make_tensor_value_info("s", F, [2]),
               helper.make_tensor_value_info("b", F, [2])]
     output = [helper.make_tensor_value_info("y", F, [2, channels, 3])]
-    imports, functions, feeds = [helper.make_opsetid("", 18)], [], {}
-    if where == "main":
-        nodes = [gn]
-    elif where == "if":
-        gn.output[0] = "t_y"
-        branches = {tag: helper.make_graph(body, tag, [], [helper.make_tensor_value_info(f"{tag}_y", F, None)])
-                    for tag, body in (("t", [gn]), ("e", [helper.make_node("Identity", ["x"], ["e_y"])]))}
-        nodes = [helper.make_node("If", ["c"], ["y"], then_branch=branches["t"], else_branch=branches["e"])]
-        inputs.append(helper.make_tensor_value_info("c", TensorProto.BOOL, []))
-        feeds["c"] = np.array(True)
-    else:
-        functions = [helper.make_function("local", "f", ["x", "s", "b"], ["y"], [gn], imports)]
-        imports = [*imports, helper.make_opsetid("local", 1)]
-        nodes = [helper.make_node("f", ["x", "s", "b"], ["y"], domain="local")]
-    model = helper.make_model(helper.make_graph(nodes, "g", inputs, output), opset_imports=imports,
-                              functions=functions, ir_version=8)
+    model, feeds = _one_node_in(where, gn, inputs, output, 18)
     out, report = rewrite_model(model, target_opset=21, lowering=Lowering.KEEP)
     assert report.conversions == [(18, 21, "adapters")]
     rng = np.random.default_rng(11)
