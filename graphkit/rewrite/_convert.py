@@ -127,7 +127,8 @@ _INTEGERS = frozenset(getattr(onnx.TensorProto, t) for t in (
 # default axis went from 1 to -1): the same where the axis is the last one.
 _LAST_AXIS = {("Softmax", 13), ("LogSoftmax", 13), ("Hardmax", 13)}
 # (op, version) whose meaning changed with no adapter down here nor in onnx's converter
-# (which leaves the node as it is): a conversion down across it is refused, with why.
+# (which leaves the node as it is): a conversion down across it makes the node ONNX's
+# function body for the op where it has one (_expand_functions), else is refused, with why.
 _MEANING_CHANGED = {("GroupNormalization", 21): "its scale and bias went from one value per group to one "
                                                 "per channel at opset 21, and no converter rewrites them"}
 # (op, version) whose per-group scale and bias became per channel there: up, each is repeated
