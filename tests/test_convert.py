@@ -842,6 +842,7 @@ _BODIES = [
     ("GroupNormalization", 18, 17, dict(num_groups=2), [(2, 4, 3), (2,), (2,)]),
     ("Gelu", 20, 19, dict(approximate="tanh"), [(2, 5)]),
     ("Gelu", 20, 18, dict(), [(2, 5)]),
+    ("RMSNormalization", 23, 18, dict(axis=-1), [(2, 3, 4), (4,)]),
 ]
 
 

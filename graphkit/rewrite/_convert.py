@@ -48,7 +48,8 @@ against the schemas by the tests):
   an attribute, the node is refused.
 
 Going down, a node of an op the target opset lacks (LayerNormalization below 17,
-GroupNormalization below 18, Gelu below 20), or whose meaning changed in between
+GroupNormalization below 18, Gelu below 20, RMSNormalization below 23: any op ONNX gives a
+function body built for the node), or whose meaning changed in between
 (GroupNormalization across 21), is first replaced by the nodes of ONNX's own function body
 for it (made for its attributes and its inputs' declared element types, its values named
 apart), which the steps above then take down like any other node. An op whose meaning
@@ -595,7 +596,8 @@ def _roots(model: onnx.ModelProto) -> list[tuple[int, Any, Any]]:
 def _expandable(op: str, a: int, target: int) -> int | None:
     """The opset of the ONNX function body standing for ai.onnx ``op`` (at opset ``a``) going
     down to ``target``, where the older opset lacks the op or its meaning (LayerNormalization
-    below 17, GroupNormalization below 18 or across 21, Gelu below 20), else None: the body's
+    below 17, GroupNormalization below 18 or across 21, Gelu below 20, RMSNormalization below
+    23...), else None: the body's
     version is the newest up to ``a`` whose ops all have the schemas they have at ``a``."""
     try:
         schema = onnx.defs.get_schema(op, a, "")
