@@ -299,6 +299,7 @@ class Converted:
 
 
 def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, taken: set[str] | None = None,
+            ops: set[str] | None = None,
             pick: str = "pick a --target-opset", keep: str = "keep the model's opset") -> Converted:
     """Convert ``model``'s standard ops, in place, to ai.onnx opset ``target`` with graphkit's
     adapters: every graph, subgraph and model-local function (each from its own import). A
@@ -312,9 +313,14 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, tak
     the caller has them; the names made are added. The constants made (axes, split sizes)
     are shared by the nodes of one graph or function body that read the same values.
     ``pick`` and ``keep``: how the errors' hints ask for another target opset (``"<pick> of
-    at least 13"``) and for none (the export side asks for an export opset)."""
-    expanded = _expand_functions(model, target, path=path, taken=taken, pick=pick, keep=keep) \
-        if any(a > target for a, _, _ in _roots(model)) else []
+    at least 13"``) and for none (the export side asks for an export opset). ``ops``: the
+    model's ai.onnx op types (any scope), where the caller knows them (the walk for ops to
+    make function bodies of is skipped where none of them can need one)."""
+    down = [a for a, _, _ in _roots(model) if a > target]
+    if down and (ops is None or any(_expandable(op, a, target) is not None for op in ops for a in set(down))):
+        expanded = _expand_functions(model, target, path=path, taken=taken, pick=pick, keep=keep)
+    else:
+        expanded = []
     work: list[tuple] = []
     uncovered: set[str] = set()
     declared: list[ScopedTypes] = []

@@ -293,7 +293,7 @@ def _convert_opset(model: onnx.ModelProto, target: int, path: str | None, taken:
     how = "imports only"
     if current is None or current == target or not standard or same:
         converted = model
-    elif not (done := convert_by_adapters(model, target, path=path, taken=taken)).fallback:
+    elif not (done := convert_by_adapters(model, target, path=path, taken=taken, ops=standard)).fallback:
         converted, how = model, "adapters"
         if done.expanded:
             how += f"; ONNX's function bodies for {', '.join(done.expanded)}"
