@@ -868,6 +868,26 @@ def test_ops_the_target_lacks_go_down_as_onnxs_function_bodies(op, source, targe
     np.testing.assert_allclose(run(out)[0], run(model)[0], rtol=1e-5, atol=1e-5)
 
 
+def test_function_bodies_in_a_graph_and_in_a_branch_below_it_are_both_kept():
+    """A LayerNormalization in the main graph and one in an If branch under it: rebuilding the
+    main graph's node list copies the If's branches, so the branch is expanded first (it was
+    expanded on a copy the model no longer held, and the conversion then refused it)."""
+    ln = lambda x, y: helper.make_node("LayerNormalization", [x, "s"], [y], name=f"ln_{y}", epsilon=1e-3)
+    vi = lambda name: helper.make_tensor_value_info(name, F, None)
+    branches = [helper.make_graph([ln("x", "t_y")], "t", [], [vi("t_y")]),
+                helper.make_graph([helper.make_node("Identity", ["x"], ["e_y"])], "e", [], [vi("e_y")])]
+    nodes = [ln("x", "a"), helper.make_node("If", ["c"], ["y"], then_branch=branches[0], else_branch=branches[1])]
+    model = _main(nodes, 17, inputs=(("x", F, [2, 4]), ("s", F, [4]), ("c", TensorProto.BOOL, [])), outs=("a", "y"))
+    out, report = rewrite_model(model, target_opset=16, lowering=Lowering.KEEP)
+    assert "LayerNormalization" not in {n.op_type for ns, _ in node_lists(out) for n in ns}
+    rng = np.random.default_rng(9)
+    feeds = {"x": rng.standard_normal((2, 4)).astype(np.float32), "s": rng.standard_normal(4).astype(np.float32),
+             "c": np.array(True)}
+    run = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for got, want in zip(run(out), run(model)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_layer_normalization_float16_down_computes_in_float32_as_the_op_does():
     """stash_type=1: the body computes the mean and variance in float32 and casts back."""
     node = helper.make_node("LayerNormalization", ["x", "s"], ["y"], axis=-1)

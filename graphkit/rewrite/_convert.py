@@ -603,8 +603,8 @@ def _expandable(op: str, a: int, target: int) -> int | None:
     """The opset of the ONNX function body standing for ai.onnx ``op`` (at opset ``a``) going
     down to ``target``, where the older opset lacks the op or its meaning (LayerNormalization
     below 17, GroupNormalization below 18 or across 21, Gelu below 20, RMSNormalization below
-    23...), else None: the body's
-    version is the newest up to ``a`` whose ops all have the schemas they have at ``a``."""
+    23...), else None: the newest body up to ``a`` (:func:`_function_nodes` refuses one whose ops
+    do not mean at ``a`` what they meant at its opset)."""
     try:
         schema = onnx.defs.get_schema(op, a, "")
     except onnx.defs.SchemaError:
@@ -630,39 +630,35 @@ def _expand_functions(model: onnx.ModelProto, target: int, *, path: str | None, 
     Flatten, ReduceMean, Sub, Div... at 13). The body is made for the node's attributes and
     its inputs' declared element types; its values get names of their own. Returns the ops
     expanded, as "<op> <opset of the body>"."""
-    types: list[ScopedTypes] = []
     done: set[str] = set()
     conv = _Conversion(target, path, model, taken, pick=pick, keep=keep)
     for a, fn, root in _roots(model):
         if a <= target:
             continue
         found: dict[str, int | None] = {}
-        fn_types = _function_types(fn) if fn is not None else None
+        lists: list[tuple[Any, onnx.GraphProto | None]] = []  # every node list, a graph's before its subgraphs'
         stack: list[tuple[Any, onnx.GraphProto | None]] = [(root, None)]
         while stack:
             nodes, graph = stack.pop()
-            expanded = False
+            lists.append((nodes, graph))
+            stack.extend((sub.node, sub) for node in nodes for sub in subgraphs(node))
+        # Subgraphs' lists first: rebuilding a list copies the subgraphs its nodes hold, which
+        # would lose changes made to them after.
+        for nodes, graph in reversed(lists):
             placed: list[list[onnx.NodeProto]] = []
+            expanded = False
             for node in nodes:
                 version = None
                 if node.domain in AI_ONNX:
-                    op = node.op_type
-                    if op not in found:
-                        found[op] = _expandable(op, a, target)
-                    version = found[op]
+                    if node.op_type not in found:
+                        found[node.op_type] = _expandable(node.op_type, a, target)
+                    version = found[node.op_type]
                 if version is None:
                     placed.append([node])
-                    stack.extend((sub.node, sub) for sub in subgraphs(node))  # (theirs: when they are walked)
                     continue
                 conv.function, conv.graph = fn, graph
-                if fn_types is not None:
-                    scope = fn_types
-                else:
-                    if not types:
-                        types.append(value_types(model, infer=False))
-                    scope = types[0] if graph is None else types[0].scope(graph)
-                placed.append(_function_nodes(conv, node, version, a, scope))
-                done.add(f"{op} {version}")
+                placed.append(_function_nodes(conv, node, version, a, conv.types))
+                done.add(f"{node.op_type} {version}")
                 expanded = True
             if expanded:
                 made = [n for group in placed for n in group]
