@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import onnx
 from onnx import TensorProto, helper
 
-__all__ = ["OPSETS", "chain", "fan_out", "functions", "if_bodies", "if_chain_18", "loop_bodies", "multi_output", "sibling_reuse"]
+__all__ = ["OPSETS", "chain", "fan_out", "functions", "if_bodies", "if_chain_18", "loop_bodies", "multi_output",
+           "root_pairs", "sibling_reuse"]
 
 OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)]
 
@@ -65,6 +66,24 @@ def multi_output(n: int) -> onnx.ModelProto:
     model = _model(nodes, [prev])
     model.opset_import[0].version = 18
     return model
+
+
+def root_pairs(n: int, *, wide: bool = False) -> onnx.ModelProto:
+    """``n`` pairs Neg(Abs(v)), Neg(Relu(v)): the two roots of a pattern joined only through v.
+    ``wide``: every pair reads x, summed at the end; else a chain, each pair's Add the next v."""
+    nodes, prev, ends = [], "x", []
+    for i in range(n):
+        nodes += [helper.make_node("Abs", [prev], [f"a{i}"]), helper.make_node("Neg", [f"a{i}"], [f"na{i}"]),
+                  helper.make_node("Relu", [prev], [f"r{i}"]), helper.make_node("Neg", [f"r{i}"], [f"nr{i}"])]
+        if wide:
+            ends += [f"na{i}", f"nr{i}"]
+        else:
+            nodes.append(helper.make_node("Add", [f"na{i}", f"nr{i}"], [f"s{i}"]))
+            prev = f"s{i}"
+    if wide:
+        nodes.append(helper.make_node("Sum", ends, ["s"]))
+        prev = "s"
+    return _model(nodes, [prev])
 
 
 def if_bodies(n: int, *, reduce: bool = False) -> onnx.ModelProto:

@@ -541,3 +541,123 @@ def test_multi_root_pairs_on_a_wide_fan_out_are_all_found_in_one_pass():
     assert report.rules.applied == {"pair": pairs}
     assert ops(out).count("Split") == pairs and "Slice" not in ops(out)
     check_numbers(m, out)
+
+
+# ---------------------------------------------------------------- roots joined only through an input (issue 28)
+
+def _two_branches(second="Neg"):
+    """
+         x (3)
+        /     \\
+      Abs     Relu
+       |        |
+      Neg     Neg (or ``second``)
+    """
+    nodes = [node("Abs", ["x"], ["a"]), node("Neg", ["a"], ["na"]), node("Relu", ["x"], ["r"]),
+             node(second, ["r"], ["nr"])]
+    return model(nodes, [("x", [3])], [("na", [3]), ("nr", [3])])
+
+
+NEG_PAIR = Rule("neg_pair", lambda op, x: (op.Neg(op.Abs(x)), op.Neg(op.Relu(x))),
+                lambda op, x: (op.Min(x, op.Neg(x)), op.Neg(op.Max(x, op.Sub(x, x)))))
+
+
+def test_roots_that_share_only_an_input_match():
+    """The second root is no reader of x: it is found from x's readers upwards."""
+    m = _two_branches()
+    out, report = rewrite_model(m, rules=[NEG_PAIR], lowering=Lowering.KEEP)
+    assert report.rules.applied == {"neg_pair": 1}
+    assert "Abs" not in ops(out) and "Relu" not in ops(out)
+    check_numbers(m, out)
+
+
+def _qkv_branches(heads=2, d=4, tokens=3):
+    """Three MatMul + Add + Reshape + Transpose branches of one input, as an attention block exports."""
+    rng = np.random.default_rng(7)
+    nodes, inits = [], [numpy_helper.from_array(np.array([1, tokens, heads, d // heads], np.int64), "shape")]
+    for b in "qkv":
+        inits += [init(f"w{b}", rng.standard_normal((d, d)).astype(np.float32)),
+                  init(f"b{b}", rng.standard_normal(d).astype(np.float32))]
+        nodes += [node("MatMul", ["x", f"w{b}"], [f"{b}_mm"]), node("Add", [f"b{b}", f"{b}_mm"], [f"{b}_add"]),
+                  node("Reshape", [f"{b}_add", "shape"], [f"{b}_r"]),
+                  node("Transpose", [f"{b}_r"], [b], perm=[0, 2, 1, 3])]
+    return model(nodes, [("x", [1, tokens, d])], [(b, [1, heads, tokens, d // heads]) for b in "qkv"], inits)
+
+
+def test_three_branches_of_one_input_match_at_their_far_ends():
+    """(MatMul + Add + Reshape + Transpose) x 3 of one x: the shape of a packed-QKV fusion;
+    the Reshapes share their shape constant, the roots nothing else."""
+    def branch(op, x, w, b, shape, bias_first=True):
+        mm = op.MatMul(x, w)
+        return op.Transpose(op.Reshape(op.Add(b, mm) if bias_first else op.Add(mm, b), shape), perm=(0, 2, 1, 3))
+
+    def pattern(op, x, wq, bq, wk, bk, wv, bv, shape):
+        return branch(op, x, wq, bq, shape), branch(op, x, wk, bk, shape), branch(op, x, wv, bv, shape)
+
+    seen = []
+
+    def rewrite(op, x, wq, bq, wk, bk, wv, bv, shape):  # the bias second: the pattern does not match it again
+        seen.append((wq, wk, wv))
+        return tuple(branch(op, x, w, b, shape, bias_first=False) for w, b in ((wq, bq), (wk, bk), (wv, bv)))
+
+    m = _qkv_branches()
+    out, report = rewrite_model(m, rules=[Rule("qkv", pattern, rewrite)], lowering=Lowering.KEEP)
+    assert report.rules.applied == {"qkv": 1} and seen == [("wq", "wk", "wv")]
+    check_numbers(m, out)
+
+
+@pytest.mark.parametrize("same_initializer", [True, False])
+def test_roots_that_share_only_a_constant_match(same_initializer):
+    """Neg(Add(x, c)) and Neg(Add(y, c)): joined by the constant c only (a variable: the same
+    tensor; const(): the same value, in one initializer or two)."""
+    nodes = [node("Add", ["x", "c"], ["a"]), node("Neg", ["a"], ["na"]),
+             node("Add", ["y", "c" if same_initializer else "c2"], ["b"]), node("Neg", ["b"], ["nb"])]
+    m = model(nodes, [("x", [3]), ("y", [3])], [("na", [3]), ("nb", [3])], [init("c", 1.5), init("c2", 1.5)])
+
+    def rewrite(op, x, y, c):
+        return op.Sub(op.Neg(x), c), op.Sub(op.Neg(y), c)
+
+    by_name = Rule("by_name", lambda op, x, y, c: (op.Neg(op.Add(x, c)), op.Neg(op.Add(y, c))), rewrite)
+    by_value = Rule("by_value", lambda op, x, y, c: (op.Neg(op.Add(x, const(c))), op.Neg(op.Add(y, const(c)))),
+                    lambda op, x, y, c: rewrite(op, x, y, op.initializer(c)))
+    for rule in (by_name, by_value):
+        out, report = rewrite_model(m, rules=[rule], lowering=Lowering.KEEP)
+        assert report.rules.applied == ({rule.name: 1} if same_initializer or rule is by_value else {}), rule.name
+        check_numbers(m, out)
+
+
+def test_explain_names_the_node_where_a_later_root_failed():
+    """Neg(Relu(x)) is missing (the Relu feeds a Sigmoid): the reason names that Relu and its
+    reader, not the first root's node, which matched."""
+    _, report = rewrite_model(_two_branches(second="Sigmoid"), rules=[NEG_PAIR], lowering=Lowering.KEEP)
+    assert report.rules.reasons["neg_pair"] == [
+        "node 'neg_na': pattern output 2 (Neg(Relu(x))): node 'relu_r' output 'r' is read by Sigmoid, not Neg"]
+    assert "1x no match: pattern output 2: Relu output is read by no Neg" in report.rules.explain()
+    # no reader of x is a Relu at all
+    m = model([node("Abs", ["x"], ["a"]), node("Neg", ["a"], ["na"]), node("Exp", ["x"], ["e"])],
+              [("x", [3])], [("na", [3]), ("e", [3])])
+    _, report = rewrite_model(m, rules=[NEG_PAIR], lowering=Lowering.KEEP)
+    assert report.rules.reasons["neg_pair"] == [
+        "node 'neg_na': pattern output 2 (Neg(Relu(x))): no Relu reads 'x' (its readers: Abs, Exp)"]
+
+
+def test_match_context_consumers_look_downstream():
+    """A check that refuses a Relu whose output is read by a Sigmoid."""
+    m = model([node("Relu", ["x"], ["r"]), node("Sigmoid", ["r"], ["s"]), node("Neg", ["r"], ["n"]),
+               node("Relu", ["n"], ["y"])], [("x", [3])], [("s", [3]), ("y", [3])])
+    seen = {}
+
+    def check(ctx, x0):
+        out = ctx.nodes[0].output[0]
+        readers = ctx.consumers(out)
+        seen[out] = [n.name for n in readers]
+        if any(n.op_type == "Sigmoid" for n in readers):
+            return MatchResult().fail(f"'{out}' is read by a Sigmoid")
+        return MatchResult()
+
+    rule = Rule.node("relu_to_max", "Relu", lambda op, x0: op.Max(x0, op.Sub(x0, x0)), check=check)
+    out, report = rewrite_model(m, rules=[rule], lowering=Lowering.KEEP)
+    assert seen == {"r": ["sigmoid_s", "neg_n"], "y": []}
+    assert report.rules.applied == {"relu_to_max": 1}
+    assert report.rules.reasons["relu_to_max"] == ["node 'relu_r': 'r' is read by a Sigmoid"]
+    check_numbers(m, out)

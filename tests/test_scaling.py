@@ -16,7 +16,7 @@ import onnx
 import pytest
 
 from graphkit.rewrite import Lowering, rewrite_model
-from scaling_models import chain, fan_out, functions, if_bodies, loop_bodies, multi_output, sibling_reuse
+from scaling_models import chain, fan_out, functions, if_bodies, loop_bodies, multi_output, root_pairs, sibling_reuse
 
 
 def _functions(n: int) -> onnx.ModelProto:
@@ -150,6 +150,28 @@ def test_lowerings_and_rules_grow_linearly(shape, options, n):
         assert report.conversions == [(17, 18, "adapters" if "reduce" in shape.__name__ else "imports only")]
     ratio = _cpu_seconds(big, **options) / _cpu_seconds(small, **options)
     assert ratio < 20, f"{shape.__name__} {options}: 8x the nodes took {ratio:.1f}x the time (linear is ~8x)"
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["chain", "fan-out"])
+def test_roots_joined_through_an_input_grow_linearly(wide):
+    """A two-root pattern whose roots share only their input (issue 28): the second root is
+    found up from the input's readers, and on a fan-out (one x, every pair) the readers that
+    earlier matches took are skipped once, not once per anchor."""
+    from graphkit.rewrite import Rule
+
+    rule = Rule("neg_pair", lambda op, x: (op.Neg(op.Abs(x)), op.Neg(op.Relu(x))),
+                lambda op, x: (op.Min(x, op.Neg(x)), op.Neg(op.Max(x, op.Sub(x, x)))))
+    options = {"rules": [rule], "lowering": Lowering.KEEP}
+
+    def seconds(model: onnx.ModelProto) -> float:
+        return min(_cpu_seconds(model, **options) for _ in range(3))
+
+    n = 300
+    small, big = root_pairs(n, wide=wide), root_pairs(8 * n, wide=wide)
+    _, report = rewrite_model(small, **options)  # (and warm caches)
+    assert report.rules.applied == {"neg_pair": n}
+    ratio = seconds(big) / seconds(small)
+    assert ratio < 20, f"root_pairs(wide={wide}): 8x the pairs took {ratio:.1f}x the time (linear is ~8x)"
 
 
 def test_the_benchmark_times_these_shapes():

@@ -2,7 +2,8 @@
 
 Every choice point (the two input orders of a commutative node, the alternatives of
 ``either``, the candidates for a second root) is a generator, so a failure late in a
-match revisits earlier choices: ``x*s + x`` finds ``s*x + x``.
+match revisits earlier choices: ``x*s + x`` finds ``s*x + x``. Where a later root is
+looked for: graphkit.rewrite._roots.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import onnx
 
 from graphkit.errors import RuleError
 from graphkit.rewrite._graphview import GraphView
-from graphkit.rewrite._pattern import Const, Either, Many, Number, Optional, Out, PNode, Var, pattern_nodes, variables
+from graphkit.rewrite._pattern import Const, Either, Many, Number, Optional, Out, PNode, Var, variables
+from graphkit.rewrite._roots import NAME, RootFinder
 
 __all__ = ["Match", "Matcher", "attribute_default", "deterministic"]
 
@@ -154,7 +156,7 @@ class Matcher:
         self._flat = _flat_plan(roots)
         self.failures: list[tuple[int, str, str]] = []  # (depth, text, generic) of the current anchor
         self._at = 0  # how many nodes the partial match being tried holds
-        self._reach: dict[int, tuple[set[str], set[int]]] = {}  # per extra root: its variables and nodes
+        self._roots = RootFinder(roots)  # where roots after the first are looked for
         self.taken: set[int] = set()  # nodes earlier matches of this round rewrite (the caller's set)
 
     @property
@@ -361,7 +363,7 @@ class Matcher:
     def _fail(self, text: str, generic: str) -> None:
         self.failures.append((self._at, text, generic))
 
-    # -- roots after the first: found among the consumers of what is already matched
+    # -- roots after the first: found up from the readers of what they share (_roots.py)
 
     def _more_roots(self, k: int, st: _State) -> Iterator[_State]:
         if k == len(self.roots):
@@ -372,29 +374,20 @@ class Matcher:
         if id(pnode) in st.nodes:
             yield from self._more_roots(k + 1, st)
             return
-        for cand in self._candidates(pnode, st):
+        candidates, why = self._roots.candidates(k, st.bindings, st.nodes, st.used, self.view, self.taken)
+        if why is not None:
+            self._at = len(st.used)
+            self._fail(*why)
+            return
+        tried = False
+        for cand in candidates:
+            tried = True
             for s in self._node(pnode, cand, st):
                 yield from self._more_roots(k + 1, s)
-
-    def _candidates(self, pnode: PNode, st: _State) -> Iterator[int]:
-        """Nodes that may be root ``pnode``, lazily and in node order: consumers of the tensors
-        its subtree shares with what is matched (bound variables, outputs of shared pattern
-        nodes), not taken by this match or an earlier one."""
-        view = self.view
-        shared_vars, shared_nodes = self._reach.get(id(pnode)) or self._reach.setdefault(
-            id(pnode), (set(variables(pnode)), {id(p) for p in pattern_nodes(pnode)}))
-        names = [v for k, v in st.bindings.items() if k in shared_vars and isinstance(v, str) and v]
-        for pid, i in st.nodes.items():
-            if pid in shared_nodes:
-                names.extend(n for n in view.outputs[i] if n)
-        op, taken, used = pnode.op_type, self.taken, st.used
-        lists = [view.consumers.get(n, ()) for n in names] if names else [view.by_op.get(op, ())]
-        seen: set[int] = set()
-        for consumers in lists:  # a root sharing nothing with the rest: every node of its type
-            for c in consumers:
-                if c not in seen and c not in used and c not in taken and view.ops[c] == op:
-                    seen.add(c)
-                    yield c
+        if not tried:
+            self._at = len(st.used)
+            self._fail(f"pattern output {k + 1} ({pnode.op_type}): every candidate is part of this match or "
+                       f"an earlier one", "overlaps an earlier match")
 
     # -- nodes and values
 
@@ -523,8 +516,8 @@ class Matcher:
                 yield st
                 return
             bound = st.bindings.get(pat.var.name, _MISSING)
-            if bound is _MISSING:
-                yield st.bind(**{pat.var.name: value})
+            if bound is _MISSING:  # the tensor's name too: a later root may read it (_roots.py)
+                yield st.bind(**{pat.var.name: value, pat.var.name + NAME: name})
             elif _same(bound, value):
                 yield st
             else:

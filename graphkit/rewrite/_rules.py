@@ -117,7 +117,8 @@ class Scope:
 
 @dataclass
 class MatchContext:
-    """What ``check`` may look at: the matched nodes, constants, element types and shapes."""
+    """What ``check`` may look at: the matched nodes, constants, element types and shapes, the
+    producer and the consumers of a tensor."""
 
     view: GraphView
     nodes: list[onnx.NodeProto]
@@ -145,6 +146,12 @@ class MatchContext:
         """The node that produces tensor ``name`` in this scope (None for inputs and initializers)."""
         index = self.view.producer.get(name)
         return None if index is None else self.view.nodes[index]
+
+    def consumers(self, name: str) -> list[onnx.NodeProto]:
+        """The nodes of this scope that read tensor ``name``, each once, in node order (a node
+        whose subgraph reads it counts; a graph output is no node: ``[]`` if nothing else reads it)."""
+        indices = self.view.consumers.get(name, ())
+        return [self.view.nodes[i] for i in sorted(set(indices))]
 
 
 def _param_names(fn: Callable[..., Any], skip: int) -> list[tuple[str, bool]]:
