@@ -55,7 +55,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from graphkit.ops import Attr, AttrType, Decomposition, ForeignOp, OpDef, Param, StandardOp
+from graphkit.ops import Attr, AttrType, ChannelLinear, Decomposition, ForeignOp, OpDef, Param, StandardOp
 
 from . import _decompose, _shapes
 from ._numpy_kernel import python_kernel
@@ -150,6 +150,9 @@ DEFORM_CONV2D = OpDef(
     foreign_ops=(ForeignOp("torchvision::deform_conv2d", TORCHVISION_SCHEMA, _from_torchvision),),
     # torch's dynamo exporter writes torchvision::deform_conv2d as DeformConv (any opset)
     standard_ops=(StandardOp("DeformConv", 19, _from_onnx_deform_conv, decomposition="onnx_deform_conv"),),
+    # out[:, m] = sum over taps of weight[m] * samples + bias[m]: a following BatchNormalization
+    # or per-channel scale/shift folds into weight and bias (graphkit simplify)
+    channel_linear=ChannelLinear(weight="weight", bias="bias"),
 )
 
 __all__ = ["DEFORM_CONV2D", "TORCHVISION_SCHEMA", "infer_shapes", "python_kernel", "reference"]

@@ -19,6 +19,8 @@ __all__ = ["OPS_HELP", "add_ops_arguments", "built_kernels", "examples", "main",
 # name -> (module, one-line help); the module provides add_arguments(parser) and run(args).
 SUBCOMMANDS = {
     "rewrite": ("graphkit.cli.rewrite", "decompose custom:: nodes or bind them to kernels"),
+    "simplify": ("graphkit.cli.simplify", "fold constants and shapes, remove no-ops, dead and duplicate nodes; "
+                 "sees through custom ops"),
     "run": ("graphkit.cli.run", "run a model in ONNX Runtime with graphkit's kernels registered"),
     "inspect": ("graphkit.cli.inspect", "show opsets, custom ops with their lowerings, external data"),
     "export": ("graphkit.cli.export", "export a torch model (module:factory) to ONNX with graphkit's ops and gap fillers"),
@@ -30,15 +32,15 @@ SUBCOMMANDS = {
 
 # Subcommands that read or write models, and so need to know the ops in them: each takes
 # --ops (added here, once) and reads args.ops.
-OPS_COMMANDS = frozenset({"rewrite", "run", "inspect", "export", "verify", "compare", "ops"})
+OPS_COMMANDS = frozenset({"rewrite", "simplify", "run", "inspect", "export", "verify", "compare", "ops"})
 
 # Spelled out here rather than imported from graphkit.ops (which imports onnx): `--help`
 # stays fast. tests/test_cli_ops.py checks they agree with graphkit.ops.
 OPS_HELP = ("an op package to load besides graphkit's own ops, installed packages (entry points "
             "of group 'graphkit.ops') and those listed in $GRAPHKIT_OPS (comma-separated): "
-            "MODULE, MODULE:ATTR, FILE.py or FILE.py:ATTR, where ATTR (default PACKAGE) is an "
-            "OpPackage or a function returning one; repeatable. For example --ops acme_ops "
-            "or --ops ./my_ops.py:PACKAGE")
+            "MODULE, MODULE:ATTR, FILE.py, FILE.py:ATTR or a package FOLDER (holding __init__.py; "
+            "FOLDER:ATTR), where ATTR (default PACKAGE) is an OpPackage or a function returning "
+            "one; repeatable. For example --ops acme_ops or --ops ./my_ops.py:PACKAGE")
 
 EPILOG = """exit codes: 0 ok, 2 usage, 3 cannot load model, 4 cannot write output,
 5 bad op definition, 6 op without rule or kernel, 7 rewrite failed, 8 model invalid,
@@ -79,7 +81,10 @@ EXAMPLES = {
     "rewrite": ("graphkit rewrite model.onnx model.std.onnx                  # decompose into standard ops",
                 "graphkit rewrite model.onnx model.native.onnx --bind native  # bind the C++ kernels",
                 "graphkit rewrite model.onnx out.onnx --fuse all --target-opset 20 --rules samples/rules/fuse_my_add.py --explain",
-                "graphkit rewrite model.onnx model.std.onnx --target-opset 17 --diff pictures/  # + pictures/index.html"),
+                "graphkit rewrite model.onnx model.std.onnx --target-opset 17 --simplify --diff pictures/"),
+    "simplify": ("graphkit simplify model.onnx model.sim.onnx",
+                 "graphkit simplify model.onnx model.sim.onnx --explain --size-limit 4MiB",
+                 "graphkit simplify model.onnx model.sim.onnx --skip fuse,eliminate-common --json"),
     "run": ("graphkit run model.onnx                           # random inputs, seed 0",
             "graphkit run model.onnx --inputs x.npz --output y.npz",
             "graphkit run model.onnx --bind python --dim batch=4 --json"),

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from graphkit.cli._lowering import add_lowering_arguments, parse_prefer
+from graphkit.cli._simplify_args import add_simplify_arguments, simplify_options
 
 # Spelled out here rather than imported from graphkit.rewrite.fusions (which imports onnx):
 # `--help` stays fast. tests/test_fusions.py checks they agree with fusions.LIBRARY.
@@ -32,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="apply the rules defined as `rules = RuleSet([...])` in a Python file or "
                         "module before lowering; repeatable. For example --rules my_rules.py")
     p.add_argument("--fuse", metavar="NAME,...|all", help=FUSE_HELP)
+    p.add_argument("--simplify", action="store_true",
+                   help="after lowering, simplify as `graphkit simplify` does (its options apply)")
+    add_simplify_arguments(p)
     p.add_argument("--explain", nargs="?", const="summary", choices=("summary", "all"), default=None,
                    help="print, per rule, how often it matched and applied and its top reasons for not "
                         "matching with counts; --explain=all lists every node that did not match")
@@ -90,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
         fused = list(fusions.rule_set(args.fuse))  # an unknown name fails before any model work
     rules = RuleSet([*fused, *(r for source in args.rules for r in load_rules(source))])
+    simplify = simplify_options(args) if getattr(args, "simplify", False) else None
     show = args.progress if args.progress is not None else sys.stderr.isatty()
 
     def before_write(report, sizes: dict) -> None:
@@ -99,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                           lowering=lowering, rules=rules, target_opset=args.target_opset,
                           as_functions=args.as_functions, check=not args.no_check,
                           full_check=args.full_check, external_data=args.external_data,
-                          progress=_progress_bar if show else None, before_write=before_write)
+                          progress=_progress_bar if show else None, before_write=before_write, simplify=simplify)
     text = _report_text(args, result.report, result.sizes, start)
     if args.diff:
         from graphkit.cli.show import draw_rewrite
@@ -128,8 +133,23 @@ def _report_text(args: argparse.Namespace, report, sizes: dict, start: float) ->
     text += (f"\n  nodes {stats['nodes_before']} -> {stats['nodes_after']}, "
              f"size {stats['bytes_before']:,} -> {stats['bytes_after']:,} bytes, {stats['seconds']:.2f} s")
     if args.explain:
-        text += "\n" + (report.rules.explain(all=args.explain == "all") or "no rules given")
+        explained = report.rules.explain(all=args.explain == "all")
+        if getattr(args, "simplify", False):
+            explained = "\n".join(filter(None, [explained, simplify_explain(report, all=args.explain == "all")]))
+        text += "\n" + (explained or "no rules given")
     return text
+
+
+def simplify_explain(report, *, all: bool) -> str:
+    """The nodes simplify kept though their inputs were constant, and why."""
+    lines = []
+    kept = sorted(report.kept.items())
+    if kept:
+        lines.append(f"kept with constant inputs: {len(kept)} node(s)")
+        lines += [f"  {node}: {why}" for node, why in (kept if all else kept[:10])]
+        if len(kept) > 10 and not all:
+            lines.append(f"  ... {len(kept) - 10} more (--explain=all lists them)")
+    return "\n".join(lines)
 
 
 def _progress_bar(phase: str, done: int, total: int) -> None:
@@ -162,6 +182,10 @@ def format_report(report, src: str, dst: str) -> str:
         lines += [f"    {op}: {reason}" for op, reasons in sorted(report.passed_over.items()) for reason in reasons]
     for name, n in sorted(report.rules.applied.items()):
         lines.append(f"    rule {name}: x{n}")
-    if not report.actions and not report.rules.applied and not report.conversions:
+    simplified = [(name, what) for name, what in report.passes if name.startswith("simplify:")]
+    if simplified:
+        lines.append("  simplified:")
+        lines += [f"    {name[len('simplify:'):]}: {what}" for name, what in simplified]
+    if not report.actions and not report.rules.applied and not report.conversions and not simplified:
         lines.append("  nothing to rewrite: model written unchanged")
     return "\n".join(lines)

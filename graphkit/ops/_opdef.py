@@ -26,6 +26,7 @@ __all__ = [
     "ForeignOp",
     "OpDef",
     "StandardOp",
+    "ChannelLinear",
     "Shape",
     "PLACEHOLDER_DOMAIN",
     "NATIVE_DOMAIN",
@@ -228,6 +229,22 @@ class StandardOp:
 
 
 @dataclass(frozen=True)
+class ChannelLinear:
+    """The op's output is linear in ``weight`` per output channel, plus ``bias``:
+    ``out[:, c, ...] = f(weight[c, ...]) + bias[c]`` with ``f`` linear (a convolution, a
+    deformable one, a matrix product). ``graphkit simplify`` then folds a following
+    BatchNormalization, or a Mul/Add/Sub/Div by a per-channel constant, into the weight and
+    bias. ``weight`` and ``bias`` name inputs of the op (``bias`` an optional one);
+    ``channel_axis`` is the output's channel axis and ``weight_axis`` the weight's.
+    """
+
+    weight: str
+    bias: str
+    channel_axis: int = 1
+    weight_axis: int = 0
+
+
+@dataclass(frozen=True)
 class OpDef:
     """Everything graphkit knows about one custom op.
 
@@ -248,6 +265,9 @@ class OpDef:
       (:class:`ForeignOp`): export writes this op's placeholder for their calls.
     - ``tolerance`` is how close its lowerings are to ``reference``, per dtype (see
       :func:`tolerance_for`); the op's doc says where it departs from torch on purpose.
+    - ``channel_linear`` says the output is linear per channel in a weight, plus a bias
+      (:class:`ChannelLinear`): ``graphkit simplify`` folds a following BatchNormalization
+      or per-channel scale and shift into them.
     """
 
     name: str
@@ -270,6 +290,7 @@ class OpDef:
     # (rtol, atol) by dtype name, over DEFAULT_TOLERANCE: how close every lowering is to
     # ``reference`` (tests/test_edges.py checks it on edge values)
     tolerance: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    channel_linear: ChannelLinear | None = None
     # Filled by __post_init__: attribute lookup by name.
     _attr_index: Mapping[str, Attr] = field(default_factory=dict, repr=False, compare=False)
 
@@ -316,6 +337,13 @@ class OpDef:
                 problems.append(f"standard op {std}: inputs {std.inputs} is not an order of 0..{len(std.inputs) - 1}")
         if len({(s.domain or "ai.onnx", s.op_type) for s in self.standard_ops}) != len(self.standard_ops):
             problems.append("a standard op is listed twice")
+        if self.channel_linear is not None:
+            by_name = {p.name: p for p in self.inputs}
+            lin = self.channel_linear
+            if lin.weight not in by_name:
+                problems.append(f"channel_linear: weight {lin.weight!r} is not an input")
+            if lin.bias not in by_name:
+                problems.append(f"channel_linear: bias {lin.bias!r} is not an input")
         seen_opt = False
         for p in self.inputs:
             if seen_opt and not p.optional:

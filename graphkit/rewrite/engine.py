@@ -66,6 +66,7 @@ class RewriteReport:
     writer: str = "objects"
     writer_reason: str = ""
     passed_over: dict[str, list[str]] = field(default_factory=dict)
+    kept: dict[str, str] = field(default_factory=dict)  # simplify: "op node" -> why its constant inputs did not fold
 
     @property
     def changed(self) -> bool:
@@ -86,6 +87,7 @@ class RewriteReport:
             "conversions": [{"domain": "ai.onnx", "from": a, "to": b, "how": how} for a, b, how in self.conversions],
             "writer": {"name": self.writer, "why": self.writer_reason},
             "passed_over": {op: list(reasons) for op, reasons in sorted(self.passed_over.items())},
+            "kept": dict(sorted(self.kept.items())),
         }
 
 
@@ -458,6 +460,8 @@ class RewriteContext:
     types: TypeTable | None = None   # the main graph's (and its subgraphs') tensor types
     counts: collections.Counter | None = None  # op counts after the rules pass, where it could tell
     attached: collections.Counter = field(default_factory=collections.Counter)  # the attached functions' ops
+    simplify: Any = None             # SimplifyOptions: run the simplify passes after lowering
+    simplified: bool = False         # they changed the model (its op counts are counted again)
 
     def make_plan(self, model: onnx.ModelProto, names: set[str]) -> None:
         """The one lowering plan of this rewrite, at the model's opset, avoiding ``names`` (a
@@ -604,6 +608,35 @@ def _functions_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     return PassResult(model, bool(actions), f"{sum(actions.values())} functions attached")
 
 
+def _simplify_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+    """graphkit.rewrite.simplify's passes, with the fusions its options hold as rules."""
+    from graphkit.rewrite.simplify._run import describe, run_simplify
+
+    options, opset = ctx.simplify, ctx.plan.opset
+    fuse = None
+    rules = RuleSet([r for f in options.fusions if (f.min_opset or 0) <= opset for r in f.rules])
+    if options.fuse and len(rules):
+        def fuse(m: onnx.ModelProto) -> int:
+            names = NameGenerator(ModelIndex(m).names, adopt=True)
+            types = TypeTable(m, ctx.registry)
+
+            def make_builder(node: onnx.NodeProto, rule_name: str) -> Builder:
+                return Builder(opset=opset, prefix=node.name or rule_name, names=names, types=types,
+                               node_name=node.name, op_name=rule_name)
+            return apply_rule_set(m, rules, make_builder=make_builder, types=types,
+                                  report=ctx.report.rules, path=ctx.path)
+    result = run_simplify(model, ctx.registry, opset=opset, placeholder_domains=ctx.placeholders, options=options,
+                          path=ctx.path, fuse=fuse)
+    ctx.report.kept.update((f"{op} {node}", why) for (node, op), why in result.kept.items())
+    if not result.changes:
+        return PassResult(model, False)
+    ctx.simplified = True
+    ctx.index_valid = False
+    ctx.counts = None
+    ctx.report.passes.extend(describe(result))
+    return PassResult(model, True, f"{sum(result.changes.values())} changes in {result.rounds} rounds")
+
+
 def _imports_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     before = [(i.domain, i.version) for i in model.opset_import]
     _fix_opset_imports(model, ctx.plan.opset, {d for d, _ in ctx.report.ops_after}, ctx.placeholders)
@@ -650,6 +683,8 @@ def _check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
 
 def _ops_after(ctx: RewriteContext, model: onnx.ModelProto) -> collections.Counter:
     report = ctx.report
+    if ctx.simplified:
+        return count_ops(model)
     if ctx.counts is not None:  # rules (counted), then lowering or functions
         after = ctx.counts.copy()
     elif report.rules.applied or (ctx.converting and not ctx.same_nodes):
@@ -663,6 +698,7 @@ def _ops_after(ctx: RewriteContext, model: onnx.ModelProto) -> collections.Count
 
 
 # The rewrite, in order. The last two run only when an earlier pass changed the model.
+# "simplify" runs graphkit.rewrite.simplify's passes (SIMPLIFY_PASSES) until none changes the model.
 PASSES: tuple[Pass, ...] = (
     Pass("recognise-standard-ops", lambda ctx, m: ctx.converting and ctx.has_standard and
          ctx.prefer != (Lowering.KEEP,), _recognise_pass),
@@ -674,6 +710,7 @@ PASSES: tuple[Pass, ...] = (
         ctx.has_placeholders or bool(ctx.report.rules.applied)), _lower_pass),
     Pass("attach-functions", lambda ctx, m: ctx.as_functions and (
         ctx.has_placeholders or bool(ctx.report.rules.applied)), _functions_pass),
+    Pass("simplify", lambda ctx, m: ctx.simplify is not None, _simplify_pass),
     Pass("fix-imports", lambda ctx, m: True, _imports_pass),
     Pass("check", lambda ctx, m: ctx.check, _check_pass),
 )
@@ -685,7 +722,7 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
                   rules: Iterable[Rule] | None = None, target_opset: int | None = None,
                   as_functions: bool = False, check: bool = True, full_check: bool = False,
                   path: str | None = None, progress: Callable[[str, int, int], None] | None = None,
-                  copy: bool = True) -> tuple[onnx.ModelProto, RewriteReport]:
+                  copy: bool = True, simplify: Any = None) -> tuple[onnx.ModelProto, RewriteReport]:
     """Apply ``rules``, then lower every custom:: node of ``model``; returns a new model and a report.
 
     ``lowering`` is one lowering or a preference order: each node gets the first that
@@ -701,11 +738,13 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     the result (the model returned may be ``model``, and after an error ``model`` may be
     half rewritten). A model where nothing applies comes back unchanged field for field. ``check`` runs the ONNX checker on the result and strict
     shape inference on each distinct replacement, and on the whole model when it has at
-    most FULL_CHECK_NODES nodes or ``full_check`` is set. The passes run are :data:`PASSES`.
+    most FULL_CHECK_NODES nodes or ``full_check`` is set. ``simplify`` (a
+    :class:`graphkit.rewrite.simplify.SimplifyOptions`) runs the simplify passes after
+    lowering. The passes run are :data:`PASSES`.
     """
     return _rewrite(model, registry=registry, lowering=lowering, rules=rules, target_opset=target_opset,
                     as_functions=as_functions, check=check, full_check=full_check, path=path, progress=progress,
-                    copy=copy)[:2]
+                    copy=copy, simplify=simplify)[:2]
 
 
 def _rewrite(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
@@ -713,19 +752,19 @@ def _rewrite(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
              target_opset: int | None = None, as_functions: bool = False, check: bool = True,
              full_check: bool = False, path: str | None = None,
              progress: Callable[[str, int, int], None] | None = None, copy: bool = True, defer_check: bool = False,
-             ) -> tuple[onnx.ModelProto, RewriteReport, Callable[[bytes], None] | None]:
+             simplify: Any = None) -> tuple[onnx.ModelProto, RewriteReport, Callable[[bytes], None] | None]:
     """rewrite_model; with ``defer_check``, the ONNX checker's part of the check may come back
     as a function to run on the serialized result (None: nothing left to check)."""
     with gc_paused():
         return _passes(model, registry=registry, lowering=lowering, rules=rules, target_opset=target_opset,
                        as_functions=as_functions, check=check, full_check=full_check, path=path,
-                       progress=progress, copy=copy, defer_check=defer_check)
+                       progress=progress, copy=copy, defer_check=defer_check, simplify=simplify)
 
 
 def _passes(model: onnx.ModelProto, *, registry: OpRegistry | None, lowering: Lowering | Sequence[Lowering],
             rules: Iterable[Rule] | None, target_opset: int | None, as_functions: bool, check: bool,
             full_check: bool, path: str | None, progress: Callable[[str, int, int], None] | None, copy: bool,
-            defer_check: bool) -> tuple[onnx.ModelProto, RewriteReport, Callable[[bytes], None] | None]:
+            defer_check: bool, simplify: Any = None) -> tuple[onnx.ModelProto, RewriteReport, Callable[[bytes], None] | None]:
     registry = default_registry() if registry is None else registry
     if target_opset is not None:
         check_target_opset(target_opset)
@@ -760,6 +799,7 @@ def _passes(model: onnx.ModelProto, *, registry: OpRegistry | None, lowering: Lo
     ctx.has_standard = bool(registry.standard_op_types() & set(index.op_counts))
     ctx.has_placeholders = bool(ctx.placeholders & index.domains) or ctx.has_standard
     ctx.index = index
+    ctx.simplify = simplify
     ctx.make_plan(out, index.names)
     modified = False
     for p in PASSES:

@@ -82,6 +82,8 @@ def _rewrite_bytes(source: list[bytes], parsed: list[onnx.ModelProto], owned: bo
         why = "the byte writer was turned off (fast=False)"
     elif options.get("rules") or options.get("as_functions"):
         why = "rules or --as-functions: the byte writer only lowers"
+    elif options.get("simplify") is not None:
+        why = "--simplify: the byte writer only lowers"
     else:
         target = options.get("target_opset")
         if target is not None:

@@ -21,6 +21,9 @@ def check(ctx: MatchContext, a, b, c) -> MatchResult:
         if rank != 2:
             return MatchResult().fail(f"MatMul input {what} '{name}' is "
                                       f"{'of unknown rank' if rank is None else f'{rank}-D'}, Gemm needs 2-D")
+    maker = ctx.producer(c)
+    if maker is not None and maker.op_type == "MatMul" and list(maker.input) == [a, b]:
+        return MatchResult().fail(f"the bias '{c}' is the MatMul's own output (Add(m, m))")
     if ctx.dtype(b) != ctx.dtype(a) or ctx.dtype(c) != ctx.dtype(a):
         return MatchResult().fail("A, B and the bias differ in element type")
     m, n = ctx.shape(a)[0], ctx.shape(b)[1]

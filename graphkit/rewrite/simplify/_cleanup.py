@@ -1,0 +1,293 @@
+"""The passes that remove what computes nothing: Constant nodes lifted to initializers,
+no-op nodes, duplicate constants and subexpressions, and dead nodes, initializers,
+functions and function inputs. None changes a graph input's or output's name."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import onnx
+
+from graphkit.rewrite._walk import AI_ONNX, subgraphs
+from graphkit.rewrite.simplify._context import SimplifyContext
+from graphkit.rewrite.simplify._evaluate import NONDETERMINISTIC
+from graphkit.rewrite.simplify._graph import Scope, attribute_key, constant_node_value
+
+__all__ = ["eliminate_dead", "eliminate_common", "lift_constants", "merge_constants", "remove_no_ops"]
+
+
+def lift_constants(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
+    """Constant nodes of graphs become initializers (function bodies keep theirs, and so does
+    a Constant writing an output of its graph)."""
+    lifted = 0
+    for scope in ctx.scopes(model):
+        if not scope.is_graph or scope.in_function:
+            continue
+        for k, node in scope.live():
+            if node.op_type != "Constant" or node.domain not in AI_ONNX or node.output[0] in scope.output_set:
+                continue
+            value = constant_node_value(node)
+            if value is None:
+                continue
+            scope.remove(k)
+            scope.add_constant(node.output[0], value)
+            lifted += 1
+        scope.commit()
+    return lifted
+
+
+def _is_false(scope: Scope, name: str) -> bool:
+    if not name:
+        return True
+    value = scope.value(name)
+    return value is not None and value.size == 1 and not bool(value.reshape(-1)[0])
+
+
+def _no_op_input(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto) -> str | None:
+    """The input ``node`` passes through unchanged, or None."""
+    op, types = node.op_type, ctx.types
+    if node.domain not in AI_ONNX or not node.input or not node.input[0] or not node.output:
+        return None
+    src, out = node.input[0], node.output[0]
+    if op == "Identity":
+        return src
+    if op == "Dropout":
+        mask_used = len(node.output) > 1 and node.output[1] and scope.used(node.output[1])
+        training = node.input[2] if len(node.input) > 2 else ""
+        if mask_used or not _is_false(scope, training):
+            return None
+        return src
+    if types is None:
+        return None
+    if op == "Cast":
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        return src if to is not None and types.elem(src) == to else None
+    if op in ("Reshape", "Expand", "Squeeze", "Unsqueeze", "Flatten"):
+        before, after = types.dims(src), types.dims(out)
+        same_type = types.elem(src) is not None and types.elem(src) == types.elem(out)
+        if same_type and before is not None and after is not None and before == after and all(
+                isinstance(d, int) for d in before):
+            return src
+        return None
+    if op == "Transpose":
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+        return src if perm is not None and perm == list(range(len(perm))) else None
+    if op == "Concat" and len([i for i in node.input if i]) == 1:
+        return src
+    if op in ("Add", "Sub", "Mul", "Div") and len(node.input) == 2:
+        return _neutral_operand(scope, types, node)
+    return None
+
+
+def _neutral_operand(scope: Scope, types, node: onnx.NodeProto) -> str | None:
+    """The input of x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1 where the constant neither
+    widens x by broadcasting nor changes its type (only -0.0 + 0 = +0.0 differs, a value
+    equal to it)."""
+    op, (a, b) = node.op_type, node.input
+    for x, c in ((a, b), (b, a)):
+        if c == b or op in ("Add", "Mul"):
+            value = scope.value(c, limit=1 << 16)
+            if value is None or value.dtype.kind not in "fiu":
+                continue
+            neutral = 0 if op in ("Add", "Sub") else 1
+            if not np.all(value == neutral):
+                continue
+            dims = types.dims(x)
+            if dims is None or types.elem(x) != types.elem(node.output[0]) or value.ndim > len(dims):
+                continue
+            tail = dims[len(dims) - value.ndim:]
+            if all(v == 1 or v == d for v, d in zip(value.shape, tail)):
+                return x
+    return None
+
+
+def _merge_pair(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto) -> bool:
+    """Unsqueeze(Unsqueeze(x)) -> one Unsqueeze, Reshape(Reshape(x)) -> one Reshape, where the
+    inner node has no other reader."""
+    if node.domain not in AI_ONNX or node.op_type not in ("Unsqueeze", "Reshape") or len(node.input) < 2:
+        return False
+    inner_k = scope.producer.get(node.input[0])
+    inner = scope.nodes[inner_k] if inner_k is not None else None
+    if (inner is None or inner.op_type != node.op_type or inner.domain not in AI_ONNX or len(inner.input) < 2
+            or inner.output[0] in scope.output_set or len(scope.readers(inner.output[0])) != 1):
+        return False
+    if node.op_type == "Reshape":
+        shape = scope.value(node.input[1], limit=1 << 12)
+        if shape is None or np.any(shape == 0) or any(a.name == "allowzero" and a.i for a in node.attribute):
+            return False
+        node.input[0] = inner.input[0]
+    else:
+        outer_axes, inner_axes = scope.value(node.input[1], limit=1 << 12), scope.value(inner.input[1], limit=1 << 12)
+        dims = ctx.types.dims(node.output[0]) if ctx.types is not None else None
+        if outer_axes is None or inner_axes is None or dims is None:
+            return False
+        rank = len(dims)
+        mid = rank - outer_axes.size
+        first = [int(a) + mid if a < 0 else int(a) for a in inner_axes.reshape(-1)]
+        second = sorted(int(a) + rank if a < 0 else int(a) for a in outer_axes.reshape(-1))
+        for a in second:  # axes of the first insert shift past each axis the second inserts before them
+            first = [f + 1 if f >= a else f for f in first]
+        axes = sorted(first + second)
+        name = ctx.fresh(node.input[1] + "_merged")
+        made = scope.add_constant(name, np.array(axes, dtype=np.int64))
+        if made is not None:
+            scope.placed.setdefault(k, []).append(made)
+        node.input[0], node.input[1] = inner.input[0], name
+    scope.remove(inner_k)
+    return True
+
+
+def remove_no_ops(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
+    """Identity, inference Dropout, Cast to the same type, Reshape/Expand/Squeeze/Unsqueeze/
+    Flatten to the same static shape, Transpose by the identity, one-input Concat, adding 0
+    or multiplying by 1; two Unsqueezes or two Reshapes in a row become one."""
+    removed = 0
+    for scope in ctx.scopes(model):
+        for k, node in scope.live():
+            src = _no_op_input(ctx, scope, node)
+            if src is not None and scope.bypass(k, node.output[0], src):
+                removed += 1
+            elif ctx.opset >= 13 and _merge_pair(ctx, scope, k, node):
+                removed += 1
+        scope.commit()
+    return removed
+
+
+def eliminate_common(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
+    """Nodes computing the same op on the same inputs with the same attributes become one."""
+    merged = 0
+    for scope in ctx.scopes(model):
+        seen: dict[tuple, int] = {}
+        for k, node in scope.live():
+            if node.op_type in NONDETERMINISTIC or any(True for _ in subgraphs(node)):
+                continue
+            key = (node.domain, node.op_type, tuple(node.input), len(node.output), attribute_key(node))
+            first = seen.setdefault(key, k)
+            if first == k:
+                continue
+            if any(o in scope.output_set for o in node.output):
+                continue
+            earlier = scope.nodes[first].output
+            scope.remove(k)
+            for mine, theirs in zip(node.output, earlier):
+                if mine:
+                    scope.replace_uses(mine, theirs)
+            merged += 1
+        scope.commit()
+    return merged
+
+
+def _tensor_key(t: onnx.TensorProto) -> tuple | None:
+    if t.data_location == onnx.TensorProto.EXTERNAL or t.data_type == onnx.TensorProto.STRING:
+        return None
+    data = np.ascontiguousarray(onnx.numpy_helper.to_array(t)).tobytes()
+    return t.data_type, tuple(t.dims), len(data), hashlib.blake2b(data, digest_size=16).digest()
+
+
+def merge_constants(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
+    """Initializers of one graph with equal type, shape and bytes become one (not those a
+    caller may override as graph inputs)."""
+    merged = 0
+    for scope in ctx.scopes(model):
+        if not scope.is_graph or len(scope.initializers) < 2:
+            continue
+        seen: dict[tuple, str] = {}
+        for name, tensor in list(scope.initializers.items()):
+            if scope.is_overridable(name) or name in scope.output_set:
+                continue
+            key = _tensor_key(tensor)
+            if key is None:
+                continue
+            first = seen.setdefault(key, name)
+            if first == name:
+                continue
+            scope.replace_uses(name, first)
+            scope.dropped_initializers.add(name)
+            del scope.initializers[name]
+            merged += 1
+        scope.commit()
+    return merged
+
+
+def eliminate_dead(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
+    """Nodes whose outputs nothing reads, initializers nothing reads (graph inputs stay),
+    local functions nothing calls and function inputs their bodies do not read."""
+    removed = 0
+    for scope in ctx.scopes(model):
+        for k in range(len(scope.nodes) - 1, -1, -1):
+            node = scope.nodes[k]
+            if node is None or any(o and scope.used(o) for o in node.output):
+                continue
+            scope.remove(k)
+            removed += 1
+        if scope.is_graph:
+            for name in list(scope.initializers):
+                if name not in scope.input_set and not scope.used(name):
+                    scope.dropped_initializers.add(name)
+                    removed += 1
+        scope.commit()
+    removed += _unused_functions(model)
+    removed += _unused_function_inputs(ctx, model)
+    if removed:
+        _drop_stale_value_info(model)
+    return removed
+
+
+def _calls(model: onnx.ModelProto) -> dict[tuple[str, str], list[onnx.NodeProto]]:
+    calls: dict[tuple[str, str], list[onnx.NodeProto]] = {}
+    local = {(f.domain, f.name) for f in model.functions}
+    stack = [model.graph.node, *(f.node for f in model.functions)]
+    while stack:
+        for node in stack.pop():
+            if (node.domain, node.op_type) in local:
+                calls.setdefault((node.domain, node.op_type), []).append(node)
+            for sub in subgraphs(node):
+                stack.append(sub.node)
+    return calls
+
+
+def _unused_functions(model: onnx.ModelProto) -> int:
+    removed = 0
+    while True:
+        calls = _calls(model)
+        keep = [f for f in model.functions if (f.domain, f.name) in calls]
+        if len(keep) == len(model.functions):
+            return removed
+        removed += len(model.functions) - len(keep)
+        del model.functions[:]
+        model.functions.extend(keep)
+
+
+def _unused_function_inputs(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
+    removed = 0
+    calls = _calls(model)
+    for fn in model.functions:
+        scope = Scope(fn, in_function=True)
+        unused = [i for i, name in enumerate(fn.input) if not scope.used(name)]
+        if not unused:
+            continue
+        keep = [name for i, name in enumerate(fn.input) if i not in unused]
+        del fn.input[:]
+        fn.input.extend(keep)
+        for node in calls.get((fn.domain, fn.name), []):
+            given = [name for i, name in enumerate(node.input) if i not in unused]
+            while given and not given[-1]:
+                given.pop()
+            del node.input[:]
+            node.input.extend(given)
+        removed += len(unused)
+    return removed
+
+
+def _drop_stale_value_info(model: onnx.ModelProto) -> None:
+    stack = [model.graph]
+    while stack:
+        g = stack.pop()
+        names = {o for n in g.node for o in n.output} | {i.name for i in g.input} | {t.name for t in g.initializer}
+        if any(vi.name not in names for vi in g.value_info):
+            keep = [vi for vi in g.value_info if vi.name in names]
+            del g.value_info[:]
+            g.value_info.extend(keep)
+        for node in g.node:
+            stack.extend(subgraphs(node))

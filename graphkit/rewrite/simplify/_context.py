@@ -1,0 +1,79 @@
+"""What the simplify passes share: the options, the ops known, the model's types, the
+reasons nodes were kept, and the names taken."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+
+from graphkit.ops import OpRegistry
+from graphkit.rewrite.simplify._graph import Scope, base_dir_of, scopes_of
+from graphkit.rewrite.simplify._shapes import Types, infer_types
+
+__all__ = ["DEFAULT_SIZE_LIMIT", "SimplifyContext", "SimplifyOptions"]
+
+DEFAULT_SIZE_LIMIT = 1 << 20  # bytes a folded output may hold (beyond twice its constant inputs)
+
+
+@dataclass(frozen=True)
+class SimplifyOptions:
+    """How ``graphkit simplify`` (and ``rewrite --simplify``) runs.
+
+    ``size_limit``: the most bytes a folded node's outputs may hold (unless no more than
+    twice its constant inputs); ``fusions``: the fusions the "fuse" pass applies (objects
+    with ``rules`` and ``min_opset``, as graphkit.rewrite.fusions' ``Fusion``; those the
+    model's opset lacks are left out); ``fuse``: run them; ``skip``: names of passes not to
+    run; ``max_rounds``: the passes repeat until nothing changes, at most this many times.
+    """
+
+    size_limit: int = DEFAULT_SIZE_LIMIT
+    fusions: tuple[Any, ...] = ()
+    fuse: bool = True
+    skip: frozenset[str] = frozenset()
+    max_rounds: int = 8
+
+
+@dataclass
+class SimplifyContext:
+    registry: OpRegistry
+    opset: int
+    placeholder_domains: frozenset[str]
+    options: SimplifyOptions = field(default_factory=SimplifyOptions)
+    path: str | None = None
+    types: Types | None = None
+    shape_values: dict[str, tuple[bool, tuple[Any, ...]]] = field(default_factory=dict)
+    kept: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, op) -> why it was kept
+    _taken: set[str] | None = None
+
+    def scopes(self, model: onnx.ModelProto) -> Iterator[Scope]:
+        """Every scope of ``model``, read afresh (each graph before the graphs it holds)."""
+        yield from scopes_of(model, base_dir_of(self.path))
+
+    def infer(self, model: onnx.ModelProto) -> None:
+        self.types = infer_types(model, self.registry)
+        self.shape_values = {}
+
+    def keep(self, node: onnx.NodeProto, why: str) -> None:
+        op = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
+        self.kept[(node.name or f"<unnamed, writes {node.output[0] if node.output else ''}>", op)] = why
+
+    def taken(self, model: onnx.ModelProto) -> None:
+        """Start a run on ``model``: the names it uses are not given out by :meth:`fresh`."""
+        taken: set[str] = set()
+        for scope in self.scopes(model):
+            taken.update(scope.producer)
+            taken.update(scope.initializers)
+            taken.update(scope.inputs)
+        self._taken = taken
+
+    def fresh(self, base: str) -> str:
+        assert self._taken is not None, "taken() starts a run"
+        name, n = base, 0
+        while name in self._taken:
+            n += 1
+            name = f"{base}_{n}"
+        self._taken.add(name)
+        return name

@@ -1,0 +1,286 @@
+"""Folding: nodes whose inputs are constant become constants (custom ops by their kernel),
+shape arithmetic becomes constants where the dims are known, and a Reshape whose target is
+computed from symbolic dims gets a constant target (0: copy the input's dim, -1: the rest).
+
+Shape values are followed as tuples of dims (int, or a symbol: see _shapes) through the ops
+TorchScript exports write for shape arithmetic: Shape, Gather, Unsqueeze, Squeeze, Concat,
+Slice, Cast, Identity and integer Add/Sub/Mul/Div.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+
+from graphkit.rewrite._walk import AI_ONNX
+from graphkit.rewrite.simplify._context import SimplifyContext
+from graphkit.rewrite.simplify._evaluate import NotFoldable, evaluate
+from graphkit.rewrite.simplify._graph import Scope
+
+__all__ = ["fold_constants", "fold_shapes"]
+
+_INT = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+
+
+def _has_refs(node: onnx.NodeProto) -> bool:
+    return any(a.ref_attr_name for a in node.attribute)
+
+
+def _too_large(outs: list[np.ndarray], ins: list[np.ndarray | None], limit: int) -> int | None:
+    """The bytes of the outputs where folding would store more than ``limit`` bytes and more
+    than twice what the constant inputs hold (a transpose of a weight folds; an Expand of a
+    scalar into a big tensor does not)."""
+    size = sum(o.nbytes for o in outs)
+    if size <= limit or size <= 2 * sum(i.nbytes for i in ins if i is not None):
+        return None
+    return size
+
+
+def _declared_ok(ctx: SimplifyContext, name: str, value: np.ndarray) -> bool:
+    """Whether ``value`` has the element type inference gives ``name`` (where it gives one)."""
+    elem = ctx.types.elem(name) if ctx.types is not None else None
+    if elem is None:
+        return True
+    try:
+        return onnx.helper.tensor_dtype_to_np_dtype(elem) == value.dtype
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def fold_constants(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
+    """Evaluate every node whose inputs are all constant; returns how many were folded."""
+    folded = 0
+    limit = ctx.options.size_limit
+    for scope in ctx.scopes(model):
+        for k, node in scope.live():
+            if not node.input or (node.op_type == "Constant" and node.domain in AI_ONNX):
+                continue
+            inputs: list[np.ndarray | None] = []
+            for name in node.input:
+                if not name:
+                    inputs.append(None)
+                    continue
+                value = scope.value(name, limit=limit)
+                if value is None:
+                    break
+                inputs.append(value)
+            else:
+                if _has_refs(node):
+                    continue
+                folded += _fold_node(ctx, scope, k, node, inputs)
+                continue
+            folded += _fold_shape_value(ctx, scope, k, node)
+        scope.commit()
+    return folded
+
+
+def _fold_node(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto,
+               inputs: list[np.ndarray | None]) -> int:
+    try:
+        outs = evaluate(node, inputs, ctx.opset, ctx.registry, ctx.placeholder_domains, ctx.path)
+    except NotFoldable as exc:
+        ctx.keep(node, f"inputs are constant but it was not evaluated: {exc}")
+        return 0
+    if len(outs) < len([o for o in node.output if o]):
+        ctx.keep(node, "its evaluation gave fewer outputs than the node has")
+        return 0
+    size = _too_large(outs, inputs, ctx.options.size_limit)
+    if size is not None:
+        ctx.keep(node, f"its output would be {size:,} bytes, over the size limit of "
+                       f"{ctx.options.size_limit:,} (--size-limit)")
+        return 0
+    named = [(o, v) for o, v in zip(node.output, outs) if o]
+    if not all(_declared_ok(ctx, o, v) for o, v in named):
+        ctx.keep(node, "its evaluation gave another element type than the model declares")
+        return 0
+    return _replace_by_constants(scope, k, node, named)
+
+
+def _replace_by_constants(scope: Scope, k: int, node: onnx.NodeProto, named: list[tuple[str, np.ndarray]]) -> int:
+    placed = [c for o, v in named if (c := scope.add_constant(o, np.asarray(v), like=node)) is not None]
+    scope.replace(k, placed)
+    return 1
+
+
+# -- shape values --------------------------------------------------------------------------
+# A shape value: (scalar?, dims). Dims are ints or symbols (str).
+
+def _shape_value(ctx: SimplifyContext, scope: Scope, name: str) -> tuple[bool, tuple[Any, ...]] | None:
+    if name in ctx.shape_values:
+        return ctx.shape_values[name]
+    value = scope.value(name, limit=1024)
+    if value is not None and value.dtype.kind in "iu" and value.ndim <= 1:
+        return value.ndim == 0, tuple(int(v) for v in value.reshape(-1))
+    return None
+
+
+def _sym(op: str, a: Any, b: Any) -> Any:
+    if isinstance(a, int) and isinstance(b, int):
+        if op == "Add":
+            return a + b
+        if op == "Sub":
+            return a - b
+        if op == "Mul":
+            return a * b
+        if b == 0:
+            return None
+        q = abs(a) // abs(b)
+        return q if (a >= 0) == (b >= 0) else -q
+    if op == "Mul" and (a == 1 or b == 1):
+        return b if a == 1 else a
+    if op in ("Add", "Sub") and b == 0:
+        return a
+    if op == "Div" and b == 1:
+        return a
+    if op in ("Add", "Mul") and str(a) > str(b):  # commutative: one spelling
+        a, b = b, a
+    return f"({a}{ {'Add': '+', 'Sub': '-', 'Mul': '*', 'Div': '/'}[op]}{b})"
+
+
+def _propagate(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto) -> tuple[bool, tuple[Any, ...]] | None:
+    op = node.op_type
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    if op == "Shape":
+        dims = ctx.types.dims(node.input[0]) if ctx.types is not None else None
+        if dims is None:
+            return None
+        start, end = attrs.get("start", 0), attrs.get("end")
+        return False, tuple(dims[slice(start, end)])
+    if op == "Size":
+        dims = ctx.types.static(node.input[0]) if ctx.types is not None else None
+        return None if dims is None else (True, (int(np.prod(dims, dtype=np.int64)),))
+    values = [_shape_value(ctx, scope, i) if i else None for i in node.input]
+    first = values[0] if values else None
+    if op in ("Identity", "Cast"):
+        if first is None or (op == "Cast" and attrs.get("to") not in _INT):
+            return None
+        return first
+    if op == "Gather":
+        if first is None or first[0] or attrs.get("axis", 0) != 0 or len(values) < 2 or values[1] is None:
+            return None
+        idx = scope.value(node.input[1], limit=1024)
+        if idx is None:
+            return None
+        n = len(first[1])
+        picked = []
+        for i in idx.reshape(-1):
+            i = int(i)
+            if not -n <= i < n:
+                return None
+            picked.append(first[1][i])
+        return idx.ndim == 0, tuple(picked)
+    if op == "Unsqueeze":
+        if first is None or not first[0]:
+            return None
+        axes = attrs.get("axes") if ctx.opset < 13 else (
+            None if len(node.input) < 2 else scope.value(node.input[1], limit=1024))
+        if axes is None or [int(a) for a in np.asarray(axes).reshape(-1)] not in ([0], [-1]):
+            return None
+        return False, first[1]
+    if op == "Squeeze":
+        if first is None or first[0] or len(first[1]) != 1:
+            return None
+        return True, first[1]
+    if op == "Concat":
+        if attrs.get("axis") not in (0, -1) or any(v is None or v[0] for v in values):
+            return None
+        return False, tuple(d for v in values for d in v[1])
+    if op == "Slice":
+        if first is None or first[0] or ctx.opset < 10:
+            return None
+        consts = [scope.value(i, limit=1024) if i else None for i in node.input[1:]]
+        if any(c is None for c in consts[:2]) or any(node.input[1 + j] and consts[j] is None for j in range(len(consts))):
+            return None
+        starts, ends = consts[0].reshape(-1), consts[1].reshape(-1)
+        axes = consts[2].reshape(-1) if len(consts) > 2 and consts[2] is not None else np.array([0])
+        steps = consts[3].reshape(-1) if len(consts) > 3 and consts[3] is not None else np.array([1])
+        if len(starts) != 1 or int(axes[0]) not in (0, -1) or int(steps[0]) == 0:
+            return None
+        n = len(first[1])
+        s, e, st = int(starts[0]), int(ends[0]), int(steps[0])
+        s = max(min(s, n), -n - 1) if st < 0 else max(min(s, n), -n)
+        e = max(min(e, n), -n - 1)
+        return False, tuple(first[1][slice(s, None if st < 0 and e == -n - 1 else e, st)])
+    if op in ("Add", "Sub", "Mul", "Div"):
+        if len(values) != 2 or values[0] is None or values[1] is None:
+            return None
+        (sa, a), (sb, b) = values
+        if len(a) != len(b):
+            if len(a) == 1 and sa:
+                a = a * len(b)
+            elif len(b) == 1 and sb:
+                b = b * len(a)
+            else:
+                return None
+        out = tuple(_sym(op, x, y) for x, y in zip(a, b))
+        return (None if any(d is None for d in out) else (sa and sb, out))
+    return None
+
+
+def _fold_shape_value(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto) -> int:
+    """Follow a shape value through ``node``; fold the node where every dim is known."""
+    if node.domain not in AI_ONNX or len(node.output) != 1 or not node.output[0]:
+        return 0
+    got = _propagate(ctx, scope, node)
+    if got is None:
+        return 0
+    out = node.output[0]
+    scalar, dims = got
+    if all(isinstance(d, int) for d in dims) and not (scalar and len(dims) != 1):
+        elem = ctx.types.elem(out) if ctx.types is not None else None
+        dtype = np.int32 if elem == onnx.TensorProto.INT32 else np.int64
+        value = np.array(dims[0] if scalar else list(dims), dtype=dtype)
+        return _replace_by_constants(scope, k, node, [(out, value)])
+    ctx.shape_values[out] = got
+    return 0
+
+
+def fold_shapes(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
+    """Reshape targets computed from symbolic dims become constants (0 where a dim is the
+    input's own, -1 for the one dim left); Expand to the input's own shape goes."""
+    done = 0
+    for scope in ctx.scopes(model):
+        for k, node in scope.live():
+            if node.domain not in AI_ONNX or len(node.input) < 2:
+                continue
+            if node.op_type == "Reshape" and node.input[1] in ctx.shape_values:
+                done += _constant_reshape(ctx, scope, k, node)
+            elif node.op_type == "Expand" and node.input[1] in ctx.shape_values:
+                dims = ctx.types.dims(node.input[0]) if ctx.types is not None else None
+                scalar, target = ctx.shape_values[node.input[1]]
+                if dims is not None and not scalar and tuple(dims) == target and scope.bypass(k, node.output[0], node.input[0]):
+                    done += 1
+        scope.commit()
+    return done
+
+
+def _constant_reshape(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto) -> int:
+    if any(a.name == "allowzero" and a.i for a in node.attribute):
+        return 0
+    dims = ctx.types.dims(node.input[0]) if ctx.types is not None else None
+    scalar, target = ctx.shape_values[node.input[1]]
+    if dims is None or scalar:
+        return 0
+    out, free = [], 0
+    for i, d in enumerate(target):
+        if isinstance(d, int):
+            if d == 0:
+                return 0  # a real zero dim: 0 would mean "copy" here
+            free += d == -1
+            out.append(d)
+        elif i < len(dims) and dims[i] == d:
+            out.append(0)
+        else:
+            free += 1
+            out.append(-1)
+    if free > 1:
+        return 0
+    name = ctx.fresh(node.input[1] + "_folded")
+    made = scope.add_constant(name, np.array(out, dtype=np.int64))
+    if made is not None:  # a function body: a Constant node before the Reshape
+        scope.placed.setdefault(k, []).append(made)
+    node.input[1] = name
+    scope.changed = True
+    return 1

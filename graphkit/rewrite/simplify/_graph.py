@@ -1,0 +1,327 @@
+"""One scope (a graph, a subgraph or a function body) as the simplify passes edit it.
+
+A :class:`Scope` reads its node list once into a Python list, indexes producers and
+consumers, and writes the list back once when :meth:`Scope.commit` is called: removing a
+node is setting its slot to None, so a pass stays linear however many nodes it removes.
+A node holding subgraphs counts as a consumer of every outer name they read, and renaming
+a value renames it inside those subgraphs too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from graphkit.rewrite._walk import AI_ONNX, subgraphs
+
+__all__ = ["Scope", "outer_reads", "scopes_of"]
+
+_EXTERNAL = onnx.TensorProto.EXTERNAL
+
+
+def outer_reads(graph: onnx.GraphProto) -> set[str]:
+    """The names ``graph`` (and the graphs nested in it) read from enclosing scopes."""
+    reads: set[str] = set()
+    stack = [(graph, frozenset())]
+    while stack:
+        g, defined_above = stack.pop()
+        local = set(defined_above)
+        local.update(i.name for i in g.input)
+        local.update(t.name for t in g.initializer)
+        for node in g.node:
+            local.update(o for o in node.output if o)
+        for node in g.node:
+            reads.update(i for i in node.input if i and i not in local)
+            for sub in subgraphs(node):
+                stack.append((sub, frozenset(local)))
+        reads.update(o.name for o in g.output if o.name not in local)
+    return reads
+
+
+def _rename_inside(graph: onnx.GraphProto, old: str, new: str) -> None:
+    """Rename the outer value ``old`` to ``new`` wherever ``graph`` (or a graph in it) reads it."""
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        if any(i.name == old for i in g.input) or any(t.name == old for t in g.initializer):
+            continue  # shadowed here
+        for node in g.node:
+            for k, name in enumerate(node.input):
+                if name == old:
+                    node.input[k] = new
+            stack.extend(subgraphs(node))
+        for o in g.output:
+            if o.name == old:
+                o.name = new
+
+
+class Scope:
+    """Nodes, producers, consumers and constants of one graph or function body.
+
+    ``outer`` is the enclosing scope (a subgraph reads its constants); ``base_dir`` is where
+    external weights are read from when a pass needs a value (None: never read).
+    """
+
+    def __init__(self, owner: onnx.GraphProto | onnx.FunctionProto, *, outer: Scope | None = None,
+                 base_dir: str | None = None, in_function: bool = False) -> None:
+        self.owner = owner
+        self.outer = outer
+        self.base_dir = base_dir
+        self.in_function = in_function
+        self.is_graph = isinstance(owner, onnx.GraphProto)
+        self.nodes: list[onnx.NodeProto | None] = list(owner.node)
+        if self.is_graph:
+            self.inputs = [i.name for i in owner.input]
+            self.outputs = [o.name for o in owner.output]
+            self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in owner.initializer}
+        else:
+            self.inputs = list(owner.input)
+            self.outputs = list(owner.output)
+            self.initializers = {}
+        self.output_set = frozenset(self.outputs)
+        self.input_set = frozenset(self.inputs)
+        self.producer: dict[str, int] = {}
+        self.consumers: dict[str, list[int]] = {}
+        self._reads: dict[int, set[str]] = {}  # per node holding subgraphs: the outer names they read
+        for k, node in enumerate(self.nodes):
+            for o in node.output:
+                if o:
+                    self.producer[o] = k
+            self._add_uses(k, node)
+        self.values: dict[str, np.ndarray] = {}  # values read or made by the passes
+        self.placed: dict[int, list[onnx.NodeProto]] = {}  # nodes written in a removed node's place
+        self.new_initializers: list[onnx.TensorProto] = []
+        self.dropped_initializers: set[str] = set()
+        self.changed = False
+
+    # -- reading ---------------------------------------------------------------------------
+    def _add_uses(self, k: int, node: onnx.NodeProto) -> None:
+        names = [i for i in node.input if i]
+        if node.attribute and any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                  for a in node.attribute):
+            reads: set[str] = set()
+            for sub in subgraphs(node):
+                reads |= outer_reads(sub)
+            self._reads[k] = reads
+            names.extend(reads)
+        for name in dict.fromkeys(names):
+            self.consumers.setdefault(name, []).append(k)
+
+    def live(self) -> Iterator[tuple[int, onnx.NodeProto]]:
+        """(index, node) of every node not removed, in order."""
+        for k, node in enumerate(self.nodes):
+            if node is not None:
+                yield k, node
+
+    def used(self, name: str) -> bool:
+        """Whether a node, a subgraph or the scope's outputs read ``name``."""
+        return name in self.output_set or any(self.nodes[k] is not None for k in self.consumers.get(name, ()))
+
+    def readers(self, name: str) -> list[int]:
+        """The live nodes reading ``name`` (each once)."""
+        return [k for k in dict.fromkeys(self.consumers.get(name, ())) if self.nodes[k] is not None]
+
+    def defined_here(self, name: str) -> bool:
+        return name in self.producer or name in self.initializers or name in self.input_set
+
+    def is_overridable(self, name: str) -> bool:
+        """An initializer that is also a graph input: a caller may feed another value."""
+        return name in self.input_set
+
+    def value(self, name: str, *, limit: int | None = None) -> np.ndarray | None:
+        """The constant value of ``name`` (an initializer, a Constant node's output, or a value a
+        pass made), looked up in enclosing scopes too; None where it is not constant. External
+        weights are read only where ``base_dir`` is set and they hold at most ``limit`` bytes."""
+        scope: Scope | None = self
+        while scope is not None:
+            got = scope._own_value(name, limit)
+            if got is not None or scope.defined_here(name):
+                return got
+            scope = scope.outer
+        return None
+
+    def _own_value(self, name: str, limit: int | None) -> np.ndarray | None:
+        if name in self.values:
+            return self.values[name]
+        value = None
+        tensor = self.initializers.get(name)
+        if tensor is not None:
+            if name in self.input_set:
+                return None  # overridable: not a constant
+            if tensor.data_location != _EXTERNAL:
+                value = numpy_helper.to_array(tensor)
+            elif self.base_dir is not None and (limit is None or _external_size(tensor) <= limit):
+                try:
+                    value = numpy_helper.to_array(tensor, self.base_dir)  # reads; never modifies
+                except (OSError, ValueError, onnx.checker.ValidationError):
+                    value = None
+        elif name in self.producer:
+            node = self.nodes[self.producer[name]]
+            if node is not None and node.op_type == "Constant" and node.domain in AI_ONNX:
+                value = constant_node_value(node)
+        if value is not None:
+            self.values[name] = value
+        return value
+
+    # -- editing ---------------------------------------------------------------------------
+    def remove(self, k: int) -> None:
+        self.nodes[k] = None
+        self.changed = True
+
+    def replace(self, k: int, nodes: list[onnx.NodeProto]) -> None:
+        """Node ``k`` becomes ``nodes`` (written in its place by commit; not indexed)."""
+        self.nodes[k] = None
+        if nodes:
+            self.placed.setdefault(k, []).extend(nodes)
+        self.changed = True
+
+    def replace_uses(self, old: str, new: str) -> None:
+        """Every reader of ``old`` (nodes, the subgraphs they hold) reads ``new`` instead.
+        ``old`` must not be one of the scope's outputs."""
+        readers = self.consumers.pop(old, [])
+        for k in dict.fromkeys(readers):
+            node = self.nodes[k]
+            if node is None:
+                continue
+            for i, name in enumerate(node.input):
+                if name == old:
+                    node.input[i] = new
+            if k in self._reads and old in self._reads[k]:
+                for sub in subgraphs(node):
+                    _rename_inside(sub, old, new)
+                self._reads[k].discard(old)
+                self._reads[k].add(new)
+        self.consumers.setdefault(new, []).extend(readers)
+        self.changed = True
+
+    def rename_output(self, k: int, old: str, new: str) -> None:
+        """Node ``k`` writes ``new`` instead of ``old``, and every reader of ``old`` reads ``new``."""
+        node = self.nodes[k]
+        for i, name in enumerate(node.output):
+            if name == old:
+                node.output[i] = new
+        del self.producer[old]
+        self.producer[new] = k
+        self.replace_uses(old, new)
+
+    def bypass(self, k: int, out: str, src: str) -> bool:
+        """Remove node ``k``, whose output ``out`` equals its input ``src``: readers of ``out``
+        read ``src``. Where ``out`` is an output of the scope, the node making ``src`` writes
+        ``out`` instead; False (nothing done) where that cannot be done without changing an
+        input's or output's name."""
+        if out not in self.output_set:
+            self.remove(k)
+            self.replace_uses(out, src)
+            return True
+        maker = self.producer.get(src)
+        if maker is None or src in self.output_set or self.nodes[maker] is None:
+            return False  # a graph input, an initializer, an outer value or another output
+        self.remove(k)
+        self.rename_output(maker, src, out)
+        return True
+
+    def add_constant(self, name: str, value: np.ndarray, *, like: onnx.NodeProto | None = None) -> onnx.NodeProto | None:
+        """Make ``name`` a constant: an initializer in a graph, a Constant node in a function
+        body or where ``name`` is an output of the scope (returned: the caller places it)."""
+        self.values[name] = value
+        value = value if value.flags.c_contiguous else value.copy(order="C")  # (np.ascontiguousarray makes 0-d 1-d)
+        if self.is_graph and name not in self.output_set:
+            self.new_initializers.append(numpy_helper.from_array(value, name))
+            self.initializers[name] = self.new_initializers[-1]
+            self.producer.pop(name, None)
+            return None
+        node = helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value),
+                                name=(like.name + "_folded") if like is not None and like.name else "")
+        return node
+
+    def commit(self) -> bool:
+        """Write the edited node list (and initializers) back; whether anything changed."""
+        if not self.changed and not self.new_initializers and not self.dropped_initializers:
+            return False
+        owner = self.owner
+        if self.placed:
+            kept = []
+            for k, n in enumerate(self.nodes):
+                kept.extend(self.placed.get(k, ()))
+                if n is not None:
+                    kept.append(n)
+        else:
+            kept = [n for n in self.nodes if n is not None]
+        del owner.node[:]
+        owner.node.extend(kept)
+        if self.is_graph and (self.new_initializers or self.dropped_initializers):
+            if self.dropped_initializers:
+                keep = [t for t in owner.initializer if t.name not in self.dropped_initializers]
+                del owner.initializer[:]
+                owner.initializer.extend(keep)
+            owner.initializer.extend(self.new_initializers)
+        return True
+
+
+def _external_size(tensor: onnx.TensorProto) -> int:
+    for entry in tensor.external_data:
+        if entry.key == "length":
+            try:
+                return int(entry.value)
+            except ValueError:
+                break
+    count = int(np.prod([int(d) for d in tensor.dims], dtype=np.int64)) if tensor.dims else 1
+    return count * max(helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize, 1)
+
+
+def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
+    """The value of a Constant node (None for sparse or attribute-reference values)."""
+    for attr in node.attribute:
+        if attr.ref_attr_name:
+            return None
+        if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+            if attr.t.data_location == _EXTERNAL:
+                return None
+            return numpy_helper.to_array(attr.t)
+        if attr.name == "value_float":
+            return np.array(attr.f, dtype=np.float32)
+        if attr.name == "value_floats":
+            return np.array(list(attr.floats), dtype=np.float32)
+        if attr.name == "value_int":
+            return np.array(attr.i, dtype=np.int64)
+        if attr.name == "value_ints":
+            return np.array(list(attr.ints), dtype=np.int64)
+    return None
+
+
+def scopes_of(model: onnx.ModelProto, base_dir: str | None) -> list[Scope]:
+    """A Scope per graph, subgraph and function body, each graph before the graphs in it."""
+    out: list[Scope] = []
+
+    def walk(graph: onnx.GraphProto, outer: Scope | None, in_function: bool) -> None:
+        stack = [(graph, outer)]
+        while stack:
+            g, parent = stack.pop()
+            scope = Scope(g, outer=parent, base_dir=base_dir, in_function=in_function)
+            out.append(scope)
+            for node in reversed(g.node):
+                for sub in reversed(list(subgraphs(node))):
+                    stack.append((sub, scope))
+
+    walk(model.graph, None, False)
+    for fn in model.functions:
+        scope = Scope(fn, base_dir=None, in_function=True)
+        out.append(scope)
+        for node in fn.node:
+            for sub in subgraphs(node):
+                walk(sub, scope, True)
+    return out
+
+
+def base_dir_of(path: str | None) -> str | None:
+    return os.path.dirname(os.path.abspath(path)) if path else None
+
+
+def attribute_key(node: onnx.NodeProto) -> Any:
+    """The node's attributes as a hashable key (serialized, name order)."""
+    return tuple(sorted((a.name, a.SerializeToString()) for a in node.attribute))
