@@ -7,9 +7,13 @@ Every command and API builds its :class:`~graphkit.ops.OpRegistry` here, from (i
 3. the packages named in ``$GRAPHKIT_OPS`` (comma-separated),
 4. the packages named with ``--ops`` (``ops=`` here).
 
-A package is named as ``MODULE``, ``MODULE:ATTR``, ``FILE.py`` or ``FILE.py:ATTR``; the
-attribute (default ``PACKAGE``) is an :class:`~graphkit.ops.OpPackage` or a function
-returning one. graphkit's own package goes through exactly this loader.
+A package is named as ``MODULE``, ``MODULE:ATTR``, ``FILE.py``, ``FILE.py:ATTR``, or a
+package ``FOLDER`` (``FOLDER:ATTR``); the attribute (default ``PACKAGE``) is an
+:class:`~graphkit.ops.OpPackage` or a function returning one. A folder holding
+``__init__.py`` is that package (imported from the folder above it, so ``--ops myops`` run
+beside ``myops/`` works); any other name that is not a file is a module name
+(:func:`graphkit.usercode.import_user_code` has the whole rule). graphkit's own package
+goes through exactly this loader.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ def _with_origin(package: OpPackage, origin: str) -> OpPackage:
 
 
 def load_package(spec: str, *, origin: str = "--ops") -> OpPackage:
-    """Import the op package named by ``spec`` (``MODULE[:ATTR]`` or ``FILE.py[:ATTR]``).
+    """Import the op package named by ``spec`` (``MODULE[:ATTR]``, ``FILE.py[:ATTR]`` or ``FOLDER[:ATTR]``).
 
     Raises OpPackageError (one line, naming the package and its exception) when it cannot
     be imported or does not hold an OpPackage.
