@@ -374,6 +374,99 @@ def test_later_producer_goes_the_object_way():
     steps_aside(model, "inference", check=False)  # the checker refuses unsorted graphs anyway
 
 
+def _asks_a_shape(how: str, seen: list) -> OpRegistry:
+    """An op whose decomposition asks what only ONNX shape inference knows: its input's shape
+    (``caught``: any exception caught and kept in ``seen``, a Relu where a shape came, else an
+    Identity; ``uncaught``: the shape used as it comes), or the type of a tensor it made
+    (``like``: constant(like=) of its own Relu's output)."""
+    def build(b, inputs, attrs):
+        (x,) = inputs
+        if how == "like":
+            return [b.Mul(x, b.constant(2.0, like=b.Relu(x)))]
+        if how == "uncaught":
+            return [b.Reshape(x, b.constant(b.shape(x), dtype=TensorProto.INT64))]
+        try:
+            dims = b.shape(x)
+        except Exception as exc:  # noqa: BLE001 - what any op's code may do
+            seen.append(exc)
+            dims = None
+        return [b.Relu(x) if dims else b.Identity(x)]
+
+    op = OpDef(name="asks", doc="", inputs=(Param("x", "T"),), outputs=(Param("y", "T"),), reference=None,
+               infer_shapes=lambda shapes, attrs: [shapes[0]], type_constraints={"T": ("tensor(float)",)},
+               decompositions=(Decomposition("asks", build, min_opset=7),))
+    return OpRegistry([op])
+
+
+def _asking_model(where: str) -> onnx.ModelProto:
+    """x -> Relu -> r -> custom::asks: r's element type from the forward pass, its shape from
+    inference only; in the main graph, or in both branches of an If."""
+    def chain(tag: str) -> list[onnx.NodeProto]:
+        return [helper.make_node("Relu", ["x"], [f"{tag}r"], name=f"{tag}relu"),
+                helper.make_node("asks", [f"{tag}r"], [f"{tag}y"], domain="custom", name=f"{tag}asks")]
+
+    x = helper.make_tensor_value_info("x", F, [2, 3])
+    if where == "main":
+        graph = helper.make_graph(chain(""), "g", [x], [helper.make_tensor_value_info("y", F, [2, 3])])
+    else:
+        def branch(tag: str) -> onnx.GraphProto:
+            return helper.make_graph(chain(tag), tag, [], [helper.make_tensor_value_info(f"{tag}y", F, [2, 3])])
+
+        cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
+        graph = helper.make_graph([cond, helper.make_node("If", ["c"], ["y"], then_branch=branch("t"),
+                                                          else_branch=branch("e"))],
+                                  "g", [x], [helper.make_tensor_value_info("y", F, [2, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                             ir_version=10)
+
+
+@pytest.mark.parametrize("how", ["caught", "uncaught", "like"])
+@pytest.mark.parametrize("where", ["main", "branch"])
+def test_a_query_only_inference_answers_never_raises_into_the_op(where, how):
+    """A decomposition asks the byte writer's type table what only ONNX shape inference
+    knows (issue 28): the writer's "step aside" never reaches the op's code (which may catch
+    it, or the selection take it for a bug in the op); the query answers None there and the
+    writer steps aside once the plan returns: the objects writer's result, whatever the op
+    did with that answer."""
+    seen: list = []
+    registry = _asks_a_shape(how, seen)
+    model = _asking_model(where)
+    steps_aside(model, "shape inference", registry=registry)
+    assert not seen
+    out, report = rewrite_bytes(model.SerializeToString(), registry=registry)
+    want = {"caught": "Relu", "uncaught": "Reshape", "like": "CastLike"}[how]
+    assert want in {n.op_type for g in _graphs(onnx.ModelProto.FromString(out)) for n in g.node}
+
+
+def _graphs(model: onnx.ModelProto) -> list[onnx.GraphProto]:
+    from graphkit.rewrite._walk import graphs
+
+    return list(graphs(model.graph))
+
+
+def test_type_table_serving_steps_aside_at_its_end():
+    """Outside ``serving`` (the writer's own code asks) a query the table cannot answer is
+    Unsupported; inside, None, and the block ends in Unsupported naming it, in place of
+    whatever the block raised (that followed from the answer)."""
+    model = _asking_model("main")
+    nodes = model.graph.node
+    types = _fastpath._ForwardTypes(model, default_registry(), nodes, [n.domain for n in nodes],
+                                    [n.op_type for n in nodes], [list(n.input) for n in nodes],
+                                    [list(n.output) for n in nodes], set(), set())
+    with pytest.raises(Unsupported, match="shape inference"):
+        types.shape("r")
+    with types.serving():  # what it answers as the engine's table does
+        assert types.elem_type("r") == F and types.shape("x") == [2, 3]
+    with pytest.raises(Unsupported, match="shape inference") as stepped:
+        with types.serving():
+            assert types.shape("r") is None
+            raise ValueError("the op's code, on an answer that was not the engine's")
+    assert stepped.value.__suppress_context__
+    with pytest.raises(Unsupported, match="shape inference"):
+        with types.serving():
+            assert types.shape("r") is None  # returned normally: steps aside all the same
+
+
 def test_errors_are_the_object_paths():
     """Both writers lower through one plan: an error is the same error, in the same words."""
     from graphkit.errors import UnsupportedOpError

@@ -68,7 +68,9 @@ The result is the objects writer's, byte for byte (tests/test_fastpath.py's corp
 Preconditions (each an ``Unsupported``, the report's ``writer_reason`` when the objects
 writer runs instead): no model-local functions or training info, no custom node holding
 a subgraph, placeholders only in the ``custom`` domain, the main graph's node entries
-where the parsed model has them, every placeholder input typed by the forward pass, one
+where the parsed model has them, every placeholder input typed by the forward pass, every
+type a decomposition or a kernel's binding asks for known without shape inference (found
+when the plan returns, as in _fastpath), one
 type table for every scope (no two sibling graphs define a name); a target opset only
 where the conversion moves the imports alone or changes nodes by steps on their own fields, which
 graphkit's adapters make here (graphkit.rewrite._convertbytes.splice_scopes: in every graph,
@@ -1159,7 +1161,7 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
     opset = target_opset if target_opset is not None else current or _engine.DEFAULT_OPSET
     plan = LoweringPlan(registry, prefer, opset, path=path, names=NameGenerator(seed or ()))
     fresh, fresh_grid = plan.names.fresh, plan.names.fresh_grid
-    elem = types.elem_type
+    elem, serving = types.elem_type, types.serving
     declared = types._elem.get  # elem_type's first look (no names to avoid here, nothing pending after the pass)
 
     slots: dict[int, list[Any]] = {}  # scope id -> its placeholders' replacements, in order
@@ -1338,7 +1340,8 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                 entries = None
                 if first is None:
                     lscope = lscope or LoweringScope(types)
-                    lowered = plan.lower(_real(node), lscope)
+                    with serving():  # the plan runs decompositions: see _ForwardTypes.serving
+                        lowered = plan.lower(_real(node), lscope)
                     kinds[kind] = lowered
                 elif first.how is Lowering.DECOMPOSE:  # what LoweringPlan._decompose does, in bytes
                     key = first.key
@@ -1385,7 +1388,8 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                         mode = ("adopt", kind, id(made.nodes))
                     else:
                         lscope = lscope or LoweringScope(types)
-                        lowered = plan.lower(_real(node), lscope)
+                        with serving():  # the plan runs decompositions: see _ForwardTypes.serving
+                            lowered = plan.lower(_real(node), lscope)
                 elif len(first.nodes) == 1:  # bound: the node with the first one's domain and attributes
                     writer = bound.get(kind)
                     if writer is None:
@@ -1396,7 +1400,8 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                     mode = ("bound", kind)
                 else:
                     lscope = lscope or LoweringScope(types)
-                    lowered = plan.lower(_real(node), lscope)
+                    with serving():  # the plan runs decompositions: see _ForwardTypes.serving
+                        lowered = plan.lower(_real(node), lscope)
                 if mode is None:
                     made_here[j] = entries = b"".join(_wire.entry(r.SerializeToString()) for r in lowered.nodes)
                     checked.append([(*scope.path, i), entries, inputs, outputs])

@@ -58,7 +58,10 @@ The result is the object path's, field for field (tests/test_fastpath.py compare
 Its preconditions, each an ``Unsupported`` naming it (the report's ``writer_reason``
 when the object path runs instead): custom nodes only in the main graph, no model-local
 functions or training info, every placeholder input typed by the forward pass (else the
-engine would run ONNX shape inference), and with a target opset other than the model's, a
+engine would run ONNX shape inference), every type or shape a decomposition or a kernel's
+binding asks for known without ONNX shape inference (asked inside the plan, that one is
+found when the plan returns: the writer steps aside there, never through the op's code;
+``_ForwardTypes.serving``), and with a target opset other than the model's, a
 conversion that moves only the imports (no standard op of the model has a new version
 between the two opsets) or converts by steps on the nodes' own fields, nodes converted in
 the main graph only (graphkit.rewrite._convertbytes: converted nodes are spliced like
@@ -73,6 +76,7 @@ it is: both writers report it in the same words.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import heapq
 import itertools
@@ -407,7 +411,16 @@ class _ForwardTypes(TypeTable):
     left unknown is, while lowering, left to the object path too (a later producer types
     it, or the engine would run ONNX shape inference); while checking, the engine's
     inference runs over the rewritten model as the engine's would.
+
+    What this table cannot answer as the engine's would is an ``Unsupported`` (the object
+    path runs instead) only where the writer's own code asked. The plan asks from inside
+    code that is not the writer's (decompositions, the kernels' binding, the selection
+    that takes what they raise for the op's error): it asks within :meth:`serving`, where
+    such a query answers None and the block ends in ``Unsupported``.
     """
+
+    _serving = False
+    _declined: str | None = None  # why a query in serving() went unanswered (the first)
 
     def __init__(self, model: onnx.ModelProto, registry: OpRegistry, nodes: Sequence[onnx.NodeProto],
                  domains: list[str], op_types: list[str], ins: list[Any], outs: list[Any],
@@ -446,23 +459,58 @@ class _ForwardTypes(TypeTable):
             self._run(nodes, domains, op_types, ins, outs, holders)
 
     def elem_type(self, name: str) -> int | None:
-        if self._avoid and name in self._avoid:
-            raise Unsupported(f"'{name}' is declared or produced in a subgraph")
-        elem = self._elem.get(name)
-        if elem is None and self._pending is not None:
-            self._run_pending()
+        try:
+            if self._avoid and name in self._avoid:
+                raise Unsupported(f"'{name}' is declared or produced in a subgraph")
             elem = self._elem.get(name)
-        return elem if elem is not None else super().elem_type(name)
+            if elem is None and self._pending is not None:
+                self._run_pending()
+                elem = self._elem.get(name)
+            return elem if elem is not None else super().elem_type(name)
+        except Unsupported as exc:
+            return self._unanswered(exc)
 
     def shape(self, name: str, *, infer: bool = True) -> list[Any] | None:
-        if self._avoid and name in self._avoid:
-            raise Unsupported(f"'{name}' is declared or produced in a subgraph")
-        return super().shape(name, infer=infer)
+        try:
+            if self._avoid and name in self._avoid:
+                raise Unsupported(f"'{name}' is declared or produced in a subgraph")
+            return super().shape(name, infer=infer)
+        except Unsupported as exc:
+            return self._unanswered(exc)
+
+    def _unanswered(self, exc: Unsupported) -> None:
+        """A query this table cannot answer as the engine's would: ``exc`` raised where the
+        writer's own code asked; in :meth:`serving`, None, the reason kept for the block's end."""
+        if not self._serving:
+            raise exc
+        if self._declined is None:
+            self._declined = str(exc)
+        return None
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """Around a call that runs code besides the writer's own and may ask this table (the
+        plan lowering a node: decompositions, the kernels' binding). An Unsupported raised
+        there would pass through that code (which may catch it, or take it for its own
+        error: the selection reads it as a bug in the op's decomposition); instead a query
+        this table cannot answer answers None, and when the block ends, whatever it
+        returned or raised, the writer steps aside here: Unsupported, naming the query."""
+        self._serving = True
+        try:
+            yield
+        except Exception:
+            if self._declined is not None:  # what it raised followed from an answer that was not the engine's
+                raise Unsupported(self._declined) from None
+            raise
+        finally:
+            self._serving = False
+        if self._declined is not None:
+            raise Unsupported(self._declined)
 
     def _infer(self) -> None:
         self._run_pending()
         if self.lowering:
-            raise Unsupported("an element type needs ONNX shape inference")
+            raise Unsupported("an element type or shape needs ONNX shape inference")
         self._model = self.inference_model()
         super()._infer()
 
@@ -1109,7 +1157,8 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
             continue
         # The first node of its kind (or of a kind the plan lowers each time), by the plan.
         planned.append(k)
-        lowered = plan.lower(node_at(custom[k]), scope)
+        with types.serving():
+            lowered = plan.lower(node_at(custom[k]), scope)
         slots[k] = b"".join(_wire.entry(r.SerializeToString()) for r in lowered.nodes)
         if key in kinds:
             continue
