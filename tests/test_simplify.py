@@ -381,3 +381,74 @@ def test_simplify_cost_grows_linearly():
 
     small, large = best(150), best(1200)
     assert large / small < 20, (small, large)  # linear: ~8; quadratic: ~64
+
+
+def test_a_users_op_gets_folding_and_absorption_through_the_public_opdef_api():
+    """An op package's op, declared with ChannelLinear, in a registry of its own: a
+    per-channel Mul after it folds into its weight, and a node of it on constants folds."""
+    from graphkit.ops import ChannelLinear, OpDef, OpRegistry, Param
+
+    def kernel(x, w, b=None):  # y[n, m] = x[n, :] @ w[m, :] + b[m]
+        y = x @ w.T
+        return (y if b is None or b.size == 0 else y + b).astype(x.dtype)
+
+    op = OpDef(name="dense", domain="acme", doc="x @ w.T + b", torch_namespace="acme",
+               inputs=(Param("x", "T"), Param("w", "T"), Param("b", "T", optional=True)), outputs=(Param("y", "T"),),
+               type_constraints={"T": ("tensor(float)",)}, reference=lambda *a: None,
+               infer_shapes=lambda s, a: [[s[0][0], s[1][0]] if s[0] and s[1] else None],
+               python_kernel=kernel, channel_linear=ChannelLinear(weight="w", bias="b", channel_axis=1, weight_axis=0))
+    registry = OpRegistry([op])
+    rng = np.random.default_rng(5)
+    w, s = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    c = rng.standard_normal((2, 3)).astype(np.float32)
+    nodes = [helper.make_node("dense", ["x", "w"], ["d"], domain="acme"), helper.make_node("Mul", ["d", "s"], ["y"]),
+             helper.make_node("dense", ["c", "w"], ["z"], domain="acme")]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(s, "s"), numpy_helper.from_array(c, "c")]
+    graph = helper.make_graph(nodes, "g", [vi("x", ["n", 3])], [vi("y", ["n", 4]), vi("z", [2, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme", 1)])
+    out, report = simplify_model(model, registry=registry)
+    assert [n.op_type for n in out.graph.node] == ["dense", "Constant"]  # z, a graph output, by a Constant
+    values = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    dense = out.graph.node[0]
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    np.testing.assert_allclose(kernel(x, values[dense.input[1]], values[dense.input[2]]), kernel(x, w) * s, atol=1e-5)
+    np.testing.assert_allclose(numpy_helper.to_array(out.graph.node[1].attribute[0].t), kernel(c, w), rtol=1e-6)
+
+
+def test_external_weights_stay_external_and_unread_unless_folded(tmp_path, monkeypatch):
+    """The DCN block with every weight external: BN folds into deform_conv2d (those weights are
+    read), a MatMul's weight nothing folds stays external in the output and is never read."""
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    model = _dcn_block("bn")
+    big = np.random.default_rng(6).standard_normal((6, 6)).astype(np.float32)
+    model.graph.initializer.append(numpy_helper.from_array(big, "big"))
+    model.graph.node.append(helper.make_node("MatMul", ["y", "big"], ["y2"]))
+    del model.graph.output[:]
+    model.graph.output.append(vi("y2", ["n", 4, 6, 6]))
+    convert_model_to_external_data(model, all_tensors_to_one_file=False, size_threshold=0)
+    src = tmp_path / "in" / "m.onnx"
+    src.parent.mkdir()
+    onnx.save(model, src)
+    dst = tmp_path / "out" / "m.onnx"
+    dst.parent.mkdir()
+    from graphkit.rewrite.simplify import simplify_file
+
+    read = []
+    real = numpy_helper.to_array
+
+    def watching(tensor, base_dir=""):
+        read.append(tensor.name)
+        return real(tensor, base_dir)
+
+    monkeypatch.setattr(numpy_helper, "to_array", watching)
+    result = simplify_file(src, dst, external_data="copy")  # (onnx.load refuses hard-linked weights)
+    monkeypatch.undo()
+    assert "big" not in read and "w" in read  # the folded weight is read, the other never
+    out = onnx.load(dst, load_external_data=False)
+    assert [n.op_type for n in out.graph.node] == ["deform_conv2d", "MatMul"]
+    big_out = next(t for t in out.graph.initializer if t.name == "big")
+    assert big_out.data_location == TensorProto.EXTERNAL
+    assert "simplify:absorb-into-custom-ops" in dict(result.report.passes)
+    full_in, full_out = onnx.load(src), onnx.load(dst)
+    same_values(full_in, full_out, dcn_feeds(1, 2))

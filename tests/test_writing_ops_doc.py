@@ -79,7 +79,8 @@ def test_the_walk_through_runs_as_written(tmp_path):
     snippet = next(out for _, out, _ in outputs if "max error vs torch" in out)
     error = float(re.search(r"max error vs torch: (\S+)", snippet).group(1))
     assert np.isfinite(error) and error < 1e-5
-    assert outputs[-1][1].splitlines() == ["acme swish 2.0"] * 2  # step 6: both exporters
+    assert outputs[-2][1].splitlines() == ["acme swish 2.0"] * 2  # step 6: both exporters
+    assert outputs[-1][1].splitlines() == ["['swish', 'Add']"]  # step 7: simplify folded through acme::swish
 
 
 def test_readme_own_ops_commands_run(tmp_path):

@@ -22,6 +22,8 @@ from graphkit.rewrite.simplify._graph import Scope
 __all__ = ["fold_constants", "fold_shapes"]
 
 _INT = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+_SHAPE_OPS = frozenset({"Shape", "Size", "Identity", "Cast", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice",
+                        "Add", "Sub", "Mul", "Div"})
 
 
 def _has_refs(node: onnx.NodeProto) -> bool:
@@ -57,6 +59,9 @@ def fold_constants(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
         for k, node in scope.live():
             if not node.input or (node.op_type == "Constant" and node.domain in AI_ONNX):
                 continue
+            if not all(scope.is_constant(name) for name in node.input if name):
+                folded += _fold_shape_value(ctx, scope, k, node)
+                continue  # (no weight is read for a node that cannot fold)
             inputs: list[np.ndarray | None] = []
             for name in node.input:
                 if not name:
@@ -110,6 +115,10 @@ def _replace_by_constants(scope: Scope, k: int, node: onnx.NodeProto, named: lis
 def _shape_value(ctx: SimplifyContext, scope: Scope, name: str) -> tuple[bool, tuple[Any, ...]] | None:
     if name in ctx.shape_values:
         return ctx.shape_values[name]
+    if ctx.types is not None:  # told by its type, before any value is read
+        dims = ctx.types.dims(name)
+        if ctx.types.elem(name) not in _INT or dims is None or len(dims) > 1:
+            return None
     value = scope.value(name, limit=1024)
     if value is not None and value.dtype.kind in "iu" and value.ndim <= 1:
         return value.ndim == 0, tuple(int(v) for v in value.reshape(-1))
@@ -221,7 +230,7 @@ def _propagate(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto) -> tupl
 
 def _fold_shape_value(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto) -> int:
     """Follow a shape value through ``node``; fold the node where every dim is known."""
-    if node.domain not in AI_ONNX or len(node.output) != 1 or not node.output[0]:
+    if node.domain not in AI_ONNX or node.op_type not in _SHAPE_OPS or len(node.output) != 1 or not node.output[0]:
         return 0
     got = _propagate(ctx, scope, node)
     if got is None:

@@ -133,6 +133,23 @@ class Scope:
         """An initializer that is also a graph input: a caller may feed another value."""
         return name in self.input_set
 
+    def is_constant(self, name: str) -> bool:
+        """Whether ``name`` has a constant value, told without reading it."""
+        scope: Scope | None = self
+        while scope is not None:
+            if name in scope.values:
+                return True
+            if name in scope.initializers:
+                return name not in scope.input_set
+            k = scope.producer.get(name)
+            if k is not None:
+                node = scope.nodes[k]
+                return node is not None and node.op_type == "Constant" and node.domain in AI_ONNX
+            if name in scope.input_set:
+                return False
+            scope = scope.outer
+        return False
+
     def value(self, name: str, *, limit: int | None = None) -> np.ndarray | None:
         """The constant value of ``name`` (an initializer, a Constant node's output, or a value a
         pass made), looked up in enclosing scopes too; None where it is not constant. External
