@@ -617,8 +617,10 @@ def _simplify_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     rules = RuleSet([r for f in options.fusions if (f.min_opset or 0) <= opset for r in f.rules])
     if options.fuse and len(rules):
         def fuse(m: onnx.ModelProto) -> int:
+            from graphkit.rewrite.simplify._shapes import skeleton
+
             names = NameGenerator(ModelIndex(m).names, adopt=True)
-            types = TypeTable(m, ctx.registry)
+            types = TypeTable(skeleton(m), ctx.registry)  # (the rules' types: inferred without the weights)
 
             def make_builder(node: onnx.NodeProto, rule_name: str) -> Builder:
                 return Builder(opset=opset, prefix=node.name or rule_name, names=names, types=types,

@@ -179,10 +179,32 @@ def eliminate_common(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
 
 
 def _tensor_key(t: onnx.TensorProto) -> tuple | None:
+    """(type, dims): tensors that may be equal; their bytes are compared only within a group."""
     if t.data_location == onnx.TensorProto.EXTERNAL or t.data_type == onnx.TensorProto.STRING:
         return None
-    data = np.ascontiguousarray(onnx.numpy_helper.to_array(t)).tobytes()
-    return t.data_type, tuple(t.dims), len(data), hashlib.blake2b(data, digest_size=16).digest()
+    return t.data_type, tuple(t.dims)
+
+
+def _bytes(t: onnx.TensorProto) -> bytes:
+    return t.raw_data if t.HasField("raw_data") else onnx.numpy_helper.to_array(t).tobytes()
+
+
+def _same_bytes(tensors: list[tuple[str, onnx.TensorProto]]) -> list[list[str]]:
+    """Names grouped by equal bytes: ends of each first (weights of one shape rarely share
+    them), whole digests only within a group of ends."""
+    by_ends: dict[tuple, list[tuple[str, bytes]]] = {}
+    for name, t in tensors:
+        data = _bytes(t)
+        by_ends.setdefault((len(data), data[:32], data[-32:]), []).append((name, data))
+    out = []
+    for group in by_ends.values():
+        if len(group) < 2:
+            continue
+        by_digest: dict[bytes, list[str]] = {}
+        for name, data in group:
+            by_digest.setdefault(hashlib.blake2b(data, digest_size=16).digest(), []).append(name)
+        out.extend(names for names in by_digest.values() if len(names) > 1)
+    return out
 
 
 def merge_constants(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
@@ -192,20 +214,21 @@ def merge_constants(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
     for scope in ctx.scopes(model):
         if not scope.is_graph or len(scope.initializers) < 2:
             continue
-        seen: dict[tuple, str] = {}
-        for name, tensor in list(scope.initializers.items()):
-            if scope.is_overridable(name) or name in scope.output_set:
-                continue
-            key = _tensor_key(tensor)
-            if key is None:
-                continue
-            first = seen.setdefault(key, name)
-            if first == name:
-                continue
-            scope.replace_uses(name, first)
-            scope.dropped_initializers.add(name)
-            del scope.initializers[name]
-            merged += 1
+        groups: dict[tuple, list[str]] = {}
+        for name, tensor in scope.initializers.items():
+            if not scope.is_overridable(name) and name not in scope.output_set:
+                key = _tensor_key(tensor)
+                if key is not None:
+                    groups.setdefault(key, []).append(name)
+        for names in groups.values():
+            if len(names) < 2:
+                continue  # (a weight of a shape no other has is never read)
+            for first, *rest in _same_bytes([(n, scope.initializers[n]) for n in names]):
+                for name in rest:
+                    scope.replace_uses(name, first)
+                    scope.dropped_initializers.add(name)
+                    del scope.initializers[name]
+                    merged += 1
         scope.commit()
     return merged
 

@@ -17,7 +17,7 @@ from onnx import helper
 
 from graphkit.ops import OpRegistry
 
-__all__ = ["Types", "infer_types"]
+__all__ = ["Types", "infer_types", "skeleton"]
 
 Dim = "int | str | None"
 _SMALL = 1024  # initializers up to this many bytes stay for inference (shape inputs); larger ones become inputs
@@ -42,7 +42,7 @@ class Types:
         return dims if dims is not None and all(isinstance(d, int) for d in dims) else None
 
 
-def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model without its large initializers (typed graph inputs instead) nor functions' docs."""
     g = model.graph
     small, large = [], []
@@ -84,12 +84,12 @@ def _dims(tt: onnx.TypeProto.Tensor, name: str) -> list[Any] | None:
 def infer_types(model: onnx.ModelProto, registry: OpRegistry) -> Types:
     """Types and shapes of every value of ``model`` that inference can tell (best effort:
     where inference fails, only what the model declares)."""
-    skeleton = _skeleton(model)
+    skeleton_model = skeleton(model)
     try:
         with registry.onnx_schemas():
-            inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=False, data_prop=True)
+            inferred = onnx.shape_inference.infer_shapes(skeleton_model, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - inference is an aid here: fall back to what is declared
-        inferred = skeleton
+        inferred = skeleton_model
     table: dict[str, tuple[int, list[Any] | None]] = {}
     stack = [inferred.graph]
     while stack:
