@@ -156,8 +156,10 @@ def test_readme_rule_patterns_print_what_they_say(session):
         assert want, f"README.md:{line}: a rule example without `# prints:` lines"
         assert by_line[line].splitlines() == want, f"README.md:{line}"
         checked += 1
-    assert checked == 5
+    assert checked == 6
     for feature in ("const(", "either(", "optional(", "_outputs=2)[0]", "*xs", "return op.Slice(x", "d = op.Sub",
                     "axes=axes", "ctx.shape(", "ctx.rank(", "op.initializer(", "GraphPass(", "lambda op, x: x",
-                    "perm=(1, 0)", "explain()", "RuleError", "max_rounds"):
+                    "perm=(1, 0)", "explain()", "RuleError", "max_rounds", "main_only=True", "scope.add_input(",
+                    "scope.remove_input(", "scope.add_output(", "scope.remove_output(", "scope.rename(",
+                    "scope.prune()"):
         assert feature in code, feature

@@ -19,15 +19,16 @@ output is used elsewhere is never swallowed. ``check(ctx, **bindings)`` may veto
 with a reason; ``rewrite(op, **bindings)`` builds the replacement with the
 :class:`~graphkit.rewrite.builder.Builder` and returns one tensor per pattern output
 (returning an input removes the matched nodes: their consumers read the input).
+
+Beside: scopes and their interface (_scope.py), reports (_report.py), traced replacements
+stamped in place (_stamps.py), node-list edits (_graphedit.py).
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import inspect
-import operator
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -35,82 +36,21 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from graphkit.errors import GraphkitError, RewriteError, RuleError
+from graphkit.rewrite._graphedit import dead_producers, prune_initializers, referenced, rename_inputs, same_nodes, \
+    toposort
 from graphkit.rewrite._graphview import GraphView
 from graphkit.rewrite._matcher import Match, Matcher, deterministic
 from graphkit.rewrite._pattern import Either, Many, Out, PatternOps, PNode, Var, variables
+from graphkit.rewrite._report import MatchResult, OpDelta, RuleReport
+from graphkit.rewrite._scope import Scope, model_scopes
+from graphkit.rewrite._stamps import UNTRACED, Stamps, report_stamps, stamp_matches
 from graphkit.rewrite._template import Template, trace, traceable
-from graphkit.rewrite._walk import AI_ONNX, graphs, subgraphs
 from graphkit.rewrite.builder import TypeTable
 
 __all__ = ["GraphPass", "MatchContext", "MatchResult", "OpDelta", "Rule", "RuleReport", "RuleSet", "Scope",
            "apply_rule_set"]
-
-
-
-class MatchResult:
-    """Success, or failure with a reason. Falsy when failed."""
-
-    def __init__(self, ok: bool = True, reason: str = "") -> None:
-        self.ok = ok
-        self.reason = reason
-
-    def fail(self, reason: str) -> "MatchResult":
-        """A failed result saying why: ``return MatchResult().fail("x and y are the same")``."""
-        return MatchResult(False, reason)
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-    def __repr__(self) -> str:
-        return "MatchResult(ok)" if self.ok else f"MatchResult(fail: {self.reason})"
-
-
-# ---------------------------------------------------------------- scopes
-
-@dataclass
-class Scope:
-    """One node list of a model (main graph, subgraph or function body) and what it sees.
-
-    ``types`` knows the model's element types and shapes (computed once per rewrite;
-    empty in function bodies, whose types are the caller's).
-    """
-
-    nodes: Any  # the repeated NodeProto field, edited in place
-    protected: set[str]  # graph outputs: their names must stay produced
-    initializers: list[onnx.TensorProto]  # visible here (enclosing graphs' included)
-    graph: onnx.GraphProto | None  # None in a function body
-    types: TypeTable
-    opset: int
-    make_builder: Callable[[onnx.NodeProto, str], Any]
-    base_dir: str | None = None  # the model file's directory: external data is read from there
-    ops: list[str] | None = None  # the nodes' op types where already read (the first view takes them)
-
-    def view(self) -> GraphView:
-        """A fresh index of producers, consumers and constants (build it after editing nodes)."""
-        ops, self.ops = self.ops, None
-        return GraphView(self.nodes, protected=self.protected, initializers=self.initializers,
-                         base_dir=self.base_dir, ops=ops)
-
-    def builder(self, node: onnx.NodeProto, name: str) -> Any:
-        """A Builder for nodes replacing ``node``. In a graph, ``op.initializer()`` collects
-        tensors in its ``initializers`` list (a graph pass hands them to add_initializers());
-        in a function body it makes Constant nodes."""
-        b = self.make_builder(node, name)
-        if self.graph is not None:
-            b.initializers = []
-        return b
-
-    def add_initializers(self, tensors: Iterable[onnx.TensorProto]) -> list[onnx.NodeProto]:
-        """Put ``tensors`` in this graph; in a function body, return them as Constant nodes."""
-        tensors = list(tensors)
-        if self.graph is not None:
-            self.graph.initializer.extend(tensors)
-            self.initializers.extend(tensors)
-            return []
-        return [helper.make_node("Constant", [], [t.name], name=t.name, value=t) for t in tensors]
 
 
 # ---------------------------------------------------------------- rules
@@ -331,102 +271,17 @@ class Rule:
 class GraphPass:
     """A whole-scope rewrite: ``run(scope: Scope) -> int | MatchResult``.
 
-    Runs in the same scopes as rules (main graph, subgraphs, functions), in the same
-    rounds, and reports like them: the count of places it rewrote, or a reasoned failure.
-    It edits ``scope.nodes`` in place, keeping them in topological order.
+    Runs in the same scopes as rules (main graph, subgraphs, functions), in the first
+    round, and reports like them: the count of places it rewrote, or a reasoned failure.
+    It edits ``scope.nodes`` in place, keeping them in topological order. ``main_only``:
+    it runs in the main graph alone, where it may also change the model's inputs and
+    outputs (``scope.add_input``, ``remove_input``, ``add_output``, ``remove_output``,
+    ``rename``, ``prune``: graphkit.rewrite._scope).
     """
 
     name: str
     run: Callable[[Scope], Any]
-
-
-@dataclass
-class RuleReport:
-    """Per rule: rewrites, matches, and why it did not apply elsewhere.
-
-    ``reasons`` holds one line per node that was a candidate and did not match (in the
-    final round, so nothing repeats); ``failures`` counts them by kind.
-    """
-
-    applied: dict[str, int] = field(default_factory=dict)
-    matched: dict[str, int] = field(default_factory=dict)
-    reasons: dict[str, list[str]] = field(default_factory=dict)
-    failures: dict[str, collections.Counter] = field(default_factory=dict)
-
-    def fail(self, rule: str, text: str, generic: str | None = None) -> None:
-        """Record why ``rule`` did not apply somewhere: ``text`` names the place, ``generic``
-        (default ``text``) is what the summary counts."""
-        self.reasons.setdefault(rule, []).append(text)
-        self.failures.setdefault(rule, collections.Counter())[text if generic is None else generic] += 1
-
-    def apply(self, rule: str, count: int = 1) -> None:
-        """Record that ``rule`` matched and rewrote ``count`` places."""
-        self.applied[rule] = self.applied.get(rule, 0) + count
-        self.matched[rule] = self.matched.get(rule, 0) + count
-
-    def merge_round(self, other: "RuleReport") -> None:
-        """Add one round's rewrites (each also a match)."""
-        for name, n in other.applied.items():
-            self.applied[name] = self.applied.get(name, 0) + n
-            self.matched[name] = self.matched.get(name, 0) + n
-
-    def merge_final(self, other: "RuleReport") -> None:
-        """Add the last round a rule ran in: its reasons, and the matches it did not rewrite
-        (vetoed by check, overlapping), counted once however many rounds saw them."""
-        for name, n in other.matched.items():
-            self.matched[name] = self.matched.get(name, 0) + n - other.applied.get(name, 0)
-        for name, lines in other.reasons.items():
-            self.reasons.setdefault(name, []).extend(lines)
-        for name, counts in other.failures.items():
-            self.failures.setdefault(name, collections.Counter()).update(counts)
-
-    def explain(self, all: bool = False) -> str:
-        """One summary per rule (rewrites, matches, top reasons with counts); ``all``: every node."""
-        lines = []
-        for name in sorted(set(self.applied) | set(self.reasons) | set(self.matched)):
-            applied = self.applied.get(name, 0)
-            matched = max(self.matched.get(name, 0), applied)
-            missed = len(self.reasons.get(name, []))
-            lines.append(f"rule {name}: applied {applied}x ({matched} matched, {missed} not)")
-            if all:
-                lines += [f"  no match: {reason}" for reason in self.reasons.get(name, [])]
-                continue
-            top = self.failures.get(name, collections.Counter()).most_common()
-            for reason, n in top[:5]:
-                lines.append(f"  {n}x no match: {reason}")
-            if len(top) > 5:
-                lines.append(f"  ... {sum(n for _, n in top[5:])} more of {len(top) - 5} other kinds "
-                             f"(--explain=all lists every node)")
-        return "\n".join(lines)
-
-
-_ATTRIBUTES, _DOMAIN, _OP_TYPE = (operator.attrgetter(f) for f in ("attribute", "domain", "op_type"))
-
-
-@dataclass
-class OpDelta:
-    """How applying rules changed the model's op counts: (domain, op_type) -> change. Not
-    ``exact`` where it cannot tell (a graph pass ran; a node holding subgraphs came or went):
-    count the model then."""
-
-    counts: collections.Counter = field(default_factory=collections.Counter)
-    exact: bool = True
-    # Every rewrite so far overwrote nodes where they were: no node list rebuilt (the model's
-    # graphs, node lists and graph inputs/outputs are the objects they were).
-    in_place: bool = True
-
-    def replaced(self, old: Iterable[onnx.NodeProto], new: Iterable[onnx.NodeProto]) -> None:
-        """``old`` nodes left the model, ``new`` ones came."""
-        if not self.exact:
-            return
-        old, new = list(old), list(new)
-        graph_types = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-        for nodes in (old, new):  # attributes read in bulk: most nodes have none
-            if any(a.type in graph_types for attrs in map(_ATTRIBUTES, nodes) if attrs for a in attrs):
-                self.exact = False
-                return
-        self.counts.subtract(collections.Counter(zip(map(_DOMAIN, old), map(_OP_TYPE, old))))
-        self.counts.update(zip(map(_DOMAIN, new), map(_OP_TYPE, new)))
+    main_only: bool = False
 
 
 class RuleSet:
@@ -454,94 +309,6 @@ class RuleSet:
 
 # ---------------------------------------------------------------- applying
 
-def _scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callable, base_dir: str | None,
-            tree: list[tuple[onnx.GraphProto, int, list[str] | None]] | None = None) -> list[Scope]:
-    """Every scope, outer before inner (callers go through it reversed: rebuilding a node
-    list copies its nodes, subgraphs included). ``tree``: the main graph and its subgraphs
-    as ModelIndex.tree has them, where the caller has them (their nodes are not walked again;
-    their op types, where read, go to the scopes' first views).
-
-    No nested functions: a recursive closure is a reference cycle, and it would keep every
-    scope (and through their type tables the model) alive until the cyclic collector runs."""
-    model_opset = next((i.version for i in model.opset_import if i.domain in AI_ONNX), 1)
-    out: list[Scope] = []
-    if tree is None:
-        _walk_scopes(out, model.graph, [], model_opset, types, make_builder, base_dir)
-    else:
-        for graph, parent, ops in tree:
-            if parent < 0:
-                made = _scope(graph, [], model_opset, types, make_builder, base_dir)
-            else:
-                up = out[parent]
-                made = _scope(graph, up.initializers, model_opset, _ScopeTypes(up.types, graph), make_builder,
-                              base_dir)
-            made.ops = ops
-            out.append(made)
-    for fn in model.functions:
-        opset = next((i.version for i in fn.opset_import if i.domain in AI_ONNX), model_opset)
-        out.append(Scope(fn.node, set(fn.output), [], None, TypeTable(), opset, make_builder, base_dir))
-        for node in fn.node:
-            for g in subgraphs(node):
-                _walk_scopes(out, g, [], opset, TypeTable(), make_builder, base_dir)
-    return out
-
-
-def _scope(graph: onnx.GraphProto, outer: list[onnx.TensorProto], opset: int, tt: Any, make_builder: Callable,
-           base_dir: str | None) -> Scope:
-    visible = list(outer)  # a list of the scope's own: add_initializers() extends it
-    if graph.initializer:
-        # An initializer that is also a graph input may be fed at run time: not a constant.
-        fed = {i.name for i in graph.input}
-        visible += [t for t in graph.initializer if t.name not in fed]
-    return Scope(graph.node, {o.name for o in graph.output}, visible, graph, tt, opset, make_builder, base_dir)
-
-
-def _walk_scopes(out: list[Scope], graph: onnx.GraphProto, outer: list[onnx.TensorProto], opset: int, tt: Any,
-                 make_builder: Callable, base_dir: str | None) -> None:
-    """``graph``'s scope, then its subgraphs', depth first, onto ``out``."""
-    made = _scope(graph, outer, opset, tt, make_builder, base_dir)
-    out.append(made)
-    for node in made.nodes:
-        if node.attribute:
-            for g in subgraphs(node):
-                _walk_scopes(out, g, made.initializers, opset, _ScopeTypes(tt, g), make_builder, base_dir)
-
-
-class _ScopeTypes:
-    """``table.scope(graph)``, looked up the first time a rule asks a subgraph's types: the
-    forward typing pass that telling scopes apart needs runs then, or not at all (a rule
-    that reads no type costs no typing of the model)."""
-
-    __slots__ = ("_graph", "_scope", "_table")
-
-    def __init__(self, table: TypeTable, graph: onnx.GraphProto) -> None:
-        self._table, self._graph, self._scope = table, graph, None
-
-    def __getattr__(self, name: str) -> Any:
-        scope = self._scope
-        if scope is None:
-            scope = self._scope = self._table.scope(self._graph)
-        return getattr(scope, name)
-
-
-def _referenced(model: onnx.ModelProto) -> set[str]:
-    """Every tensor name read anywhere in the model (node inputs, graph outputs)."""
-    names: set[str] = set()
-    for g in graphs(model.graph):
-        names.update(o.name for o in g.output)
-        for n in g.node:
-            names.update(n.input)
-    for fn in model.functions:
-        for n in fn.node:
-            names.update(n.input)
-            for sub in subgraphs(n):
-                for g in graphs(sub):
-                    names.update(o.name for o in g.output)
-                    for m in g.node:
-                        names.update(m.input)
-    return names
-
-
 def apply_rule_set(model: onnx.ModelProto, rules: RuleSet, *, make_builder: Callable[[onnx.NodeProto, str], Any],
                    types: TypeTable, report: RuleReport, path: str | None = None,
                    delta: OpDelta | None = None,
@@ -563,14 +330,14 @@ def apply_rule_set(model: onnx.ModelProto, rules: RuleSet, *, make_builder: Call
     # Names a rewrite stopped reading (or initializers it made): the only initializers that
     # can have become unused. A graph pass may drop any read: then compare with a full count.
     released: set[str] = set()
-    before = _referenced(model) if any(isinstance(r, GraphPass) for r in active) else None
+    before = referenced(model) if any(isinstance(r, GraphPass) for r in active) else None
     if delta is None:
         delta = OpDelta(exact=False)
     elif before is not None:  # a graph pass may change any node: not followed
         delta.exact = False
     total = 0
     runs: dict[int, _RuleRun] = {}  # per rule, made once
-    scopes = _scopes(model, types, make_builder, base_dir, tree)
+    scopes = model_scopes(model, types, make_builder, base_dir, tree)
     try:
         for scope in reversed(scopes):
             total += _apply_scope(scope, active, rules.max_rounds, report, released, path, runs, delta)
@@ -580,7 +347,7 @@ def apply_rule_set(model: onnx.ModelProto, rules: RuleSet, *, make_builder: Call
     # Rules reach initializers only through their scopes' lists (add_initializers() extends
     # them): where every list is empty, no initializer can have become unused.
     if total and (before is not None or any(scope.initializers for scope in scopes)):
-        _prune_initializers(model, released if before is None else released | before)
+        prune_initializers(model, released if before is None else released | before)
     return total
 
 
@@ -597,7 +364,7 @@ def _apply_scope(scope: Scope, rules: list[Any], max_rounds: int, report: RuleRe
         changed_by: dict[str, int] = {}
         for rule in rules:
             if isinstance(rule, GraphPass):
-                if round_no:
+                if round_no or (rule.main_only and not scope.main):
                     continue
                 mine = last[rule.name] = RuleReport()
                 n = _apply_pass(scope, rule, mine, path)
@@ -647,7 +414,6 @@ def _apply_pass(scope: Scope, gpass: GraphPass, report: RuleReport, path: str | 
 _FIRST = True
 # Traced replacements stamped on single-node matches; False: rewrite() per match (likewise).
 _TEMPLATES = True
-_UNTRACED = object()
 
 
 class _RuleRun:
@@ -666,9 +432,9 @@ class _RuleRun:
         # Count of *xs inputs (-1: none) -> the traced replacement, None where rewrite runs per match.
         self.templates: dict[int, Template | None] = {}
         self.fresh: Callable[[str], str] | None = None  # the Builder's name generator, for templates
-        self.stamps = _Stamps(delta, rule._patterns[0].anchor[1])  # told to the OpDelta at the end
+        self.stamps = Stamps(delta, rule._patterns[0].anchor[1])  # told to the OpDelta at the end
         # One flat pattern (one node of distinct variables) without check: its matches are
-        # found from the node's fields and stamped without a Match (_stamp_matches).
+        # found from the node's fields and stamped without a Match (stamp_matches).
         matcher = self.matchers[0][1]
         # Traced at all: not asked per match, and its code reaches nothing but its arguments.
         self.traced = _TEMPLATES and not rule.per_match and traceable(rule.rewrite)
@@ -681,8 +447,8 @@ class _RuleRun:
     def template(self, extra: int) -> Template | None:
         """The traced replacement for matches binding ``extra`` inputs to ``*xs`` (-1: no
         ``*xs``), traced the first time it is asked for (the matcher's plan is flat)."""
-        template = self.templates.get(extra, _UNTRACED)
-        if template is _UNTRACED:
+        template = self.templates.get(extra, UNTRACED)
+        if template is UNTRACED:
             _, names_of, many = self.matchers[0][1].flat
             template = self.templates[extra] = trace(self.call, names_of, many, max(extra, 0), self.anchor)
         return template
@@ -713,9 +479,9 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
             b = scope.make_builder(view.nodes[candidates[0]], rule.name)
             run.fresh = getattr(getattr(b, "_names", None), "fresh", None)
         if candidates and run.fresh is not None:
-            done = _stamp_matches(view, candidates, matchers[0][1], run, rule.name, stamp)
+            done = stamp_matches(view, candidates, matchers[0][1], run, rule.name, stamp)
             if done == len(candidates):
-                return _stamped(view, stamp, report, rule.name)
+                return report_stamps(view, stamp, report, rule.name)
     nodes = scope.nodes
     patterns = rule._patterns
     anchors = rule._anchor_ops  # the caller saw one of them in the scope
@@ -764,7 +530,7 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
             template = run.template(-1 if many is None else len(rest))
             if template is not None and output and fresh is not None:  # (written after the loop: below)
                 used.add(index)
-                checked.append((index, node, template, _Stamps.name(fresh, node, name, template),
+                checked.append((index, node, template, Stamps.name(fresh, node, name, template),
                                 template.inputs(bound_names, rest), output, domain))
                 continue
         match = None if first is None else first(index)
@@ -795,7 +561,7 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
                     if fresh is not None:
                         used.add(index)
                         inputs = template.inputs(tuple(bound[n] for n in names_of), rest)
-                        checked.append((index, node, template, _Stamps.name(fresh, node, name, template), inputs,
+                        checked.append((index, node, template, Stamps.name(fresh, node, name, template), inputs,
                                         output, node.domain))
                         continue
         else:
@@ -827,7 +593,7 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
         else:
             results = [results]
         new_nodes = builder.finish(results, outputs, alias=alias)
-        if not builder.aliases and _same_nodes(new_nodes, [vnodes[i] for i in match.nodes]):
+        if not builder.aliases and same_nodes(new_nodes, [vnodes[i] for i in match.nodes]):
             report.fail(name, f"{_label(node, view, index)}: the replacement is the matched node itself "
                         f"(output '{outputs[0]}' keeps its name)", "the replacement is the matched node itself")
             continue
@@ -851,16 +617,16 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
     del checked
     stamped = len(stamp.indices)
     if not replacements:
-        return _stamped(view, stamp, report, name, counted=flat_match is None)
+        return report_stamps(view, stamp, report, name, counted=flat_match is None)
     if stamped:  # each overwrote its node where it is (it reads every input the node read)
-        _stamped(view, stamp, report, name, counted=flat_match is None)
+        report_stamps(view, stamp, report, name, counted=flat_match is None)
     # Producers that fed only the replaced nodes (constants, typically) die with them.
     gone = removed | set(replacements)
     orphans = {name for i in gone for name in view.node_inputs(i) if name}
     released |= orphans
     read = {name for new in replacements.values() for n in new for name in n.input} | set(aliases.values())
     # (a name the new nodes read keeps its producer: only the others are worth a look)
-    dead = _dead_producers(view, orphans - read, gone, read, scope.protected)
+    dead = dead_producers(view, orphans - read, gone, read, scope.protected)
     if not (removed or dead or aliases or reorder) and all(len(new) == 1 for new in replacements.values()):
         if delta.exact:
             delta.replaced([vnodes[i] for i in replacements], [new[0] for new in replacements.values()])
@@ -878,69 +644,14 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
         elif index not in gone:
             rebuilt.append(node)
     if aliases:
-        _rename_inputs(rebuilt, aliases)
+        rename_inputs(rebuilt, aliases)
     if reorder:
-        rebuilt = _toposort(rebuilt)
+        rebuilt = toposort(rebuilt)
     del nodes[:]
     nodes.extend(rebuilt)
     delta.in_place = False
     report.applied[rule.name] = report.applied.get(rule.name, 0) + len(replacements)
     return len(replacements) + stamped, None
-
-
-def _stamp_matches(view: GraphView, candidates: Any, matcher: Matcher, run: _RuleRun, rule: str,
-                   stamp: "_Stamps") -> int:
-    """Stamp the template on the matches at ``candidates`` (a flat pattern, no check), in
-    order, up to the first that has none (no match, no template); returns how many.
-    (``_Stamps.name`` and ``write`` inlined: this loop runs once per match.)"""
-    flat_match, fresh, templates = matcher.flat_match, run.fresh, run.templates
-    many = matcher.flat[2]
-    matcher.taken = set()  # single nodes in order: no match overlaps an earlier one
-    nodes = view.nodes
-    indices, ops, domains, made = stamp.indices, stamp.ops, stamp.domains, stamp.made
-    done = 0
-    for index in candidates:
-        found = flat_match(index)
-        if found is None:
-            break
-        domain, names, rest, output, node = found
-        extra = -1 if many is None else len(rest)
-        template = templates.get(extra, _UNTRACED)
-        if template is _UNTRACED:
-            template = run.template(extra)
-        if template is None or not output:
-            break
-        if node is None:
-            node = nodes[index]
-        if node.attribute and not stamp.holds_graphs:
-            stamp.holds_graphs = any(a.type in _GRAPH_TYPES for a in node.attribute)
-        op_type = template.op_type
-        node_name = fresh(f"{node.name or rule}/{op_type}")
-        fresh(f"{node_name}_out")
-        node.CopyFrom(template.node)
-        node.input.extend(names if template.same_inputs and not rest else template.inputs(names, rest))
-        node.output.append(output)
-        node.name = node_name
-        indices.append(index)
-        ops.append(op_type)
-        domains[domain] = domains.get(domain, 0) + 1
-        key = id(template)
-        made[key] = (template, made[key][1] + 1) if key in made else (template, 1)
-        done += 1
-    return done
-
-
-def _stamped(view: GraphView, stamp: "_Stamps", report: RuleReport, rule: str,
-             counted: bool = False) -> tuple[int, GraphView | None]:
-    """Report the stamped matches (``counted``: as matches too, already), tell the OpDelta;
-    the count and the view if it still holds."""
-    stamped = len(stamp.indices)
-    if not stamped:
-        return 0, view
-    if not counted:
-        report.matched[rule] = report.matched.get(rule, 0) + stamped
-    report.applied[rule] = report.applied.get(rule, 0) + stamped
-    return stamped, view if view.restamp(stamp.indices, stamp.ops) else None
 
 
 def _new_builder(make_builder: Callable[[onnx.NodeProto, str], Any], node: onnx.NodeProto, name: str,
@@ -954,60 +665,6 @@ def _new_builder(make_builder: Callable[[onnx.NodeProto, str], Any], node: onnx.
     if restart is not None:
         run.builder, run.restart = builder, restart
     return builder, restart
-
-
-_GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-
-
-class _Stamps:
-    """Matched nodes overwritten with their template's node, named and wired as the Builder
-    would make it: the fields CopyFrom of the per-match replacement gives. Keeps what the
-    op counts and the view need (which nodes, of which op now, from which domain)."""
-
-    __slots__ = ("delta", "domains", "holds_graphs", "indices", "made", "op_type", "ops")
-    # indices, ops: the current scope's; domains, made, holds_graphs: every scope's
-
-    def __init__(self, delta: OpDelta, op_type: str) -> None:
-        self.delta, self.op_type = delta, op_type  # op_type: the matched nodes'
-        self.indices: list[int] = []
-        self.ops: list[str] = []
-        self.domains: dict[str, int] = {}
-        self.made: dict[int, tuple[Template, int]] = {}
-        self.holds_graphs = False
-
-    @staticmethod
-    def name(fresh: Callable[[str], str], node: onnx.NodeProto, rule: str, template: Template) -> str:
-        """The names the Builder would give the node and its output (which finish() replaces)."""
-        name = fresh(f"{node.name or rule}/{template.op_type}")
-        fresh(f"{name}_out")
-        return name
-
-    def write(self, index: int, node: onnx.NodeProto, template: Template, name: str, inputs: Any, output: str,
-              domain: str) -> None:
-        """Overwrite ``node`` (at ``index``) with the template's node, so named and wired."""
-        if node.attribute and not self.holds_graphs:
-            self.holds_graphs = any(a.type in _GRAPH_TYPES for a in node.attribute)
-        node.CopyFrom(template.node)
-        node.input.extend(inputs)
-        node.output.append(output)
-        node.name = name
-        self.indices.append(index)
-        self.ops.append(template.op_type)
-        self.domains[domain] = self.domains.get(domain, 0) + 1
-        made = self.made.get(id(template))
-        self.made[id(template)] = (template, 1 if made is None else made[1] + 1)
-
-    def count(self) -> None:
-        """Tell the OpDelta (once, when done with every scope)."""
-        delta = self.delta
-        if self.holds_graphs:
-            delta.exact = False
-        if delta.exact:
-            for domain, n in self.domains.items():
-                delta.counts[(domain, self.op_type)] -= n
-            for template, n in self.made.values():
-                delta.counts[(template.domain, template.op_type)] += n
-        self.domains, self.made = {}, {}
 
 
 def _label(node: onnx.NodeProto, view: GraphView, index: int) -> str:
@@ -1062,105 +719,6 @@ def _first_match(rule: Rule, matchers: list[tuple[str, Matcher]], index: int, vi
             text, generic = matcher.reason()
             failure = (text if text.startswith(label) else f"{label}: {text}", generic)
     return None, failure, structural
-
-
-def _same_nodes(new: list[onnx.NodeProto], old: list[onnx.NodeProto]) -> bool:
-    """Is the replacement the matched nodes again (names aside)? Then it changes nothing:
-    an Identity kept for a graph output, typically."""
-    if len(new) != len(old):
-        return False
-    if len(new) == 1:
-        if new[0].op_type != old[0].op_type:
-            return False
-    elif sorted(n.op_type for n in new) != sorted(n.op_type for n in old):
-        return False
-    key = lambda n: (n.domain, n.op_type, tuple(n.input), tuple(n.output),  # noqa: E731
-                     tuple(a.SerializeToString() for a in n.attribute))
-    return sorted(map(key, new)) == sorted(map(key, old))
-
-
-def _rename_inputs(nodes: list[onnx.NodeProto], aliases: dict[str, str]) -> None:
-    def resolve(name: str) -> str:
-        seen = set()
-        while name in aliases and name not in seen:
-            seen.add(name)
-            name = aliases[name]
-        return name
-
-    for node in nodes:
-        for i, name in enumerate(node.input):
-            if name in aliases:
-                node.input[i] = resolve(name)
-
-
-def _toposort(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """``nodes`` in an order where producers come first, otherwise keeping their order."""
-    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
-    deps = []
-    for n in nodes:
-        names = list(n.input)
-        for g in subgraphs(n):
-            names.extend(_outer_names(g))
-        deps.append([producer[x] for x in names if x in producer])
-    done = [False] * len(nodes)
-    order: list[onnx.NodeProto] = []
-    for start in range(len(nodes)):
-        stack = [(start, 0)]
-        while stack:
-            i, k = stack.pop()
-            if done[i]:
-                continue
-            if k < len(deps[i]):
-                stack.append((i, k + 1))
-                j = deps[i][k]
-                if not done[j]:
-                    stack.append((j, 0))
-                continue
-            done[i] = True
-            order.append(nodes[i])
-    return order
-
-
-def _outer_names(graph: onnx.GraphProto) -> list[str]:
-    return [name for g in graphs(graph) for n in g.node for name in n.input]
-
-
-def _dead_producers(view: GraphView, candidates: set[str], gone: set[int], read: set[str],
-                    protected: set[str]) -> set[int]:
-    """Producers of ``candidates`` that nothing reads once the ``gone`` nodes are gone (and the
-    new nodes read ``read``), transitively; indices into ``view``."""
-    dead: set[int] = set()
-    work = [name for name in candidates if name in view.producer]
-    while work:
-        index = view.producer[work.pop()]
-        if index in dead or index in gone:
-            continue
-        if any(out in protected or out in read
-               or any(c not in dead and c not in gone for c in view.consumers.get(out, ()))
-               for out in view.outputs[index] if out):
-            continue
-        dead.add(index)
-        work.extend(n for n in view.inputs[index] if n in view.producer)
-    return dead
-
-
-def _prune_initializers(model: onnx.ModelProto, released: set[str]) -> None:
-    """Drop the initializers named in ``released`` (read before a rewrite, or made by one) that
-    are read no more.
-
-    Graph inputs of the same name stay (they may be fed). A dropped initializer stored as
-    external data is only removed from the model; its file is left as it is.
-    """
-    owners = [g for g in graphs(model.graph) if g.initializer]
-    if not owners or not any(t.name in released for g in owners for t in g.initializer):
-        return  # no initializer a rewrite released: nothing to count
-    after = _referenced(model)
-    for g in owners:
-        inputs = {i.name for i in g.input}
-        dead = [k for k, t in enumerate(g.initializer)
-                if t.name in released and t.name not in after and t.name not in inputs]
-        for k in reversed(dead):
-            del g.initializer[k]
 
 
 @contextlib.contextmanager

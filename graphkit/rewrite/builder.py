@@ -30,6 +30,10 @@ class NameGenerator:
     def reserve(self, name: str) -> None:
         self._taken.add(name)
 
+    def __contains__(self, name: str) -> bool:
+        """Is ``name`` taken (the model's, or made here)?"""
+        return name in self._taken
+
     def fresh(self, base: str) -> str:
         taken = self._taken
         if base not in taken:

@@ -1,0 +1,128 @@
+"""Traced replacements stamped on single-node matches (see graphkit.rewrite._template): each
+matched node overwritten in place with its template's node, named and wired as the Builder
+would make it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import onnx
+
+from graphkit.rewrite._graphview import GraphView
+from graphkit.rewrite._matcher import Matcher
+from graphkit.rewrite._report import OpDelta, RuleReport
+from graphkit.rewrite._template import Template
+
+__all__ = ["UNTRACED", "Stamps", "report_stamps", "stamp_matches"]
+
+UNTRACED = object()  # a count of *xs inputs whose template was not traced yet
+
+
+def stamp_matches(view: GraphView, candidates: Any, matcher: Matcher, run: Any, rule: str,
+                  stamp: "Stamps") -> int:
+    """Stamp the template on the matches at ``candidates`` (a flat pattern, no check), in
+    order, up to the first that has none (no match, no template); returns how many.
+    (``Stamps.name`` and ``write`` inlined: this loop runs once per match.)"""
+    flat_match, fresh, templates = matcher.flat_match, run.fresh, run.templates
+    many = matcher.flat[2]
+    matcher.taken = set()  # single nodes in order: no match overlaps an earlier one
+    nodes = view.nodes
+    indices, ops, domains, made = stamp.indices, stamp.ops, stamp.domains, stamp.made
+    done = 0
+    for index in candidates:
+        found = flat_match(index)
+        if found is None:
+            break
+        domain, names, rest, output, node = found
+        extra = -1 if many is None else len(rest)
+        template = templates.get(extra, UNTRACED)
+        if template is UNTRACED:
+            template = run.template(extra)
+        if template is None or not output:
+            break
+        if node is None:
+            node = nodes[index]
+        if node.attribute and not stamp.holds_graphs:
+            stamp.holds_graphs = any(a.type in _GRAPH_TYPES for a in node.attribute)
+        op_type = template.op_type
+        node_name = fresh(f"{node.name or rule}/{op_type}")
+        fresh(f"{node_name}_out")
+        node.CopyFrom(template.node)
+        node.input.extend(names if template.same_inputs and not rest else template.inputs(names, rest))
+        node.output.append(output)
+        node.name = node_name
+        indices.append(index)
+        ops.append(op_type)
+        domains[domain] = domains.get(domain, 0) + 1
+        key = id(template)
+        made[key] = (template, made[key][1] + 1) if key in made else (template, 1)
+        done += 1
+    return done
+
+
+def report_stamps(view: GraphView, stamp: "Stamps", report: RuleReport, rule: str,
+                  counted: bool = False) -> tuple[int, GraphView | None]:
+    """Report the stamped matches (``counted``: as matches too, already), tell the OpDelta;
+    the count and the view if it still holds."""
+    stamped = len(stamp.indices)
+    if not stamped:
+        return 0, view
+    if not counted:
+        report.matched[rule] = report.matched.get(rule, 0) + stamped
+    report.applied[rule] = report.applied.get(rule, 0) + stamped
+    return stamped, view if view.restamp(stamp.indices, stamp.ops) else None
+
+
+_GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+class Stamps:
+    """Matched nodes overwritten with their template's node, named and wired as the Builder
+    would make it: the fields CopyFrom of the per-match replacement gives. Keeps what the
+    op counts and the view need (which nodes, of which op now, from which domain)."""
+
+    __slots__ = ("delta", "domains", "holds_graphs", "indices", "made", "op_type", "ops")
+    # indices, ops: the current scope's; domains, made, holds_graphs: every scope's
+
+    def __init__(self, delta: OpDelta, op_type: str) -> None:
+        self.delta, self.op_type = delta, op_type  # op_type: the matched nodes'
+        self.indices: list[int] = []
+        self.ops: list[str] = []
+        self.domains: dict[str, int] = {}
+        self.made: dict[int, tuple[Template, int]] = {}
+        self.holds_graphs = False
+
+    @staticmethod
+    def name(fresh: Callable[[str], str], node: onnx.NodeProto, rule: str, template: Template) -> str:
+        """The names the Builder would give the node and its output (which finish() replaces)."""
+        name = fresh(f"{node.name or rule}/{template.op_type}")
+        fresh(f"{name}_out")
+        return name
+
+    def write(self, index: int, node: onnx.NodeProto, template: Template, name: str, inputs: Any, output: str,
+              domain: str) -> None:
+        """Overwrite ``node`` (at ``index``) with the template's node, so named and wired."""
+        if node.attribute and not self.holds_graphs:
+            self.holds_graphs = any(a.type in _GRAPH_TYPES for a in node.attribute)
+        node.CopyFrom(template.node)
+        node.input.extend(inputs)
+        node.output.append(output)
+        node.name = name
+        self.indices.append(index)
+        self.ops.append(template.op_type)
+        self.domains[domain] = self.domains.get(domain, 0) + 1
+        made = self.made.get(id(template))
+        self.made[id(template)] = (template, 1 if made is None else made[1] + 1)
+
+    def count(self) -> None:
+        """Tell the OpDelta (once, when done with every scope)."""
+        delta = self.delta
+        if self.holds_graphs:
+            delta.exact = False
+        if delta.exact:
+            for domain, n in self.domains.items():
+                delta.counts[(domain, self.op_type)] -= n
+            for template, n in self.made.values():
+                delta.counts[(template.domain, template.op_type)] += n
+        self.domains, self.made = {}, {}
