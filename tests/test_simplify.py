@@ -383,6 +383,29 @@ def test_simplify_cost_grows_linearly():
     assert large / small < 20, (small, large)  # linear: ~8; quadratic: ~64
 
 
+@pytest.mark.parametrize("shape", ["chain", "fan_out", "if_bodies", "loop_bodies", "functions"])
+def test_simplify_cost_grows_linearly_on_the_growth_test_shapes(shape):
+    """The rewrite's growth-test shapes (unnamed chains, one value read by n nodes, n If and
+    Loop bodies, local functions), simplified at n and 8n nodes: least of 3 runs each."""
+    import scaling_models as sm
+
+    build = {"chain": sm.chain, "fan_out": sm.fan_out, "if_bodies": sm.if_bodies, "loop_bodies": sm.loop_bodies,
+             "functions": lambda n: sm.functions(n, max(n // 20, 1))}[shape]
+
+    def best(n):
+        model = build(n)
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            simplify_model(model, check=False)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    n = 100 if shape.endswith("bodies") else 250
+    small, large = best(n), best(8 * n)
+    assert large / small < 20, (small, large)
+
+
 def test_a_users_op_gets_folding_and_absorption_through_the_public_opdef_api():
     """An op package's op, declared with ChannelLinear, in a registry of its own: a
     per-channel Mul after it folds into its weight, and a node of it on constants folds."""
