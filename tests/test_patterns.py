@@ -639,6 +639,14 @@ def test_explain_names_the_node_where_a_later_root_failed():
     _, report = rewrite_model(m, rules=[NEG_PAIR], lowering=Lowering.KEEP)
     assert report.rules.reasons["neg_pair"] == [
         "node 'neg_na': pattern output 2 (Neg(Relu(x))): no Relu reads 'x' (its readers: Abs, Exp)"]
+    # the only candidates are the first root's own nodes
+    twice = Rule("twice", lambda op, x: (op.Neg(op.Abs(x)), op.Neg(op.Abs(x))), lambda op, x: (x, x))
+    _, report = rewrite_model(m, rules=[twice], lowering=Lowering.KEEP)
+    assert report.rules.reasons["twice"] == [
+        "node 'neg_na': pattern output 2 (Neg(Abs(x))): the Abs readers of 'x' lead to no Neg outside this match"]
+    twice = Rule("twice", lambda op, x: (op.Abs(x), op.Abs(x)), lambda op, x: (x, x))
+    _, report = rewrite_model(m, rules=[twice], lowering=Lowering.KEEP)
+    assert report.rules.reasons["twice"] == ["node 'abs_a': pattern output 2 (Abs(x)): no other Abs reads 'x'"]
 
 
 def test_match_context_consumers_look_downstream():

@@ -386,8 +386,7 @@ class Matcher:
                 yield from self._more_roots(k + 1, s)
         if not tried:
             self._at = len(st.used)
-            self._fail(f"pattern output {k + 1} ({pnode.op_type}): every candidate is part of this match or "
-                       f"an earlier one", "overlaps an earlier match")
+            self._fail(*self._roots.why_none(k, st.used, self.taken))
 
     # -- nodes and values
 

@@ -76,6 +76,7 @@ class RootFinder:
         self._lists: dict[tuple, tuple[list[int], Failure | None]] = {}
         self._cursor: dict[tuple, int] = {}
         self._made_for: tuple[Any, Any] = (None, None)  # (view, taken set) the lists hold for
+        self._last: dict[int, tuple[tuple, list[int]]] = {}  # per root: the list candidates() walked last
 
     def candidates(self, k: int, bindings: dict[str, Any], nodes: dict[int, int], used: frozenset[int],
                    view: GraphView, taken: set[int]) -> tuple[Iterator[int], Failure | None]:
@@ -107,7 +108,26 @@ class RootFinder:
         listed, why = made
         if why is not None and not listed:
             return iter(()), why
+        self._last[k] = (key, listed)
         return self._walk(key, listed, used, taken), None
+
+    def why_none(self, k: int, used: frozenset[int], taken: set[int]) -> Failure:
+        """Why the candidates() just walked for root ``k`` yielded none: each is in this match
+        (then no other node is there) or an earlier one."""
+        key, listed = self._last[k]
+        what = self._what(k)
+        if any(c not in used for c in listed):
+            return f"{what}: every candidate is part of this match or an earlier one", "overlaps an earlier match"
+        if len(key) == 1:
+            op = self.heads[k].op_type
+            return f"{what}: no {op} node here but this match's", f"pattern output {k + 1}: no other {op} node"
+        path = self._entries[k][key[1]].path
+        op, tensor = path[-1][0].op_type, key[2]
+        if len(path) == 1:
+            return (f"{what}: no other {op} reads '{tensor}'",
+                    f"pattern output {k + 1}: no other {op} reads the shared tensor")
+        return (f"{what}: the {op} readers of '{tensor}' lead to no {self.heads[k].op_type} outside this match",
+                f"pattern output {k + 1}: no other {self.heads[k].op_type} up from the shared tensor")
 
     def _walk(self, key: tuple, listed: list[int], used: frozenset[int], taken: set[int]) -> Iterator[int]:
         start = self._cursor.get(key, 0)
