@@ -8,6 +8,9 @@
   exporters decompose at every opset.
 - :class:`ResNet`: torchvision-style BasicBlocks (3x3 Conv + BatchNorm + ReLU, a 1x1
   Conv + BatchNorm downsample) behind a Conv + BN stem, average pool and a Linear head.
+- :func:`transformer`: transformers' BertModel or GPT2Model from a tiny config, random weights
+  (every parameter, biases too: equal ones would be shared by the exporter), returning the
+  last hidden state.
 """
 
 from __future__ import annotations
@@ -140,3 +143,32 @@ def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
                 m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=gen) - 0.5)
                 m.running_var.copy_(torch.rand(m.running_var.shape, generator=gen) + 0.5)
     return model.eval()
+
+
+class _LastHidden(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, return_dict=False)[0]
+
+
+def transformer(kind: str, layers: int = 2, d: int = 16, heads: int = 2, vocab: int = 40, seed: int = 0) -> nn.Module:
+    """``"bert"`` or ``"gpt2"``: a tiny transformers model in eval mode with random weights (the
+    attention computed eagerly, as the exporters trace it)."""
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
+
+    torch.manual_seed(seed)
+    if kind == "bert":
+        model = BertModel(BertConfig(vocab_size=vocab, hidden_size=d, num_hidden_layers=layers,
+                                     num_attention_heads=heads, intermediate_size=2 * d, max_position_embeddings=16,
+                                     attn_implementation="eager"))
+    else:
+        model = GPT2Model(GPT2Config(vocab_size=vocab, n_embd=d, n_layer=layers, n_head=heads, n_positions=16,
+                                     bos_token_id=0, eos_token_id=0, use_cache=False, attn_implementation="eager"))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    return _LastHidden(model).eval()

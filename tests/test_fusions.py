@@ -90,6 +90,22 @@ def _resnet(tmp, exporter: str) -> Exported:
     return Exported(onnx_model, {onnx_model.graph.input[0].name: x.numpy()}, expected)
 
 
+def _transformer(tmp, kind: str, exporter: str) -> Exported:
+    """transformers' BertModel / GPT2Model (tiny, random weights); GPT-2's TorchScript export
+    fails (aten::diff in its mask code), the dynamo one is what there is."""
+    import torch
+
+    import fusion_models as fm
+
+    ids = torch.randint(0, 40, (2, TOKENS), generator=torch.Generator().manual_seed(2))
+    model, path = fm.transformer(kind, layers=LAYERS), tmp / f"{kind}.{exporter}.onnx"
+    _export(model, (ids,), path, dynamo=exporter == "dynamo", opset=18 if exporter == "dynamo" else 17,
+            input_names=["ids"])
+    with torch.no_grad():
+        expected = [model(ids).numpy()]
+    return Exported(onnx.load(str(path)), {"ids": ids.numpy()}, expected)
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """``exported("encoder", "dynamo")``: exported on first use, once per module (needs torch;
@@ -100,7 +116,10 @@ def exported(tmp_path_factory):
 
     def get(arch: str, exporter: str) -> Exported:
         if (arch, exporter) not in cache:
-            cache[arch, exporter] = {"encoder": _encoder, "resnet": _resnet}[arch](tmp, exporter)
+            if arch in ("bert", "gpt2"):
+                cache[arch, exporter] = _transformer(tmp, arch, exporter)
+            else:
+                cache[arch, exporter] = {"encoder": _encoder, "resnet": _resnet}[arch](tmp, exporter)
         return cache[arch, exporter]
 
     return get
@@ -191,6 +210,44 @@ def test_conv_bn_folded_on_resnet(exported, exporter):
     assert size < sum(t.ByteSize() for t in ex.model.graph.initializer)
     convs = [n for n in fused.graph.node if n.op_type == "Conv"]
     assert all(len(n.input) == 3 and n.input[1] in names and n.input[2] in names for n in convs)
+
+
+def _readers(model: onnx.ModelProto, op: str) -> collections.Counter:
+    """How many ``op`` nodes read each tensor (that some read)."""
+    return collections.Counter(i for n in model.graph.node if n.op_type == op for i in n.input[:1])
+
+
+@BOTH
+def test_qkv_packed_on_bert(exported, exporter):
+    """Per layer, the query, key and value Linears of one input become one MatMul + Add and a
+    Split; ORT on the packed model agrees with ORT on the export and with torch eager."""
+    ex = exported("bert", exporter)
+    assert sorted(_readers(ex.model, "MatMul").values()).count(3) == LAYERS  # three MatMuls of one input, per layer
+    fused, report = fuse(ex, "qkv")
+    assert report.rules.applied == {"qkv_pack": LAYERS}
+    before, after = ops(ex.model), ops(fused)
+    assert after["MatMul"] == before["MatMul"] - 2 * LAYERS and after["Add"] == before["Add"] - 2 * LAYERS
+    assert after["Split"] == before["Split"] + LAYERS
+    assert 3 not in _readers(fused, "MatMul").values()
+    weights = {t.name: t.dims for t in fused.graph.initializer}
+    packed = [n.input[1] for n in fused.graph.node if n.op_type == "MatMul" and n.input[1] in weights
+              and weights[n.input[1]] == [16, 48]]
+    assert len(packed) == LAYERS
+    onnx.checker.check_model(fused, full_check=True)
+
+
+def test_qkv_has_nothing_to_pack_on_gpt2(exported):
+    """GPT-2's attention already projects q, k and v with one Conv1D (c_attn): its export is a
+    Gemm of the packed weight and a Split. The fusion finds no three projections and says why."""
+    ex = exported("gpt2", "dynamo")
+    before = ops(ex.model)
+    assert before["Split"] == LAYERS and before["Gemm"] == 4 * LAYERS  # c_attn, c_proj, c_fc, mlp.c_proj
+    assert 3 not in _readers(ex.model, "MatMul").values() and 3 not in _readers(ex.model, "Gemm").values()
+    fused, report = fuse(ex, "qkv")
+    assert not report.rules.applied and ops(fused) == before
+    # its only MatMuls are attention's: none has a sibling reading its input
+    assert reasons(report, "qkv_pack_matmul").count("pattern output 2 (MatMul(x, wk)): no other MatMul reads") == \
+        before["MatMul"]
 
 
 def test_identity_removed_on_both_exports(exported):
@@ -364,6 +421,51 @@ def test_gemm_inline_and_refusals():
     assert not report.rules.applied and "does not broadcast to [1, 5]" in reasons(report, "matmul_add_gemm")
 
 
+def _qkv_model(bias=True, opset=18, v_bias_shape=None, k_weight_fed=False):
+    """x [2, 3, 4] -> MatMul w{q,k,v} (4x4, 4x4, 4x2) [-> Add(b, .)] -> q, k, v (graph outputs)."""
+    rng = np.random.default_rng(6)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    inputs, inits, nodes = [_vi("x", [2, 3, 4])], [], []
+    for b, width in zip("qkv", (4, 4, 2)):
+        if k_weight_fed and b == "k":
+            inputs.append(_vi("wk", [4, width]))
+        else:
+            inits.append(numpy_helper.from_array(f(4, width), f"w{b}"))
+        nodes.append(helper.make_node("MatMul", ["x", f"w{b}"], [f"{b}_mm" if bias else b]))
+        if bias:
+            shape = v_bias_shape if v_bias_shape and b == "v" else [width]
+            inits.append(numpy_helper.from_array(f(*shape), f"b{b}"))
+            nodes.append(helper.make_node("Add", [f"b{b}", f"{b}_mm"], [b]))
+    return _model(nodes, inputs, [_vi(b, None) for b in "qkv"], inits, opset)
+
+
+def test_qkv_inline_forms_and_refusals():
+    x = {"x": np.random.default_rng(8).standard_normal((2, 3, 4)).astype(np.float32)}
+    fused, report = _fuse_inline(_qkv_model(), "qkv", x)
+    assert report.rules.applied == {"qkv_pack": 1} and ops(fused) == {"MatMul": 1, "Add": 1, "Split": 1}
+    assert [o.name for o in fused.graph.output] == ["q", "k", "v"]
+    fused, report = _fuse_inline(_qkv_model(bias=False), "qkv", x)
+    assert report.rules.applied == {"qkv_pack_matmul": 1} and ops(fused) == {"MatMul": 1, "Split": 1}
+    # below opset 13 Split's sizes are an attribute
+    fused, report = _fuse_inline(_qkv_model(opset=11), "qkv", x)
+    split = next(n for n in fused.graph.node if n.op_type == "Split")
+    assert report.rules.applied == {"qkv_pack": 1} and len(split.input) == 1
+    assert [list(a.ints) for a in split.attribute if a.name == "split"] == [[4, 4, 2]]
+    # a weight that is fed cannot be packed
+    model = _qkv_model(k_weight_fed=True)
+    fused, report = rewrite_model(model, rules=fusions.rule_set("qkv"), lowering=Lowering.KEEP)
+    assert not report.rules.applied and ops(fused) == ops(model)
+    assert "weight 'wk' is not a constant" in reasons(report, "qkv_pack")
+    # a bias of another shape: qkv_pack refuses, qkv_pack_matmul packs the MatMuls alone, the Adds stay
+    model = _qkv_model(v_bias_shape=[1, 2])
+    with_bias = fusions.get("qkv").rules[0]
+    _, report = rewrite_model(model, rules=[with_bias], lowering=Lowering.KEEP)
+    assert reasons(report, "qkv_pack").splitlines() == 3 * [  # each Add an anchor (the nodes are unnamed)
+        "node 'Add': a bias is float32 of shape [1, 2], packing needs float32 of shape [2] (its MatMul's columns)"]
+    fused, report = _fuse_inline(model, "qkv", x)
+    assert report.rules.applied == {"qkv_pack_matmul": 1} and ops(fused) == {"MatMul": 1, "Split": 1, "Add": 3}
+
+
 def _transpose_model(first, second, extra_consumer=False):
     nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=first),
              helper.make_node("Transpose", ["t"], ["y"], perm=second), helper.make_node("Relu", ["y"], ["z"])]
@@ -424,7 +526,7 @@ def test_identity_to_graph_output_keeps_the_name():
 # ---------------------------------------------------------------- API and CLI
 
 def test_library_api():
-    assert fusions.names() == ["identity", "transpose", "conv_bn", "layernorm", "gelu", "gemm"]
+    assert fusions.names() == ["identity", "transpose", "conv_bn", "layernorm", "gelu", "qkv", "gemm"]
     assert fusions.get("LayerNorm").min_opset == 17 and fusions.get("gelu").min_opset == 20
     assert [r.name for r in fusions.rule_set("gelu,layernorm")] == ["layernorm", "gelu_erf", "gelu_tanh"]
     assert len(fusions.rule_set("all")) == sum(len(f.rules) for f in fusions.LIBRARY)
@@ -442,7 +544,7 @@ def test_cli_help_lists_every_fusion_and_unknown_is_a_usage_error(tmp_path):
     model = tmp_path / "m.onnx"
     onnx.save(_gelu_model(), model)
     proc = run_cli("rewrite", model, tmp_path / "out.onnx", "--fuse", "gelu,bogus", check_rc=2)
-    assert "unknown fusion 'bogus'; the fusions are: identity, transpose, conv_bn, layernorm, gelu, gemm" \
+    assert "unknown fusion 'bogus'; the fusions are: identity, transpose, conv_bn, layernorm, gelu, qkv, gemm" \
         in proc.stderr
     assert not (tmp_path / "out.onnx").exists()
 

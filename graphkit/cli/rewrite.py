@@ -13,7 +13,8 @@ from graphkit.cli._simplify_args import add_simplify_arguments, simplify_options
 FUSE_HELP = ("apply graphkit's fusions before lowering (comma-separated, or all): "
              "identity (remove Identity nodes), transpose (cancel inverse Transpose pairs, merge others), "
              "conv_bn (fold BatchNormalization into Conv), layernorm (-> LayerNormalization, opset >= 17), "
-             "gelu (erf/tanh forms -> Gelu, opset >= 20), gemm (2-D MatMul + Add -> Gemm). "
+             "gelu (erf/tanh forms -> Gelu, opset >= 20), qkv (three MatMul (+ Add) projections of one input "
+             "-> one packed MatMul and a Split), gemm (2-D MatMul + Add -> Gemm). "
              "A fusion whose opset the model lacks says so with --explain; add --target-opset. "
              "For example --fuse layernorm,gelu --target-opset 20")
 

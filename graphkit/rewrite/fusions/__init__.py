@@ -8,6 +8,7 @@ transpose      removes Transpose pairs that cancel, merges other pairs into one
 conv_bn        folds an inference BatchNormalization into the Conv before it
 layernorm      elementary-op LayerNorm -> LayerNormalization (opset >= 17)
 gelu           erf and tanh GELU -> Gelu (opset >= 20)
+qkv            three MatMul (+ Add) projections of one input -> one MatMul (+ Add), Split
 gemm           MatMul + Add -> Gemm (2-D inputs, bias broadcasting to [M, N])
 =============  =================================================================
 
@@ -28,7 +29,7 @@ from typing import Any
 
 from graphkit.errors import UsageError
 from graphkit.rewrite._rules import RuleSet
-from graphkit.rewrite.fusions import _conv_bn, _gelu, _gemm, _identity, _layernorm, _transpose
+from graphkit.rewrite.fusions import _conv_bn, _gelu, _gemm, _identity, _layernorm, _qkv, _transpose
 
 __all__ = ["ALL", "Fusion", "FusionLibrary", "LIBRARY", "get", "names", "rule_set"]
 
@@ -96,6 +97,8 @@ LIBRARY = FusionLibrary([
     Fusion("conv_bn", "fold an inference BatchNormalization into the Conv before it", _conv_bn.RULES),
     Fusion("layernorm", "elementary-op LayerNorm -> LayerNormalization (opset >= 17)", _layernorm.RULES, 17),
     Fusion("gelu", "erf and tanh GELU -> Gelu (opset >= 20)", _gelu.RULES, 20),
+    Fusion("qkv", "three MatMul (+ Add) projections of one input -> one packed MatMul (+ Add) and a Split",
+           _qkv.RULES),
     Fusion("gemm", "MatMul + Add -> Gemm (2-D inputs, bias broadcasting to [M, N])", _gemm.RULES),
 ])
 
