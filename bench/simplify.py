@@ -276,7 +276,8 @@ def _latencies(timed: Sequence[tuple[Row, Path]], feeds: dict[str, np.ndarray], 
                 continue
             try:
                 session = _session(path, optimize=level == "enabled", threads=threads)
-                _outputs(session, feeds)  # warm-up
+                for _ in range(2):  # warm-up
+                    _outputs(session, feeds)
             except Exception as exc:  # noqa: BLE001 - recorded in the table
                 row.status, row.error = "ort failed", f"ORT ({level} optimizations): {first_line(exc)}"
                 continue
@@ -488,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         default=list(sm.EXPORTERS))
     parser.add_argument("--shapes", type=lambda s: _names(s, sm.SHAPES, "shape mode"), default=list(sm.SHAPES))
     parser.add_argument("--small", action="store_true", help="the test suite's tiny configs (32x32 images)")
-    parser.add_argument("--runs", type=int, default=None, help="timed ORT runs per latency (default 10; 3 --small)")
+    parser.add_argument("--runs", type=int, default=None, help="timed ORT runs per latency (default 10; 30 --small)")
     parser.add_argument("--threads", type=int, default=1, help="ORT intra-op threads")
     parser.add_argument("--graphkit-cmd", default=None, help='the graphkit command (default: this venv\'s "graphkit")')
     parser.add_argument("--contenders", type=lambda s: _names(s, CONTENDERS, "contender"), default=list(CONTENDERS))
@@ -498,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, default=None, help="write the models and outputs here")
     parser.add_argument("--json", default=None, help="write the results as JSON to this file ('-': stdout)")
     args = parser.parse_args(argv)
-    runs = args.runs if args.runs is not None else (3 if args.small else 10)
+    runs = args.runs if args.runs is not None else (30 if args.small else 10)
 
     import onnxruntime
     import torch
