@@ -171,3 +171,18 @@ def test_rules_and_interface_passes_run_together():
     assert interface(out) == (["x"], ["same"])
     np.testing.assert_allclose(run(out, x=X)["same"], X)
     onnx.checker.check_model(out, full_check=True)
+
+
+def test_prune_runs_in_every_scope():
+    """prune() keeps what the graph's (or the function's) outputs need, in every scope."""
+    fn = helper.make_function("local", "f", ["a"], ["b"],
+                              [helper.make_node("Neg", ["a"], ["b"]), helper.make_node("Exp", ["a"], ["dead_f"])],
+                              [helper.make_opsetid("", 17)])
+    m = model([helper.make_node("f", ["x"], ["y"], domain="local", name="call"), node("Abs", ["x"], ["dead"])],
+              [("x", [1, 3])], [("y", [1, 3])])
+    m.opset_import.append(helper.make_opsetid("local", 1))
+    m.functions.append(fn)
+    out, report = rewrite_model(m, rules=[GraphPass("prune", lambda scope: scope.prune())], lowering=Lowering.KEEP)
+    assert report.rules.applied == {"prune": 2}
+    assert [n.op_type for n in out.graph.node] == ["f"] and [n.op_type for n in out.functions[0].node] == ["Neg"]
+    np.testing.assert_allclose(run(out, x=X)["y"], -X)

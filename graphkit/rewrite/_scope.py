@@ -76,13 +76,13 @@ class Scope:
 
     @property
     def inputs(self) -> list[str]:
-        """The names of this graph's inputs (a function body's: its parameters)."""
+        """The names of this graph's inputs, in order (none in a function body)."""
         return [i.name for i in self.graph.input] if self.graph is not None else []
 
     @property
     def outputs(self) -> list[str]:
-        """The names of this graph's outputs."""
-        return [o.name for o in self.graph.output] if self.graph is not None else list(self.protected)
+        """The names of this graph's outputs, in order (none in a function body)."""
+        return [o.name for o in self.graph.output] if self.graph is not None else []
 
     def add_input(self, name: str, elem_type: int | None = None, shape: Sequence[Any] | None = None) -> None:
         """Make tensor ``name`` a graph input. Where a node computes it, its readers read the
@@ -182,7 +182,7 @@ class Scope:
     def prune(self) -> int:
         """Remove the nodes whose outputs nothing reads and no graph output is (transitively);
         returns how many. Unused initializers go at the end of the rewrite."""
-        needed = set(self.outputs)
+        needed = set(self.protected)  # the graph outputs (a function body's too)
         kept: list[onnx.NodeProto] = []
         for node in reversed(self.nodes):  # the nodes are in topological order
             if any(out and out in needed for out in node.output):
