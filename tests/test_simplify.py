@@ -529,3 +529,16 @@ def test_a_node_on_constants_folds_to_onnxs_expected_outputs(case):
             assert got.dtype == np.asarray(want).dtype
         assert got.shape == np.asarray(want).shape
         np.testing.assert_allclose(got, want, rtol=case.rtol, atol=case.atol, equal_nan=True)
+
+
+def test_onnxscripts_optimizer_stops_at_a_custom_op():
+    """Why fold-constants is graphkit's own (docs/simplify.md): onnxscript's optimizer neither
+    evaluates a custom node on constants nor knows the shape after one; graphkit does both."""
+    optimizer = pytest.importorskip("onnxscript.optimizer")
+    nodes = [helper.make_node("my_add", ["x", "x"], ["m"], domain="custom"), helper.make_node("Shape", ["m"], ["s"]),
+             helper.make_node("Reshape", ["m", "s"], ["y"]), const("c", np.ones(3, np.float32)),
+             helper.make_node("my_add", ["c", "c"], ["k"], domain="custom"), helper.make_node("Add", ["y", "k"], ["z"])]
+    model = model_of(nodes, [vi("x", [2, 3])], [vi("z", [2, 3])])
+    assert ops(optimizer.optimize(model)) == ["my_add", "Shape", "Reshape", "my_add", "Add"]
+    out, _ = simplified(model)
+    assert ops(out) == ["my_add", "Add"]
