@@ -542,3 +542,66 @@ def test_onnxscripts_optimizer_stops_at_a_custom_op():
     assert ops(optimizer.optimize(model)) == ["my_add", "Shape", "Reshape", "my_add", "Add"]
     out, _ = simplified(model)
     assert ops(out) == ["my_add", "Add"]
+
+
+# -- differential property test ----------------------------------------------------------
+
+def _random_model(draw_ops: list[tuple[str, int]]):
+    """x[b, 4, 6] through a chain of the blocks TorchScript exports are made of, each with
+    its constants as Constant nodes; every block's output also feeds a duplicate branch."""
+    nodes, inits, prev = [], [], "x"
+    rank = 3
+    for i, (kind, seed) in enumerate(draw_ops):
+        rng = np.random.default_rng(seed)
+        out = f"t{i}"
+        if kind == "affine":
+            nodes += [const(f"w{i}", rng.standard_normal(6).astype(np.float32)),
+                      helper.make_node("Mul", [prev, f"w{i}"], [f"m{i}"]), const(f"z{i}", np.zeros(6, np.float32)),
+                      helper.make_node("Add", [f"m{i}", f"z{i}"], [out])]
+        elif kind == "reshape_chain":  # Reshape(x, [Shape(x)[0], 24]) then back with [0, 4, 6]
+            nodes += [helper.make_node("Shape", [prev], [f"s{i}"]), const(f"g{i}", np.int64(0)),
+                      helper.make_node("Gather", [f"s{i}", f"g{i}"], [f"b{i}"]), const(f"a{i}", np.array([0], np.int64)),
+                      helper.make_node("Unsqueeze", [f"b{i}", f"a{i}"], [f"u{i}"]),
+                      const(f"r{i}", np.array([24], np.int64)), helper.make_node("Concat", [f"u{i}", f"r{i}"], [f"c{i}"], axis=0),
+                      helper.make_node("Reshape", [prev, f"c{i}"], [f"h{i}"]),
+                      const(f"back{i}", np.array([0, 4, 6], np.int64)), helper.make_node("Reshape", [f"h{i}", f"back{i}"], [out])]
+        elif kind == "transpose_pair":
+            nodes += [helper.make_node("Transpose", [prev], [f"p{i}"], perm=[0, 2, 1]),
+                      helper.make_node("Transpose", [f"p{i}"], [out], perm=[0, 2, 1])]
+        elif kind == "casts":
+            nodes += [helper.make_node("Cast", [prev], [f"d{i}"], to=TensorProto.DOUBLE),
+                      helper.make_node("Cast", [f"d{i}"], [f"e{i}"], to=F), helper.make_node("Cast", [f"e{i}"], [out], to=F)]
+        elif kind == "identity_dropout":
+            nodes += [helper.make_node("Identity", [prev], [f"i{i}"]), helper.make_node("Dropout", [f"i{i}"], [out])]
+        elif kind == "folded_scale":  # a scale computed from constants: Sqrt(Constant) * Constant
+            nodes += [const(f"k{i}", np.float32(rng.uniform(1, 4))), helper.make_node("Sqrt", [f"k{i}"], [f"q{i}"]),
+                      helper.make_node("Div", [prev, f"q{i}"], [out])]
+        elif kind == "duplicate":
+            nodes += [helper.make_node("Relu", [prev], [f"l{i}"]), helper.make_node("Relu", [prev], [f"n{i}"]),
+                      helper.make_node("Sub", [f"l{i}", f"n{i}"], [f"o{i}"]), helper.make_node("Add", [prev, f"o{i}"], [out])]
+        elif kind == "expand_same":
+            nodes += [helper.make_node("Shape", [prev], [f"s{i}"]), helper.make_node("Expand", [prev, f"s{i}"], [out])]
+        prev = out
+    nodes.append(helper.make_node("Identity", [prev], ["y"]))
+    return model_of(nodes, [vi("x", ["b", 4, 6])], [vi("y", ["b", 4, 6])], inits)
+
+
+_KINDS = ["affine", "reshape_chain", "transpose_pair", "casts", "identity_dropout", "folded_scale", "duplicate",
+          "expand_same"]
+
+
+def test_simplify_never_changes_what_a_random_chain_computes():
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(st.tuples(st.sampled_from(_KINDS), st.integers(0, 1000)), min_size=1, max_size=6))
+    def check(blocks):
+        model = _random_model(blocks)
+        out, _ = simplified(model)
+        assert len(out.graph.node) <= len(model.graph.node)
+        assert [o.name for o in out.graph.output] == ["y"] and [i.name for i in out.graph.input] == ["x"]
+        onnx.checker.check_model(out)
+        same_values(model, out, x_feeds((1, 4, 6), (3, 4, 6), seed=len(blocks)))
+
+    check()
