@@ -8,7 +8,6 @@ class of ONNX's CVE-2024-27318).
 from __future__ import annotations
 
 import contextlib
-import errno
 import math
 import os
 import shutil
@@ -20,7 +19,7 @@ import onnx
 from onnx import helper
 
 from graphkit.errors import ModelLoadError, OutputError, UsageError
-from graphkit.publish import signals_deferred, sweep_temporaries, temporary_path
+from graphkit.publish import remove_quietly, signals_deferred, sweep_temporaries, temporary_path, write_error
 
 __all__ = ["MODES", "external_tensors", "external_data_locations", "check_external_data",
            "place_external_data"]
@@ -252,12 +251,9 @@ def place_external_data(files: dict[str, Path], out_dir: Path, mode: str = "auto
                 if placed is not None:
                     placed[target] = _identity(st)
             except OSError as exc:
-                hint = "free some space" if exc.errno in (errno.ENOSPC, errno.EFBIG) else "choose a writable location"
-                raise OutputError(f"cannot place the weights file: {exc.strerror or exc}", path=str(target),
-                                  hint=hint) from exc
+                raise write_error(exc, target, "cannot place the weights file") from exc
             finally:
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
+                remove_quietly(tmp)
     except BaseException:
         if publishing is not None and publishing[0] not in created:
             # A signal handled on the way (another thread took it): remove it if it is ours.

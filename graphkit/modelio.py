@@ -11,7 +11,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from graphkit.errors import ModelLoadError, OutputError
-from graphkit.publish import atomic_write, missing_parent_error, refuse_special_output
+from graphkit.publish import atomic_write, missing_parent_error, refuse_special_output, unwritable_dir_error
 
 __all__ = ["load_model", "save_model", "check_output_path", "weights_files", "read_model_bytes",
            "parse_model_bytes"]
@@ -118,9 +118,9 @@ def _check_output_path(out: Path, input_path, inputs) -> None:
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise missing_parent_error(out, str(out))
-    if not os.access(parent, os.W_OK):
-        raise OutputError("output directory is not writable", path=str(out),
-                          hint="choose a writable location")
+    unwritable = unwritable_dir_error(parent, str(out))
+    if unwritable is not None:
+        raise unwritable
 
 
 def weights_files(files: dict[str, Path], output: str | os.PathLike[str]) -> tuple[tuple[Path, str], ...]:

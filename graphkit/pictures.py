@@ -23,7 +23,7 @@ from pathlib import Path
 import onnx
 
 from graphkit.errors import OutputError, ToolError, UsageError
-from graphkit.publish import atomic_write
+from graphkit.publish import atomic_write, write_error
 from graphkit.rewrite._walk import value_types
 
 __all__ = ["Region", "diff_regions", "dot_program", "write_diff", "write_graph"]
@@ -284,15 +284,17 @@ def _prepare_dir(out_dir: Path) -> None:
         raise OutputError("the pictures folder's parent does not exist", path=str(out_dir),
                           hint=f"create {out_dir.parent} first") from exc
     except OSError as exc:
-        raise OutputError(f"cannot create the pictures folder: {exc.strerror}", path=str(out_dir),
-                          hint="choose a writable location") from exc
+        raise write_error(exc, out_dir, "cannot create the pictures folder") from exc
 
 
 def _remove_stale(out_dir: Path, keep: set[str]) -> None:
     for pattern in ("region-*.html", "region-*.svg", "graph.svg", "graph.html"):
         for old in out_dir.glob(pattern):
             if old.name not in keep:
-                old.unlink(missing_ok=True)
+                try:
+                    old.unlink(missing_ok=True)
+                except OSError as exc:
+                    raise write_error(exc, old, "cannot remove a picture of an earlier run") from exc
 
 
 def write_diff(before: onnx.ModelProto, after: onnx.ModelProto, out_dir: str | os.PathLike[str], *,

@@ -3,7 +3,9 @@
 Every file graphkit writes (models, external-data files) goes through here: written to a
 recognisable temporary beside its target, then published (os.replace for a model, a
 no-replace os.link for weights), with signals deferred while publishing; temporaries of
-killed runs are removed by later runs once their owner is gone.
+killed runs are removed by later runs once their owner is gone. A read-only or full
+filesystem is an OutputError (exit 4, :func:`write_error`); removing a temporary never
+raises (:func:`remove_quietly`), so a cleanup never hides the error that caused it.
 """
 
 from __future__ import annotations
@@ -22,11 +24,60 @@ from pathlib import Path
 
 from graphkit.errors import OutputError
 
-__all__ = ["atomic_write", "refuse_special_output", "signals_deferred", "sweep_temporaries",
-           "temporary_path", "STALE_AFTER_S"]
+__all__ = ["atomic_write", "current_umask", "refuse_special_output", "remove_quietly", "signals_deferred",
+           "sweep_temporaries", "temporary_path", "unwritable_dir_error", "write_error", "FULL_ERRNOS",
+           "STALE_AFTER_S"]
 
 
-def _umask() -> int:
+# A full disk: no space, over quota, or over the file size limit (RLIMIT_FSIZE).
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
+
+
+def write_error(exc: OSError, path: str | os.PathLike[str], doing: str = "cannot write") -> OutputError:
+    """The OutputError (exit 4) for a failed write of ``path``: a full disk and a read-only
+    filesystem are named as such, with their fix."""
+    if exc.errno in FULL_ERRNOS:
+        return OutputError(f"{doing}: the disk is full ({exc.strerror})", path=os.fspath(path),
+                           hint="free some space or choose another location")
+    if exc.errno == errno.EROFS:
+        return OutputError(f"{doing}: the filesystem is read-only", path=os.fspath(path),
+                           hint="choose a location on a writable filesystem")
+    return OutputError(f"{doing}: {exc.strerror or exc}", path=os.fspath(path), hint="choose a writable location")
+
+
+def unwritable_dir_error(directory: str | os.PathLike[str], raw: str, what: str = "output directory"
+                         ) -> OutputError | None:
+    """An OutputError when ``directory`` cannot be written (a read-only filesystem named as
+    such), before any work; None when it can."""
+    if os.access(directory, os.W_OK):
+        return None
+    try:
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        return OutputError(f"the {what} is on a read-only filesystem", path=raw,
+                           hint="choose a location on a writable filesystem")
+    return OutputError(f"{what} is not writable", path=raw, hint="choose a writable location")
+
+
+def remove_quietly(path: str | os.PathLike[str]) -> None:
+    """Remove ``path`` if it is there; a cleanup never raises, so it never hides the first error
+    (removing a temporary that was never created on a read-only filesystem is EROFS, not ENOENT)."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def current_umask() -> int:
+    """The process's umask; read from /proc where it can be (setting it to read it races with
+    other threads creating files)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -188,6 +239,8 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
     On any error (or signal) the temporary file is removed and ``path`` is left as it was.
     The temporary is named by temporary_path; leftovers of killed runs in the directory are
     swept first. An existing FIFO, device or socket at ``path`` is refused, never replaced.
+    A symlink at ``path`` is replaced by the new regular file; its target is left untouched.
+    A read-only or full filesystem is an OutputError (exit 4) naming ``path``.
     """
     raw = os.fspath(path)
     target = Path(path)
@@ -203,12 +256,11 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
         except OSError:
             existing = None
         mode = existing.st_mode & 0o7777 if existing is not None and stat.S_ISREG(existing.st_mode) \
-            else 0o666 & ~_umask()
+            else 0o666 & ~current_umask()
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
         except OSError as exc:
-            raise OutputError(f"cannot write to the output directory: {exc.strerror}", path=raw,
-                              hint="choose a writable location") from exc
+            raise write_error(exc, raw, "cannot write to the output directory") from exc
         os.close(fd)
         os.chmod(tmp, mode)
         yield tmp
@@ -217,8 +269,6 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
         refuse_special_output(target, raw)  # created while we worked: still never replaced
         os.replace(tmp, target)
     except OSError as exc:
-        hint = "free some space" if exc.errno in (errno.ENOSPC, errno.EFBIG) else "choose a writable location"
-        raise OutputError(f"cannot write: {exc.strerror or exc}", path=raw, hint=hint) from exc
+        raise write_error(exc, raw) from exc
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        remove_quietly(tmp)

@@ -15,11 +15,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_target(out_dir: str) -> None:
-    """Fail before any work when the pictures cannot be drawn: graphviz missing, bad folder."""
+    """Fail before any work when the pictures cannot be drawn: graphviz missing, a bad or
+    unwritable folder."""
     from pathlib import Path
 
     from graphkit.errors import OutputError
     from graphkit.pictures import dot_program
+    from graphkit.publish import unwritable_dir_error
 
     dot_program()
     out = Path(out_dir)
@@ -28,6 +30,11 @@ def check_target(out_dir: str) -> None:
     if not out.parent.is_dir() and str(out.parent):
         raise OutputError("the pictures folder's parent does not exist", path=out_dir,
                           hint=f"create {out.parent} first")
+    # Checked now: `rewrite --diff` writes its model before the pictures.
+    unwritable = unwritable_dir_error(out if out.is_dir() else (out.parent if str(out.parent) else "."), out_dir,
+                                      "pictures folder" if out.is_dir() else "pictures folder's parent")
+    if unwritable is not None:
+        raise unwritable
 
 
 def draw_rewrite(out_dir: str, input_path: str, after, report, text: str, *, as_json: bool) -> str:
