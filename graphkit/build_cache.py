@@ -10,11 +10,18 @@ Builders hold :meth:`Entry.lock` (``flock``: the OS releases it if the process d
 into :meth:`Entry.temp` files (unique names, so concurrent or killed builds never collide)
 and :meth:`Entry.publish` them (``os.replace``, then the record). :func:`announce` prints
 the one-line "building kernels (first use)" message with the time it took.
+
+A cache is shared between users: its files are written with the umask's permissions (a
+record only its owner could read made every other user's copy look invalid), and a valid
+artefact is loaded without the lock or any write. A build this user cannot write is a
+NativeBuildError (exit 10); a read-only or full filesystem an OutputError (exit 4); both
+name the cache's directory and the fix (:func:`cache_write_error`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import json
@@ -29,10 +36,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from graphkit.errors import NativeBuildError
+from graphkit.errors import GraphkitError, NativeBuildError, OutputError
+from graphkit.publish import FULL_ERRNOS, current_umask
 
-__all__ = ["Entry", "announce", "cache_root", "elf_problem", "file_digest", "file_lock", "hash_key",
-           "run_tool"]
+__all__ = ["Entry", "announce", "cache_root", "cache_write_error", "elf_problem", "file_digest", "file_lock",
+           "full_disk_error", "hash_key", "run_tool"]
 
 _RECORD_SUFFIX = ".record"
 _thread_locks: dict[str, threading.Lock] = {}
@@ -43,6 +51,41 @@ def cache_root() -> Path:
     """The cache root: ``$GRAPHKIT_CACHE_DIR`` or ``~/.cache/graphkit``."""
     env = os.environ.get("GRAPHKIT_CACHE_DIR")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "graphkit"
+
+
+_OTHER_DIR = "or set $GRAPHKIT_CACHE_DIR to a directory of your own"
+
+
+def cache_write_error(exc: OSError, where: Path) -> GraphkitError:
+    """The error for a write into the build cache at ``where`` that failed: a cache this user
+    may not write (another user's) is a NativeBuildError (exit 10); a read-only or full
+    filesystem an OutputError (exit 4), as for every file graphkit writes."""
+    path = str(where)
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return NativeBuildError(f"the kernels must be built, but the build cache is not writable by this user "
+                                f"({exc.strerror})", path=path,
+                                hint=f"build them once as the cache's owner (e.g. `graphkit run` on the model), {_OTHER_DIR}")
+    if exc.errno == errno.EROFS:
+        return OutputError("the kernels must be built, but the build cache is on a read-only filesystem",
+                           path=path, hint=f"build them where the cache is writable, {_OTHER_DIR}")
+    if exc.errno in FULL_ERRNOS:
+        return OutputError(f"cannot write the build cache: the disk is full ({exc.strerror})", path=path,
+                           hint=f"free some space, {_OTHER_DIR} on another disk")
+    return NativeBuildError(f"cannot write the build cache: {exc.strerror or exc}", path=path,
+                            hint=f"check the cache directory, {_OTHER_DIR}")
+
+
+def full_disk_error(where: Path, output: str = "") -> OutputError | None:
+    """After a build tool failed writing into ``where``: the OutputError (exit 4) when the disk
+    is full (the tool's ``output`` says so, or no space is left there), else None."""
+    full = any(text in output for text in ("No space left on device", "Disk quota exceeded", "File too large"))
+    if not full:
+        try:
+            st = os.statvfs(where)
+        except OSError:
+            return None
+        full = st.f_blocks > 0 and st.f_bavail == 0
+    return cache_write_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), where) if full else None
 
 
 def hash_key(*parts: object, length: int = 16) -> str:
@@ -125,27 +168,36 @@ class Entry:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise NativeBuildError(f"cannot create the build cache {self.dir}: {exc.strerror or exc}",
-                                   hint="set $GRAPHKIT_CACHE_DIR to a writable directory") from exc
+            raise cache_write_error(exc, self.dir) from exc
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """Exclusive between threads and processes; released by the OS if the process dies.
 
-        On entry, leftovers of killed builds (``.*.tmp``) are removed: whoever held the
-        lock before is done."""
+        Only builders take it: loading a valid artefact needs neither the lock nor write
+        access. On entry, leftovers of killed builds (``.*.tmp``) are removed: whoever held
+        the lock before is done. An OSError while it is held (the build writing into the
+        entry) becomes :func:`cache_write_error`."""
         self.mkdir()
-        with file_lock(self.dir / ".lock"):
-            for stale in self.dir.glob(".*.tmp"):
-                with contextlib.suppress(OSError):
-                    stale.unlink()
-            yield
+        try:
+            with file_lock(self.dir / ".lock"):
+                for stale in self.dir.glob(".*.tmp"):
+                    with contextlib.suppress(OSError):
+                        stale.unlink()
+                yield
+        except OSError as exc:
+            where = Path(os.fsdecode(exc.filename)) if isinstance(exc.filename, (str, bytes)) else self.dir
+            raise cache_write_error(exc, self.dir if where.parent == self.dir else where) from exc
 
     def temp(self, name: str) -> Path:
-        """A new unique temporary path in the entry for building ``NAME``."""
+        """A new unique temporary path in the entry for building ``NAME``, with the umask's
+        permissions (mkstemp's 0600 would hide the artefact from the cache's other users)."""
         self.mkdir()
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{name}.", suffix=".tmp")
-        os.close(fd)
+        try:
+            os.fchmod(fd, 0o666 & ~current_umask())
+        finally:
+            os.close(fd)
         return Path(tmp)
 
     def publish(self, tmp: Path, name: str, /, **extra: object) -> Path:

@@ -265,6 +265,9 @@ def _build(name: str, package: str, contents: dict[str, bytes], build_dir: Path,
                                path=str(build_dir), hint="check the machine's load and the compiler") from exc
     if proc.returncode != 0:
         output = (proc.stderr or proc.stdout or "").strip()
+        full = build_cache.full_disk_error(build_dir, output)
+        if full is not None:
+            raise full
         with contextlib.suppress(OSError):
             (build_dir / _LOG).write_text(output)
         raise NativeBuildError(

@@ -223,11 +223,19 @@ def _compile(unit: _Unit, compiler: list[str], rebuild: bool) -> Path:
             cmd = [*compiler, *unit.flags, "-c", str(unit.source), "-o", str(tmp)]
             proc = _run(cmd, f"compiling {unit.source.name}")
             if proc.returncode != 0 or tmp.stat().st_size == 0:
+                _raise_if_disk_full(entry, proc)
                 log = _write_log(entry, unit.source.stem + ".log", cmd, proc)
                 raise _compile_error(unit, proc, log)
             return entry.publish(tmp, unit.name, source=str(unit.source), package=unit.label)
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def _raise_if_disk_full(entry: build_cache.Entry, proc: subprocess.CompletedProcess) -> None:
+    """A compiler or linker that failed for want of space is exit 4, not a C++ error."""
+    error = build_cache.full_disk_error(entry.dir, f"{proc.stdout}{proc.stderr}")
+    if error is not None:
+        raise error
 
 
 def _compile_error(unit: _Unit, proc: subprocess.CompletedProcess, log: Path) -> NativeBuildError:
@@ -399,11 +407,13 @@ def _build_library(entry: build_cache.Entry, pkgs: Sequence[OpPackage], units: l
                    str(table_src), "-o", str(table_obj)]
             proc = _run(cmd, "compiling the registration table")
             if proc.returncode != 0:
+                _raise_if_disk_full(entry, proc)
                 raise _compile_error(_Unit("graphkit", entry.path("registration.cc"), (), ()), proc,
                                      _write_log(entry, "registration.log", cmd, proc))
             cmd = [*compiler, *LINK_FLAGS, *map(str, objects), str(table_obj), *link_args, "-o", str(tmp)]
             proc = _run(cmd, "linking")
             if proc.returncode != 0 or tmp.stat().st_size == 0:
+                _raise_if_disk_full(entry, proc)
                 raise _link_error(pkgs, proc, _write_log(entry, "link.log", cmd, proc))
             problem = build_cache.elf_problem(tmp, "shared")
             if problem is not None:
