@@ -94,11 +94,14 @@ def _resolve(location: str, base: Path, path: str, tensor: str) -> Path:
     return real
 
 
-def check_external_data(model: onnx.ModelProto, model_path: str | os.PathLike[str]) -> dict[str, Path]:
+def check_external_data(model: onnx.ModelProto, model_path: str | os.PathLike[str], *,
+                        extents: dict[str, int] | None = None) -> dict[str, Path]:
     """Validate every external reference of ``model`` (loaded from ``model_path``) without reading data.
 
-    Returns location -> resolved file. Raises ModelLoadError for a location outside the
-    model's directory, a missing file, or an offset/length past the end of the file.
+    Returns location -> resolved file; ``extents``, if given, receives location -> the bytes
+    of the file its tensors use (the largest offset + length). Raises ModelLoadError for a
+    location outside the model's directory, a missing file, or an offset/length past the
+    end of the file.
     """
     base = Path(model_path).parent
     files: dict[str, Path] = {}
@@ -132,6 +135,8 @@ def check_external_data(model: onnx.ModelProto, model_path: str | os.PathLike[st
                 f"tensor '{t.name}': external data [{offset}, {offset + length}) is past the end of "
                 f"'{location}' ({size} bytes)", path=str(model_path),
                 hint="the weights file is truncated or does not belong to this model")
+        if extents is not None:
+            extents[location] = max(extents.get(location, 0), offset + length)
     return files
 
 

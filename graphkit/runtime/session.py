@@ -18,6 +18,7 @@ Every node without a kernel is named before ONNX Runtime is touched.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -33,6 +34,7 @@ import onnxruntime as ort
 from graphkit.errors import KernelError, UnsupportedOpError, UsageError
 from graphkit.ops import OpRegistry, split_kernel_domain
 from graphkit.ops.tensor_types import numpy_dtype
+from graphkit.runtime import _weights
 from graphkit.runtime import python_kernels as pk
 
 __all__ = ["open_session", "Session", "TensorInfo", "STANDARD_DOMAINS"]
@@ -119,15 +121,50 @@ def _utf8(path: str) -> bool:
     return True
 
 
-def _check_external_data(proto: onnx.ModelProto, path: str | None) -> None:
+_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+
+
+@dataclass
+class _Weights:
+    """A model's external data: location -> file, and the bytes of each the model uses."""
+
+    model: str                  # the model file, or what stands for an in-memory one
+    files: dict[str, Path]
+    extents: dict[str, int]
+
+    def total(self) -> int:
+        """The bytes reading them takes (a file named by two locations counts once)."""
+        used: dict[Path, int] = {}
+        for location, f in self.files.items():
+            used[f] = max(used.get(f, 0), self.extents.get(location, 0))
+        return sum(used.values())
+
+
+def _check_external_data(proto: onnx.ModelProto, path: str | None,
+                         options: ort.SessionOptions | None) -> _Weights | None:
     """Validate external data the way `graphkit rewrite` does, before ONNX Runtime reads any.
 
-    ONNX Runtime resolves an in-memory model's external data against the working directory.
+    ONNX Runtime resolves an in-memory model's external data against the folder named in
+    the options (``_FOLDER_KEY``), else the working directory.
     """
     from graphkit.external_data import check_external_data, external_tensors
 
-    if external_tensors(proto):
-        check_external_data(proto, path if path is not None else Path.cwd() / "<in-memory model>")
+    if not external_tensors(proto):
+        return None
+    where = path if path is not None else str(Path(_config_entry(options, _FOLDER_KEY) or Path.cwd())
+                                              / "<in-memory model>")
+    extents: dict[str, int] = {}
+    files = check_external_data(proto, where, extents=extents)
+    return _Weights(where, files, extents)
+
+
+def _config_entry(options: ort.SessionOptions | None, key: str) -> str | None:
+    if options is None:
+        return None
+    try:
+        return options.get_session_config_entry(key) or None
+    except Exception:  # noqa: BLE001 - ORT raises a plain RuntimeError for a key not set
+        return None
 
 
 # Random inputs bigger than this are refused: a model's declared dims (or --dim) are not
@@ -319,7 +356,7 @@ class Session:
 
     def __init__(self, sess: ort.InferenceSession, model: onnx.ModelProto, *, path: str | None,
                  python_ops: Mapping[str, Any], python_nodes: Mapping[str, list[str]],
-                 python_kernels: bool) -> None:
+                 python_kernels: bool, mapped: tuple[str, tuple[str, ...]] | None = None) -> None:
         self._sess = sess
         self.path = path
         self._python_kernels = python_kernels
@@ -330,6 +367,7 @@ class Session:
         self.outputs: tuple[TensorInfo, ...] = tuple(_tensor_info(a, types) for a in sess.get_outputs())
         self._input_index = {i.name: i for i in self.inputs}
         self._output_names = [o.name for o in self.outputs]
+        self._mapped = mapped  # (model, external-data locations) ONNX Runtime maps, if any
 
     def __repr__(self) -> str:
         return (f"Session({self.path or '<model>'}, inputs={[i.name for i in self.inputs]}, "
@@ -432,14 +470,16 @@ class Session:
             if unknown:
                 raise UsageError(f"unknown output(s) {unknown}; the model gives {self._output_names}",
                                  path=self.path)
+        guard = _weights.sigbus_reported(*self._mapped) if self._mapped else contextlib.nullcontext()
         if not self._python_kernels:
             try:
-                return dict(zip(names, self._sess.run(names, checked)))
+                with guard:
+                    return dict(zip(names, self._sess.run(names, checked)))
             except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated classes
                 raise self._ort_error(exc) from exc
         ro = ort.RunOptions()
         ctx = pk.RunContext(ro, self._python_ops)
-        with pk.kernel_run(ctx):
+        with pk.kernel_run(ctx), guard:
             try:
                 values = self._sess.run(names, checked, ro)
             except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated classes
@@ -478,12 +518,15 @@ def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
     ``unknown_domains``: leave nodes of domains no op package knows to ONNX Runtime (the
     caller registered a library for them on ``options``) instead of refusing them; by
     default, only when ``options`` are given.
+    External data up to ``$GRAPHKIT_WEIGHTS_READ_LIMIT`` (default 2 GiB) is read into memory,
+    never mapped, so a weights file rewritten in place meanwhile cannot fault; above it ONNX
+    Runtime maps it and a fault is one line and exit 135 (:mod:`graphkit.runtime._weights`).
     Raises ModelLoadError (unreadable file; external data outside the model's directory,
     missing or too short, refused before anything reads it), UnsupportedOpError (nodes without a kernel,
     named before ONNX Runtime is touched) and KernelError (ONNX Runtime refused the session).
     """
     proto, path = _load(model)
-    _check_external_data(proto, path)
+    weights = _check_external_data(proto, path, options)
     if registry is None:
         from graphkit.ops import default_registry
 
@@ -535,8 +578,16 @@ def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
         so.intra_op_num_threads = threads
     if isinstance(source, bytes) and path is not None:
         # The model is loaded from memory: external data stays relative to the file.
-        so.add_session_config_entry("session.model_external_initializers_file_folder_path",
-                                    str(Path(path).resolve().parent))
+        so.add_session_config_entry(_FOLDER_KEY, str(Path(path).resolve().parent))
+    mapped: tuple[str, ...] = ()
+    if weights is not None:
+        if weights.total() <= _weights.read_limit():
+            # Read, never mapped: a weights file rewritten in place meanwhile cannot fault (SIGBUS).
+            data = _weights.read_external_data(weights.files, weights.extents, weights.model)
+            so.add_external_initializers_from_files_in_memory(list(data), list(data.values()),
+                                                              [len(b) for b in data.values()])
+        else:
+            mapped = tuple(sorted(weights.files))
 
     lease = None
     try:
@@ -560,7 +611,8 @@ def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
                                   hint="a domain is registered twice: the native library and an "
                                        "@onnx_op may not share a domain") from exc
         try:
-            sess = ort.InferenceSession(source, so, providers=list(providers or ["CPUExecutionProvider"]))
+            with _weights.sigbus_reported(weights.model, mapped) if mapped else contextlib.nullcontext():
+                sess = ort.InferenceSession(source, so, providers=list(providers or ["CPUExecutionProvider"]))
         except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated classes
             raise KernelError(f"ONNX Runtime cannot create the session: {exc}", path=path,
                               hint="the message names the failing node") from exc
@@ -571,4 +623,5 @@ def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
     if lease is not None:
         lease.bind(sess)
     return Session(sess, proto, path=path, python_ops=python_ops, python_nodes=python_nodes,
-                   python_kernels=bool(plan.python or plan.extensions))
+                   python_kernels=bool(plan.python or plan.extensions),
+                   mapped=(weights.model, mapped) if mapped else None)
