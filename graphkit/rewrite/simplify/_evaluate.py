@@ -171,6 +171,38 @@ def _concat(*xs: np.ndarray, axis: int) -> np.ndarray:
     return np.concatenate(xs, axis=_axis(axis, xs[0].ndim))
 
 
+def _flatten(x: np.ndarray, axis: int = 1) -> np.ndarray:
+    axis = _axis(axis, x.ndim)
+    return x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1) if x.size else x.reshape(
+        int(np.prod(x.shape[:axis], dtype=np.int64)), int(np.prod(x.shape[axis:], dtype=np.int64)))
+
+
+def _cumsum(x: np.ndarray, axis: np.ndarray, exclusive: int = 0, reverse: int = 0) -> np.ndarray:
+    a = _axis(int(axis.reshape(-1)[0]), x.ndim)
+    y = np.flip(x, a) if reverse else x
+    out = np.cumsum(y, axis=a, dtype=x.dtype)
+    if exclusive:
+        out = np.concatenate([np.zeros_like(np.take(out, [0], axis=a)), np.delete(out, -1, axis=a)], axis=a)
+    return np.flip(out, a) if reverse else out
+
+
+def _gather_elements(data: np.ndarray, indices: np.ndarray, axis: int = 0) -> np.ndarray:
+    axis = _axis(axis, data.ndim)
+    size = data.shape[axis]
+    if np.any((indices < -size) | (indices >= size)):
+        raise NotFoldable("GatherElements index out of range")
+    return np.take_along_axis(data, np.where(indices < 0, indices + size, indices).astype(np.int64), axis=axis)
+
+
+def _float_unary(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
+    def run(x: np.ndarray) -> np.ndarray:
+        if x.dtype.kind != "f":
+            raise NotFoldable("a float op on a non-float tensor")
+        with np.errstate(all="ignore"):
+            return fn(x).astype(x.dtype)
+    return run
+
+
 def _shape(x: np.ndarray, start: int = 0, end: int | None = None) -> np.ndarray:
     dims = list(x.shape)
     return np.array(dims[slice(start, end)], dtype=np.int64)
@@ -196,6 +228,12 @@ _NUMPY: dict[str, Callable[..., np.ndarray]] = {
     "ConstantOfShape": _constant_of_shape,
     "Range": _range,
     "Expand": _expand,
+    "Flatten": _flatten,
+    "CumSum": _cumsum,
+    "GatherElements": _gather_elements,
+    "Transpose": lambda x, perm=None: np.transpose(x, perm),
+    "Sin": _float_unary(np.sin), "Cos": _float_unary(np.cos), "Sqrt": _float_unary(np.sqrt),
+    "Exp": _float_unary(np.exp), "Reciprocal": _float_unary(np.reciprocal),
 }
 
 
