@@ -464,8 +464,12 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def to_json(rows: Sequence[Row], meta: dict) -> dict:
-    return {"meta": meta, "rows": [asdict(r) for r in rows], "ratios": [asdict(q) for q in ratios(rows)]}
+def to_json(rows: Sequence[Row], meta: dict, entries: Sequence = ()) -> dict:
+    corpus = [{"model": e.model, "exporter": e.exporter, "shapes": e.shapes, "path": str(e.path),
+               "feed_shapes": [{k: list(v.shape) for k, v in f.items()} for f in e.feeds],
+               "export_seconds": e.export_seconds, "error": e.error} for e in entries]
+    return {"meta": meta, "corpus": corpus, "rows": [asdict(r) for r in rows],
+            "ratios": [asdict(q) for q in ratios(rows)]}
 
 
 # --------------------------------------------------------------------------- main
@@ -527,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(format_table(rows))
     if args.json:
-        text = json.dumps(to_json(rows, meta), indent=1, default=str)
+        text = json.dumps(to_json(rows, meta, entries), indent=1, default=str)
         if args.json == "-":
             print(text)
         else:

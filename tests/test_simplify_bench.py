@@ -69,8 +69,9 @@ def test_table_without_contenders(tmp_path):
     table = bench.format_table(rows)
     assert f"| resnet50 | torchscript | dynamic | graphkit | {original.nodes} |" in table
     assert "| resnet50 | torchscript | dynamic | n/a | n/a | n/a | n/a |" in table  # no contender to compare
-    data = json.loads(json.dumps(bench.to_json(rows, {"small": True})))
+    data = json.loads(json.dumps(bench.to_json(rows, {"small": True}, [entry])))
     assert [r["tool"] for r in data["rows"]] == list(bench.TOOLS)
+    assert [c["shapes"] for c in data["corpus"]] == ["dynamic"] and len(data["corpus"][0]["feed_shapes"]) == 2
 
 
 @functools.cache
