@@ -7,10 +7,15 @@ Faults: bytes flipped in the header with the record rewritten to match, truncate
 ELF header intact (record rewritten), zero-length (record rewritten), an ELF file of the
 wrong kind (record rewritten), a plain mismatch; for the native library, its objects and a
 torch extension.
+
+A cache shared between users (issue 29): built by root, used by another user read-only (no
+lock, no write); a rebuild that user cannot write is exit 10, a cache on a read-only or full
+filesystem exit 4; each one line naming the cache and the fix.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -25,10 +30,16 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import my_add_model
+from conftest import error_lines, my_add_model
+from fault_env import FIGURES, OTHER_UID, as_other_user, count_internal, fill, remount, shared_dir, tmpfs
 from graphkit import build_cache
-from graphkit.errors import NativeBuildError
+from graphkit.errors import NativeBuildError, OutputError
 from graphkit.runtime import native
+
+
+@pytest.fixture(autouse=True)
+def _counted():
+    FIGURES["cases"] += 1
 
 
 def _flip_header(data: bytes) -> bytes:
@@ -51,6 +62,7 @@ FAULTS = {
 
 def _inject(entry: build_cache.Entry, name: str, bad: bytes, *, record: str | None = None,
             rewrite_record: bool = True) -> None:
+    FIGURES["faults injected"] += 1
     path = entry.path(name)
     tmp = path.with_name(".inject.tmp.x")
     tmp.write_bytes(bad)
@@ -311,3 +323,145 @@ def test_torch_extension_truncated_is_rebuilt_in_a_fresh_process(torch_ext, tmp_
     assert proc.stdout.strip() == "[3.0, 3.0]"  # my_add(a, b) = a + 2 b
     assert entry.valid(info["library"], record="graphkit-build.json", elf="shared") is not None
     np.testing.assert_equal(build_cache.elf_problem(copy / info["library"]), None)
+
+
+# ---- a cache shared between users, read-only or full ------------------------------------------------
+
+
+def _gk_run(model: Path, cache: Path, *, prefix: tuple[str, ...] = (), cwd: Path | None = None,
+            home: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GRAPHKIT_CACHE_DIR": str(cache)}
+    if home is not None:
+        env["HOME"] = str(home)
+    proc = subprocess.run([*prefix, sys.executable, "-m", "graphkit", "run", str(model), "--seed", "1"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
+    count_internal(proc.returncode, proc.stderr)
+    return proc
+
+
+def _one_line(proc: subprocess.CompletedProcess, rc: int, *says: str) -> str:
+    assert proc.returncode == rc, (proc.returncode, proc.stderr)
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith("graphkit: error: ") and "Traceback" not in proc.stderr, proc.stderr
+    for word in says:
+        assert word in lines[0], lines[0]
+    FIGURES["faults injected"] += 1
+    return lines[0]
+
+
+def _state(root: Path) -> dict[str, tuple[int, int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_mode, p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*"))}
+
+
+def test_cache_files_are_readable_by_its_other_users(built_cache):
+    """Records and objects carry the umask's permissions (they were mkstemp's 0600: another user
+    could not read a record, so every artefact looked invalid to them)."""
+    from graphkit.publish import current_umask
+
+    readable = 0o444 & ~current_umask()
+    files = [p for p in built_cache.rglob("*") if p.is_file()]
+    assert any(p.name.endswith(".record") for p in files)
+    for p in files:
+        assert p.stat().st_mode & 0o444 == readable, (p, oct(p.stat().st_mode))
+
+
+@pytest.fixture
+def shared(built_cache):
+    """(folder, cache, model): root's built cache and a native model, in a folder another user
+    can read; a home of that user's own (ONNX Runtime writes there)."""
+    with shared_dir() as d:
+        cache = d / "cache"
+        shutil.copytree(built_cache, cache)  # modes kept: what the build wrote
+        cache.chmod(0o755)  # the root was pytest's mkdtemp (0700); graphkit creates it with the umask
+        home = d / "home"
+        home.mkdir()
+        os.chown(home, OTHER_UID, OTHER_UID)
+        yield d, cache, _native_model(d)
+
+
+def test_a_cache_built_by_one_user_is_used_read_only_by_another(shared):
+    """The issue's case: `setpriv --reuid=65534 ... graphkit run n.onnx` with root's valid cache
+    was exit 70 (PermissionError on the lock file). It runs, takes no lock and writes nothing."""
+    d, cache, model = shared
+    before = _state(cache)
+    proc = _gk_run(model, cache, prefix=tuple(as_other_user([])), cwd=d, home=d / "home")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("z: float32") and error_lines(proc.stderr) == [], proc.stderr
+    assert _state(cache) == before
+    FIGURES["faults injected"] += 1
+
+
+def test_a_rebuild_in_a_cache_another_user_owns_is_exit_10(shared):
+    """A damaged library must be rebuilt, and this user cannot write the cache: one line naming
+    the entry and the fix, exit 10; the cache is left as it was."""
+    d, cache, model = shared
+    lib = next(cache.glob("native/lib/*/libgraphkit_ops.so"))
+    lib.write_bytes(lib.read_bytes()[:1000])  # the record no longer matches
+    before = _state(cache)
+    proc = _gk_run(model, cache, prefix=tuple(as_other_user([])), cwd=d, home=d / "home")
+    line = _one_line(proc, 10, str(lib.parent), "not writable by this user", "$GRAPHKIT_CACHE_DIR", "owner")
+    assert "Permission denied" in line
+    assert _state(cache) == before
+
+
+def test_a_valid_artefact_is_loaded_without_the_lock(cache, monkeypatch):
+    """No lock, no write: a valid library is returned even where the lock cannot be taken."""
+    lib = native.library_path()
+
+    def no_lock(path):
+        raise AssertionError(f"the lock {path} was taken to load a valid artefact")
+
+    monkeypatch.setattr(build_cache, "file_lock", no_lock)
+    assert native.library_path() == lib
+
+
+@pytest.mark.parametrize("err,cls,says", [(errno.EACCES, NativeBuildError, "not writable by this user"),
+                                          (errno.EROFS, OutputError, "read-only filesystem"),
+                                          (errno.ENOSPC, OutputError, "disk is full")],
+                         ids=["EACCES", "EROFS", "ENOSPC"])
+def test_a_cache_that_cannot_be_written_is_one_error_naming_it(tmp_path, monkeypatch, err, cls, says):
+    """Simulated (every machine): the lock file cannot be opened. Permission: exit 10; read-only
+    or full filesystem: exit 4, as for every file graphkit writes."""
+    entry = build_cache.Entry("native/lib", "k", root=tmp_path)
+
+    def refused(path, *args, **kwargs):
+        raise OSError(err, os.strerror(err), str(path))
+
+    monkeypatch.setattr(build_cache, "open", refused, raising=False)
+    with pytest.raises(cls, match=says) as info, entry.lock():
+        pass
+    assert type(info.value) is cls and info.value.exit_code == (10 if cls is NativeBuildError else 4)
+    assert str(entry.dir) in str(info.value) and "$GRAPHKIT_CACHE_DIR" in str(info.value)
+    FIGURES["faults injected"] += 1
+
+
+def test_a_cache_on_a_read_only_filesystem(built_cache, tmp_path):
+    """Valid: used as it is. Needing a rebuild: exit 4 naming the entry, nothing written."""
+    model = _native_model(tmp_path)
+    with tmpfs(tmp_path / "ro", size="64m") as root:
+        cache = root / "cache"
+        shutil.copytree(built_cache, cache)
+        remount(root, read_only=True)
+        proc = _gk_run(model, cache)
+        assert proc.returncode == 0 and error_lines(proc.stderr) == [], proc.stderr
+        remount(root, read_only=False)
+        lib = next(cache.glob("native/lib/*/libgraphkit_ops.so"))
+        lib.write_bytes(lib.read_bytes()[:1000])
+        remount(root, read_only=True)
+        _one_line(_gk_run(model, cache), 4, str(lib.parent), "read-only filesystem", "$GRAPHKIT_CACHE_DIR")
+    FIGURES["faults injected"] += 1
+
+
+def test_a_cache_on_a_full_filesystem_is_exit_4(built_cache, tmp_path):
+    """The objects are cached, the library must be linked, and no byte is left: exit 4 naming
+    the entry (the linker's own failure is not reported as a C++ error), no record written."""
+    model = _native_model(tmp_path)
+    with tmpfs(tmp_path / "full", size="8m") as root:
+        cache = root / "cache"
+        shutil.copytree(built_cache, cache, ignore=shutil.ignore_patterns("lib"))
+        records = sorted(cache.rglob("*.record"))
+        fill(root)
+        line = _one_line(_gk_run(model, cache), 4, "disk is full", "free some space", str(cache / "native" / "lib"))
+        assert sorted(cache.rglob("*.record")) == records, line
+        assert not list(cache.rglob("*.so")) and not list(cache.rglob(".*.tmp"))
