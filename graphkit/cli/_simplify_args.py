@@ -9,7 +9,7 @@ from graphkit.errors import UsageError
 
 # Spelled out here rather than imported from graphkit.rewrite.simplify (which imports onnx):
 # `--help` stays fast. tests/test_simplify.py checks they agree with PASS_NAMES.
-PASSES = ("lift-constants", "fold-constants", "fold-shapes", "remove-no-ops", "absorb-into-custom-ops",
+PASSES = ("lift-constants", "fold-constants", "fold-shapes", "remove-no-ops", "cancel-reshapes", "absorb-into-custom-ops",
           "merge-constants", "eliminate-common", "eliminate-dead", "fuse")
 _UNITS = {"": 1, "b": 1, "kb": 1000, "kib": 1024, "mb": 1000 ** 2, "mib": 1024 ** 2, "gb": 1000 ** 3, "gib": 1024 ** 3}
 

@@ -14,7 +14,14 @@ from graphkit.rewrite.simplify._context import SimplifyContext
 from graphkit.rewrite.simplify._evaluate import NONDETERMINISTIC
 from graphkit.rewrite.simplify._graph import Scope, attribute_key, constant_node_value
 
-__all__ = ["eliminate_dead", "eliminate_common", "lift_constants", "merge_constants", "remove_no_ops"]
+__all__ = ["cancel_reshapes", "eliminate_dead", "eliminate_common", "lift_constants", "merge_constants",
+           "remove_no_ops"]
+
+_REDUCE = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"})
+# Ops that compute each output element from the same element of each input (or a scalar)
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Relu", "Tanh", "Sigmoid", "Erf", "Exp", "Log", "Sqrt",
+                          "Neg", "Abs", "Gelu", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "HardSwish", "Softplus",
+                          "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos", "Clip", "Max", "Min"})
 
 
 def lift_constants(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
@@ -63,7 +70,9 @@ def _no_op_input(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto) -> st
     if op == "Cast":
         to = next((a.i for a in node.attribute if a.name == "to"), None)
         return src if to is not None and types.elem(src) == to else None
-    if op in ("Reshape", "Expand", "Squeeze", "Unsqueeze", "Flatten"):
+    keeps_dims = op in _REDUCE and not any(a.name == "keepdims" and a.i == 0 for a in node.attribute)
+    if op in ("Reshape", "Expand", "Squeeze", "Unsqueeze", "Flatten") or keeps_dims:
+        # (a reduction keeping its dims, over axes of size 1, returns its input)
         before, after = types.dims(src), types.dims(out)
         same_type = types.elem(src) is not None and types.elem(src) == types.elem(out)
         if same_type and before is not None and after is not None and before == after and all(
@@ -140,7 +149,7 @@ def _merge_pair(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto
 
 def remove_no_ops(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
     """Identity, inference Dropout, Cast to the same type, Reshape/Expand/Squeeze/Unsqueeze/
-    Flatten to the same static shape, Transpose by the identity, one-input Concat, adding 0
+    Flatten to the same static shape, reductions over axes of size 1, Transpose by the identity, one-input Concat, adding 0
     or multiplying by 1; two Unsqueezes or two Reshapes in a row become one."""
     removed = 0
     for scope in ctx.scopes(model):
@@ -314,3 +323,93 @@ def _drop_stale_value_info(model: onnx.ModelProto) -> None:
             g.value_info.extend(keep)
         for node in g.node:
             stack.extend(subgraphs(node))
+
+
+def _scalar_like(scope: Scope, name: str, rank: int) -> bool:
+    value = scope.value(name, limit=64) if scope.is_constant(name) else None
+    return value is not None and value.size == 1 and value.ndim <= rank
+
+
+def _returns_to(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto, dims: list) -> bool:
+    """Whether Reshape ``node`` gives back the shape ``dims`` (that of a tensor with as many
+    elements as its input)."""
+    after = ctx.types.dims(node.output[0])
+    if after is not None and after == dims and all(isinstance(d, int) for d in dims):
+        return True
+    target = scope.value(node.input[1], limit=1 << 10) if scope.is_constant(node.input[1]) else None
+    if target is None or target.ndim != 1 or len(target) != len(dims) or np.any(target == 0):
+        return False
+    free = [i for i, d in enumerate(target) if d == -1]
+    return len(free) <= 1 and all(int(t) == d for i, (t, d) in enumerate(zip(target, dims)) if i not in free)
+
+
+def cancel_reshapes(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
+    """Reshape -> elementwise ops (with scalar constants) -> Reshape back to the first input's
+    shape: both Reshapes go, the elementwise ops compute on the input's shape (what a dynamo
+    export writes around every Linear: Reshape, Gemm, Reshape, GELU, Reshape, Gemm)."""
+    cancelled = 0
+    for scope in ctx.scopes(model):
+        changed_values: set[str] = set()
+        for k, node in scope.live():
+            if node.op_type != "Reshape" or node.domain not in AI_ONNX or len(node.input) < 2:
+                continue
+            region = _sandwich(ctx, scope, node)
+            if region is None:
+                continue
+            nodes, exits = region
+            x, y = node.input[0], node.output[0]
+            scope.remove(k)
+            scope.replace_uses(y, x)
+            for e in exits:
+                scope.bypass(e, scope.nodes[e].output[0], scope.nodes[e].input[0])
+            changed_values.update(o for i in nodes for o in scope.nodes[i].output)
+            cancelled += 1
+        if changed_values and scope.is_graph:
+            keep = [vi for vi in scope.owner.value_info if vi.name not in changed_values]
+            del scope.owner.value_info[:]
+            scope.owner.value_info.extend(keep)
+        scope.commit()
+    return cancelled
+
+
+def _sandwich(ctx: SimplifyContext, scope: Scope, first: onnx.NodeProto) -> tuple[list[int], list[int]] | None:
+    """(elementwise nodes, closing Reshapes) between Reshape ``first`` and the Reshapes that
+    undo it, where every value in between is read only there; None otherwise."""
+    x, y = first.input[0], first.output[0]
+    dx, dy = ctx.types.dims(x), ctx.types.dims(y)
+    if dx is None or dy is None or y in scope.output_set or ctx.types.elem(x) != ctx.types.elem(y):
+        return None
+    rank = min(len(dx), len(dy))
+    inside, exits, queue = {y}, [], [y]
+    nodes: list[int] = []
+    seen: set[int] = set()
+    while queue:
+        value = queue.pop()
+        for r in scope.readers(value):
+            if r in seen:
+                continue
+            reader = scope.nodes[r]
+            if reader.domain not in AI_ONNX:
+                return None
+            if reader.op_type == "Reshape" and reader.input[0] == value and _returns_to(ctx, scope, reader, dx):
+                seen.add(r)
+                exits.append(r)
+                continue
+            if reader.op_type not in _ELEMENTWISE or len(reader.output) != 1 or len(nodes) >= 64:
+                return None
+            seen.add(r)
+            nodes.append(r)
+            out = reader.output[0]
+            if out in scope.output_set or ctx.types.elem(out) != ctx.types.elem(y):
+                return None
+            inside.add(out)
+            queue.append(out)
+    for r in nodes:  # every other operand is a scalar constant, or made in the region
+        for name in scope.nodes[r].input:
+            if name and name not in inside and not _scalar_like(scope, name, rank):
+                return None
+    for r in nodes:  # and nothing else reads what the region makes
+        out = scope.nodes[r].output[0]
+        if any(reader not in seen for reader in scope.readers(out)):
+            return None
+    return (nodes, exits) if exits else None

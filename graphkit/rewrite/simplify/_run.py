@@ -16,8 +16,8 @@ import onnx
 
 from graphkit.ops import OpRegistry
 from graphkit.rewrite.simplify._absorb import absorb_channel_affine
-from graphkit.rewrite.simplify._cleanup import (eliminate_common, eliminate_dead, lift_constants, merge_constants,
-                                                remove_no_ops)
+from graphkit.rewrite.simplify._cleanup import (cancel_reshapes, eliminate_common, eliminate_dead, lift_constants,
+                                                merge_constants, remove_no_ops)
 from graphkit.rewrite.simplify._context import SimplifyContext, SimplifyOptions
 from graphkit.rewrite.simplify._fold import fold_constants, fold_shapes
 
@@ -40,6 +40,8 @@ SIMPLIFY_PASSES: tuple[SimplifyPass, ...] = (
     SimplifyPass("fold-constants", fold_constants, "nodes folded", requires_types=True),
     SimplifyPass("fold-shapes", fold_shapes, "shape computations made constant", requires_types=True),
     SimplifyPass("remove-no-ops", remove_no_ops, "no-op nodes removed", requires_types=True),
+    SimplifyPass("cancel-reshapes", cancel_reshapes, "Reshape pairs around elementwise ops removed",
+                 requires_types=True, keeps_types=False),
     SimplifyPass("absorb-into-custom-ops", absorb_channel_affine, "per-channel scale/shift folded into custom ops",
                  requires_types=True),
     SimplifyPass("merge-constants", merge_constants, "duplicate initializers merged"),
