@@ -29,7 +29,7 @@ from graphkit.rewrite._selection import check_target_opset
 from graphkit.rewrite._standard_ops import recognise
 from graphkit.rewrite._walk import AI_ONNX, ModelIndex, count_ops, graph_node_lists, graphs, node_lists, scopes
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
-from graphkit.rewrite.plan import UNKNOWN_OP_HINT, Lowering, LoweringPlan, LoweringScope, node_attrs
+from graphkit.rewrite.plan import Lowering, LoweringPlan, LoweringScope, node_attrs, unknown_op_hint
 
 __all__ = ["DEFAULT_OPSET", "DEFAULT_PREFERENCE", "PASSES", "Lowering", "Pass", "PassResult", "RewriteContext",
            "RewriteReport", "ai_onnx_opset", "check_model", "check_replacement", "rewrite_model"]
@@ -353,7 +353,7 @@ def _function_attrs(model: onnx.ModelProto, registry: OpRegistry, path: str | No
             op = registry.lookup(node.domain, node.op_type)
             if op is None:
                 raise UnsupportedOpError("no op package defines this op", path=path, node=node.name,
-                                         op=f"{node.domain}::{node.op_type}", hint=UNKNOWN_OP_HINT)
+                                         op=f"{node.domain}::{node.op_type}", hint=unknown_op_hint())
             given = node_attrs(op, node, path)
             if seen.setdefault(op.qualified_name, (op, given))[1] != given:
                 raise UnsupportedOpError(
@@ -679,7 +679,12 @@ def _check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
         if not external:
             ctx.deferred_check = _bytes_check(model, shapeless, ctx.registry, ctx.path, context, hint)
             return PassResult(model, False)
-    check_model(model, ctx.registry, path=ctx.path, context=context, full=full, scan=scan, hint=hint)
+    checked = model
+    if ctx.simplified:  # its weights are the input's or numpy's: checked without their bytes (copied twice else)
+        from graphkit.rewrite.simplify._shapes import skeleton
+
+        checked, scan = skeleton(model), None
+    check_model(checked, ctx.registry, path=ctx.path, context=context, full=full, scan=scan, hint=hint)
     return PassResult(model, False)
 
 

@@ -272,10 +272,10 @@ class Scope:
         del owner.node[:]
         owner.node.extend(kept)
         if self.is_graph and (self.new_initializers or self.dropped_initializers):
-            if self.dropped_initializers:
-                keep = [t for t in owner.initializer if t.name not in self.dropped_initializers]
-                del owner.initializer[:]
-                owner.initializer.extend(keep)
+            if self.dropped_initializers:  # deleted where they are: the others' bytes are never copied
+                drop = self.dropped_initializers
+                for i in [i for i, t in enumerate(owner.initializer) if t.name in drop][::-1]:
+                    del owner.initializer[i]
             owner.initializer.extend(self.new_initializers)
         return True
 

@@ -70,6 +70,7 @@ def run_simplify(model: onnx.ModelProto, registry: OpRegistry, *, opset: int, pl
     ctx.taken(model)
     changes: collections.Counter = collections.Counter()
     rounds = 0
+    fused_at_fixed_point = False  # the rules run to their own fixed point: again only after a change
     while rounds < options.max_rounds:
         rounds += 1
         changed = False
@@ -85,8 +86,9 @@ def run_simplify(model: onnx.ModelProto, registry: OpRegistry, *, opset: int, pl
                 changed = True
                 if not p.keeps_types:
                     ctx.types = None
-        if fuse is not None and options.fuse and FUSE not in options.skip:
+        if fuse is not None and options.fuse and FUSE not in options.skip and (changed or not fused_at_fixed_point):
             n = fuse(model)
+            fused_at_fixed_point = True
             if n:
                 changes[FUSE] += n
                 changed = True

@@ -47,9 +47,11 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     g = model.graph
     small, large = [], []
     for t in g.initializer:
-        nbytes = len(t.raw_data) if t.HasField("raw_data") else 8 * max(
-            len(t.float_data), len(t.int64_data), len(t.int32_data), len(t.double_data), 1)
-        (large if t.data_location == onnx.TensorProto.EXTERNAL or nbytes > _SMALL else small).append(t)
+        count = 1
+        for d in t.dims:
+            count *= d
+        # (from the dims: reading raw_data would copy the bytes of every weight)
+        (large if t.data_location == onnx.TensorProto.EXTERNAL or count * 8 > _SMALL else small).append(t)
     graph = onnx.GraphProto(name=g.name)
     graph.node.extend(g.node)
     graph.input.extend(g.input)
