@@ -14,6 +14,7 @@ __all__ = [
     "OutputError",
     "OpDefinitionError",
     "OpPackageError",
+    "UnknownOpError",
     "UnsupportedOpError",
     "RewriteError",
     "RuleError",
@@ -93,6 +94,11 @@ class OpPackageError(GraphkitError):
     """An op package cannot be found or imported, or two packages define the same op."""
 
     exit_code = 13
+
+
+class UnknownOpError(OpPackageError, AttributeError):
+    """An op asked for by name (``TorchOps().rms_norm``) that no loaded op package defines.
+    An AttributeError too, so ``hasattr`` and ``getattr(ops, name, default)`` keep working."""
 
 
 class UnsupportedOpError(GraphkitError):

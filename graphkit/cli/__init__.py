@@ -12,6 +12,7 @@ import traceback
 import warnings
 from collections.abc import Sequence
 
+from graphkit._invocation import command_line
 from graphkit.errors import EXIT_INTERNAL, GraphkitError
 
 __all__ = ["OPS_HELP", "add_ops_arguments", "built_kernels", "examples", "main", "op_registry", "version_text"]
@@ -312,7 +313,9 @@ def _main(args: argparse.Namespace) -> int:
         with warnings.catch_warnings():
             if not loud:  # errors are one line: a Python warning (a kernel's NaN) must not add to them
                 warnings.simplefilter("ignore")
-            with _quiet(args.quiet):
+            # --ops reach every registry the command builds (a factory's TorchOps() too),
+            # and hints speak the command's language, for this block only.
+            with _quiet(args.quiet), command_line(getattr(args, "ops", None) or ()):
                 code = importlib.import_module(args._module).run(args) or 0
         if args.verbose:
             print(f"graphkit: {args.command} took {time.perf_counter() - start:.2f} s", file=sys.stderr)

@@ -251,11 +251,8 @@ def _export(model, args, path, *, dynamo, registry, opset, input_names, output_n
                     raise root  # e.g. NativeBuildError keeps its class and exit code
                 raise named from exc
             exporter = "dynamo=True" if dynamo else "dynamo=False"
-            raise ExportError(
-                f"cannot export {model_name} ({exporter}): {_cause(exc)}",
-                hint=("torch.export could not trace the model: fix the cause, or try dynamo=False"
-                      if dynamo else "fix the cause, or try dynamo=True"),
-            ) from exc
+            raise ExportError(f"cannot export {model_name} ({exporter}): {_cause(exc)}",
+                              hint=_failure_hint(exc, dynamo)) from exc
 
     proto = _finalize(proto, registry)
     _check_standard_ops(proto, model_name, torch_translations)
@@ -686,13 +683,50 @@ def _first_line(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _cause(exc: BaseException) -> str:
-    """The root cause's first line (torch wraps it in step-by-step exporter errors)."""
+def _root(exc: BaseException) -> BaseException:
+    """The exception at the bottom of ``exc``'s chain (torch wraps the cause in its own errors)."""
     root = exc
     seen = {id(exc)}
     while (nxt := root.__cause__ or root.__context__) is not None and id(nxt) not in seen:
         seen.add(id(nxt))
         root = nxt
+    return root
+
+
+def _cause(exc: BaseException) -> str:
+    """The root cause's first line (torch wraps it in step-by-step exporter errors)."""
+    root = _root(exc)
     if root is exc:
         return _first_line(exc)
     return f"{_first_line(root)} [in {type(exc).__name__}]"
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Where the exporters' code lives: an exception raised there is the exporter's, not the model's."""
+    import sysconfig
+
+    import onnx as _onnx
+
+    dirs = [os.path.dirname(m.__file__) for m in (torch, _onnx) if getattr(m, "__file__", None)]
+    dirs.append(str(Path(__file__).resolve().parents[1]))  # graphkit
+    for name in ("onnxscript", "onnx_ir"):
+        with contextlib.suppress(ImportError, AttributeError, TypeError):
+            dirs.append(os.path.dirname(__import__(name).__file__))
+    dirs += [p for p in (sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")) if p]
+    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
+
+
+def _failure_hint(exc: BaseException, dynamo: bool) -> str:
+    """The hint of an export failure: where the model's own code raised the cause (the other
+    exporter runs the same code, so switching exporters is no fix), else the other exporter."""
+    root = _root(exc)
+    tb, last = root.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    if last is not None:
+        where = last.tb_frame.f_code.co_filename
+        if not where.startswith("<") and not os.path.realpath(where).startswith(_library_dirs()):
+            return (f"{type(root).__name__} raised by the model's own code at {where}:{last.tb_lineno}: "
+                    "fix the model there; both exporters run that code")
+    return ("torch.export could not trace the model: fix the cause, or try dynamo=False" if dynamo
+            else "fix the cause, or try dynamo=True")

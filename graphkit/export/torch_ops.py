@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from graphkit.errors import ExportError
+from graphkit.errors import ExportError, UnknownOpError
 from graphkit.export._placeholder import bind as _bind
 from graphkit.export._placeholder import emit_placeholder as _emit_placeholder
 from graphkit.export._placeholder import onnxscript_translation
@@ -387,8 +387,15 @@ class TorchOps:
     def _opdef(self, name: str) -> OpDef:
         op = self._registry.get(name)
         if op is None:
-            raise AttributeError(f"no op named {name!r}; this registry has "
-                                 f"{sorted(o.qualified_name for o in self._registry)}")
+            from graphkit._invocation import wording
+
+            raise UnknownOpError(
+                f"no op named {name!r} in any loaded op package (this TorchOps' registry has "
+                f"{', '.join(sorted(o.qualified_name for o in self._registry))})",
+                hint=wording("pass --ops PACKAGE naming the op package that defines it, list it in "
+                             "$GRAPHKIT_OPS, or install it",
+                             "build TorchOps(graphkit.ops.discover(['PACKAGE'])) with the op package that "
+                             "defines it, list it in $GRAPHKIT_OPS, or install it"))
         return op
 
     def define(self, name: str) -> torch._ops.OpOverloadPacket:

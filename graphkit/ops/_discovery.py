@@ -5,7 +5,9 @@ Every command and API builds its :class:`~graphkit.ops.OpRegistry` here, from (i
 1. graphkit's built-in package (the importable ``graphkit_ops``, shipped from custom_ops/),
 2. every installed distribution declaring an entry point in the ``graphkit.ops`` group,
 3. the packages named in ``$GRAPHKIT_OPS`` (comma-separated),
-4. the packages named with ``--ops`` (``ops=`` here).
+4. the packages named with ``ops=`` here, then the ``graphkit`` command's ``--ops`` (while
+   the command runs, :func:`graphkit._invocation.command_line`: a model factory's
+   ``TorchOps()`` sees them as it sees ``$GRAPHKIT_OPS``).
 
 A package is named as ``MODULE``, ``MODULE:ATTR``, ``FILE.py``, ``FILE.py:ATTR``, or a
 package ``FOLDER`` (``FOLDER:ATTR``); the attribute (default ``PACKAGE``) is an
@@ -23,6 +25,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from graphkit._invocation import command_ops
 from graphkit.errors import GraphkitError, OpPackageError
 from graphkit.ops._package import OpPackage
 from graphkit.ops._registry import OpRegistry
@@ -131,11 +134,14 @@ def discover(ops: Sequence[str] | str = (), *, builtins: bool = True, entry_poin
              environment: bool = True) -> OpRegistry:
     """The registry of every op package graphkit can see (see the module docstring).
 
-    ``ops`` adds packages by name (what ``--ops`` takes). Results are cached per process
-    for the same names and environment.
+    ``ops`` adds packages by name (what ``--ops`` takes); with ``environment``, so do
+    ``$GRAPHKIT_OPS`` and, while the ``graphkit`` command runs, its ``--ops``. Results are
+    cached per process for the same names and environment.
     """
     if isinstance(ops, str):
         ops = (ops,)
+    if environment:
+        ops = (*ops, *(spec for spec in command_ops() if spec not in ops))
     # Entry points are listed on every call (about a millisecond), so a package installed
     # or put on sys.path later is seen; loading is cached by what was found.
     points = tuple(_entry_points()) if entry_points else ()
