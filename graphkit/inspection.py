@@ -8,18 +8,25 @@ from typing import Any
 
 import onnx
 
+from graphkit._invocation import wording
 from graphkit.errors import ModelLoadError
 from graphkit.external_data import check_external_data, external_tensors
 from graphkit.ops import OpRegistry, default_registry, split_kernel_domain
 from graphkit.rewrite._walk import scopes
 from graphkit.rewrite.engine import ai_onnx_opset
 
-__all__ = ["STANDARD_DOMAINS", "UNKNOWN_HINT", "inspect_model", "lowerings_of", "package_info"]
+__all__ = ["STANDARD_DOMAINS", "inspect_model", "lowerings_of", "package_info", "unknown_hint"]
 
 # Domains whose ops ONNX or ONNX Runtime implement: nodes anywhere else are custom ops.
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
-UNKNOWN_HINT = ("pass --ops PACKAGE, set $GRAPHKIT_OPS, or install the package that defines it; "
-                "`graphkit ops` lists the known ops")
+
+
+def unknown_hint() -> str:
+    """How to make an unknown op known, in the caller's words (the command's or the API's)."""
+    return wording("pass --ops PACKAGE, set $GRAPHKIT_OPS, or install the package that defines it; "
+                   "`graphkit ops` lists the known ops",
+                   "pass registry=graphkit.ops.discover(['PACKAGE']), set $GRAPHKIT_OPS, or install the "
+                   "package that defines it; list(discover()) holds the known ops")
 
 
 def lowerings_of(op, opset: int, registry: OpRegistry | None = None) -> list[str]:
@@ -79,7 +86,7 @@ def inspect_model(model: onnx.ModelProto, *, path: str | os.PathLike[str] | None
         if op is None:
             entry["package"] = None
             entry["lowerings"] = []
-            entry["hint"] = UNKNOWN_HINT
+            entry["hint"] = unknown_hint()
         else:
             kernel = split_kernel_domain(domain)
             entry["definition"] = op.qualified_name

@@ -113,7 +113,7 @@ def test_unknown_custom_op_names_node_and_fix():
     with pytest.raises(UnsupportedOpError) as err:
         rewrite_model(model, path="m.onnx")
     msg = str(err.value)
-    assert "m.onnx" in msg and "node 'add0'" in msg and "custom::mystery" in msg and "--ops PACKAGE" in msg
+    assert "m.onnx" in msg and "node 'add0'" in msg and "custom::mystery" in msg and "registry=graphkit.ops.discover" in msg
 
 
 def test_wrong_arity_is_reported():

@@ -84,7 +84,7 @@ def test_unknown_native_op_is_named(no_ort):
     err = exc.value
     assert err.node == "frob0" and err.op == "custom::frobnicate"
     assert "no native kernel" in str(err)
-    assert err.hint == "pass --ops PACKAGE or install the package that defines it"
+    assert err.hint == "pass registry=graphkit.ops.discover(['PACKAGE']) or install the package that defines it"
 
 
 def test_hint_names_the_ways_to_get_a_kernel(no_ort, tmp_path):
@@ -242,7 +242,7 @@ def test_unknown_domain_left_to_ort_with_callers_options(no_ort):
     model = _model(nodes, [_vi("a")], [_vi("y")], opsets=OPSETS + [helper.make_opsetid("vendor.ops", 1)])
     with pytest.raises(UnsupportedOpError, match="domain 'vendor.ops' is unknown") as exc:
         open_session(model)
-    assert exc.value.hint.startswith("pass --ops PACKAGE or install the package that defines it")
+    assert exc.value.hint.startswith("pass registry=graphkit.ops.discover(['PACKAGE']) or install the package")
     with pytest.raises(KernelError, match="ONNX Runtime was touched"):  # reached ORT
         open_session(model, options=ort.SessionOptions())
 
@@ -279,3 +279,47 @@ def test_python_binding_is_the_rewrites(rng):
              (("x", (1, 2, 5, 5)), ("w", (3, 2, 3, 3)), ("off", (1, 18, 3, 3)), ("b", (3,)), ("m", (1, 9, 3, 3)))}
     hand = open_session(_deform_model("graphkit.python", stride=[2, 2], padding=[1, 1])).run(feeds)["y"]
     np.testing.assert_array_equal(hand, open_session(bound).run(feeds)["y"])
+
+
+# -- the caller's own SessionOptions and words (issue 27 item 2) ------------------------------
+
+def test_a_library_registered_twice_is_named_with_its_cause():
+    """The caller registered the package's library on their SessionOptions, then asked
+    open_session, which registers it too: ONNX Runtime says only "Domain already set in
+    registry"; the error says a library was registered twice, which, and what to do."""
+    from graphkit.rewrite import Lowering, rewrite_model
+
+    bound, _ = rewrite_model(my_add_model(), lowering=Lowering.NATIVE)
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(str(native.library_path()))
+    with pytest.raises(KernelError) as exc:
+        open_session(bound, options=so)
+    text = str(exc.value)
+    assert "registered twice" in text and str(native.library_path()) in text
+    assert "domains custom, graphkit.native" in text and "register_custom_ops_library" in exc.value.hint
+    assert "names the failing node" not in text
+    session = open_session(bound, options=ort.SessionOptions())  # without it: runs
+    x = np.ones((2, 3), np.float32)
+    np.testing.assert_allclose(session.run({"a": x, "b": x})["z"], 3 * x)
+
+
+def test_api_errors_speak_the_api_and_the_command_its_own(no_ort, tmp_path):
+    """open_session, rewrite_model and inspect_model without registry= name registry=, never
+    --ops; `graphkit run` and `graphkit rewrite` on the same model name --ops."""
+    from conftest import error_lines, run_cli
+    from graphkit.inspection import inspect_model
+    from graphkit.rewrite import rewrite_model
+
+    model = my_add_model()
+    model.graph.node[0].op_type = "mystery"
+    for call in (lambda: open_session(model), lambda: open_session(my_add_model(domain="nosuch")),
+                 lambda: rewrite_model(model)):
+        with pytest.raises(UnsupportedOpError) as exc:
+            call()
+        assert "registry=graphkit.ops.discover(['PACKAGE'])" in exc.value.hint and "--ops" not in str(exc.value)
+    (entry,) = [op for op in inspect_model(model)["custom_ops"] if op["op"] == "custom::mystery"]
+    assert "registry=" in entry["hint"] and "--ops" not in entry["hint"]
+    onnx.save(model, tmp_path / "m.onnx")
+    for args in (["run", tmp_path / "m.onnx"], ["rewrite", tmp_path / "m.onnx", tmp_path / "o.onnx"]):
+        (line,) = error_lines(run_cli(*args, check_rc=6).stderr)
+        assert "--ops PACKAGE" in line and "registry=" not in line

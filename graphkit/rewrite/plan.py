@@ -19,6 +19,7 @@ from typing import Any
 
 import onnx
 
+from graphkit._invocation import wording
 from graphkit.errors import OpDefinitionError, RewriteError, UnsupportedOpError
 from graphkit.ops import PLACEHOLDER_DOMAIN, Decomposition, OpDef, OpRegistry
 from graphkit.ops.tensor_types import type_string
@@ -27,11 +28,18 @@ from graphkit.rewrite.binding import bind_node
 from graphkit.rewrite._standard_ops import as_placeholder, attribute_values, label
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 
-__all__ = ["Lowered", "Lowering", "LoweringPlan", "LoweringScope", "Template", "UNKNOWN_OP_HINT", "node_attrs"]
+__all__ = ["Lowered", "Lowering", "LoweringPlan", "LoweringScope", "Template", "node_attrs", "unknown_op_hint"]
 
-UNKNOWN_OP_HINT = ("make the op known: pass --ops PACKAGE (a module or .py file defining an "
+
+
+def unknown_op_hint() -> str:
+    """How to make an unknown op known, in the caller's words (the command's or the API's)."""
+    return wording("make the op known: pass --ops PACKAGE (a module or .py file defining an "
                    "OpPackage), list it in $GRAPHKIT_OPS, or install the package that defines it; "
-                   "`graphkit ops` lists the known ops")
+                   "`graphkit ops` lists the known ops",
+                   "make the op known: pass registry=graphkit.ops.discover(['PACKAGE']) (a module or .py "
+                   "file defining an OpPackage), list it in $GRAPHKIT_OPS, or install the package that "
+                   "defines it; list(discover()) holds the known ops")
 
 
 class Lowering(enum.Enum):
@@ -200,7 +208,7 @@ class LoweringPlan:
         """The OpDef of a placeholder node; UnsupportedOpError if no op package defines it."""
         op = self.registry.lookup(node.domain, node.op_type)
         if op is None:
-            raise self.fail(UnsupportedOpError, "no op package defines this op", node, hint=UNKNOWN_OP_HINT)
+            raise self.fail(UnsupportedOpError, "no op package defines this op", node, hint=unknown_op_hint())
         return op
 
     def choose(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], in_types: tuple[int | None, ...],

@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from graphkit._invocation import wording
 from graphkit.errors import KernelError, UnsupportedOpError, UsageError
 from graphkit.ops import OpRegistry, split_kernel_domain
 from graphkit.ops.tensor_types import numpy_dtype
@@ -172,7 +173,10 @@ def _config_entry(options: ort.SessionOptions | None, key: str) -> str | None:
 MAX_RANDOM_BYTES = 1 << 32
 
 
-_DEFINE_HINT = "pass --ops PACKAGE or install the package that defines it"
+def _define_hint() -> str:
+    """How to make an op known, in the caller's words (the command's --ops, or the API's registry=)."""
+    return wording("pass --ops PACKAGE or install the package that defines it",
+                   "pass registry=graphkit.ops.discover(['PACKAGE']) or install the package that defines it")
 
 
 @dataclass
@@ -240,7 +244,7 @@ def _plan(model: onnx.ModelProto, registry: OpRegistry, path: str | None, *,
     def fix(op, *, have: str) -> str:
         """How to get a kernel for ``op`` other than the lowering ``have`` the node has."""
         if op is None:
-            return _DEFINE_HINT
+            return _define_hint()
         ways = []
         if op.decompositions:
             ways.append(f"run `graphkit rewrite {src} OUT.onnx` to decompose it")
@@ -273,7 +277,7 @@ def _plan(model: onnx.ModelProto, registry: OpRegistry, path: str | None, *,
         op = registry.lookup(domain, n.op_type)
         if kind is not None and kind[0] == "python":
             if op is None:
-                problems.append((ref, qualified, "op not defined in the registry", _DEFINE_HINT))
+                problems.append((ref, qualified, "op not defined in the registry", _define_hint()))
                 continue
             reason = pk.kernel_problem(op)
             if reason is None and (any(not name for name in n.input) or len(n.input) < len(op.inputs)):
@@ -298,10 +302,10 @@ def _plan(model: onnx.ModelProto, registry: OpRegistry, path: str | None, *,
             extensions = True
         elif domain in known_domains or kind is not None:
             problems.append((ref, qualified, f"no native kernel: no op package defines {qualified}",
-                             _DEFINE_HINT))
+                             _define_hint()))
         elif not foreign_ok:
             problems.append((ref, qualified, f"domain '{domain}' is unknown to ONNX Runtime",
-                             f"{_DEFINE_HINT}, or re-export the model without the op"))
+                             f"{_define_hint()}, or re-export the model without the op"))
     libraries: list[tuple[Path, str]] = []
     if native and not problems and build:
         packages = [p for p in registry.packages if id(p) in native_packages]
@@ -506,6 +510,35 @@ class Session:
         raise err from failure.exc
 
 
+def _session_error(exc: Exception, path: str | None, libraries: Sequence[tuple[Path, str]], *,
+                   own_options: bool) -> KernelError:
+    """The KernelError for a session ONNX Runtime refused. A custom-op domain registered twice
+    (ORT says only "Domain already set in registry") is named with the libraries graphkit
+    registered and what registered the domain before them."""
+    text = str(exc)
+    if "already set in registry" not in text:
+        return KernelError(f"ONNX Runtime cannot create the session: {text}", path=path,
+                           hint="the message names the failing node")
+    ours = []
+    for lib, what in libraries:
+        try:
+            domains = sorted({op.split("::")[0] for op in _native().served_ops(lib)})
+        except (OSError, AttributeError):  # a prebuilt library does not list its ops
+            domains = []
+        ours.append(f"{lib} (kernels of {what}" + (f"; domains {', '.join(domains)})" if domains else ")"))
+    registered = "; ".join(ours) or "onnxruntime-extensions' Python kernels"
+    if own_options:
+        return KernelError(
+            "a custom-op library was registered twice: the SessionOptions passed as options= already "
+            f"register a domain that graphkit registers for this model's kernels, {registered} (ONNX "
+            f"Runtime says only '{text.strip()}')", path=path,
+            hint="drop your own register_custom_ops_library call (open_session registers the kernels the "
+                 "model needs), or create the onnxruntime.InferenceSession yourself")
+    return KernelError(f"two kernel libraries register one custom-op domain: {registered} (ONNX Runtime "
+                       f"says only '{text.strip()}')", path=path,
+                       hint="give the ops of one package their own domain, or run the models separately")
+
+
 def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
                  registry: OpRegistry | None = None, threads: int | None = None,
                  providers: Sequence[Any] | None = None,
@@ -614,8 +647,7 @@ def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
             with _weights.sigbus_reported(weights.model, mapped) if mapped else contextlib.nullcontext():
                 sess = ort.InferenceSession(source, so, providers=list(providers or ["CPUExecutionProvider"]))
         except Exception as exc:  # noqa: BLE001 - ORT raises several unrelated classes
-            raise KernelError(f"ONNX Runtime cannot create the session: {exc}", path=path,
-                              hint="the message names the failing node") from exc
+            raise _session_error(exc, path, plan.libraries, own_options=options is not None) from exc
     except BaseException:
         if lease is not None:
             lease.release()
