@@ -117,7 +117,7 @@ def files(tmp_path):
 def test_every_model_command_takes_repeatable_ops():
     from graphkit.cli import OPS_COMMANDS, _parser
 
-    argv = {"rewrite": ["in.onnx", "out.onnx"], "run": ["m.onnx"], "inspect": ["m.onnx"],
+    argv = {"rewrite": ["in.onnx", "out.onnx"], "simplify": ["in.onnx", "out.onnx"], "run": ["m.onnx"], "inspect": ["m.onnx"],
             "export": ["m.py:build", "out.onnx", "--input", "x=1"], "verify": ["m.py:build", "m.onnx"],
             "compare": ["a.onnx", "b.onnx"], "ops": []}
     assert set(argv) == set(OPS_COMMANDS)

@@ -122,9 +122,8 @@ def _absorb(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto, op
             made = scope.add_constant(name, value)
             if made is not None:
                 scope.placed.setdefault(k, []).append(made)
-        while len(node.input) <= max(wi, bi):
-            node.input.append("")
-        node.input[wi], node.input[bi] = w_name, b_name
+        scope.set_input(k, wi, w_name)
+        scope.set_input(k, bi, b_name)
         z = follower.output[0]
         scope.remove(f)
         node.output[0] = z

@@ -125,7 +125,7 @@ def _merge_pair(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto
         shape = scope.value(node.input[1], limit=1 << 12)
         if shape is None or np.any(shape == 0) or any(a.name == "allowzero" and a.i for a in node.attribute):
             return False
-        node.input[0] = inner.input[0]
+        scope.set_input(k, 0, inner.input[0])
     else:
         outer_axes, inner_axes = scope.value(node.input[1], limit=1 << 12), scope.value(inner.input[1], limit=1 << 12)
         dims = ctx.types.dims(node.output[0]) if ctx.types is not None else None
@@ -142,7 +142,8 @@ def _merge_pair(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto
         made = scope.add_constant(name, np.array(axes, dtype=np.int64))
         if made is not None:
             scope.placed.setdefault(k, []).append(made)
-        node.input[0], node.input[1] = inner.input[0], name
+        scope.set_input(k, 0, inner.input[0])
+        scope.set_input(k, 1, name)
     scope.remove(inner_k)
     return True
 

@@ -290,6 +290,5 @@ def _constant_reshape(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.Nod
     made = scope.add_constant(name, np.array(out, dtype=np.int64))
     if made is not None:  # a function body: a Constant node before the Reshape
         scope.placed.setdefault(k, []).append(made)
-    node.input[1] = name
-    scope.changed = True
+    scope.set_input(k, 1, name)
     return 1

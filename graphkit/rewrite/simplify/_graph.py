@@ -22,6 +22,7 @@ from graphkit.rewrite._walk import AI_ONNX, subgraphs
 __all__ = ["Scope", "outer_reads", "scopes_of"]
 
 _EXTERNAL = onnx.TensorProto.EXTERNAL
+_MANY = 16  # inputs past which a node's input positions are indexed
 
 
 def outer_reads(graph: onnx.GraphProto) -> set[str]:
@@ -88,6 +89,7 @@ class Scope:
         self.producer: dict[str, int] = {}
         self.consumers: dict[str, list[int]] = {}
         self._reads: dict[int, set[str]] = {}  # per node holding subgraphs: the outer names they read
+        self._input_positions: dict[int, dict[str, list[int]]] = {}  # per node of many inputs: name -> positions
         for k, node in enumerate(self.nodes):
             for o in node.output:
                 if o:
@@ -205,15 +207,40 @@ class Scope:
             node = self.nodes[k]
             if node is None:
                 continue
-            for i, name in enumerate(node.input):
-                if name == old:
+            if len(node.input) > _MANY:  # (a Sum of n values renamed n times: positions, not a scan)
+                positions = self._positions(k)
+                for i in positions.pop(old, ()):
                     node.input[i] = new
+                    positions.setdefault(new, []).append(i)
+            else:
+                for i, name in enumerate(node.input):
+                    if name == old:
+                        node.input[i] = new
             if k in self._reads and old in self._reads[k]:
                 for sub in subgraphs(node):
                     _rename_inside(sub, old, new)
                 self._reads[k].discard(old)
                 self._reads[k].add(new)
         self.consumers.setdefault(new, []).extend(readers)
+        self.changed = True
+
+    def _positions(self, k: int) -> dict[str, list[int]]:
+        got = self._input_positions.get(k)
+        if got is None:
+            got = {}
+            for i, name in enumerate(self.nodes[k].input):
+                got.setdefault(name, []).append(i)
+            self._input_positions[k] = got
+        return got
+
+    def set_input(self, k: int, i: int, name: str) -> None:
+        """Node ``k`` reads ``name`` as its input ``i`` (padding absent inputs with "")."""
+        node = self.nodes[k]
+        while len(node.input) <= i:
+            node.input.append("")
+        node.input[i] = name
+        self._input_positions.pop(k, None)
+        self.consumers.setdefault(name, []).append(k)
         self.changed = True
 
     def rename_output(self, k: int, old: str, new: str) -> None:
