@@ -606,3 +606,22 @@ def test_simplify_never_changes_what_a_random_chain_computes():
         same_values(model, out, x_feeds((1, 4, 6), (3, 4, 6), seed=len(blocks)))
 
     check()
+
+
+def test_torchs_expand_guard_on_symbolic_dims_folds():
+    """x.expand(b, 4) as TorchScript writes it: Expand(x, Where(Equal(shape, -1), ones, shape))
+    with shape = [Shape(y)[0], 4]: a dim is never -1, so the guard folds and the Expand's
+    target is the shape value itself."""
+    nodes = [helper.make_node("Shape", ["y"], ["s"]), const("zero", np.int64(0)),
+             helper.make_node("Gather", ["s", "zero"], ["b"]), const("ax", np.array([0], np.int64)),
+             helper.make_node("Unsqueeze", ["b", "ax"], ["b1"]), const("four", np.array([4], np.int64)),
+             helper.make_node("Concat", ["b1", "four"], ["shape"], axis=0), const("neg", np.array([-1, -1], np.int64)),
+             helper.make_node("Equal", ["shape", "neg"], ["is_neg"]), const("ones", np.ones(2, np.int64)),
+             helper.make_node("Where", ["is_neg", "ones", "shape"], ["target"]),
+             helper.make_node("Expand", ["x", "target"], ["e"]), helper.make_node("Add", ["e", "y"], ["z"])]
+    model = model_of(nodes, [vi("x", [1, 4]), vi("y", ["b", 4])], [vi("z", ["b", 4])])
+    out, _ = simplified(model)
+    assert "Equal" not in ops(out) and "Where" not in ops(out)
+    rng = np.random.default_rng(8)
+    same_values(model, out, [{"x": rng.standard_normal((1, 4)).astype(np.float32),
+                              "y": rng.standard_normal((n, 4)).astype(np.float32)} for n in (1, 3)])

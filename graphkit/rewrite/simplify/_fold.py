@@ -23,7 +23,22 @@ __all__ = ["fold_constants", "fold_shapes"]
 
 _INT = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
 _SHAPE_OPS = frozenset({"Shape", "Size", "Identity", "Cast", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice",
-                        "Add", "Sub", "Mul", "Div"})
+                        "Add", "Sub", "Mul", "Div", "Equal", "Where"})
+
+
+def _nonnegative(d: Any) -> bool:
+    """A dim, or a sum, product or quotient of dims (a symbol without a difference in it)."""
+    return (isinstance(d, int) and d >= 0) or (isinstance(d, str) and "-" not in d)
+
+
+def _broadcast(a: tuple, sa: bool, b: tuple, sb: bool) -> tuple[tuple, tuple] | None:
+    if len(a) == len(b):
+        return a, b
+    if len(a) == 1 and sa:
+        return a * len(b), b
+    if len(b) == 1 and sb:
+        return a, b * len(a)
+    return None
 
 
 def _has_refs(node: onnx.NodeProto) -> bool:
@@ -212,19 +227,41 @@ def _propagate(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto) -> tupl
         s = max(min(s, n), -n - 1) if st < 0 else max(min(s, n), -n)
         e = max(min(e, n), -n - 1)
         return False, tuple(first[1][slice(s, None if st < 0 and e == -n - 1 else e, st)])
-    if op in ("Add", "Sub", "Mul", "Div"):
+    if op in ("Add", "Sub", "Mul", "Div", "Equal"):
         if len(values) != 2 or values[0] is None or values[1] is None:
             return None
         (sa, a), (sb, b) = values
-        if len(a) != len(b):
-            if len(a) == 1 and sa:
-                a = a * len(b)
-            elif len(b) == 1 and sb:
-                b = b * len(a)
-            else:
-                return None
-        out = tuple(_sym(op, x, y) for x, y in zip(a, b))
+        pair = _broadcast(a, sa, b, sb)
+        if pair is None:
+            return None
+        if op == "Equal":  # a dim is never negative: Equal(shape, -1), as torch's expand writes, is known
+            out = []
+            for x, y in zip(*pair):
+                if x == y:
+                    out.append(True)
+                elif (isinstance(x, int) and isinstance(y, int)) or (isinstance(y, int) and y < 0 and _nonnegative(x)) \
+                        or (isinstance(x, int) and x < 0 and _nonnegative(y)):
+                    out.append(False)
+                else:
+                    return None
+            return sa and sb, tuple(out)
+        out = tuple(_sym(op, x, y) for x, y in zip(*pair))
         return (None if any(d is None for d in out) else (sa and sb, out))
+    if op == "Where":
+        cond = scope.value(node.input[0], limit=1024) if scope.is_constant(node.input[0]) else None
+        if cond is None or cond.ndim > 1 or len(values) != 3 or values[1] is None or values[2] is None:
+            return None
+        (sx, x), (sy, y) = values[1], values[2]
+        flags = tuple(bool(c) for c in cond.reshape(-1))
+        pair = _broadcast(x, sx, y, sy)
+        if pair is None:
+            return None
+        x, y = pair
+        if len(flags) == 1:
+            flags = flags * len(x)
+        if len(flags) != len(x):
+            return None
+        return sx and sy and cond.ndim == 0, tuple(a if c else b for c, a, b in zip(flags, x, y))
     return None
 
 
@@ -239,8 +276,13 @@ def _fold_shape_value(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.Nod
     scalar, dims = got
     if all(isinstance(d, int) for d in dims) and not (scalar and len(dims) != 1):
         elem = ctx.types.elem(out) if ctx.types is not None else None
-        dtype = np.int32 if elem == onnx.TensorProto.INT32 else np.int64
+        if all(isinstance(d, bool) for d in dims):
+            dtype = np.bool_
+        else:
+            dtype = np.int32 if elem == onnx.TensorProto.INT32 else np.int64
         value = np.array(dims[0] if scalar else list(dims), dtype=dtype)
+        if elem is not None and onnx.helper.tensor_dtype_to_np_dtype(elem) != value.dtype:
+            return 0  # (a bool where the model has an int, or the reverse: left to evaluation)
         return _replace_by_constants(scope, k, node, [(out, value)])
     ctx.shape_values[out] = got
     return 0
