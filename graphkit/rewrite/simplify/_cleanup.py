@@ -84,6 +84,13 @@ def _no_op_input(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto) -> st
         return src if perm is not None and perm == list(range(len(perm))) else None
     if op == "Concat" and len([i for i in node.input if i]) == 1:
         return src
+    if op == "Where" and len(node.input) == 3 and scope.is_constant(src):
+        cond = scope.value(src, limit=1 << 16)
+        if cond is not None and cond.size and (np.all(cond) or not np.any(cond)):
+            chosen = node.input[1] if np.all(cond) else node.input[2]
+            dims, out_dims = types.dims(chosen), types.dims(node.output[0])
+            if dims is not None and dims == out_dims and types.elem(chosen) == types.elem(node.output[0]):
+                return chosen
     if op in ("Add", "Sub", "Mul", "Div") and len(node.input) == 2:
         return _neutral_operand(scope, types, node)
     return None
