@@ -70,7 +70,9 @@ class SimplifyContext:
         self._taken = taken
 
     def fresh(self, base: str) -> str:
-        assert self._taken is not None, "taken() starts a run"
+        """A name no value of the model has, from ``base``."""
+        if self._taken is None:
+            raise RuntimeError("SimplifyContext.taken(model) starts a run before fresh() gives names")
         name, n = base, 0
         while name in self._taken:
             n += 1

@@ -113,10 +113,6 @@ def _range(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> np.ndarra
     return (start + np.arange(n, dtype=np.result_type(start, delta)) * delta).astype(start.dtype)
 
 
-def _same(x: np.ndarray, *args: Any) -> np.ndarray:
-    return x
-
-
 def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[..., np.ndarray]:
     def run(a: np.ndarray, b: np.ndarray, **_: Any) -> np.ndarray:
         if a.dtype != b.dtype:
@@ -237,7 +233,7 @@ _NUMPY: dict[str, Callable[..., np.ndarray]] = {
 }
 
 
-def _numpy_inputs(op: str, node: onnx.NodeProto, inputs: list[np.ndarray | None], attrs: dict[str, Any],
+def _numpy_inputs(op: str, inputs: list[np.ndarray | None], attrs: dict[str, Any],
                   opset: int) -> tuple[list[Any], dict[str, Any]] | None:
     """Inputs and keywords for the numpy table, with the ops that moved attributes to
     inputs across opsets handled; None where the table does not cover this form."""
@@ -268,7 +264,7 @@ def _numpy(op: str, node: onnx.NodeProto, inputs: list[np.ndarray | None], opset
     attrs = _attrs(node)
     if op == "Cast" and attrs.get("to") not in _NUMPY_TYPES:
         return None  # bfloat16, float8 (saturation) and strings: the reference's
-    call = _numpy_inputs(op, node, inputs, attrs, opset)
+    call = _numpy_inputs(op, inputs, attrs, opset)
     if call is None:
         return None
     args, kwargs = call
