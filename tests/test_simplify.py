@@ -333,6 +333,9 @@ def test_cli_simplify_writes_reports_explains_and_refuses_bad_options(tmp_path):
     assert "not a size" in run_cli("simplify", src, dst, "--size-limit", "lots", check_rc=2).stderr
     kept = run_cli("simplify", src, dst, "--skip", "absorb-into-custom-ops", check_rc=0)
     assert "absorb" not in kept.stdout
+    pics = tmp_path / "pics"
+    drawn = run_cli("simplify", src, dst, "--diff", pics, check_rc=0)  # the BatchNormalization region, before/after
+    assert (pics / "index.html").exists() and list(pics.glob("region-*-before.svg")), drawn.stdout
 
 
 def test_rewrite_simplify_lowers_then_simplifies(tmp_path):
