@@ -31,7 +31,7 @@ from graphkit.rewrite._walk import AI_ONNX, ModelIndex, count_ops, graph_node_li
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 from graphkit.rewrite.plan import Lowering, LoweringPlan, LoweringScope, node_attrs, unknown_op_hint
 
-__all__ = ["DEFAULT_OPSET", "DEFAULT_PREFERENCE", "PASSES", "Lowering", "Pass", "PassResult", "RewriteContext",
+__all__ = ["ANALYSES", "DEFAULT_OPSET", "DEFAULT_PREFERENCE", "PASSES", "Lowering", "Pass", "PassResult", "RewriteContext",
            "RewriteReport", "ai_onnx_opset", "check_model", "check_replacement", "rewrite_model"]
 
 # Opset written into models that hold no ai.onnx import before a decomposition adds one.
@@ -425,11 +425,20 @@ def _attach_functions(model: onnx.ModelProto, registry: OpRegistry, opset: int, 
 
 @dataclass
 class PassResult:
-    """What one pass did: the model to go on with, and whether (and how) it changed."""
+    """What one pass did: the model to go on with, whether (and how) it changed, and the
+    analyses its change made false beyond what its Pass declares it never keeps."""
 
     model: onnx.ModelProto
     modified: bool
     detail: str = ""
+    invalidates: frozenset[str] = frozenset()
+
+
+# What passes share about the model besides the model itself, each true until a pass that
+# changes the model does not keep it (Pass.keeps) or says it broke it (PassResult.invalidates):
+#   "index"  - ctx.index, the input's ModelIndex: its node lists and graphs are the model's
+#   "counts" - ctx.counts, the op counts the rules pass left (lowering derives its report from them)
+ANALYSES = frozenset({"index", "counts"})
 
 
 @dataclass
@@ -454,14 +463,18 @@ class RewriteContext:
     has_placeholders: bool = False   # in the input (rules may add some), standard ops an op computes included
     has_standard: bool = False       # standard ops an op computes (ai.onnx DeformConv) in the input
     plan: LoweringPlan | None = None
-    index: ModelIndex | None = None  # of the input's copy
-    index_valid: bool = True         # no pass but lowering changed the nodes or graphs since (functions
+    index: ModelIndex | None = None  # of the input's copy: read where "index" holds (functions
                                      # attached are not in it; ``attached`` counts their nodes)
     types: TypeTable | None = None   # the main graph's (and its subgraphs') tensor types
-    counts: collections.Counter | None = None  # op counts after the rules pass, where it could tell
+    counts: collections.Counter | None = None  # op counts after the rules pass: read where "counts" holds
+    valid: set[str] = field(default_factory=lambda: {"index"})  # the ANALYSES that hold
     attached: collections.Counter = field(default_factory=collections.Counter)  # the attached functions' ops
     simplify: Any = None             # SimplifyOptions: run the simplify passes after lowering
     simplified: bool = False         # they changed the model (its op counts are counted again)
+
+    def holds(self, analysis: str) -> bool:
+        """Whether ``analysis`` (one of ANALYSES) is still true of the model."""
+        return analysis in self.valid
 
     def make_plan(self, model: onnx.ModelProto, names: set[str]) -> None:
         """The one lowering plan of this rewrite, at the model's opset, avoiding ``names`` (a
@@ -474,45 +487,54 @@ class RewriteContext:
 
 @dataclass(frozen=True)
 class Pass:
-    """A named step of the rewrite: ``run`` only where ``applies`` holds."""
+    """A named step of the rewrite: ``run`` only where ``applies`` holds.
+
+    ``requires``: the ANALYSES it reads where they hold (it works without them, slower);
+    ``keeps``: those still true after it changes the model, unless its PassResult
+    ``invalidates`` them (a pass that changes the model drops every other one).
+    """
 
     name: str
     applies: Callable[[RewriteContext, onnx.ModelProto], bool]
     run: Callable[[RewriteContext, onnx.ModelProto], PassResult]
+    requires: frozenset[str] = frozenset()
+    keeps: frozenset[str] = frozenset()
 
 
 def _recognise_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     """Standard nodes an op computes become its placeholders before the version converter
     sees them (it has no adapter for DeformConv across opset 19, nor for one under 19)."""
     made = recognise(model, ctx.registry, ctx.path, ctx.target_opset)
-    ctx.index_valid = ctx.index_valid and not made
     return PassResult(model, bool(made), ", ".join(f"{n} {what}" for what, n in sorted(made.items())))
 
 
 def _convert_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     before = ai_onnx_opset(model)
-    taken = ctx.index.names if ctx.index_valid else None  # extended in place with the names made
-    out, how = _convert_opset(model, ctx.target_opset, ctx.path, taken, ctx.index.op_counts if ctx.index_valid else None)
+    indexed = ctx.holds("index")
+    taken = ctx.index.names if indexed else None  # extended in place with the names made
+    out, how = _convert_opset(model, ctx.target_opset, ctx.path, taken, ctx.index.op_counts if indexed else None)
+    broken: frozenset[str] = frozenset()
     if ctx.converting:
         standard = any(d in AI_ONNX for d, _ in ctx.report.ops_before)
         ctx.report.conversions.append((before, ctx.target_opset, how if standard and before is not None
                                        else "imports only"))
-        if out is model and ctx.index_valid and how == "imports only":  # the same nodes: the same names
+        if out is model and indexed and how == "imports only":  # the same nodes: the same names
             ctx.same_nodes = True
             ctx.make_plan(out, ctx.index.names)
         elif how.startswith("adapters") and taken is not None:  # the names, with the adapters' constants'
             # Going up, the adapters add initializers and touch no node list but a function
             # body's, or below IR 4 the main graph's (Constant nodes): the index holds where
             # neither is. Going down they may remove Constants.
-            ctx.index_valid = ctx.same_nodes = how == "adapters" and before < ctx.target_opset \
+            ctx.same_nodes = how == "adapters" and before < ctx.target_opset \
                 and not out.functions and out.ir_version >= 4
+            broken = frozenset() if ctx.same_nodes else frozenset({"index"})
             ctx.make_plan(out, taken)
         else:
-            ctx.index_valid = False
+            broken = frozenset({"index"})
             ctx.make_plan(out, ModelIndex(out).names)
     else:  # same opset: the imports are rewritten to ai.onnx, the names are the same
         ctx.plan.opset = ai_onnx_opset(out)
-    return PassResult(out, ctx.converting, f"ai.onnx opset {before} -> {ctx.target_opset}")
+    return PassResult(out, ctx.converting, f"ai.onnx opset {before} -> {ctx.target_opset}", broken)
 
 
 def _rules_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
@@ -524,19 +546,20 @@ def _rules_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
 
     delta = OpDelta()
     # The input's index has every graph: not walked for again.
-    tree = ctx.index.tree if ctx.index_valid else None
+    tree = ctx.index.tree if ctx.holds("index") else None
     total = apply_rule_set(model, ctx.rules, make_builder=make_builder, types=types, report=ctx.report.rules,
                            path=ctx.path, delta=delta, tree=tree)
     if tree:  # the op types it read for the rules (a pointer per node) are of no more use
         ctx.index.tree = [(graph, parent, None) for graph, parent, _ in tree]
     # Nodes overwritten where they were (none holding subgraphs): the index's node lists and
     # graphs are still the model's.
-    ctx.index_valid = ctx.index_valid and (not total or (delta.exact and delta.in_place))
+    broken = frozenset() if delta.exact and delta.in_place else frozenset({"index"})
     if total and delta.exact and (not ctx.converting or ctx.same_nodes):  # the input's counts, changed
         counts = ctx.report.ops_before.copy()
         counts.update(delta.counts)
         ctx.counts = +counts
-    return PassResult(model, total > 0, f"{total} rewrites")
+        ctx.valid.add("counts")
+    return PassResult(model, total > 0, f"{total} rewrites", broken)
 
 
 def _graphsurgeon_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
@@ -544,8 +567,6 @@ def _graphsurgeon_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResul
     out = apply_graphsurgeon_rules(model, gs_rules, ctx.report.rules, ctx.path)
     if out is model:
         return PassResult(model, False)
-    ctx.index_valid = False
-    ctx.counts = None
     ctx.make_plan(out, ModelIndex(out).names)  # names and types of the rebuilt graph
     applied = sum(ctx.report.rules.applied.get(r.name, 0) for r in gs_rules)
     return PassResult(out, True, f"{applied} rewrites")
@@ -557,11 +578,11 @@ def _lower_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     progress = ctx.progress if total > PROGRESS_MIN_NODES else None
     domains, standard = plan.domains, plan.standard
     lists = None
-    if ctx.counts is not None:  # what the rules left, counted
+    if ctx.holds("counts"):  # what the rules left, counted
         left = any(d in domains or (standard and (d, op) in standard) for d, op in ctx.counts)
     else:
         # Every node list: the input's index while no pass before changed the model.
-        lists = ctx.index.node_lists if ctx.index_valid else node_lists(model)
+        lists = ctx.index.node_lists if ctx.holds("index") else node_lists(model)
         left = any(any(n.domain in domains for n in nodes) or (standard and any((n.domain, n.op_type) in standard
                                                                            for n in nodes)) for nodes, _ in lists)
     if not left:
@@ -569,7 +590,7 @@ def _lower_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
             progress("lowering", total, total)
         return PassResult(model, False, "0 placeholders lowered")
     if lists is None:
-        lists = ctx.index.node_lists if ctx.index_valid else node_lists(model)
+        lists = ctx.index.node_lists if ctx.holds("index") else node_lists(model)
     # Where sibling subgraphs define one name, each graph's nodes are typed by its own table.
     lists = graph_node_lists(model) if len(lists) > 1 and ctx.types.per_scope() else [(*entry, None) for entry in lists]
     done = 0
@@ -602,7 +623,7 @@ def _ticker(progress: Callable[[str, int, int], None], offset: int, total: int) 
 def _functions_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     # The index's placeholder nodes are the model's where no pass changed a node since (rules
     # may overwrite nodes where they are and keep the index valid).
-    index = ctx.index if ctx.index_valid and ctx.index.collect and not ctx.report.rules.applied else None
+    index = ctx.index if ctx.holds("index") and ctx.index.collect and not ctx.report.rules.applied else None
     actions, ctx.attached = _attach_functions(model, ctx.registry, ctx.plan.opset, ctx.path, index)
     ctx.plan.actions.update(actions)
     return PassResult(model, bool(actions), f"{sum(actions.values())} functions attached")
@@ -633,8 +654,6 @@ def _simplify_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     if not result.changes:
         return PassResult(model, False)
     ctx.simplified = True
-    ctx.index_valid = False
-    ctx.counts = None
     ctx.report.passes.extend(describe(result))
     return PassResult(model, True, f"{sum(result.changes.values())} changes in {result.rounds} rounds")
 
@@ -670,7 +689,7 @@ def _check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     # external): what the input's index found holds for the output, unless a tensor was
     # external or a replacement holds subgraphs.
     scan = None
-    if ctx.index_valid and not ctx.index.external and not {"If", "Loop", "Scan"} & {
+    if ctx.holds("index") and not ctx.index.external and not {"If", "Loop", "Scan"} & {
             op for _, op in (*ctx.plan.emitted, *ctx.attached)}:
         scan = (ctx.index.shapeless, False)
     context, hint = check_context(applied, ctx.report.conversions)
@@ -692,7 +711,7 @@ def _ops_after(ctx: RewriteContext, model: onnx.ModelProto) -> collections.Count
     report = ctx.report
     if ctx.simplified:
         return count_ops(model)
-    if ctx.counts is not None:  # rules (counted), then lowering or functions
+    if ctx.holds("counts"):  # rules (counted), then lowering or functions
         after = ctx.counts.copy()
     elif report.rules.applied or (ctx.converting and not ctx.same_nodes):
         return count_ops(model)
@@ -706,20 +725,24 @@ def _ops_after(ctx: RewriteContext, model: onnx.ModelProto) -> collections.Count
 
 # The rewrite, in order. The last two run only when an earlier pass changed the model.
 # "simplify" runs graphkit.rewrite.simplify's passes (SIMPLIFY_PASSES) until none changes the model.
+_INDEX, _BOTH = frozenset({"index"}), ANALYSES
 PASSES: tuple[Pass, ...] = (
     Pass("recognise-standard-ops", lambda ctx, m: ctx.converting and ctx.has_standard and
          ctx.prefer != (Lowering.KEEP,), _recognise_pass),
-    Pass("convert-opset", lambda ctx, m: ctx.target_opset is not None, _convert_pass),
-    Pass("rules", lambda ctx, m: any(isinstance(r, (Rule, GraphPass)) for r in ctx.rules), _rules_pass),
+    Pass("convert-opset", lambda ctx, m: ctx.target_opset is not None, _convert_pass,
+         requires=_INDEX, keeps=_INDEX),
+    Pass("rules", lambda ctx, m: any(isinstance(r, (Rule, GraphPass)) for r in ctx.rules), _rules_pass,
+         requires=_INDEX, keeps=_BOTH),  # ("counts" holds after it only where it counted)
     Pass("graphsurgeon-rules", lambda ctx, m: any(isinstance(r, GraphSurgeonRule) for r in ctx.rules),
          _graphsurgeon_pass),
+    # Lowering replaces nodes where they are: the index's lists and graphs stay the model's.
     Pass("lower", lambda ctx, m: ctx.prefer != (Lowering.KEEP,) and (
-        ctx.has_placeholders or bool(ctx.report.rules.applied)), _lower_pass),
+        ctx.has_placeholders or bool(ctx.report.rules.applied)), _lower_pass, requires=_BOTH, keeps=_BOTH),
     Pass("attach-functions", lambda ctx, m: ctx.as_functions and (
-        ctx.has_placeholders or bool(ctx.report.rules.applied)), _functions_pass),
+        ctx.has_placeholders or bool(ctx.report.rules.applied)), _functions_pass, requires=_INDEX, keeps=_BOTH),
     Pass("simplify", lambda ctx, m: ctx.simplify is not None, _simplify_pass),
-    Pass("fix-imports", lambda ctx, m: True, _imports_pass),
-    Pass("check", lambda ctx, m: ctx.check, _check_pass),
+    Pass("fix-imports", lambda ctx, m: True, _imports_pass, keeps=_BOTH),
+    Pass("check", lambda ctx, m: ctx.check, _check_pass, requires=_INDEX, keeps=_BOTH),
 )
 _FINISHING = ("fix-imports", "check")
 
@@ -822,6 +845,8 @@ def _passes(model: onnx.ModelProto, *, registry: OpRegistry | None, lowering: Lo
         out = result.model
         if result.modified:
             modified = True
+            ctx.valid &= p.keeps
+            ctx.valid -= result.invalidates
             ctx.report.passes.append((p.name, result.detail))
     if not modified:
         ctx.report.ops_after = ctx.report.ops_before.copy()
