@@ -1,5 +1,7 @@
-"""docs/*.md, executed: each page's python blocks run in order, in a fresh folder, as a
-reader would paste them (docs/writing-ops.md has its own walk-through test)."""
+"""docs/*.md, executed: the python blocks of each page no other test runs
+(doc_pages.standalone_pages(): the pages outside the reader's session of tests/test_readme.py
+and without a walk-through test of their own, such as docs/writing-ops.md's) run in order, in
+a fresh folder, as a reader would paste them."""
 
 from __future__ import annotations
 
@@ -9,9 +11,9 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from doc_pages import standalone_pages
 
-PAGES = sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "writing-ops.md")
+PAGES = standalone_pages()
 
 
 def python_blocks(text: str) -> list[str]:
@@ -28,3 +30,4 @@ def test_every_python_block_of_the_page_runs(page, tmp_path):
         assert proc.returncode == 0, (page.name, k, proc.stdout, proc.stderr)
         for want in re.findall(r"print\(.*\)  # (.+)", code):  # a printed value the page shows
             assert want in proc.stdout, (page.name, k, want, proc.stdout)
+

@@ -672,8 +672,8 @@ def test_weights_truncated_or_changing_while_read_are_exit_3(tmp_path, monkeypat
 @pytest.mark.parametrize("dangling", [False, True], ids=["to-a-file", "dangling"])
 @pytest.mark.parametrize("command", ["rewrite", "run --output", "show -o"])
 def test_a_symlinked_output_is_replaced_and_its_target_left_alone(tmp_path, command, dangling):
-    """Documented (README, "Outputs"): graphkit replaces the link by a regular file; it never
-    writes through it."""
+    """Documented (docs/guarantees.md, "Symlinks as outputs"): graphkit replaces the link by a
+    regular file; it never writes through it."""
     target = tmp_path / "elsewhere" / "target"
     target.parent.mkdir()
     if not dangling:

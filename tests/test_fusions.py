@@ -562,14 +562,14 @@ def test_cli_fuse_all_on_exported_encoder(exported, tmp_path):
 
 
 def test_readme_fusions_example_runs(tmp_path):
-    """The README's Fusions section: its Python block as a script, then its commands."""
+    """docs/rules.md's Fusions section: its Python block as a script, then its commands."""
     import shlex
     import subprocess
     import sys
 
-    from conftest import REPO
+    from doc_pages import DOCS, section as page_section
 
-    section = (REPO / "README.md").read_text().split("### Fusions", 1)[1].split("\n## ", 1)[0]
+    section = page_section(DOCS / "rules.md", "## Fusions")
     script = tmp_path / "example.py"
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     script.write_text(code)

@@ -65,11 +65,11 @@ def test_rows_are_real_gaps_and_the_scan_finds_them():
     assert f"filled by graphkit ({len(GAPS)})" in text and "not filled (" in text
 
 
-def test_readme_counts_the_table():
-    from conftest import REPO
+def test_export_page_counts_the_table():
+    from doc_pages import DOCS
 
     assert f"graphkit registers symbolics for {len(GAPS)} of them" in \
-        " ".join((REPO / "README.md").read_text().split())
+        " ".join((DOCS / "export.md").read_text().split())
 
 
 def test_gaps_command_line(capsys):

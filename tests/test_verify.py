@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import REPO, run_cli
+from conftest import run_cli
 from graphkit import verify
 from graphkit.cli import main as cli_main
 from graphkit.errors import UsageError, VerificationError
@@ -269,15 +269,17 @@ def test_compare_mismatch_from_the_shell(tmp_path):
     assert proc.stderr.count("\n") == 1 and "b.onnx" in proc.stderr
 
 
-def _readme_commands() -> list[str]:
-    text = (REPO / "README.md").read_text()
-    block = re.search(r"## Export.*?```sh\n(.*?)```", text, re.S).group(1)
+def _export_page_commands() -> list[str]:
+    """The commands of docs/export.md's "From the command line"."""
+    from doc_pages import DOCS, section
+
+    block = re.search(r"```sh\n(.*?)```", section(DOCS / "export.md", "## From the command line"), re.S).group(1)
     return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
 
 
-def test_readme_export_commands_run(net):
+def test_export_page_commands_run(net):
     (net / "model.py").write_text(NET.replace("def build():", "def build():  # noqa") + "\n")
-    commands = _readme_commands()
+    commands = _export_page_commands()
     assert commands and all(c.startswith("graphkit ") for c in commands)
     for command in commands:
         assert cli(*shlex.split(command)[1:]) == 0, command

@@ -83,14 +83,15 @@ def test_the_walk_through_runs_as_written(tmp_path):
     assert outputs[-1][1].splitlines() == ["['swish', 'Add']"]  # step 7: simplify folded through acme::swish
 
 
-def test_readme_own_ops_commands_run(tmp_path):
-    """The README's "Your own ops" commands, with its one-op package file ./my_ops.py."""
+def test_op_packages_page_commands_run(tmp_path):
+    """docs/op-packages.md's commands, with its one-op package file ./my_ops.py."""
     from conftest import run_cli
+    from doc_pages import DOCS
 
-    text = (REPO / "README.md").read_text()
-    block = re.search(r"## Your own ops.*?```sh\n(.*?)```", text, re.S).group(1)
+    text = (DOCS / "op-packages.md").read_text()
+    block = re.search(r"## The smallest package.*?```sh\n(.*?)```", text, re.S).group(1)
     commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
-    my_ops = re.search(r"## Your own ops.*?```python file=my_ops.py\n(.*?)```", text, re.S).group(1)
+    my_ops = re.search(r"## The smallest package.*?```python file=my_ops.py\n(.*?)```", text, re.S).group(1)
     (tmp_path / "my_ops.py").write_text(my_ops)
     outputs = [run_cli(*command.split()[1:], cwd=tmp_path, check_rc=0, env={"GRAPHKIT_OPS": ""}).stdout
                for command in commands]
