@@ -11,7 +11,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.graphkit-installed
 
-.PHONY: install sysdeps demo test bench clean
+.PHONY: install sysdeps demo test bench docs clean
 
 install: $(STAMP)
 
@@ -41,5 +41,9 @@ test: $(STAMP) sysdeps
 bench: $(STAMP)
 	$(PY) bench/my_add.py
 
+# The pages in docs/ as a site in site/ (mkdocs.yml: nav over docs/; warnings are errors).
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
+
 clean:
-	rm -rf build *.egg-info .pytest_cache out
+	rm -rf build *.egg-info .pytest_cache out site

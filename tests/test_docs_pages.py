@@ -1,7 +1,9 @@
-"""docs/*.md, executed: the python blocks of each page no other test runs
-(doc_pages.standalone_pages(): the pages outside the reader's session of tests/test_readme.py
-and without a walk-through test of their own, such as docs/writing-ops.md's) run in order, in
-a fresh folder, as a reader would paste them."""
+"""docs/*.md, executed and built.
+
+The python blocks of each page no other test runs (doc_pages.standalone_pages(): the pages
+outside the reader's session of tests/test_readme.py and without a walk-through test of their
+own, such as docs/writing-ops.md's) run in order, in a fresh folder, as a reader would paste
+them. The site (`make docs`: mkdocs.yml, nav over docs/) builds with warnings as errors."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import sys
 
 import pytest
 
-from doc_pages import standalone_pages
+from conftest import REPO
+from doc_pages import DOCS, name, standalone_pages
 
 PAGES = standalone_pages()
 
@@ -31,3 +34,27 @@ def test_every_python_block_of_the_page_runs(page, tmp_path):
         for want in re.findall(r"print\(.*\)  # (.+)", code):  # a printed value the page shows
             assert want in proc.stdout, (page.name, k, want, proc.stdout)
 
+
+def test_the_site_lists_every_page():
+    """mkdocs.yml's nav names every docs page once, and only those."""
+    config = (REPO / "mkdocs.yml").read_text()
+    nav = config.split("\nnav:\n", 1)[1]
+    listed = re.findall(r"^  - [^:\n]+: (\S+\.md)$", nav, re.M)
+    assert len(listed) == len(set(listed)), listed
+    assert sorted(listed) == sorted(p.name for p in DOCS.glob("*.md")), \
+        f"add to or drop from mkdocs.yml's nav: {sorted(set(listed) ^ {p.name for p in DOCS.glob('*.md')})}"
+    assert re.search(r"^docs_dir: docs$", config, re.M) and listed[0] == "index.md"
+
+
+def test_the_site_builds_with_warnings_as_errors(tmp_path):
+    """`mkdocs build --strict`: a broken link, a missing #anchor or a page left out of the nav is
+    an error (mkdocs.yml's validation)."""
+    pytest.importorskip("mkdocs", reason="mkdocs is not installed (the dev extra installs it; `make docs` builds)")
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for page in DOCS.glob("*.md"):
+        built = site / ("index.html" if page.name == "index.md" else f"{page.stem}/index.html")
+        assert built.exists(), name(page)
+    assert "<table>" in (site / "exit-codes" / "index.html").read_text()
