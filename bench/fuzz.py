@@ -9,7 +9,7 @@ tensor, opset import or value_info dropped, duplicated, reordered or set to a ho
 value: huge dims, unknown types, names of other tensors, '..' locations). Then it runs
 `graphkit.cli.main([...])` in-process (or the API), outputs in a temporary directory, and checks:
 
-* the exit code is in the README's table and is not 70 (internal error);
+* the exit code is in docs/exit-codes.md's table and is not 70 (internal error);
 * a failure prints exactly one stderr line and no traceback;
 * the input files are unchanged and a failed rewrite leaves no file behind;
 * a successful rewrite's output parses as ONNX.
@@ -581,7 +581,7 @@ def run_built_case(case: tuple, index: int, workdir: Path) -> dict:
                 tb = dbg.getvalue()
                 signature = _signature(tb, _exception_type(tb))
             elif problem is None and rc not in DOCUMENTED:
-                problem = f"exit code {rc} is not in the README's table"
+                problem = f"exit code {rc} is not in docs/exit-codes.md's table"
             elif problem is None and rc != 0 and argv[0] != "api" and (len(lines) != 1 or not lines[0].startswith("graphkit: error: ")):
                 problem = f"{len(lines)} stderr lines: {text[:500]!r}"
             elif problem is None and "Traceback" in text:

@@ -4,7 +4,7 @@
     python bench/rule_matching.py --layers 24 240
 
 Each model is a chain of layers: MatMul + Add + Relu + residual Add, a LayerNorm written with
-elementary ops (the DAG pattern of README's "Rule patterns": a shared Sub, const(eps), the
+elementary ops (the DAG pattern of docs/rules.md's "Rule patterns": a shared Sub, const(eps), the
 axes captured), then 30 Add/Mul nodes that every Add candidate of the pattern has to reject.
 It times, in the same run, rewrite_model with the LayerNorm rule (which rewrites every
 layer) and with a rule of the same root op that never matches (only rejections), and a

@@ -2,7 +2,7 @@
 
 Every error a user can cause is a :class:`GraphkitError`. Its message names what
 went wrong (file, node, op) and ``hint`` says how to fix it. Each class carries the
-process exit code the CLI uses, documented in the README.
+process exit code the CLI uses, documented in docs/exit-codes.md.
 """
 
 from __future__ import annotations

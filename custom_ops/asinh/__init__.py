@@ -1,6 +1,6 @@
 """asinh(x): the tutorial's ATen op without an export rule, as a graphkit placeholder.
 
-Two ways out of a torch model (see README, "Export"):
+Two ways out of a torch model (see docs/export.md, "asinh"):
 
 - ``torch.asinh(x)`` in a model exports as the standard ``Asinh`` node: graphkit's export
   registers a symbolic for ``aten::asinh`` for the call only (one entry of
