@@ -15,6 +15,7 @@ import errno
 import os
 import re
 import secrets
+import shutil
 import signal
 import stat
 import threading
@@ -136,12 +137,14 @@ def _owner_alive(pid: int) -> bool:
     return True
 
 
-def sweep_temporaries(directory: str | os.PathLike[str], names: tuple[str, ...] = ()) -> list[Path]:
+def sweep_temporaries(directory: str | os.PathLike[str], names: tuple[str, ...] = (), *,
+                      directories: bool = False) -> list[Path]:
     """Remove graphkit temporaries in ``directory`` left by killed runs; returns what it removed.
 
     A temporary is removed when its owner (the pid in its name, on this host) is dead, or when
     nothing changed it for STALE_AFTER_S. Legacy temporaries (no owner in the name) are removed
-    only for the files in ``names`` and only once stale. Never raises.
+    only for the files in ``names`` and only once stale. ``directories``: temporary folders
+    (named the same way, ``graphkit deploy``'s) too. Never raises.
     """
     removed: list[Path] = []
     now = time.time()
@@ -158,7 +161,8 @@ def sweep_temporaries(directory: str | os.PathLike[str], names: tuple[str, ...] 
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        if not stat.S_ISREG(st.st_mode):
+        folder = directories and m is not None and stat.S_ISDIR(st.st_mode)
+        if not stat.S_ISREG(st.st_mode) and not folder:
             continue
         stale = now - max(st.st_mtime, st.st_ctime) > STALE_AFTER_S
         if m is not None:
@@ -173,7 +177,10 @@ def sweep_temporaries(directory: str | os.PathLike[str], names: tuple[str, ...] 
             if legacy is None or legacy not in names or not stale:
                 continue
         with contextlib.suppress(OSError):
-            os.unlink(entry.path)
+            if folder:
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
             removed.append(Path(entry.path))
     return removed
 

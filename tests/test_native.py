@@ -97,7 +97,16 @@ def test_exports_only_the_c_entry_points(lib, counters):
         pytest.skip("nm not available")
     ours = {line.split()[-1] for line in out.stdout.splitlines() if " T " in line}
     assert ours == {"RegisterCustomOps", "graphkit_native_ops", "graphkit_native_api_version",
-                    "graphkit_native_parallel_for_calls"}
+                    "graphkit_native_op_types", "graphkit_native_parallel_for_calls"}
+
+
+def test_op_types_list_each_kernels_element_types(lib):
+    """graphkit_native_op_types(): per served op, each kernel's input and output element
+    types (TensorProto numbers), what `graphkit deploy` writes into its manifest."""
+    types = native.op_types(lib)
+    assert set(types) == native.served_ops(lib)
+    assert sorted(types["graphkit.native::my_add"]) == [((1, 1), (1,)), ((10, 10), (10,)), ((11, 11), (11,))]
+    assert sorted(types["custom::deform_conv2d"]) == [((1,) * 5, (1,)), ((11,) * 5, (11,))]
     ldd = subprocess.run(["ldd", str(lib)], capture_output=True, text=True).stdout
     assert "onnxruntime" not in ldd
 

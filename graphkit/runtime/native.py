@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from graphkit.ops import NativeKernels, OpPackage, OpRegistry
 
 __all__ = ["CXX_FLAGS", "LINK_FLAGS", "LIBRARY_NAME", "cache_dir", "include_dir", "library_for",
-           "library_path", "package_id", "served_ops"]
+           "library_path", "op_types", "package_id", "served_ops"]
 
 # Compile flags of every object (graphkit's and packages'); packages add their cxx_flags.
 CXX_FLAGS: tuple[str, ...] = (
@@ -256,15 +256,17 @@ def _compile_error(unit: _Unit, proc: subprocess.CompletedProcess, log: Path) ->
 # ---- the registration table and the link ----------------------------------------------------
 
 
-def _link_libraries(natives: Sequence[NativeKernels]) -> tuple[list[str], list[str]]:
+def _link_libraries(natives: Sequence[NativeKernels], relocatable: bool = False) -> tuple[list[str], list[str]]:
     """The packages' ``-L``/rpath/``-l`` link arguments, and what identifies the libraries
-    they name (path, size, mtime) for the cache key: a reinstalled BLAS relinks."""
+    they name (path, size, mtime) for the cache key: a reinstalled BLAS relinks.
+    ``relocatable``: the run-time search path is the library's own directory (``$ORIGIN``),
+    where whoever ships it puts the libraries it links, instead of where they are now."""
     args: list[str] = []
     identity: list[str] = []
     for native in natives:
         dirs = native.library_paths()
         for d in dirs:
-            args += [f"-L{d}", f"-Wl,-rpath,{d}"]
+            args += [f"-L{d}", "-Wl,-rpath,$ORIGIN" if relocatable else f"-Wl,-rpath,{d}"]
         for name in native.libraries:
             args.append(f"-l{name}")
             for d in dirs:
@@ -336,11 +338,14 @@ def _link_error(packages: Sequence[OpPackage], proc: subprocess.CompletedProcess
 
 
 def library_for(packages: Iterable[OpPackage], registry: OpRegistry | None = None, *,
-                extra_flags: Sequence[str] = (), rebuild: bool = False) -> Path:
+                extra_flags: Sequence[str] = (), rebuild: bool = False, relocatable: bool = False) -> Path:
     """The library serving every native op of ``packages`` (compiled ones), building it if needed.
 
     ``registry`` decides the kernel domains (default: graphkit's naming). ``extra_flags``
-    are added to every compile (part of the cache key). Raises NativeBuildError.
+    are added to every compile (part of the cache key). ``relocatable``: a library for
+    shipping (``graphkit deploy``), which finds the libraries the packages link (a BLAS) in
+    its own directory: it loads only once they are copied beside it, so it is not tried here.
+    Raises NativeBuildError.
     """
     pkgs = sorted({id(p): p for p in packages}.values(), key=lambda p: p.name)
     for p in pkgs:
@@ -352,7 +357,7 @@ def library_for(packages: Iterable[OpPackage], registry: OpRegistry | None = Non
     base = _base_key(compiler, extra_flags)
     units = _units(pkgs, natives, base, extra_flags)
     table, _ = _table(pkgs, registry)
-    link_args, link_identity = _link_libraries(natives)
+    link_args, link_identity = _link_libraries(natives, relocatable)
     key = build_cache.hash_key(base, table, shlex.join(LINK_FLAGS), shlex.join(link_args), *link_identity,
                                *(u.key for u in units))
     entry = build_cache.Entry("native/lib", key)
@@ -364,7 +369,7 @@ def library_for(packages: Iterable[OpPackage], registry: OpRegistry | None = Non
         # Not there, or damaged (size, sha256 or ELF structure): build it anew.
         entry.invalidate(LIBRARY_NAME)
         lib = _build_library(entry, pkgs, units, compiler, table, extra_flags, link_args, rebuild)
-        problem = _load_problem(lib)
+        problem = None if relocatable else _load_problem(lib)
         if problem is not None:
             entry.invalidate(LIBRARY_NAME)
             raise NativeBuildError(
@@ -442,6 +447,20 @@ def library_path(*, rebuild: bool = False) -> Path:
     needs. ``rebuild=True`` compiles even if valid cached files exist.
     """
     return library_for([_builtin_package()], rebuild=rebuild)
+
+
+def op_types(path: Path) -> dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]]:
+    """``domain::name`` -> the (input, output) element types (ONNX TensorProto numbers) of each
+    kernel of the library at ``path``, read from its ``graphkit_native_op_types()``."""
+    fn = ctypes.CDLL(str(path)).graphkit_native_op_types
+    fn.restype = ctypes.c_char_p
+    fn.argtypes = []
+    out: dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+    for entry in filter(None, (fn() or b"").decode().split(";")):
+        name, _, kernels = entry.partition("=")
+        out[name] = [tuple(tuple(int(t) for t in side.split(",") if t) for side in k.split(">"))
+                     for k in kernels.split("|") if k]
+    return out
 
 
 def served_ops(path: Path | None = None) -> frozenset[str]:

@@ -18,6 +18,7 @@ Every node without a kernel is named before ONNX Runtime is touched.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import os
@@ -38,7 +39,7 @@ from graphkit.ops.tensor_types import numpy_dtype
 from graphkit.runtime import _weights
 from graphkit.runtime import python_kernels as pk
 
-__all__ = ["open_session", "Session", "TensorInfo", "STANDARD_DOMAINS"]
+__all__ = ["open_session", "kernel_needs", "KernelNeeds", "Session", "TensorInfo", "STANDARD_DOMAINS"]
 
 # Domains ONNX Runtime serves itself.
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "com.microsoft"})
@@ -335,6 +336,35 @@ def _plan(model: onnx.ModelProto, registry: OpRegistry, path: str | None, *,
         raise UnsupportedOpError(f"{len(problems)} nodes have no kernel: {lines}", path=path,
                                  hint="; ".join(hints))
     return _Plan(native, python, extensions, libraries)
+
+
+@dataclass(frozen=True)
+class KernelNeeds:
+    """What a model's nodes need besides ONNX Runtime's own kernels (open_session's sorting).
+
+    ``native`` and ``python`` count the nodes (``domain::op``) served by native libraries
+    and by Python kernels (which need graphkit at run time); ``packages`` are the op
+    packages whose native kernels serve the native ones; ``extensions``: nodes of
+    onnxruntime-extensions' own domains."""
+
+    native: Mapping[str, int]
+    python: Mapping[str, int]
+    packages: tuple[Any, ...]
+    extensions: bool
+
+
+def kernel_needs(model: onnx.ModelProto, registry: OpRegistry, *, path: str | None = None) -> KernelNeeds:
+    """Sort ``model``'s nodes by the kernels they need, building nothing. Raises
+    UnsupportedOpError naming every node without a kernel, as open_session does."""
+    plan = _plan(model, registry, path, build=False)
+
+    def count(refs: list[_NodeRef]) -> dict[str, int]:
+        return dict(collections.Counter(f"{r.node.domain}::{r.node.op_type}" for r in refs))
+
+    packages = {id(p): p for r in plan.native
+                for p in (registry.package_of(registry.lookup(r.node.domain, r.node.op_type)),)}
+    return KernelNeeds(count(plan.native), count(plan.python),
+                       tuple(p for p in registry.packages if id(p) in packages), plan.extensions)
 
 
 def _tensor_info(arg: Any, proto_types: Mapping[str, onnx.TypeProto]) -> TensorInfo:

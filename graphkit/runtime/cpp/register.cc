@@ -39,6 +39,36 @@ DomainStore& store() {
 // "domain::name,..." for every op the library registers, in every domain.
 GK_EXPORT const char* graphkit_native_ops(void) { return gk::kServedOps; }
 
+// "domain::name=IN,IN>OUT|IN,IN>OUT;..." for every op in every domain: per kernel (one per
+// element type), its input and output element types as ONNX TensorProto numbers. Read by
+// `graphkit deploy` for the manifest; the callbacks it calls need no OrtApi.
+GK_EXPORT const char* graphkit_native_op_types(void) {
+  static const std::string text = [] {
+    std::string out;
+    for (size_t d = 0; d < gk::kRegistrationCount; ++d) {
+      const gk::DomainEntry& entry = gk::kRegistration[d];
+      for (size_t k = 0; k < entry.count; ++k) {
+        const gk::OpSet* set = entry.ops[k]();
+        if (!out.empty()) out += ';';
+        out += std::string(entry.domain) + "::" + set->name + "=";
+        for (size_t i = 0; i < set->count; ++i) {
+          const OrtCustomOp* op = &set->ops[i];
+          if (i) out += '|';
+          for (size_t j = 0, n = op->GetInputTypeCount(op); j < n; ++j) {
+            out += (j ? "," : "") + std::to_string(op->GetInputType(op, j));
+          }
+          out += '>';
+          for (size_t j = 0, n = op->GetOutputTypeCount(op); j < n; ++j) {
+            out += (j ? "," : "") + std::to_string(op->GetOutputType(op, j));
+          }
+        }
+      }
+    }
+    return out;
+  }();
+  return text.c_str();
+}
+
 // The OrtApi version this library requests and declares in its OrtCustomOps.
 GK_EXPORT uint32_t graphkit_native_api_version(void) { return gk::kOrtApiVersion; }
 
