@@ -126,7 +126,7 @@ def test_python_kernel_warning_not_printed(model_file, tmp_path):
 
 # --------------------------------------------------------------------------- 2. examples in --help
 
-COMMANDS = ("rewrite", "run", "inspect", "export", "verify", "compare", "ops", "show")
+COMMANDS = ("rewrite", "run", "inspect", "export", "verify", "compare", "ops", "show", "deploy")
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -119,7 +119,7 @@ def test_every_model_command_takes_repeatable_ops():
 
     argv = {"rewrite": ["in.onnx", "out.onnx"], "simplify": ["in.onnx", "out.onnx"], "run": ["m.onnx"], "inspect": ["m.onnx"],
             "export": ["m.py:build", "out.onnx", "--input", "x=1"], "verify": ["m.py:build", "m.onnx"],
-            "compare": ["a.onnx", "b.onnx"], "ops": []}
+            "compare": ["a.onnx", "b.onnx"], "ops": [], "deploy": ["m.onnx", "-o", "d"]}
     assert set(argv) == set(OPS_COMMANDS)
     parser = _parser()
     for command, rest in argv.items():

@@ -29,11 +29,13 @@ SUBCOMMANDS = {
     "compare": ("graphkit.cli.compare", "run two ONNX models on the same inputs and compare; --bisect finds the first diverging node"),
     "ops": ("graphkit.cli.ops", "list every known op: its package, signature, attributes and lowerings"),
     "show": ("graphkit.cli.show", "draw a model, or what a rewrite changed (before/after per region), as SVG + HTML"),
+    "deploy": ("graphkit.cli.deploy", "write what plain ONNX Runtime needs to run a model without graphkit: its kernel "
+               "library, the libraries that links, a manifest, how to load them"),
 }
 
 # Subcommands that read or write models, and so need to know the ops in them: each takes
 # --ops (added here, once) and reads args.ops.
-OPS_COMMANDS = frozenset({"rewrite", "simplify", "run", "inspect", "export", "verify", "compare", "ops"})
+OPS_COMMANDS = frozenset({"rewrite", "simplify", "run", "inspect", "export", "verify", "compare", "ops", "deploy"})
 
 # Spelled out here rather than imported from graphkit.ops (which imports onnx): `--help`
 # stays fast. tests/test_cli_ops.py checks they agree with graphkit.ops.
@@ -105,6 +107,9 @@ EXAMPLES = {
             "graphkit ops --ops ./my_ops.py --json"),
     "show": ("graphkit show model.onnx model.std.onnx -o pictures/  # what the rewrite changed",
              "graphkit show model.onnx -o pictures/                  # the whole (small) model"),
+    "deploy": ("graphkit deploy model.native.onnx -o deploy/ --copy-model  # kernels + model, for plain onnxruntime",
+               "graphkit deploy --package graphkit_ops -o kernels/          # every native op of a package",
+               "graphkit deploy model.native.onnx -o deploy/ --ops acme_ops --march x86-64-v2 --json"),
 }
 
 
