@@ -628,3 +628,24 @@ def test_torchs_expand_guard_on_symbolic_dims_folds():
     rng = np.random.default_rng(8)
     same_values(model, out, [{"x": rng.standard_normal((1, 4)).astype(np.float32),
                               "y": rng.standard_normal((n, 4)).astype(np.float32)} for n in (1, 3)])
+
+
+def test_shared_inner_unsqueezes_merge_into_each_reader_and_true_and_is_a_no_op():
+    #   a -> Unsqueeze[0, 1] -> Unsqueeze[3] -> p ; -> Unsqueeze[2] -> q ; m = And(True, mask)
+    nodes = [const("ax01", np.array([0, 1], np.int64)), const("ax3", np.array([3], np.int64)),
+             const("ax2", np.array([2], np.int64)), helper.make_node("Unsqueeze", ["a", "ax01"], ["u"]),
+             helper.make_node("Unsqueeze", ["u", "ax3"], ["p"]), helper.make_node("Unsqueeze", ["u", "ax2"], ["q"]),
+             const("yes", np.array(True)), helper.make_node("And", ["yes", "mask"], ["m"]),
+             helper.make_node("Identity", ["m"], ["mo"])]
+    model = model_of(nodes, [vi("a", ["n"]), vi("mask", ["n"], TensorProto.BOOL)],
+                     [vi("p", [1, 1, "n", 1]), vi("q", [1, 1, 1, "n"]), vi("mo", ["n"], TensorProto.BOOL)])
+    out, _ = simplified(model)
+    assert sorted(ops(out)) == ["Identity", "Unsqueeze", "Unsqueeze"]  # (Identity: mask is an input, mo an output)
+    import onnxruntime as ort
+
+    for n in (1, 4):
+        feeds = {"a": np.arange(n, dtype=np.float32), "mask": np.arange(n) % 2 == 0}
+        want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+        got = ort.InferenceSession(out.SerializeToString()).run(None, feeds)
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(g, w)

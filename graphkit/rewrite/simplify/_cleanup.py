@@ -91,22 +91,22 @@ def _no_op_input(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto) -> st
             dims, out_dims = types.dims(chosen), types.dims(node.output[0])
             if dims is not None and dims == out_dims and types.elem(chosen) == types.elem(node.output[0]):
                 return chosen
-    if op in ("Add", "Sub", "Mul", "Div") and len(node.input) == 2:
+    if op in ("Add", "Sub", "Mul", "Div", "And", "Or") and len(node.input) == 2:
         return _neutral_operand(scope, types, node)
     return None
 
 
 def _neutral_operand(scope: Scope, types, node: onnx.NodeProto) -> str | None:
-    """The input of x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1 where the constant neither
-    widens x by broadcasting nor changes its type (only -0.0 + 0 = +0.0 differs, a value
-    equal to it)."""
+    """The input of x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1, x and True, x or False where
+    the constant neither widens x by broadcasting nor changes its type (only -0.0 + 0 = +0.0
+    differs, a value equal to it)."""
     op, (a, b) = node.op_type, node.input
     for x, c in ((a, b), (b, a)):
-        if c == b or op in ("Add", "Mul"):
-            value = scope.value(c, limit=1 << 16)
-            if value is None or value.dtype.kind not in "fiu":
+        if c == b or op in ("Add", "Mul", "And", "Or"):
+            value = scope.value(c, limit=1 << 16) if scope.is_constant(c) else None
+            if value is None or value.dtype.kind not in ("b" if op in ("And", "Or") else "fiu"):
                 continue
-            neutral = 0 if op in ("Add", "Sub") else 1
+            neutral = {"Add": 0, "Sub": 0, "Mul": 1, "Div": 1, "And": True, "Or": False}[op]
             if not np.all(value == neutral):
                 continue
             dims = types.dims(x)
@@ -119,14 +119,13 @@ def _neutral_operand(scope: Scope, types, node: onnx.NodeProto) -> str | None:
 
 
 def _merge_pair(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto) -> bool:
-    """Unsqueeze(Unsqueeze(x)) -> one Unsqueeze, Reshape(Reshape(x)) -> one Reshape, where the
-    inner node has no other reader."""
+    """Unsqueeze(Unsqueeze(x)) -> one Unsqueeze, Reshape(Reshape(x)) -> one Reshape: the outer
+    node reads x (each reader of a shared inner node does)."""
     if node.domain not in AI_ONNX or node.op_type not in ("Unsqueeze", "Reshape") or len(node.input) < 2:
         return False
     inner_k = scope.producer.get(node.input[0])
     inner = scope.nodes[inner_k] if inner_k is not None else None
-    if (inner is None or inner.op_type != node.op_type or inner.domain not in AI_ONNX or len(inner.input) < 2
-            or inner.output[0] in scope.output_set or len(scope.readers(inner.output[0])) != 1):
+    if inner is None or inner.op_type != node.op_type or inner.domain not in AI_ONNX or len(inner.input) < 2:
         return False
     if node.op_type == "Reshape":
         shape = scope.value(node.input[1], limit=1 << 12)
@@ -151,8 +150,7 @@ def _merge_pair(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto
             scope.placed.setdefault(k, []).append(made)
         scope.set_input(k, 0, inner.input[0])
         scope.set_input(k, 1, name)
-    scope.remove(inner_k)
-    return True
+    return True  # (the inner node goes with eliminate-dead once no other node reads it)
 
 
 def remove_no_ops(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
