@@ -2,10 +2,11 @@
 op's shape function (its OpDef's ``infer_shapes``) known, run on a copy of the model without
 its large weights.
 
-A dim is an int, a symbol (str: the model's dim_param, or a name made here for a dim
-inference could not name) or None. Two dims with the same symbol are equal: dim_params are
-the model's own statement that two dims agree, as ONNX Runtime and every simplifier read them;
-a dim inference left unnamed gets a symbol of its own tensor and axis.
+A dim is an int, a symbol (str: the model's dim_param, the "unk__N" ONNX inference gives a
+dim it cannot tell, or a name made here for a dim with no name at all) or None. Two dims with
+the same symbol are equal: dim_params are the model's own statement that two dims agree, as
+ONNX Runtime and every simplifier read them, and inference copies an unk__ name with its dim;
+a dim with no name gets a symbol of its own tensor and axis.
 """
 
 from __future__ import annotations
@@ -76,7 +77,9 @@ def _dims(tt: onnx.TypeProto.Tensor, name: str) -> list[Any] | None:
     for axis, d in enumerate(tt.shape.dim):
         if d.HasField("dim_value"):
             dims.append(int(d.dim_value))
-        elif d.HasField("dim_param") and d.dim_param and not d.dim_param.startswith("unk__"):
+        elif d.HasField("dim_param") and d.dim_param:
+            # (inference names a dim it cannot tell "unk__N" when it makes it, and copies that
+            # name wherever the dim goes: within one inference, one name is one dim)
             dims.append(d.dim_param)
         else:
             dims.append(f"?{name}#{axis}")  # unknown: equal only to itself
