@@ -69,10 +69,15 @@ def x_feeds(*shapes, seed=0):
     return [{"x": rng.standard_normal(s).astype(np.float32)} for s in shapes]
 
 
-def test_the_cli_lists_the_passes_simplify_has():
+def test_the_cli_and_the_docs_list_the_passes_simplify_has():
+    import re
+
+    from conftest import REPO
     from graphkit.cli._simplify_args import PASSES
 
     assert PASSES == PASS_NAMES
+    page = (REPO / "docs" / "simplify.md").read_text()
+    assert tuple(re.findall(r"^\| ([a-z-]+) \|", page, re.M)) == PASS_NAMES
 
 
 # -- each pass -------------------------------------------------------------------------
