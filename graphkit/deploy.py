@@ -47,7 +47,6 @@ __all__ = ["MANIFEST", "DeployReport", "deploy"]
 
 MANIFEST = "graphkit-deploy.json"
 FORMAT = "graphkit-deploy/1"
-_MIN_ORT = {17: "1.17"}  # C API version -> the first ONNX Runtime serving it
 
 
 @dataclass
@@ -282,7 +281,8 @@ def _assemble(tmp: Path, libraries: list[tuple[Path, list[Any], list[Path]]], pr
     return {
         "format": FORMAT,
         "created_by": _versions(),
-        "onnxruntime": {"api_version": api, "min_version": _MIN_ORT.get(api, "1.17") if api else None},
+        # ONNX Runtime 1.N brought C API version N
+        "onnxruntime": {"api_version": api, "min_version": f"1.{api}" if api else None},
         "platform": {"system": platform.system(), "machine": platform.machine(), "march": march or "native",
                      "cpu": _cpu_name()},
         "libraries": libs,
@@ -309,11 +309,11 @@ def _distribution(path: Path) -> dict[str, str]:
     """The installed distribution a file comes from (a wheel's library), if any."""
     from importlib.metadata import PackageNotFoundError, packages_distributions, version
 
-    real = path.resolve()
+    real, owners = path.resolve(), packages_distributions()
     for entry in map(Path, sys.path):
         with contextlib.suppress(ValueError, OSError):
             top = real.relative_to(entry.resolve()).parts[0]
-            for dist in packages_distributions().get(top, []):
+            for dist in owners.get(top, []):
                 with contextlib.suppress(PackageNotFoundError):
                     return {"distribution": dist, "version": version(dist)}
     return {}
