@@ -77,7 +77,7 @@ def test_the_cli_and_the_docs_list_the_passes_simplify_has():
 
     assert PASSES == PASS_NAMES
     page = (REPO / "docs" / "simplify.md").read_text()
-    assert tuple(re.findall(r"^\| ([a-z-]+) \|", page, re.M)) == PASS_NAMES
+    assert tuple(n for n in re.findall(r"^\| ([a-z-]+) \|", page, re.M) if n != "pass") == PASS_NAMES
 
 
 # -- each pass -------------------------------------------------------------------------
