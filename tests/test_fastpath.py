@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,8 @@ from conftest import NP_TYPES, REPO, my_add_model, run_cli
 from graphkit.errors import GraphkitError, RewriteError, ValidationError
 from graphkit.ops import Decomposition, NativeKernels, OpDef, OpPackage, OpRegistry, Param, default_registry
 from graphkit.rewrite import Lowering, rewrite_model
-from graphkit.rewrite import _bodybytes, _bodysplice, _fastpath, _wire
-from graphkit.rewrite._fastpath import InBodies, Unsupported
+from graphkit.rewrite import _bodybytes, _bodysplice, _bytecommon, _fastpath, _wire
+from graphkit.rewrite.writers import InBodies, Pieces, Request, Unsupported
 from graphkit.rewrite.engine import DEFAULT_PREFERENCE
 from graphkit.rewrite.serialized import rewrite_bytes
 
@@ -38,11 +39,17 @@ def _bench_model(pairs: int) -> onnx.ModelProto:
 
 
 def lower_bytes(data: bytes, model: onnx.ModelProto, **options):
-    """The byte writer rewrite_bytes runs: the main graph's, else (placeholders in subgraphs) the bodies'."""
+    """The byte writer rewrite_bytes runs: the main graph's, else (placeholders in subgraphs) the
+    bodies'; the output's bytes and the report. ``options``: the Request's keywords."""
     try:
-        return _fastpath.lower_bytes(data, model, **options)
+        out, report = _fastpath.write(Request(data, model, **options))
     except InBodies:
-        return _bodybytes.lower_bytes(data, model, **options)
+        out, report = _bodybytes.write(Request(data, model, **options))
+    return out.join(), report
+
+
+def _request(data: bytes, model: onnx.ModelProto, **options) -> Request:
+    return Request(data, model, registry=default_registry(), prefer=DEFAULT_PREFERENCE, **options)
 
 
 def _without_writer(report) -> dict:
@@ -450,7 +457,7 @@ def test_type_table_serving_steps_aside_at_its_end():
     whatever the block raised (that followed from the answer)."""
     model = _asking_model("main")
     nodes = model.graph.node
-    types = _fastpath._ForwardTypes(model, default_registry(), nodes, [n.domain for n in nodes],
+    types = _bytecommon.ForwardTypes(model, default_registry(), nodes, [n.domain for n in nodes],
                                     [n.op_type for n in nodes], [list(n.input) for n in nodes],
                                     [list(n.output) for n in nodes], set(), set())
     with pytest.raises(Unsupported, match="shape inference"):
@@ -539,7 +546,7 @@ def test_initializer_names_and_weights_in_the_name_probe():
     _, _, g0, g1 = next(e for e in _wire.entries(data, 0, len(data)) if e[0] == 7)
     starts, ends, others = _wire.node_entries(data, g0, g1)
     regions = [(starts[0], ends[-1])] + [(s, e) for f, s, e in others if f != 5]
-    assert _fastpath._name_seed(data, regions, ["w"], {"add0", "add1", "add2"}, model) is None
+    assert _bytecommon.name_seed(data, regions, ["w"], {"add0", "add1", "add2"}, model) is None
     assert b"add1/" in data
     same(model)
 
@@ -584,11 +591,11 @@ def test_external_data(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     loaded = onnx.load(tmp_path / "m.onnx", load_external_data=False)
     data = (tmp_path / "m.onnx").read_bytes()
-    assert _fastpath.has_external_data(data, loaded)
+    assert _request(data, loaded).has_external_data()
     same(loaded, data=data)
     monkeypatch.setattr(engine, "FULL_CHECK_NODES", 0)
     same(loaded, data=data)
-    assert not _fastpath.has_external_data(_bench_model(2).SerializeToString(), _bench_model(2))
+    assert not _request(_bench_model(2).SerializeToString(), _bench_model(2)).has_external_data()
 
 
 def test_bound_nodes_sharing_a_name():
@@ -690,18 +697,36 @@ def test_cli_report_that_cannot_be_made_writes_nothing(tmp_path):
     assert "not valid UTF-8" in proc.stderr and not dst.exists(), proc.stderr
 
 
-def test_rewrite_file_refused_before_the_writers_keeps_no_model(tmp_path):
-    """rewrite_file asks has_external_data first; the answer, remembered for the writers, holds
-    the parsed model until a writer forgets it. A rewrite refused before either writer runs (a
-    --target-opset out of range) forgets it too: the model is not kept after the error."""
+def test_rewrite_file_refused_before_the_writers_keeps_no_model(tmp_path, monkeypatch):
+    """What the writers learn of the bytes (external data, canonical or not) is the request's,
+    remembered nowhere else: a rewrite refused before any writer runs (a --target-opset out of
+    range) leaves nothing holding the parsed model after the error."""
+    import graphkit.modelio as modelio
     from graphkit.errors import UsageError
     from graphkit.rewrite import rewrite_file
 
+    parsed = []
+    parse = modelio.parse_model_bytes
+    monkeypatch.setattr(modelio, "parse_model_bytes", lambda *a: parsed.append(parse(*a)) or parsed[-1])
     src = tmp_path / "in.onnx"
     onnx.save(_scaling("if_bodies", 3), src)
-    with pytest.raises(UsageError, match="--target-opset 2"):
+    with pytest.raises(UsageError, match="--target-opset 2") as refused:
         rewrite_file(src, None, target_opset=2)
-    assert _fastpath._Canonical.external is None and _fastpath._Canonical.last is None
+    del refused  # its traceback's frames hold the calls' arguments
+    refs = sys.getrefcount(parsed[0])  # (outside the assert: pytest's rewriting would hold it once more)
+    assert len(parsed) == 1 and refs == 2  # the list's, the call's argument
+
+
+def test_a_request_remembers_what_it_learns_of_the_bytes(monkeypatch):
+    """has_external_data scans the bytes (and may ask canonical(): one ByteSize) once per request."""
+    model = _scaling("if_bodies", 3)
+    data = model.SerializeToString() + b"\xf0"  # a padded key's first byte: canonical() is asked
+    request = _request(data, model)
+    sizes = []
+    size = onnx.ModelProto.ByteSize
+    monkeypatch.setattr(onnx.ModelProto, "ByteSize", lambda m: sizes.append(1) or size(m), raising=False)
+    assert request.has_external_data() is False and request.has_external_data() is False
+    assert request.canonical() is False and len(sizes) <= 1
 
 
 def test_rewrite_file_is_the_clis_one_entry_point(tmp_path, monkeypatch):
@@ -823,16 +848,18 @@ def test_input_checked_before_the_lowering_lists(monkeypatch):
 
     monkeypatch.setattr(engine, "FULL_CHECK_NODES", 0)
     calls = []
-    for name in ("_input_refused", "_node_names"):
-        fn = getattr(_fastpath, name)
-        monkeypatch.setattr(_fastpath, name, lambda *a, _fn=fn, _name=name: (calls.append(_name), _fn(*a))[1])
+    for name in ("input_refused", "node_names"):  # where the writer calls it, and where its helpers do
+        fn = getattr(_bytecommon, name)
+        spy = (lambda *a, _fn=fn, _name=name: (calls.append(_name), _fn(*a))[1])
+        monkeypatch.setattr(_fastpath, name, spy)
+        monkeypatch.setattr(_bytecommon, name, spy)
     model = _bench_model(30)
     _, report = lower_bytes(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE)
     assert report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS)
-    assert calls == ["_input_refused", "_node_names", "_input_refused"]  # the input, then the replacements
+    assert calls == ["input_refused", "node_names", "input_refused"]  # the input, then the replacements
     calls.clear()
     lower_bytes(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE, check=False)
-    assert calls == ["_node_names"]
+    assert calls == ["node_names"]
 
 
 @pytest.mark.parametrize("model", [_bench_model(7), _unnamed("my_add", 7, True), _unnamed("asinh", 7, False),
@@ -847,7 +874,7 @@ def test_repeats_written_a_block_at_a_time(model, monkeypatch):
 def test_pieces_write_what_join_makes(tmp_path):
     """The output written piece by piece, a few joined at a time, is the joined output."""
     data = bytes(range(256)) * 3
-    pieces = _fastpath.Pieces([memoryview(data)[:5], b"", data[5:300], memoryview(data)[300:], b"tail"])
+    pieces = Pieces([memoryview(data)[:5], b"", data[5:300], memoryview(data)[300:], b"tail"])
     assert len(pieces) == len(data) + 4 and pieces.join() == data + b"tail"
     with open(tmp_path / "out", "wb") as fh:
         pieces.write(fh, block=2)
@@ -922,7 +949,7 @@ def test_check_parts_refuses_what_the_checker_would():
         first = first or [_part([mul], add0.input, add0.output)]
         second = second or [_part([helper.make_node("Mul", list(add1.input), list(add1.output))], add1.input,
                                   add1.output)]
-        return _fastpath._check_parts(data, model, header, first + second, set(used), registry)
+        return _bytecommon.check_parts(data, model, header, first + second, set(used), registry)
 
     assert parts() is None
     bad_attr = helper.make_node("Mul", list(add0.input), list(add0.output), bogus=1)
@@ -983,12 +1010,11 @@ def test_probes_find_padded_varints(key_pad, value_pad):
     model = onnx.ModelProto.FromString(data)
     assert model.graph.initializer[0].data_location == onnx.TensorProto.EXTERNAL
     assert model.graph.node[0].attribute[0].type == onnx.AttributeProto.GRAPH
-    assert _fastpath.has_external_data(data, model)
+    assert _request(data, model).has_external_data()
     _, _, g0, g1 = _wire.entries(data, 0, len(data))[1]
     _, _, holders = _fastpath._subgraph_info(list(model.graph.node), data, g0, g1,
                                             lambda: len(data) == model.ByteSize())
     assert holders == {0}
-    _fastpath._Canonical.forget()
 
 
 @pytest.mark.parametrize("size", [60, 120, 130, 300])
@@ -1003,8 +1029,8 @@ def test_unnamed_repeats_with_long_value_names(size, fan_out, monkeypatch):
     for vi in model.graph.output:
         vi.name += "v" * size
     calls = []
-    emit_all = _fastpath._Template.emit_all
-    monkeypatch.setattr(_fastpath._Template, "emit_all", lambda *a: calls.append(1) or emit_all(*a))
+    emit_all = _bytecommon.TemplateWriter.emit_all
+    monkeypatch.setattr(_bytecommon.TemplateWriter, "emit_all", lambda *a: calls.append(1) or emit_all(*a))
     same(model)
     assert bool(calls) == (size > 125)  # names y<i> + size "v"s
 
@@ -1019,7 +1045,7 @@ def test_forward_pass_waits_when_placeholders_read_declared_names():
               [list(n.output) for n in nodes])
 
     def table(read):
-        return _fastpath._ForwardTypes(model, default_registry(), nodes, *fields, set(), set(), read)
+        return _bytecommon.ForwardTypes(model, default_registry(), nodes, *fields, set(), set(), read)
 
     waiting, at_once = table(["x"]), table(["x", "y0"])
     assert waiting._pending is not None and at_once._pending is None
@@ -1697,8 +1723,9 @@ def test_bodies_input_checked_before_the_type_table(monkeypatch):
     """As in the main graph's writer, the checker runs on the input before the bodies' writer
     reads every node (test_input_checked_before_the_lowering_lists), and once only."""
     calls = []
-    check, types = _fastpath._input_refused, _bodybytes._Types
-    monkeypatch.setattr(_fastpath, "_input_refused", lambda *a: (calls.append("check"), check(*a))[1])
+    check, types = _bytecommon.input_refused, _bodybytes._Types
+    for module in (_bodybytes, _bytecommon):  # where the writer calls it, and where check_parts does
+        monkeypatch.setattr(module, "input_refused", lambda *a: (calls.append("check"), check(*a))[1])
     monkeypatch.setattr(_bodybytes, "_Types", lambda *a, **k: (calls.append("types"), types(*a, **k))[1])
     _, report, _ = _by_parts(_scaling("if_bodies", 20), monkeypatch)
     assert report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS), report.writer_reason

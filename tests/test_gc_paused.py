@@ -9,7 +9,8 @@ from onnx import TensorProto, helper
 
 from graphkit.ops import Decomposition, OpDef, OpRegistry, Param
 from graphkit.rewrite import rewrite_model
-from graphkit.rewrite._fastpath import lower_bytes
+from graphkit.rewrite import _fastpath
+from graphkit.rewrite.writers import Request
 from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite.engine import DEFAULT_PREFERENCE
 
@@ -72,7 +73,7 @@ def test_both_writers_lower_with_the_collector_off_and_restore_it(collector_on):
     rewrite_model(model, registry=registry)
     assert seen and not any(seen) and gc.isenabled()
     del seen[:]
-    _, report = lower_bytes(model.SerializeToString(), model, registry=registry, prefer=DEFAULT_PREFERENCE)
+    _, report = _fastpath.write(Request(model.SerializeToString(), model, registry=registry, prefer=DEFAULT_PREFERENCE))
     assert report.writer == "bytes"
     assert seen and not any(seen) and gc.isenabled()
 
@@ -98,18 +99,19 @@ def test_the_collectors_first_pass_after_a_rewrite_finds_its_lists_freed(collect
 
     n = 3000
     model = _bodies_model(n) if bodies else chain(n)
-    lower = _bodybytes.lower_bytes if bodies else lower_bytes
+    write = _bodybytes.write if bodies else _fastpath.write
     young: list[int] = []
 
     def seen(phase, info):
         if phase == "start":
             young.append(len(gc.get_objects(generation=0)))
 
-    lower(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE)  # caches made
+    write(Request(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE))  # caches made
     gc.collect()
     gc.callbacks.append(seen)
     try:
-        _, report = lower(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE)
+        _, report = write(Request(model.SerializeToString(), model, registry=default_registry(),
+                                  prefer=DEFAULT_PREFERENCE))
     finally:
         gc.callbacks.remove(seen)
     assert report.writer == "bytes"

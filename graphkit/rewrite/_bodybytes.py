@@ -1,6 +1,8 @@
-"""The byte writer inside subgraphs: custom:: placeholders in If branches, Loop and Scan bodies.
+"""The bodies' byte writer: custom:: placeholders in If branches, Loop and Scan bodies.
 
-graphkit.rewrite._fastpath splices replacements into the main graph's serialized node
+One of the writers of graphkit.rewrite.writers (:func:`write` is its side of their one
+interface; the placeholders become standard ops in ``LoweringPlan.lower``, as in every
+writer). graphkit.rewrite._fastpath splices replacements into the main graph's serialized node
 list. Here every graph nested in a node's attributes (``g``, ``graphs``, at any depth) is
 a scope of its own: each main-graph node holding graphs with placeholders is written
 again from its serialized bytes, each message on the way down to the placeholders parsed
@@ -23,7 +25,7 @@ The result is the objects writer's, byte for byte (tests/test_fastpath.py's corp
 * Lowering: one ``LoweringPlan`` with one ``LoweringScope`` per node list, as the pass
   has. The first node of each kind is lowered by ``LoweringPlan.lower``. A later node of
   the kind, in a scope holding the kind's template (``LoweringScope.templates``),
-  repeats it (``_fastpath._Template``, with the names the template reads from its scope,
+  repeats it (``_bytecommon.TemplateWriter``, with the names the template reads from its scope,
   an adopted template's constants, as slots); in a scope without one, where the plan
   would adopt another scope's template, ``LoweringPlan.adopt`` does (its constants made
   in this scope) and the instance is written from it, or, for a body whose one
@@ -34,9 +36,9 @@ The result is the objects writer's, byte for byte (tests/test_fastpath.py's corp
 * Names: the generator starts empty where no name of the model starts with a
   placeholder's ``<prefix>/`` (every generated name does; bodies' names and the outer
   names they read are in the bytes searched), else with every name of the model, as the
-  engine's (``_fastpath._name_seed``); it is asked in the lowering's order, the bytes
+  engine's (``_bytecommon.name_seed``); it is asked in the lowering's order, the bytes
   written afterwards.
-* Element types: the engine's ``TypeTable`` (``_fastpath._ForwardTypes`` over the main
+* Element types: the engine's ``TypeTable`` (``_bytecommon.ForwardTypes`` over the main
   graph, subgraphs through TypeTable's own pass), whose pass also lists the scopes
   (``_Types``). Where every placeholder input is declared with a type (or is an output
   of a main-graph If/Loop/Scan whose body output is), the declarations alone give the
@@ -76,6 +78,8 @@ where the conversion moves the imports alone or changes nodes by steps on their 
 graphkit's adapters make here (graphkit.rewrite._convertbytes.splice_scopes: in every graph,
 spliced like the replacements, every graph listed and written as its serialized entries
 spliced: ``graph_bytes``).
+
+The steps are :class:`_Bodies`' methods, in :meth:`_Bodies.run`'s order.
 """
 
 from __future__ import annotations
@@ -94,7 +98,8 @@ from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
 from graphkit.rewrite import _convertbytes, _wire
 from graphkit.rewrite import _bodysplice
 from graphkit.rewrite._bodysplice import Scope, graph_bytes, holder_entries
-from graphkit.rewrite import _fastpath as _fp
+from graphkit.rewrite._bytecommon import (CHECKED_BY_PARTS, BoundWriter, ForwardTypes, TemplateWriter, assemble,
+                                          check_parts, conversion_steps, count_after, input_refused, seed_names)
 from graphkit.rewrite import engine as _engine
 from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite._walk import AI_ONNX, count_ops
@@ -102,8 +107,9 @@ from graphkit.rewrite._wire import Unsupported
 from graphkit.rewrite.builder import NameGenerator, TypeTable
 from graphkit.rewrite.engine import RewriteReport
 from graphkit.rewrite.plan import Lowered, Lowering, LoweringPlan, LoweringScope, Template
+from graphkit.rewrite.writers import Pieces, Request
 
-__all__ = ["lower_bytes", "lower_pieces", "WHY"]
+__all__ = ["WHY", "write"]
 
 WHY = ("lowering only, custom nodes in subgraphs, no model-local functions: the replacements are spliced "
        "into the serialized subgraphs, their nested length prefixes written again")
@@ -224,8 +230,8 @@ class _NotBulk(Exception):
     pass goes graph by graph."""
 
 
-class _Types(_fp._ForwardTypes):
-    """The engine's type table (``_fastpath._ForwardTypes`` over every node of the main graph,
+class _Types(ForwardTypes):
+    """The engine's type table (``_bytecommon.ForwardTypes`` over every node of the main graph,
     subgraphs through TypeTable's own pass) whose pass through the subgraphs also lists the
     graphs holding placeholders: ``scopes`` in ModelIndex's order (the order the pass enters
     them), ``counts`` every node's (domain, op type).
@@ -879,7 +885,7 @@ def _split(values: list, counts: list[int]) -> list[list]:
     return list(map(values.__getitem__, map(slice, at, at[1:])))
 
 
-def _bound(writer: _fp._Bound, node: Any) -> bytes:
+def _bound(writer: BoundWriter, node: Any) -> bytes:
     """``writer.emit`` for a _wire.Skeletons NodeProto: the node with the bound one's domain and attributes."""
     attributes = getattr(writer, "attribute_bytes", None)
     if attributes is None:
@@ -892,7 +898,7 @@ def _bound(writer: _fp._Bound, node: Any) -> bytes:
     return _wire.entry(out.SerializeToString())
 
 
-def _bound_all(writer: _fp._Bound, nodes: list[bytes]) -> list[bytes]:
+def _bound_all(writer: BoundWriter, nodes: list[bytes]) -> list[bytes]:
     """``_bound`` for each of the serialized ``nodes``, a field of all of them at a time."""
     sk = _wire.Skeletons.load().node
     attributes = getattr(writer, "attribute_bytes", None)
@@ -911,11 +917,11 @@ def _bound_all(writer: _fp._Bound, nodes: list[bytes]) -> list[bytes]:
 class _Layout:
     """A template's nodes (after an adoption's constants) written for many placeholders at a
     time, a field of all of them at once: ``emit(values, asked)`` is, per placeholder, the
-    entries ``_fastpath._Template.emit`` (and ``_Adoption.emit``) write, from its values (the
+    entries ``TemplateWriter.emit`` (and ``_Adoption.emit``) write, from its values (the
     template's inputs padded, the constants it reads, its outputs) and the names the
     generator gave it (``asks``: per template node, its name, then the names it generates)."""
 
-    def __init__(self, written: _fp._Template, tails: list[bytes], n_inputs: int) -> None:
+    def __init__(self, written: TemplateWriter, tails: list[bytes], n_inputs: int) -> None:
         self.plan = written._plan
         self.tails = tails  # per constant made first: its node's fields after output and name
         self.n_inputs = n_inputs  # constants are the values after the inputs
@@ -987,7 +993,7 @@ class _Emitter:
         self.reads = list(template.constants)
         self.n_inputs = len(template.inputs)
         view = Template(template.nodes, [*template.inputs, *self.reads], template.outputs, template.prefix)
-        self.written = _fp._Template(view)
+        self.written = TemplateWriter(view)
 
     def emit(self, template: Template, inputs: list[str], outputs: list[str], prefix: str,
              fresh: Callable[[str], str]) -> bytes:
@@ -1028,203 +1034,238 @@ def _run_end(block: list, start: int, kinds_of: list[int], offset: int, kind: in
     return end
 
 
-def lower_bytes(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
-                prefer: tuple[Lowering, ...], check: bool = True, full_check: bool = False,
-                path: str | None = None, progress: Callable[[str, int, int], None] | None = None,
-                target_opset: int | None = None) -> tuple[bytes, RewriteReport]:
-    """``_fastpath.lower_bytes`` for models with placeholders in subgraphs: the rewritten
-    bytes and the report ``rewrite_model`` gives; Unsupported where the objects writer must run."""
-    out, report = lower_pieces(data, model, registry=registry, prefer=prefer, check=check, full_check=full_check,
-                               path=path, progress=progress, target_opset=target_opset)
-    return out.join(), report
+def write(request: Request) -> tuple[Pieces, RewriteReport]:
+    """The bodies' byte writer (graphkit.rewrite.writers' interface): the request's model with
+    the placeholders of every graph lowered, as the pieces of the serialized output, and the
+    report ``rewrite_model`` gives; Unsupported where the objects writer must run."""
+    with gc_paused():
+        rewrite = _Bodies(request)
+        out, run_check = rewrite.run()
+        report = rewrite.report
+        del rewrite  # what the check does not read
+        if run_check is not None:
+            run_check()
+        # the rewrite's lists (held by the check) freed while the collector is paused: once it
+        # runs again, its first pass walks every object made in the pause that is still alive
+        del run_check
+    return out, report
 
 
-def lower_pieces(data: bytes, model: onnx.ModelProto, *, registry: OpRegistry,
-                 prefer: tuple[Lowering, ...], check: bool = True, full_check: bool = False,
-                 path: str | None = None, progress: Callable[[str, int, int], None] | None = None,
-                 target_opset: int | None = None) -> tuple[_fp.Pieces, RewriteReport]:
-    """lower_bytes, the output as its pieces (``_fastpath.Pieces``: written to a file as they are)."""
-    try:
-        with gc_paused():
-            out, report, run_check = _lower(data, model, registry, prefer, check, full_check, path, progress,
-                                            target_opset)
-            if run_check is not None:
-                run_check()
-            # the rewrite's lists (held by the check) freed while the collector is paused: once it
-            # runs again, its first pass walks every object made in the pause that is still alive
-            del run_check
-        return out, report
-    finally:
-        _fp._Canonical.forget()
+class _Bodies:
+    """One rewrite by the bodies' byte writer, a step a method, in :meth:`run`'s order: read the
+    main graph around its nodes (the preconditions), check the input, make the type table (its
+    pass lists the graphs holding placeholders), seed the names (and splice the conversion),
+    lower every graph's placeholders a block of graphs at a time (:meth:`lower_block`: the
+    first of each kind by the plan, the others repeated or adopted, written a field of many at
+    a time by _Layout), count, splice the graphs and assemble the output, check it."""
 
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.data, self.model, self.registry = request.data, request.model, request.registry
 
-def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tuple[Lowering, ...], check: bool,
-           full_check: bool, path: str | None, progress: Callable[[str, int, int], None] | None,
-           target_opset: int | None) -> tuple[_fp.Pieces, RewriteReport, Callable[[], None] | None]:
-    top = _wire.entries(data, 0, len(data))
-    fields = [e[0] for e in top]
-    if fields.count(_fp._M_GRAPH) != 1:
-        raise Unsupported("graph field not present exactly once")
-    if _fp._M_FUNCTIONS in fields or _fp._M_TRAINING_INFO in fields:
-        raise Unsupported("model-local functions or training info")
-    _, _, g0, g1 = top[fields.index(_fp._M_GRAPH)]
+    def run(self) -> tuple[Pieces, Callable[[], None] | None]:
+        """The output, and the check to run on it (None: no check)."""
+        if not self.read():
+            return Pieces([self.data]), None
+        self.check_input()
+        if not self.type_table():
+            return Pieces([self.data]), None
+        self.seed_and_convert()
+        self.start_lowering()
+        order = self.order
+        for at in range(0, len(order), _bodysplice.BLOCK):
+            self.lower_block(order[at:at + _bodysplice.BLOCK])
+            if self.pending >= _bodysplice.BLOCK:
+                self.flush()
+        self.flush()
+        self.count()
+        out = self.splice()
+        return out, (self.checker(out) if self.request.check else None)
 
-    nodes = model.graph.node
-    if prefer == (Lowering.KEEP,):
-        if target_opset is not None and target_opset != _engine.ai_onnx_opset(model):
-            raise Unsupported("--target-opset with nothing to lower (the objects writer moves the imports)")
-        return _fp.Pieces([data]), RewriteReport(ops_before=count_ops(model), ops_after=count_ops(model)), None
-    # The checker's part on the input runs before the lists below are made (_fastpath's
-    # docstring: its parse of the model and those lists are never held at once), where the
-    # output will surely be checked by parts: more main-graph nodes than a full check takes.
-    input_refused = None
-    if check and not full_check and len(nodes) > _engine.FULL_CHECK_NODES and not _fp.has_external_data(
-            data, model):
-        input_refused = _fp._input_refused(data, registry)
-    # The engine's type table, its pass listing the scopes: every node is read once here.
-    domains = list(map(attrgetter("domain"), nodes))
-    custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN] if PLACEHOLDER_DOMAIN in domains else []
-    holders = [i for i, node in enumerate(nodes) if node.attribute and any(
-        a.type == _GRAPH or a.type == _GRAPHS for a in node.attribute)]
-    op_types = list(map(attrgetter("op_type"), nodes))
-    starts, ends, others = _wire.node_entries(data, g0, g1)
-    if len(starts) != len(nodes):
-        raise Unsupported("node entries do not match the parsed graph")
+    def read(self) -> bool:
+        """The model's top-level entries and the preconditions on them; False: nothing to lower
+        (``Lowering.KEEP``)."""
+        data, model, request = self.data, self.model, self.request
+        self.top = top = _wire.entries(data, 0, len(data))
+        fields = [e[0] for e in top]
+        if fields.count(_wire.MODEL_GRAPH) != 1:
+            raise Unsupported("graph field not present exactly once")
+        if _wire.MODEL_FUNCTIONS in fields or _wire.MODEL_TRAINING_INFO in fields:
+            raise Unsupported("model-local functions or training info")
+        _, _, *self.graph_span = top[fields.index(_wire.MODEL_GRAPH)]
+        if request.prefer == (Lowering.KEEP,):
+            if request.target_opset is not None and request.target_opset != _engine.ai_onnx_opset(model):
+                raise Unsupported("--target-opset with nothing to lower (the objects writer moves the imports)")
+            self.report = RewriteReport(ops_before=count_ops(model), ops_after=count_ops(model))
+            return False
+        return True
 
-    def type_table(bulk: bool) -> tuple[_Types, Scope]:
-        """The table and the main graph's scope; ``bulk``: the subgraphs' declarations may be read at once."""
+    def check_input(self) -> None:
+        """The checker's part on the input, before the lists below are made (_fastpath's
+        docstring: its parse of the model and those lists are never held at once), where the
+        output will surely be checked by parts: more main-graph nodes than a full check takes."""
+        request = self.request
+        self.input_refused = None
+        if request.check and not request.full_check and len(self.model.graph.node) > _engine.FULL_CHECK_NODES \
+                and not request.has_external_data():
+            self.input_refused = input_refused(self.data, self.registry)
+
+    def type_table(self) -> bool:
+        """The main graph's fields, the engine's type table (its pass lists the scopes: every node
+        is read once here) and the preconditions; False: no graph holds a placeholder."""
+        data, model, registry, request = self.data, self.model, self.registry, self.request
+        nodes = model.graph.node
+        domains = list(map(attrgetter("domain"), nodes))
+        custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN] if PLACEHOLDER_DOMAIN in domains else []
+        holders = [i for i, node in enumerate(nodes) if node.attribute and any(
+            a.type == _GRAPH or a.type == _GRAPHS for a in node.attribute)]
+        op_types = list(map(attrgetter("op_type"), nodes))
+        g0, g1 = self.graph_span
+        starts, ends, others = _wire.node_entries(data, g0, g1)
+        if len(starts) != len(nodes):
+            raise Unsupported("node entries do not match the parsed graph")
+        self.starts, self.ends, self.others = starts, ends, others
+        types, main = self._types(nodes, domains, op_types, custom, holders, True)
+        report = self.report = RewriteReport(ops_before=types.counts)
+        placeholders = self.placeholders = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
+        if len(placeholders) > 1 and (placeholders - {PLACEHOLDER_DOMAIN}) & {d for d, _ in report.ops_before}:
+            raise Unsupported("placeholders in op domains other than 'custom'")
+        standard = registry.standard_op_types()
+        if standard and not standard.isdisjoint(report.ops_before):
+            raise Unsupported("standard ops lowered as graphkit ops (" + ", ".join(
+                sorted({o for d, o in standard & set(report.ops_before)})) + ")")
+        target = request.target_opset
+        current = self.current = _engine.ai_onnx_opset(model)
+        self.converting = target is not None and target != current
+        self.changed = changed = conversion_steps(model, report.ops_before, collections.Counter(), current, target,
+                                                  bodies=True) if self.converting else None
+        if changed is not None and types.bulk:  # the conversion splices into every graph: their scopes listed
+            types.list_every_graph(nodes, holders)
+        types.counts = collections.Counter()
+        self.types, self.main = types, main
+        self.lists = [s for s in types.scopes if s.custom]
+        if not self.lists:
+            if self.converting:
+                raise Unsupported("--target-opset with nothing to lower (the objects writer moves the imports)")
+            report.ops_after = report.ops_before.copy()
+            return False
+        return True
+
+    def _types(self, nodes: Any, domains: list[str], op_types: list[str], custom: list[int], holders: list[int],
+               bulk: bool) -> tuple[_Types, Scope]:
+        """The table and the main graph's scope; ``bulk``: the subgraphs' declarations may be read
+        at once (where a placeholder reads a name no graph declares with a type, the whole pass)."""
+        model = self.model
         main = Scope(model.graph, (), list(custom))
         main.size, main.dirty = len(nodes), bool(custom)
         try:
-            types = _Types(model, registry, main, domains, op_types, holders, forward=False, data=data,
-                           spans=(starts, ends) if bulk else None)
+            types = _Types(model, self.registry, main, domains, op_types, holders, forward=False, data=self.data,
+                           spans=(self.starts, self.ends) if bulk else None)
             # A subgraph's placeholders were checked as the pass reached them (types are only
             # added to): the main graph's are left.
-            declared = types._elem.keys()
+            declared = types.elem_types.keys()
             if not all(x in declared for i in custom for x in nodes[i].input if x):
                 raise _Undeclared
         except _Undeclared:  # a placeholder reads a name no graph declares with a type: the forward rules'
             main = Scope(model.graph, (), list(custom))
             main.size, main.dirty = len(nodes), bool(custom)
-            types = _Types(model, registry, main, domains, op_types, holders)
+            types = _Types(model, self.registry, main, domains, op_types, holders)
         return types, main
 
-    types, main = type_table(True)
-    report = RewriteReport(ops_before=types.counts)
-    placeholders = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
-    if len(placeholders) > 1 and (placeholders - {PLACEHOLDER_DOMAIN}) & {d for d, _ in report.ops_before}:
-        raise Unsupported("placeholders in op domains other than 'custom'")
-    standard = registry.standard_op_types()
-    if standard and not standard.isdisjoint(report.ops_before):
-        raise Unsupported("standard ops lowered as graphkit ops (" + ", ".join(
-            sorted({o for d, o in standard & set(report.ops_before)})) + ")")
-    current = _engine.ai_onnx_opset(model)
-    converting = target_opset is not None and target_opset != current
-    changed = _fp._conversion(model, report.ops_before, collections.Counter(), current, target_opset, bodies=True) \
-        if converting else None
-    if changed is not None and types.bulk:  # the conversion splices into every graph: their scopes listed
-        types.list_every_graph(nodes, holders)
-    types.counts = collections.Counter()
-    scopes = types.scopes
-    lists = [s for s in scopes if s.custom]
-    if not lists:
-        if converting:
-            raise Unsupported("--target-opset with nothing to lower (the objects writer moves the imports)")
-        report.ops_after = report.ops_before.copy()
-        return _fp.Pieces([data]), report, None
+    def seed_and_convert(self) -> None:
+        """The names the generator starts with (the placeholders' prefixes: those the bulk read
+        kept, the others read now), the conversion spliced into every graph (before the
+        lowering, as in the objects writer), and the lowering plan."""
+        data, model, request = self.data, self.model, self.request
+        prefixes: set[str] = set(self.types.prefixes)  # those _declared_bulk read
+        unread = [s for s in self.lists if s.fields is None]
+        block = _bodysplice.BLOCK
+        for at in range(0, len(unread), block):
+            columns = _columns(_wire.Skeletons.load().nodes, list(_serialized(unread[at:at + block])), _PREFIX_FIELDS)
+            prefixes.update([name or op for name, op in zip(columns["name"], columns["op_type"])])
+        del unread
+        seed = seed_names(data, model, self.top, self.others, self.starts, self.ends, self.graph_span, prefixes)
+        target = request.target_opset
+        self.spliced = None
+        if self.changed is not None:  # graphkit's adapters, before the lowering as in the objects writer
+            try:
+                self.spliced = _convertbytes.splice_scopes(data, model, self.main, self.changed, target, self.others,
+                                                           self.ends, self.graph_span[1], request.path)
+            except _convertbytes.NotSpliced as exc:
+                raise Unsupported(f"--target-opset {target} needs the objects writer's conversion: {exc}") from exc
+            if seed is not None:
+                seed.update(self.spliced.made)
+        self.opset = target if target is not None else self.current or _engine.DEFAULT_OPSET
+        self.plan = LoweringPlan(self.registry, request.prefer, self.opset, path=request.path,
+                                 names=NameGenerator(seed or ()))
 
-    prefixes: set[str] = set(types.prefixes)  # those _declared_bulk read
-    unread = [s for s in lists if s.fields is None]
-    block = _bodysplice.BLOCK
-    for at in range(0, len(unread), block):
-        columns = _columns(_wire.Skeletons.load().nodes, list(_serialized(unread[at:at + block])), _PREFIX_FIELDS)
-        prefixes.update([name or op for name, op in zip(columns["name"], columns["op_type"])])
-    del unread
-    regions = [(start, end) for field, start, _, end in top if field != _fp._M_GRAPH]
-    regions += [(start, end) for field, start, end in others if field not in (5, 15)]
-    if starts:
-        contiguous = not any(starts[0] <= start < ends[-1] for _, start, _ in others)
-        regions.append((starts[0], ends[-1]) if contiguous else (g0, g1))
-    initializers = model.graph.initializer
-    tensor_names = list(map(attrgetter("name"), initializers)) if any(f == 5 for f, _, _ in others) else []
-    if any(f == 15 for f, _, _ in others):
-        regions.append((g0, g1))
-    seed = _fp._name_seed(data, regions, tensor_names, prefixes, model)
-    spliced = None
-    if changed is not None:  # graphkit's adapters, before the lowering as in the objects writer
-        try:
-            spliced = _convertbytes.splice_scopes(data, model, main, changed, target_opset, others, ends, g1, path)
-        except _convertbytes.NotSpliced as exc:
-            raise Unsupported(f"--target-opset {target_opset} needs the objects writer's conversion: {exc}") from exc
-        if seed is not None:
-            seed.update(spliced.made)
-    opset = target_opset if target_opset is not None else current or _engine.DEFAULT_OPSET
-    plan = LoweringPlan(registry, prefer, opset, path=path, names=NameGenerator(seed or ()))
-    fresh, fresh_grid = plan.names.fresh, plan.names.fresh_grid
-    elem, serving = types.elem_type, types.serving
-    declared = types._elem.get  # elem_type's first look (no names to avoid here, nothing pending after the pass)
+    def start_lowering(self) -> None:
+        """What the lowering fills in and looks up, graph after graph."""
+        self.slots: dict[int, list[Any]] = {}  # scope id -> its placeholders' replacements, in order
+        self.kinds: dict[int, Any] = {}  # kind of node (its number) -> the first such node's Lowered
+        self.bound: dict[tuple, BoundWriter] = {}
+        self.emitters: dict[int, _Emitter] = {}
+        self.repeats: collections.Counter = collections.Counter()  # (kind, template nodes' id) -> nodes repeated
+        self.repeated: dict[tuple, Lowered] = {}
+        self.checked: list[list] = []  # what the check by parts reads: [path, entries, inputs, outputs]
+        self.seen: set[tuple] = set()
+        self.adoptions: dict[tuple, _Adoption] = {}
+        self.adopted: collections.Counter = collections.Counter()  # (kind, template nodes' id) -> adoptions written
+        self.adopted_as: dict[tuple, Lowered] = {}
+        # Repeats and adoptions are written a block at a time, a field of all of them at once
+        # (_Layout): per layout, each one's values, the names the generator gave it (asked in
+        # the order the one-by-one writer asks), and where its entries go.
+        self.rows: dict[int, tuple[_Layout, list, list, list]] = {}
+        self.layouts: dict[int, tuple[Any, _Layout]] = {}  # id(TemplateWriter) -> it (kept: ids stay its), its layout
+        # kind number -> what writes a body's one placeholder of that kind, adopted (while its rows are kept)
+        self.alone_rows: dict[int, tuple] = {}
+        self.pending = 0
+        self.order = list(reversed(self.lists))  # the objects writer's order: a graph before those nested in it
+        self.count_lowered = sum(map(len, map(attrgetter("custom"), self.order)))
+        self.kind_numbers: dict[tuple, int] = {}
+        self.numbers = itertools.count()
+        progress, self.total = self.request.progress, sum(self.report.ops_before.values())
+        if progress is not None and self.total <= getattr(_engine, "PROGRESS_MIN_NODES", 10_000):
+            progress = None
+        self.progress = progress
+        self.step = max(1, getattr(_engine, "PROGRESS_STEP", 2_000))
+        self.next_report = 0
+        self.done_scopes = 0
 
-    slots: dict[int, list[Any]] = {}  # scope id -> its placeholders' replacements, in order
-    kinds: dict[int, Any] = {}  # kind of node (its number) -> the first such node's Lowered (its key, how, template)
-    bound: dict[tuple, _fp._Bound] = {}
-    emitters: dict[int, _Emitter] = {}
-    repeats: collections.Counter = collections.Counter()  # (kind, template nodes' id) -> nodes repeated
-    repeated: dict[tuple, Lowered] = {}
-    checked: list[list] = []  # what the check by parts reads: [path, entries, inputs, outputs]
-    seen: set[tuple] = set()
-    total = sum(report.ops_before.values())
-    if progress is not None and total <= getattr(_engine, "PROGRESS_MIN_NODES", 10_000):
-        progress = None
-    step = max(1, getattr(_engine, "PROGRESS_STEP", 2_000))
-    next_report = 0
-
-    def emitter(template: Template) -> _Emitter:
-        made = emitters.get(id(template.nodes))
+    def emitter(self, template: Template) -> _Emitter:
+        """The writer of ``template`` for any scope (one per template's nodes and constants read)."""
+        made = self.emitters.get(id(template.nodes))
         if made is None or list(template.constants) != made.reads:
-            made = emitters[id(template.nodes)] = _Emitter(template)
+            made = self.emitters[id(template.nodes)] = _Emitter(template)
         return made
 
-    adoptions: dict[tuple, _Adoption] = {}
-    adopted: collections.Counter = collections.Counter()  # (kind, template nodes' id) -> adoptions written
-    adopted_as: dict[tuple, Lowered] = {}
-    # Repeats and adoptions are written a block at a time, a field of all of them at once
-    # (_Layout): per layout, each one's values, the names the generator gave it (asked in
-    # the order the one-by-one writer asks), and where its entries go.
-    rows: dict[int, tuple[_Layout, list, list, list]] = {}
-    pending = 0
-    order = list(reversed(lists))
-    count = sum(map(len, map(attrgetter("custom"), order)))
+    def layout_of(self, written: Any, tails: list[bytes], n_inputs: int) -> tuple[_Layout, list, list, list]:
+        """The rows of the layout writing ``written`` (the template writer), made where there are none."""
+        got = self.rows.get(id(written))
+        if got is None:
+            known = self.layouts.get(id(written))
+            if known is None:
+                known = self.layouts[id(written)] = (written, _Layout(written, tails, n_inputs))
+            got = self.rows[id(written)] = (known[1], [], [], [])
+        return got
 
-    kind_numbers: dict[tuple, int] = {}
-    numbers = itertools.count()
-    # kind number -> what writes a body's one placeholder of that kind, adopted (while its rows are kept)
-    alone_rows: dict[int, tuple] = {}
-
-    def flush() -> None:
-        alone_rows.clear()
-        for layout, values, asked, targets in rows.values():
+    def flush(self) -> None:
+        """The rows kept so far written, each where its entries go (and where the check reads them)."""
+        self.alone_rows.clear()
+        for layout, values, asked, targets in self.rows.values():
             written = layout.emit(values, asked)
             wheres, places, checks = zip(*targets)
             list(map(list.__setitem__, wheres, places, written))
             for check_entry, entries in zip(itertools.compress(checks, checks), itertools.compress(written, checks)):
                 check_entry[1] = entries
-        rows.clear()
+        self.rows.clear()
+        self.pending = 0
 
-    layouts: dict[int, tuple[Any, _Layout]] = {}  # id(_fastpath._Template) -> it (kept: ids stay its), its layout
-
-    def layout_of(written: Any, tails: list[bytes], n_inputs: int) -> tuple[_Layout, list, list, list]:
-        got = rows.get(id(written))
-        if got is None:
-            known = layouts.get(id(written))
-            if known is None:
-                known = layouts[id(written)] = (written, _Layout(written, tails, n_inputs))
-            got = rows[id(written)] = (known[1], [], [], [])
-        return got
-
-    done_scopes = 0
-    for block_at in range(0, len(order), _bodysplice.BLOCK):
-        block = order[block_at:block_at + _bodysplice.BLOCK]
-        # The block's placeholders (serialized), a field of all of them at a time.
+    def read_block(self, block: list[Scope]) -> _Block:
+        """The block's placeholders (serialized) and a field of all of them at a time: inputs,
+        outputs, prefixes, op types, values, and each one's kind (op, attributes, arity,
+        aliasing among inputs and outputs, input types) as a number."""
+        elem, declared = self.types.elem_type, self.types.elem_types.get  # elem_type's first look: declared
         ph = list(_serialized(block))
         if all(map(attrgetter("fields"), block)):  # as _declared_bulk read them
             read = list(itertools.chain.from_iterable(map(attrgetter("fields"), block)))
@@ -1244,7 +1285,6 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                     attr_keys[k] = key
             del columns, attributes, n_attributes
         values_of = list(map(operator.add, ins_of, outs_of))
-        # A kind: op, attributes, arity, aliasing among inputs and outputs, input types.
         aliasing: list[Any] = list(map(operator.eq, map(len, map(set, values_of)), map(len, values_of)))
         for k in itertools.compress(range(len(ph)), map(operator.not_, aliasing)):
             aliasing[k] = tuple(map(values_of[k].index, values_of[k]))
@@ -1256,241 +1296,295 @@ def _lower(data: bytes, model: onnx.ModelProto, registry: OpRegistry, prefer: tu
                                                                          itertools.repeat(None)),
                                                        map(operator.contains, ins_of, itertools.repeat("")))):
             in_types[k] = tuple([(declared(x) or elem(x)) if x else None for x in ins_of[k]])
-        # each kind as a number (hashed once here, not at every lookup below)
-        kinds_of = list(map(kind_numbers.setdefault, zip(ops_of, attr_keys, map(len, ins_of), aliasing,
-                                                          map(len, outs_of), in_types), numbers))
-        del attr_keys, aliasing, in_types
-        k = -1
-        n_scopes = len(block)
+        # each kind as a number (hashed once here, not at every lookup)
+        kinds_of = list(map(self.kind_numbers.setdefault, zip(ops_of, attr_keys, map(len, ins_of), aliasing,
+                                                               map(len, outs_of), in_types), self.numbers))
+        return _Block(block, ph, ins_of, outs_of, prefixes, ops_of, values_of, kinds_of)
+
+    def lower_block(self, scopes: list[Scope]) -> None:
+        """Every placeholder of a block of graphs, in order: a run of bodies whose one placeholder
+        is of a kind bound or adopted before, all at once (:meth:`bound_run`, :meth:`adopted_run`);
+        any other graph's placeholders one by one (:meth:`lower_scope`)."""
+        b = self.read_block(scopes)
+        kinds_of, bound, alone_rows, progress = b.kinds_of, self.bound, self.alone_rows, self.progress
+        n_lists = len(self.lists)
+        k = -1  # the last placeholder lowered, in the block
+        n_scopes = len(scopes)
         at_scope = 0
         while at_scope < n_scopes:
-            scope = block[at_scope]
+            scope = scopes[at_scope]
             at_scope += 1
-            if progress is not None and done_scopes >= next_report:
-                progress("lowering", done_scopes * total // len(lists), total)
-                next_report = done_scopes + max(1, step * len(lists) // total)
-            done_scopes += 1
-            lscope = None  # the scope's LoweringScope, made where the plan needs it
-            alone = len(scope.custom) == 1
-            if alone and ((kind := kinds_of[k + 1]) in bound or kind in alone_rows):
+            if progress is not None and self.done_scopes >= self.next_report:
+                progress("lowering", self.done_scopes * self.total // n_lists, self.total)
+                self.next_report = self.done_scopes + max(1, self.step * n_lists // self.total)
+            self.done_scopes += 1
+            if len(scope.custom) == 1 and ((kind := kinds_of[k + 1]) in bound or kind in alone_rows):
                 # Bodies whose one placeholder is of a kind bound or adopted before, one after the
-                # other: what the loop below does for each, for all of them at once.
-                run_end = _run_end(block, at_scope, kinds_of, k + 2 - at_scope, kind)
-                run = block[at_scope - 1:run_end]
-                n = len(run)
-                done_scopes += n - 1
+                # other: what lower_scope does for each, for all of them at once.
+                run_end = _run_end(scopes, at_scope, kinds_of, k + 2 - at_scope, kind)
+                run = scopes[at_scope - 1:run_end]
+                self.done_scopes += len(run) - 1
                 at_scope = run_end
-                first_k, k = k + 1, k + n
-            if alone and kind in bound:
-                written = _bound_all(bound[kind], ph[first_k:k + 1])
-                slots.update(zip(map(id, run), map(list, zip(written))))
-                repeats[(kind, 0)] += n
-                repeated.setdefault((kind, 0), kinds[kind])
-                if check:
-                    values_r = values_of[first_k:k + 1]
-                    empty = list(map(operator.contains, values_r, itertools.repeat("")))
-                    for j in (range(n) if any(empty) else range(1)):
-                        pattern = ("bound", kind, empty[j] and tuple(map(operator.not_, values_r[j])))
-                        if pattern not in seen:
-                            seen.add(pattern)
-                            checked.append([(*run[j].path, run[j].custom[0]), written[j], ins_of[first_k + j],
-                                            outs_of[first_k + j]])
+                first_k, k = k + 1, k + len(run)
+                if kind in bound:
+                    self.bound_run(b, run, first_k, kind)
+                else:
+                    self.adopted_run(b, run, first_k, kind)
                 continue
-            if alone and kind in alone_rows:
-                v_rows, a_rows, targets, asks, n_made, n_inputs, group, pattern_of = alone_rows[kind]
-                asked = ["/const"] * n_made + asks
-                m = len(asked)
-                names = fresh_grid(prefixes[first_k:k + 1], asked)
-                row_at = range(0, n * m, m)
-                ins_r, outs_r = ins_of[first_k:k + 1], outs_of[first_k:k + 1]
-                pad = n_inputs - len(ins_r[0])
-                if pad or n_made:
-                    made = map(names.__getitem__, map(slice, row_at, map(operator.add, row_at, itertools.repeat(n_made))))
-                    v_rows += map(list.__add__, map(list.__add__, map(list.__add__, ins_r, itertools.repeat([""] * pad)),
-                                                    made), outs_r)
+            k = self.lower_scope(b, scope, k)
+
+    def bound_run(self, b: _Block, run: list[Scope], first_k: int, kind: int) -> None:
+        """Bodies (``run``, from the block's placeholder ``first_k`` on) whose one placeholder is of
+        a kind bound before: each the node with the bound one's domain and attributes."""
+        n = len(run)
+        last = first_k + n
+        written = _bound_all(self.bound[kind], b.ph[first_k:last])
+        self.slots.update(zip(map(id, run), map(list, zip(written))))
+        self.repeats[(kind, 0)] += n
+        self.repeated.setdefault((kind, 0), self.kinds[kind])
+        if self.request.check:
+            values_r = b.values_of[first_k:last]
+            empty = list(map(operator.contains, values_r, itertools.repeat("")))
+            for j in (range(n) if any(empty) else range(1)):
+                pattern = ("bound", kind, empty[j] and tuple(map(operator.not_, values_r[j])))
+                if pattern not in self.seen:
+                    self.seen.add(pattern)
+                    self.checked.append([(*run[j].path, run[j].custom[0]), written[j], b.ins_of[first_k + j],
+                                         b.outs_of[first_k + j]])
+
+    def adopted_run(self, b: _Block, run: list[Scope], first_k: int, kind: int) -> None:
+        """Bodies whose one placeholder is of a kind adopted before (another scope's template, its
+        constants made in each body): their rows added to that adoption's layout, the names asked
+        of the generator a grid at a time."""
+        v_rows, a_rows, targets, asks, n_made, n_inputs, group, pattern_of = self.alone_rows[kind]
+        n = len(run)
+        last = first_k + n
+        asked = ["/const"] * n_made + asks
+        m = len(asked)
+        names = self.plan.names.fresh_grid(b.prefixes[first_k:last], asked)
+        row_at = range(0, n * m, m)
+        ins_r, outs_r = b.ins_of[first_k:last], b.outs_of[first_k:last]
+        pad = n_inputs - len(ins_r[0])
+        if pad or n_made:
+            made = map(names.__getitem__, map(slice, row_at, map(operator.add, row_at, itertools.repeat(n_made))))
+            v_rows += map(list.__add__, map(list.__add__, map(list.__add__, ins_r, itertools.repeat([""] * pad)),
+                                            made), outs_r)
+        else:
+            v_rows += b.values_of[first_k:last]
+        a_rows += map(names.__getitem__, map(slice, map(operator.add, row_at, itertools.repeat(n_made)),
+                                             map(operator.add, row_at, itertools.repeat(m))))
+        del names
+        self.adopted[group] += n
+        heres = [[None] for _ in range(n)]
+        self.slots.update(zip(map(id, run), heres))
+        checks: list[Any] = [None] * n
+        if self.request.check:
+            values_r = b.values_of[first_k:last]
+            empty = list(map(operator.contains, values_r, itertools.repeat("")))
+            for j in (range(n) if any(empty) else range(1)):
+                pattern = (*pattern_of, empty[j] and tuple(map(operator.not_, values_r[j])))
+                if pattern not in self.seen:
+                    self.seen.add(pattern)
+                    checks[j] = [(*run[j].path, run[j].custom[0]), None, ins_r[j], outs_r[j]]
+                    self.checked.append(checks[j])
+        targets += zip(heres, itertools.repeat(0), checks)
+        self.pending += n
+
+    def lower_scope(self, b: _Block, scope: Scope, k: int) -> int:
+        """The placeholders of one graph, one by one (``k``: the block's placeholder before its
+        first; returns its last): what LoweringPlan.lower does for each, in bytes where a kind's
+        first node was lowered before (a repeat of this scope's template, an adoption of
+        another's, a binding), else by the plan. Returns the last placeholder's index."""
+        plan, types, fresh, kinds, check = self.plan, self.types, self.plan.names.fresh, self.kinds, self.request.check
+        lscope = None  # the scope's LoweringScope, made where the plan needs it
+        alone = len(scope.custom) == 1
+        made_here = self.slots[id(scope)] = [None] * len(scope.custom)
+        for j, i in enumerate(scope.custom):
+            k += 1
+            node = b.ph[k]
+            kind = b.kinds_of[k]
+            inputs, outputs, values = b.ins_of[k], b.outs_of[k], b.values_of[k]
+            first = kinds.get(kind)
+            mode = None
+            entries = None
+            if first is None:
+                lscope = lscope or LoweringScope(types)
+                with types.serving():  # the plan runs the op's code: see ForwardTypes.serving
+                    lowered = plan.lower(_real(node), lscope)
+                kinds[kind] = lowered
+            elif first.how is Lowering.DECOMPOSE:  # what LoweringPlan._decompose does, in bytes
+                key = first.key
+                template = None if lscope is None else lscope.templates.get(key)
+                prefix = b.prefixes[k]
+                if template is not None:  # a repeat in this scope
+                    made = self.emitter(template)
+                    layout, v_rows, a_rows, targets = self.layout_of(made.written, [], made.n_inputs)
+                    pad = made.n_inputs - len(inputs)
+                    v_rows.append([*inputs, *[""] * pad, *map(template.constants.__getitem__, made.reads),
+                                   *outputs] if pad or made.reads else values)
+                    a_rows.append([fresh(prefix + a) for a in layout.asks])
+                    group = (kind, id(made.nodes))
+                    self.repeats[group] += 1
+                    if group not in self.repeated:
+                        self.repeated[group] = Lowered(first.op, first.how, first.action, [], template)
+                    mode = ("repeat", *group)
+                elif alone and plan.adoptable(key):  # a body's one placeholder: adopted, in bytes
+                    adoption = self.adoptions.get(key)
+                    if adoption is None:
+                        adoption = self.adoptions[key] = _Adoption(plan, key)
+                    written = adoption.emitter.written
+                    layout, v_rows, a_rows, targets = self.layout_of(written, adoption.tails,
+                                                                     adoption.emitter.n_inputs)
+                    made_names = [fresh(prefix + "/const") for _ in adoption.tails]
+                    pad = adoption.emitter.n_inputs - len(inputs)
+                    v_rows.append([*inputs, *[""] * pad, *made_names, *outputs] if pad or made_names else values)
+                    a_rows.append([fresh(prefix + a) for a in layout.asks])
+                    group = (kind, id(adoption.template.nodes))
+                    self.adopted[group] += 1
+                    if group not in self.adopted_as:
+                        self.adopted_as[group] = Lowered(first.op, first.how, first.action, [], adoption.template,
+                                                         adoption.constants)
+                    mode = ("adopt", *group)
+                    self.alone_rows[kind] = (v_rows, a_rows, targets, layout.asks, len(adoption.tails),
+                                             adoption.emitter.n_inputs, group, mode)
+                elif plan.adoptable(key):  # the first in this scope: another scope's template adopted
+                    lscope = lscope or LoweringScope(types)
+                    template, constants = plan.adopt(key, prefix, lscope)
+                    made = self.emitter(template)
+                    entries = b"".join(_wire.entry(c.SerializeToString()) for c in constants)
+                    entries += made.emit(template, inputs, outputs, prefix, fresh)
+                    plan.count(Lowered(first.op, first.how, first.action, [], template, constants),
+                               PLACEHOLDER_DOMAIN, b.ops_of[k])
+                    mode = ("adopt", kind, id(made.nodes))
                 else:
-                    v_rows += values_of[first_k:k + 1]
-                a_rows += map(names.__getitem__, map(slice, map(operator.add, row_at, itertools.repeat(n_made)),
-                                                     map(operator.add, row_at, itertools.repeat(m))))
-                del names
-                adopted[group] += n
-                heres = [[None] for _ in range(n)]
-                slots.update(zip(map(id, run), heres))
-                checks: list[Any] = [None] * n
-                if check:
-                    values_r = values_of[first_k:k + 1]
-                    empty = list(map(operator.contains, values_r, itertools.repeat("")))
-                    for j in (range(n) if any(empty) else range(1)):
-                        pattern = (*pattern_of, empty[j] and tuple(map(operator.not_, values_r[j])))
-                        if pattern not in seen:
-                            seen.add(pattern)
-                            checks[j] = [(*run[j].path, run[j].custom[0]), None, ins_r[j], outs_r[j]]
-                            checked.append(checks[j])
-                targets += zip(heres, itertools.repeat(0), checks)
-                pending += n
+                    lscope = lscope or LoweringScope(types)
+                    with types.serving():  # the plan runs the op's code: see ForwardTypes.serving
+                        lowered = plan.lower(_real(node), lscope)
+            elif len(first.nodes) == 1:  # bound: the node with the first one's domain and attributes
+                writer = self.bound.get(kind)
+                if writer is None:
+                    writer = self.bound[kind] = BoundWriter(first.nodes[0])
+                entries = _bound(writer, _wire.Skeletons.load().node.FromString(node))
+                self.repeats[(kind, 0)] += 1
+                self.repeated.setdefault((kind, 0), first)
+                mode = ("bound", kind)
+            else:
+                lscope = lscope or LoweringScope(types)
+                with types.serving():  # the plan runs the op's code: see ForwardTypes.serving
+                    lowered = plan.lower(_real(node), lscope)
+            if mode is None:
+                made_here[j] = entries = b"".join(_wire.entry(r.SerializeToString()) for r in lowered.nodes)
+                self.checked.append([(*scope.path, i), entries, inputs, outputs])
                 continue
-            made_here = slots[id(scope)] = [None] * len(scope.custom)
-            for j, i in enumerate(scope.custom):
-                k += 1
-                node = ph[k]
-                kind = kinds_of[k]
-                inputs, outputs, values = ins_of[k], outs_of[k], values_of[k]
-                first = kinds.get(kind)
-                mode = None
-                entries = None
-                if first is None:
-                    lscope = lscope or LoweringScope(types)
-                    with serving():  # the plan runs decompositions: see _ForwardTypes.serving
-                        lowered = plan.lower(_real(node), lscope)
-                    kinds[kind] = lowered
-                elif first.how is Lowering.DECOMPOSE:  # what LoweringPlan._decompose does, in bytes
-                    key = first.key
-                    template = None if lscope is None else lscope.templates.get(key)
-                    prefix = prefixes[k]
-                    if template is not None:  # a repeat in this scope
-                        made = emitter(template)
-                        layout, v_rows, a_rows, targets = layout_of(made.written, [], made.n_inputs)
-                        pad = made.n_inputs - len(inputs)
-                        v_rows.append([*inputs, *[""] * pad, *map(template.constants.__getitem__, made.reads),
-                                       *outputs] if pad or made.reads else values)
-                        a_rows.append([fresh(prefix + a) for a in layout.asks])
-                        group = (kind, id(made.nodes))
-                        repeats[group] += 1
-                        if group not in repeated:
-                            repeated[group] = Lowered(first.op, first.how, first.action, [], template)
-                        mode = ("repeat", *group)
-                    elif alone and plan.adoptable(key):  # a body's one placeholder: adopted, in bytes
-                        adoption = adoptions.get(key)
-                        if adoption is None:
-                            adoption = adoptions[key] = _Adoption(plan, key)
-                        written = adoption.emitter.written
-                        layout, v_rows, a_rows, targets = layout_of(written, adoption.tails, adoption.emitter.n_inputs)
-                        made_names = [fresh(prefix + "/const") for _ in adoption.tails]
-                        pad = adoption.emitter.n_inputs - len(inputs)
-                        v_rows.append([*inputs, *[""] * pad, *made_names, *outputs] if pad or made_names else values)
-                        a_rows.append([fresh(prefix + a) for a in layout.asks])
-                        group = (kind, id(adoption.template.nodes))
-                        adopted[group] += 1
-                        if group not in adopted_as:
-                            adopted_as[group] = Lowered(first.op, first.how, first.action, [], adoption.template,
-                                                        adoption.constants)
-                        mode = ("adopt", *group)
-                        alone_rows[kind] = (v_rows, a_rows, targets, layout.asks, len(adoption.tails),
-                                            adoption.emitter.n_inputs, group, mode)
-                    elif plan.adoptable(key):  # the first in this scope: another scope's template adopted
-                        lscope = lscope or LoweringScope(types)
-                        template, constants = plan.adopt(key, prefix, lscope)
-                        made = emitter(template)
-                        entries = b"".join(_wire.entry(c.SerializeToString()) for c in constants)
-                        entries += made.emit(template, inputs, outputs, prefix, fresh)
-                        plan.count(Lowered(first.op, first.how, first.action, [], template, constants),
-                                   PLACEHOLDER_DOMAIN, ops_of[k])
-                        mode = ("adopt", kind, id(made.nodes))
-                    else:
-                        lscope = lscope or LoweringScope(types)
-                        with serving():  # the plan runs decompositions: see _ForwardTypes.serving
-                            lowered = plan.lower(_real(node), lscope)
-                elif len(first.nodes) == 1:  # bound: the node with the first one's domain and attributes
-                    writer = bound.get(kind)
-                    if writer is None:
-                        writer = bound[kind] = _fp._Bound(first.nodes[0])
-                    entries = _bound(writer, _wire.Skeletons.load().node.FromString(node))
-                    repeats[(kind, 0)] += 1
-                    repeated.setdefault((kind, 0), first)
-                    mode = ("bound", kind)
-                else:
-                    lscope = lscope or LoweringScope(types)
-                    with serving():  # the plan runs decompositions: see _ForwardTypes.serving
-                        lowered = plan.lower(_real(node), lscope)
-                if mode is None:
-                    made_here[j] = entries = b"".join(_wire.entry(r.SerializeToString()) for r in lowered.nodes)
-                    checked.append([(*scope.path, i), entries, inputs, outputs])
-                    continue
-                check_entry = None
-                if check:
-                    pattern = (*mode, "" in values and tuple(map(operator.not_, values)))
-                    if pattern not in seen:
-                        seen.add(pattern)
-                        check_entry = [(*scope.path, i), entries, inputs, outputs]
-                        checked.append(check_entry)
-                if entries is None:
-                    targets.append((made_here, j, check_entry))
-                    pending += 1
-                else:
-                    made_here[j] = entries
-        del ph, ins_of, outs_of, ops_of, prefixes, values_of, kinds_of
-        if pending >= _bodysplice.BLOCK:
-            flush()
-            pending = 0
-    flush()
-    if progress is not None:
-        progress("lowering", total, total)
-    op_of_kind = {number: key[0] for key, number in kind_numbers.items()}
-    for (kind, _), n in repeats.items():
-        plan.count(repeated[(kind, _)], PLACEHOLDER_DOMAIN, op_of_kind[kind], n, repeated=True)
-    for group, n in adopted.items():
-        plan.count(adopted_as[group], PLACEHOLDER_DOMAIN, op_of_kind[group[0]], n)
-    _fp.count_after(report, plan)
+            check_entry = None
+            if check:
+                pattern = (*mode, "" in values and tuple(map(operator.not_, values)))
+                if pattern not in self.seen:
+                    self.seen.add(pattern)
+                    check_entry = [(*scope.path, i), entries, inputs, outputs]
+                    self.checked.append(check_entry)
+            if entries is None:
+                targets.append((made_here, j, check_entry))
+                self.pending += 1
+            else:
+                made_here[j] = entries
+        return k
 
-    if spliced is not None:  # the converted nodes spliced like the replacements
-        spliced.merge(scopes, slots)
-        checked += spliced.checked
-    if not types.bulk:  # every graph listed, the graphs in each (scope.subs): spliced in place, nested
-        graph = graph_bytes(data, main, g0, g1, slots, (starts, ends), joined=False)  # pieces, joined only where asked
-        if spliced is not None:
-            graph = spliced.insert(graph, data, g1)
-    else:  # the graphs holding placeholders only: their main-graph nodes written again from skeletons
-        edits = holder_entries(data, (starts, ends), [s for s in lists if s.path], slots)
-        if main.custom:
-            edits += zip(main.custom, slots.pop(id(main)))
-            edits.sort(key=itemgetter(0))
-        view = memoryview(data)  # big slices without a copy
-        graph = []
-        at = g0
-        for index, entries in edits:
-            start = starts[index]
-            graph += (view[at:start] if start - at > 4096 else data[at:start], entries)
-            at = ends[index]
-        graph.append(view[at:g1])
-        del edits, view
-    del slots, spliced
-    out, header, import_entries = _fp.assemble(data, model, top, graph, report, opset=opset,
-                                               placeholders=placeholders, target_opset=target_opset,
-                                               current=current, lowered=count, why=WHY,
-                                               converted=None if changed is None else sorted(changed))
-    del graph
-    if not check:
-        return out, report, None
+    def count(self) -> None:
+        """The repeats and adoptions counted in the plan; the report's counts after."""
+        if self.progress is not None:
+            self.progress("lowering", self.total, self.total)
+        plan = self.plan
+        op_of_kind = {number: key[0] for key, number in self.kind_numbers.items()}
+        for (kind, _), n in self.repeats.items():
+            plan.count(self.repeated[(kind, _)], PLACEHOLDER_DOMAIN, op_of_kind[kind], n, repeated=True)
+        for group, n in self.adopted.items():
+            plan.count(self.adopted_as[group], PLACEHOLDER_DOMAIN, op_of_kind[group[0]], n)
+        count_after(self.report, plan)
 
-    def run_check() -> None:
-        out_model: list[onnx.ModelProto] = []
+    def splice(self) -> Pieces:
+        """The graphs holding placeholders written again around their new entries, and the
+        output assembled around the main graph."""
+        data, slots, spliced, starts, ends = self.data, self.slots, self.spliced, self.starts, self.ends
+        g0, g1 = self.graph_span
+        if spliced is not None:  # the converted nodes spliced like the replacements
+            spliced.merge(self.types.scopes, slots)
+            self.checked += spliced.checked
+        if not self.types.bulk:  # every graph listed, the graphs in each (scope.subs): spliced in place, nested
+            graph = graph_bytes(data, self.main, g0, g1, slots, (starts, ends), joined=False)  # pieces
+            if spliced is not None:
+                graph = spliced.insert(graph, data, g1)
+        else:  # the graphs holding placeholders only: their main-graph nodes written again from skeletons
+            edits = holder_entries(data, (starts, ends), [s for s in self.lists if s.path], slots)
+            if self.main.custom:
+                edits += zip(self.main.custom, slots.pop(id(self.main)))
+                edits.sort(key=itemgetter(0))
+            view = memoryview(data)  # big slices without a copy
+            graph = []
+            at = g0
+            for index, entries in edits:
+                start = starts[index]
+                graph += (view[at:start] if start - at > 4096 else data[at:start], entries)
+                at = ends[index]
+            graph.append(view[at:g1])
+            del edits, view
+        del self.slots, self.spliced
+        changed = self.changed
+        out, self.header, self.import_entries = assemble(
+            data, self.model, self.top, graph, self.report, opset=self.opset, placeholders=self.placeholders,
+            target_opset=self.request.target_opset, current=self.current, lowered=self.count_lowered, why=WHY,
+            converted=None if changed is None else sorted(changed))
+        return out
 
-        def output_model() -> onnx.ModelProto:
-            if not out_model:
-                out_model.append(onnx.load_model_from_string(out.join()))
-            return out_model[0]
+    def checker(self, out: Pieces) -> Callable[[], None]:
+        """The check of the output ``out``, as a function holding only what it reads (the rest is
+        freed before it runs): each replacement the plan built, then the ONNX checker's verdict,
+        by parts where _fastpath's conditions hold, else on the whole output."""
+        request, data, model, registry, report = self.request, self.data, self.model, self.registry, self.report
+        plan, types, checked, header, import_entries = (self.plan, self.types, self.checked, self.header,
+                                                        self.import_entries)
+        same_schemas = frozenset(AI_ONNX) if self.converting else frozenset()
+        refused, path = self.input_refused, request.path
 
-        types.lowering = False
-        types.inference_model = output_model
-        opset_imports = onnx.ModelProto.FromString(import_entries).opset_import
-        for r in plan.replacements:
-            _engine.check_replacement(r.original, r.nodes, types, opset_imports, registry, r.rule, path)
-        applied = ", ".join(sorted({how for _, how in plan.actions}))
-        context, hint = _engine.check_context(applied, report.conversions)
-        full = full_check or sum(report.ops_after.values()) <= _engine.FULL_CHECK_NODES
-        if full or _fp.has_external_data(data, model):
-            _engine.check_model(output_model(), registry, path=path, context=context, full=full, hint=hint)
-            return
-        # In the output's order (a subgraph where its node is): a name is made before it is read.
-        checked.sort(key=itemgetter(0))
-        why = _fp._check_parts(data, model, header, [c[1:] for c in checked], {d for d, _ in report.ops_after}, registry,
-                               frozenset(AI_ONNX) if converting else frozenset(), input_refused)
-        if why is None:
-            report.writer_reason += f"; {_fp.CHECKED_BY_PARTS}"
-        else:  # the checker's verdict on the whole output (graph inputs or outputs without a shape, in
-            # any scope, refuse the input's part: the engine's check gives them an empty one, as the objects writer's)
-            report.writer_reason += f"; checked whole ({why})"
-            _engine.check_model(output_model(), registry, path=path, context=context, full=False, hint=hint)
+        def run_check() -> None:
+            out_model: list[onnx.ModelProto] = []
 
-    return out, report, run_check
+            def output_model() -> onnx.ModelProto:
+                if not out_model:
+                    out_model.append(onnx.load_model_from_string(out.join()))
+                return out_model[0]
 
+            types.lowering = False
+            types.inference_model = output_model
+            opset_imports = onnx.ModelProto.FromString(import_entries).opset_import
+            for r in plan.replacements:
+                _engine.check_replacement(r.original, r.nodes, types, opset_imports, registry, r.rule, path)
+            applied = ", ".join(sorted({how for _, how in plan.actions}))
+            context, hint = _engine.check_context(applied, report.conversions)
+            full = request.full_check or sum(report.ops_after.values()) <= _engine.FULL_CHECK_NODES
+            if full or request.has_external_data():
+                _engine.check_model(output_model(), registry, path=path, context=context, full=full, hint=hint)
+                return
+            # In the output's order (a subgraph where its node is): a name is made before it is read.
+            checked.sort(key=itemgetter(0))
+            why = check_parts(data, model, header, [c[1:] for c in checked], {d for d, _ in report.ops_after},
+                              registry, same_schemas, refused)
+            if why is None:
+                report.writer_reason += f"; {CHECKED_BY_PARTS}"
+            else:  # the checker's verdict on the whole output (graph inputs or outputs without a shape, in
+                # any scope, refuse the input's part: the engine's check gives them an empty one, as the objects writer's)
+                report.writer_reason += f"; checked whole ({why})"
+                _engine.check_model(output_model(), registry, path=path, context=context, full=False, hint=hint)
+
+        return run_check
+
+
+class _Block:
+    """A block of graphs' placeholders, a field of all of them at a time (:meth:`_Bodies.read_block`)."""
+
+    __slots__ = ("scopes", "ph", "ins_of", "outs_of", "prefixes", "ops_of", "values_of", "kinds_of")
+
+    def __init__(self, scopes: list[Scope], ph: list[bytes], ins_of: list, outs_of: list, prefixes: list[str],
+                 ops_of: list[str], values_of: list, kinds_of: list[int]) -> None:
+        self.scopes, self.ph, self.ins_of, self.outs_of = scopes, ph, ins_of, outs_of
+        self.prefixes, self.ops_of, self.values_of, self.kinds_of = prefixes, ops_of, values_of, kinds_of

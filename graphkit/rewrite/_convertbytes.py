@@ -49,7 +49,7 @@ import onnx
 
 from graphkit.rewrite import _convert, _wire
 from graphkit.rewrite._walk import AI_ONNX, ModelIndex, graphs, subgraphs
-from graphkit.rewrite.builder import _SAME_AS_INPUT0, NameGenerator
+from graphkit.rewrite.builder import SAME_AS_INPUT0, NameGenerator
 
 __all__ = ["InSubgraphs", "NotSpliced", "ScopedSplice", "Spliced", "plan", "splice", "splice_scopes"]
 
@@ -185,7 +185,7 @@ def plan(model: onnx.ModelProto, ops: set[tuple[str, str]], sub_ops: set[tuple[s
         raise InSubgraphs(f"{inside[0]} nodes in a subgraph convert")
     if 0 < model.ir_version < 4:
         raise NotSpliced("IR version below 4 (the constants would be Constant nodes)")
-    untyped = sorted(set(changed) - _SAME_AS_INPUT0)
+    untyped = sorted(set(changed) - SAME_AS_INPUT0)
     if untyped:
         raise NotSpliced(f"{untyped[0]} is not typed from its input 0")
     return changed

@@ -4,7 +4,8 @@ Varints read and encoded (one at a time, or a column of them with numpy), a mess
 top-level entries located, the length-delimited fields of one number listed, byte ranges
 spliced, and :class:`Skeletons`: ONNX's messages with their message fields read as bytes.
 graphkit.rewrite._fastpath, _bodybytes, _bodysplice and _convertbytes write serialized
-models with these; a malformed encoding raises :class:`Unsupported` (the objects writer runs).
+models with these; a malformed encoding raises :class:`Unsupported` (graphkit.rewrite.writers':
+the objects writer runs).
 """
 
 from __future__ import annotations
@@ -17,14 +18,19 @@ from typing import Any
 import numpy as np
 import onnx
 
-__all__ = ["HEADS", "LENGTHS", "STR_LENGTHS", "Skeletons", "Unsupported", "encode_varint", "entries", "entry",
+from graphkit.rewrite.writers import Unsupported
+
+__all__ = ["HEADS", "LENGTHS", "MODEL_FUNCTIONS", "MODEL_GRAPH", "MODEL_OPSET_IMPORT", "MODEL_TRAINING_INFO",
+           "STR_LENGTHS", "Skeletons", "Unsupported", "encode_varint", "entries", "entry",
            "field", "fields", "header", "node_entries", "node_spans", "read_varint", "splice", "spliced", "text_varint",
            "varint_sizes", "varints"]
 
 
-class Unsupported(Exception):
-    """The byte writers do not handle this model or option (a malformed wire format among
-    the reasons); the objects writer runs instead."""
+# ModelProto's fields the byte writers look for among its top-level entries.
+MODEL_GRAPH = 7
+MODEL_OPSET_IMPORT = 8
+MODEL_TRAINING_INFO = 20
+MODEL_FUNCTIONS = 25
 
 
 def encode_varint(n: int) -> bytes:

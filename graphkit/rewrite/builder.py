@@ -102,7 +102,7 @@ _T = onnx.TensorProto
 _GRAPH = onnx.AttributeProto.GRAPH
 _GRAPHS = onnx.AttributeProto.GRAPHS
 # Standard ops whose outputs all have the element type of input 0.
-_SAME_AS_INPUT0 = frozenset("""
+SAME_AS_INPUT0 = frozenset("""
     Abs Acos Acosh Add AveragePool BatchNormalization Ceil Celu Clip Concat Conv ConvTranspose Cos
     Cosh CumSum DepthToSpace Div Dropout Einsum Elu Erf Exp Expand Flatten Floor Gather GatherElements
     GatherND Gelu Gemm GlobalAveragePool GlobalMaxPool HardSigmoid HardSwish Hardmax Identity
@@ -113,10 +113,10 @@ _SAME_AS_INPUT0 = frozenset("""
     Tan Tanh ThresholdedRelu Tile TopK Transpose Trilu Unsqueeze Upsample DeformConv GridSample RoiAlign
     Asin Asinh Atan Atanh
 """.split())
-_FIXED = {"Shape": _T.INT64, "Size": _T.INT64, "NonZero": _T.INT64, "ArgMax": _T.INT64, "ArgMin": _T.INT64,
-          "Equal": _T.BOOL, "Less": _T.BOOL, "Greater": _T.BOOL, "LessOrEqual": _T.BOOL,
-          "GreaterOrEqual": _T.BOOL, "Not": _T.BOOL, "And": _T.BOOL, "Or": _T.BOOL, "Xor": _T.BOOL,
-          "IsNaN": _T.BOOL, "IsInf": _T.BOOL}
+FIXED_TYPES = {"Shape": _T.INT64, "Size": _T.INT64, "NonZero": _T.INT64, "ArgMax": _T.INT64, "ArgMin": _T.INT64,
+               "Equal": _T.BOOL, "Less": _T.BOOL, "Greater": _T.BOOL, "LessOrEqual": _T.BOOL,
+               "GreaterOrEqual": _T.BOOL, "Not": _T.BOOL, "And": _T.BOOL, "Or": _T.BOOL, "Xor": _T.BOOL,
+               "IsNaN": _T.BOOL, "IsInf": _T.BOOL}
 # Outputs after the first that have a fixed type.
 _SECOND_OUTPUT = {"TopK": _T.INT64, "MaxPool": _T.INT64, "Dropout": _T.BOOL}
 
@@ -312,12 +312,12 @@ class TypeTable:
         elem = self._elem
         get = elem.get if self._parent is None else self._get
         std = domain in ("", "ai.onnx")
-        if std and op in _SAME_AS_INPUT0 and node.input and (t := get(node.input[0])) is not None:
+        if std and op in SAME_AS_INPUT0 and node.input and (t := get(node.input[0])) is not None:
             for i, out in enumerate(node.output):
                 elem.setdefault(out, _SECOND_OUTPUT.get(op, t) if i else t)
-        elif std and op in _FIXED:
+        elif std and op in FIXED_TYPES:
             for out in node.output:
-                elem.setdefault(out, _FIXED[op])
+                elem.setdefault(out, FIXED_TYPES[op])
         elif std and op in ("Cast", "Constant", "ConstantOfShape"):
             for a in node.attribute:
                 if a.name == "to":

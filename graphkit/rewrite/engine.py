@@ -31,9 +31,11 @@ from graphkit.rewrite._standard_ops import recognise
 from graphkit.rewrite._walk import AI_ONNX, ModelIndex, count_ops, graph_node_lists, graphs, node_lists, scopes
 from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
 from graphkit.rewrite.plan import Lowering, LoweringPlan, LoweringScope, node_attrs, unknown_op_hint
+from graphkit.rewrite.writers import Pieces, Request
 
 __all__ = ["ANALYSES", "DEFAULT_OPSET", "DEFAULT_PREFERENCE", "PASSES", "Lowering", "Pass", "PassResult", "RewriteContext",
-           "RewriteReport", "ai_onnx_opset", "check_model", "check_replacement", "rewrite_model"]
+           "RewriteReport", "ai_onnx_opset", "check_model", "check_replacement", "fix_opset_imports", "rewrite_model",
+           "same_schemas", "write"]
 
 # Opset written into models that hold no ai.onnx import before a decomposition adds one.
 DEFAULT_OPSET = 17
@@ -53,7 +55,7 @@ class RewriteReport:
     has a new version between the two), "adapters; onnx's converter node by node: ..." where
     onnx's converter did the nodes no adapter covers one at a time;
     ``writer`` says which writer made the output and why (``"objects"``: the passes on
-    the parsed model; ``"bytes"``: graphkit.rewrite._fastpath on the serialized one);
+    the parsed model; ``"bytes"``: a byte writer on the serialized one: graphkit.rewrite.writers);
     ``passed_over`` says, per op, why lowerings preferred to the one it got were not used
     (a decomposition ONNX Runtime cannot run or that cannot be built for the node).
     """
@@ -111,8 +113,8 @@ def _fix_imports(imports: Any, used: set[str], opset: int, placeholders: frozens
         imports.extend(keep)
 
 
-def _fix_opset_imports(model: onnx.ModelProto, opset: int, used: set[str],
-                       placeholders: frozenset[str] = frozenset({PLACEHOLDER_DOMAIN})) -> None:
+def fix_opset_imports(model: onnx.ModelProto, opset: int, used: set[str],
+                      placeholders: frozenset[str] = frozenset({PLACEHOLDER_DOMAIN})) -> None:
     """Consistent opset imports in the model and in every local function."""
     for fn in model.functions:
         fn_used = {n.domain for n in fn.node}
@@ -139,7 +141,7 @@ def _convert_opset(model: onnx.ModelProto, target: int, path: str | None, taken:
 
     current = ai_onnx_opset(model)
     standard = {op for d, op in (count_ops(model) if op_counts is None else op_counts) if d in AI_ONNX}
-    same = current is not None and current != target and bool(standard) and _same_schemas(standard, current, target)
+    same = current is not None and current != target and bool(standard) and same_schemas(standard, current, target)
     how = "imports only"
     if current is None or current == target or not standard or same:
         converted = model
@@ -163,7 +165,7 @@ def _convert_opset(model: onnx.ModelProto, target: int, path: str | None, taken:
     return converted, how
 
 
-def _same_schemas(ops: set[str], a: int, b: int) -> bool:
+def same_schemas(ops: set[str], a: int, b: int) -> bool:
     """Whether each ai.onnx op of ``ops`` has the same schema version at opsets ``a`` and ``b``."""
     low, high = sorted((a, b))
     for op in ops:
@@ -507,7 +509,7 @@ def _simplify_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
 
 def _imports_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     before = [(i.domain, i.version) for i in model.opset_import]
-    _fix_opset_imports(model, ctx.plan.opset, {d for d, _ in ctx.report.ops_after}, ctx.placeholders)
+    fix_opset_imports(model, ctx.plan.opset, {d for d, _ in ctx.report.ops_after}, ctx.placeholders)
     after = [(i.domain, i.version) for i in model.opset_import]
     return PassResult(model, before != after, f"opset imports {after}")
 
@@ -607,6 +609,25 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     return _rewrite(model, registry=registry, lowering=lowering, rules=rules, target_opset=target_opset,
                     as_functions=as_functions, check=check, full_check=full_check, path=path, progress=progress,
                     copy=copy, simplify=simplify)[:2]
+
+
+def write(request: Request) -> tuple[Pieces, RewriteReport]:
+    """The objects writer, behind graphkit.rewrite.writers' interface: it takes the request's
+    model (rewritten in place, the bytes let go, where the request owns it), runs
+    ``rewrite_model``'s passes with the request's options and serializes the result; where
+    the request owns the model, the ONNX checker's part of the check runs on those bytes,
+    once the objects are gone."""
+    model, owned = request.release()
+    out, report, deferred = _rewrite(model, registry=request.registry, lowering=request.prefer, check=request.check,
+                                     full_check=request.full_check, path=request.path, progress=request.progress,
+                                     target_opset=request.target_opset, copy=not owned, defer_check=owned,
+                                     **request.options)
+    del model
+    result = out.SerializeToString()
+    del out
+    if deferred is not None:
+        deferred(result)
+    return Pieces([result]), report
 
 
 def _rewrite(model: onnx.ModelProto, *, registry: OpRegistry | None = None,

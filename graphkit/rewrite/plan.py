@@ -1,12 +1,13 @@
 """The lowering plan: what each custom:: placeholder becomes, decided once per kind of node.
 
+This is where a placeholder becomes standard ops (or a kernel binding), whichever writer runs.
 A :class:`LoweringPlan` is made once per rewrite (registry, preference order, opset,
 name generator). Each node list it lowers is a :class:`LoweringScope` (its own type table,
 constants and templates). :meth:`LoweringPlan.lower` turns one placeholder into its
 replacement and says how (:class:`Lowered`): the action taken, and the
-:class:`Template` later nodes of the same kind repeat. Both writers use this one
-interface: the object writer (``rewrite_model``'s lower pass) and the byte writer
-(graphkit.rewrite._fastpath), which repeats templates on serialized nodes.
+:class:`Template` later nodes of the same kind repeat. Every writer (graphkit.rewrite.writers)
+uses this one interface: the objects writer (``rewrite_model``'s lower pass) and the byte
+writers (graphkit.rewrite._fastpath, _bodybytes), which repeat templates on serialized nodes.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """The rewrite of serialized models and of files: the one entry point `graphkit rewrite` uses.
 
 ``rewrite_file`` reads, rewrites, checks and publishes a model file; ``rewrite_bytes``
-does the rewrite on a serialized model. Both pick the writer the same way: lowering
-alone (no rules or functions; a target opset only where the conversion moves just the
-imports or changes nodes' own fields: graphkit.rewrite._convertbytes) splices the replacements into the
-serialized model (graphkit.rewrite._fastpath, the "bytes" writer; graphkit.rewrite._bodybytes
-where placeholders are inside subgraphs) where that writer's preconditions hold; anything else goes through ``rewrite_model``'s passes (the
-"objects" writer). Both lower through one LoweringPlan; the report says which ran and why.
+does the rewrite on a serialized model. Both pick the writer the same way
+(graphkit.rewrite.writers: the writers and their one interface): where only lowering is
+asked (no rules, functions or simplify), the main graph's byte writer
+(graphkit.rewrite._fastpath), or the bodies' (graphkit.rewrite._bodybytes) where it says
+the placeholders are inside subgraphs (InBodies); the objects writer (``rewrite_model``'s
+passes, graphkit.rewrite.engine.write) where a byte writer's preconditions do not hold
+(Unsupported) or an option only it has is asked for. Every writer lowers through one
+LoweringPlan; the report says which ran and why.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from graphkit.rewrite import _bodybytes, _fastpath
 from graphkit.rewrite import engine as _engine
 from graphkit.rewrite._selection import check_target_opset
 from graphkit.rewrite.engine import DEFAULT_PREFERENCE, Lowering, RewriteReport, rewrite_model
+from graphkit.rewrite.writers import InBodies, Pieces, Request, Unsupported
 
 __all__ = ["FileRewrite", "rewrite_bytes", "rewrite_file"]
-
 
 @dataclass
 class FileRewrite:
@@ -35,12 +37,12 @@ class FileRewrite:
 
     report: RewriteReport
     sizes: dict[str, int]
-    # The byte writer's output stays in pieces (what it wrote); bytes are joined when asked for.
-    _output: bytes | onnx.ModelProto | _fastpath.Pieces
+    # A writer's output stays in pieces (what it wrote); bytes are joined when asked for.
+    _output: bytes | onnx.ModelProto | Pieces
 
     @property
     def output(self) -> bytes | onnx.ModelProto:
-        if isinstance(self._output, _fastpath.Pieces):
+        if isinstance(self._output, Pieces):
             self._output = self._output.join()
         return self._output
 
@@ -52,32 +54,36 @@ def rewrite_bytes(data: bytes, *, registry: OpRegistry | None = None,
     """``rewrite_model`` on a serialized model: returns the rewritten model's bytes and the report.
 
     ``model`` is ``data`` already parsed, if the caller has it (it is not modified);
-    ``fast=False`` turns the byte writer off; ``options`` are ``rewrite_model``'s other keywords.
+    ``fast=False`` turns the byte writers off; ``options`` are ``rewrite_model``'s other keywords.
     """
-    out, report = _rewrite_bytes([data], [] if model is None else [model], False, registry=registry,
-                                 lowering=lowering, check=check, path=path, fast=fast, **options)
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    owned = model is None
+    if owned:
+        model = onnx.load_model_from_string(data)
+    request = _request(data, model, owned, registry=registry, lowering=lowering, check=check, path=path, **options)
+    del model  # the request holds the only reference to a model parsed here: the objects writer may rewrite it
+    out, report = _write(request, fast)
     return out.join(), report
 
 
-def _rewrite_bytes(source: list[bytes], parsed: list[onnx.ModelProto], owned: bool, *,
-                   registry: OpRegistry | None = None,
-                   lowering: Lowering | Sequence[Lowering] = DEFAULT_PREFERENCE, check: bool = True,
-                   path: str | None = None, fast: bool = True,
-                   **options: Any) -> tuple[_fastpath.Pieces, RewriteReport]:
-    """rewrite_bytes, the output as its pieces. ``source`` holds the serialized model (taken
-    out: where it held the only reference, the objects writer lets the bytes go once parsed);
-    ``parsed`` holds it parsed, or nothing (then it is parsed here); ``owned``: the list held
-    the only reference to it, so the objects writer rewrites it in place and its objects are
-    gone before the ONNX checker parses the serialized result."""
-    registry = default_registry() if registry is None else registry
-    prefer = (lowering,) if isinstance(lowering, Lowering) else tuple(lowering)
-    data = source.pop()
-    if not isinstance(data, bytes):
-        data = bytes(data)
-    if parsed:
-        model = parsed.pop()
-    else:
-        model, owned = onnx.load_model_from_string(data), True
+def _request(data: bytes, model: onnx.ModelProto, owned: bool, *, registry: OpRegistry | None,
+             lowering: Lowering | Sequence[Lowering], check: bool = True, path: str | None = None,
+             full_check: bool = False, progress: Callable[[str, int, int], None] | None = None,
+             target_opset: int | None = None, **options: Any) -> Request:
+    """The writers' request for ``rewrite_model``'s keywords (``owned``: the caller keeps no
+    reference to ``model``); ``options``: the keywords only the objects writer has."""
+    if target_opset is not None:
+        check_target_opset(target_opset)  # the objects writer's error, before any writer runs
+    return Request(data, model, registry=default_registry() if registry is None else registry,
+                   prefer=(lowering,) if isinstance(lowering, Lowering) else tuple(lowering), check=check,
+                   full_check=full_check, path=path, progress=progress, target_opset=target_opset, owned=owned,
+                   options=options)
+
+
+def _write(request: Request, fast: bool = True) -> tuple[Pieces, RewriteReport]:
+    """The writer for ``request`` (the module docstring says which), its output and report."""
+    options = request.options
     if not fast:
         why = "the byte writer was turned off (fast=False)"
     elif options.get("rules") or options.get("as_functions"):
@@ -85,29 +91,16 @@ def _rewrite_bytes(source: list[bytes], parsed: list[onnx.ModelProto], owned: bo
     elif options.get("simplify") is not None:
         why = "--simplify: the byte writer only lowers"
     else:
-        target = options.get("target_opset")
-        if target is not None:
-            check_target_opset(target)  # the objects writer's error, before either writer runs
-        writer_options = dict(registry=registry, prefer=prefer, check=check, full_check=options.get("full_check", False),
-                              path=path, progress=options.get("progress"), target_opset=target)
         try:
             try:
-                return _fastpath.lower_pieces(data, model, **writer_options)
-            except _fastpath.InBodies:  # placeholders in subgraphs: the byte writer for bodies
-                return _bodybytes.lower_pieces(data, model, **writer_options)
-        except _fastpath.Unsupported as exc:
+                return _fastpath.write(request)
+            except InBodies:  # placeholders in subgraphs: the byte writer for bodies
+                return _bodybytes.write(request)
+        except Unsupported as exc:
             why = f"the byte writer does not handle this model: {exc}"
-    _fastpath._Canonical.forget()  # it may hold the model (has_external_data)
-    del data  # the objects writer needs the parsed model only
-    out, report, deferred = _engine._rewrite(model, registry=registry, lowering=prefer, check=check, path=path,
-                                             copy=not owned, defer_check=owned, **options)
-    del model
+    out, report = _engine.write(request)
     report.writer_reason = why
-    result = out.SerializeToString()
-    del out
-    if deferred is not None:
-        deferred(result)
-    return _fastpath.Pieces([result]), report
+    return out, report
 
 
 def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None, *,
@@ -132,19 +125,21 @@ def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None
     from graphkit.publish import atomic_write
 
     src = os.fspath(src)
-    registry = default_registry() if registry is None else registry
+    fast = options.pop("fast", True)  # False: the objects writer (rewrite_bytes's keyword)
     if dst is not None:
         check_output_path(dst, src)
     data = read_model_bytes(src)
-    model = parse_model_bytes(data, src)
-    if _fastpath.has_external_data(data, model):
-        _fastpath._Canonical.forget()  # it holds the model
-        files = check_external_data(model, src)
+    request = _request(data, parse_model_bytes(data, src), True, registry=registry, lowering=lowering, path=src,
+                       **options)
+    del data  # the request holds the only references: the objects writer lets the bytes go once it has the model
+    if request.has_external_data():
+        files = check_external_data(request.model, src)
         if dst is not None:  # the weights are input too: refuse before any work
             check_output_path(dst, src, inputs=weights_files(files, dst))
-        size = len(data)
-        del data
-        out, report = rewrite_model(model, registry=registry, lowering=lowering, path=src, copy=False, **options)
+        size = len(request.data)
+        model, _ = request.release()
+        out, report = rewrite_model(model, registry=request.registry, lowering=lowering, path=src, copy=False,
+                                    **options)
         del model
         report.writer_reason = "external data: the objects writer places the weights with the model"
         sizes = {"bytes_before": size, "bytes_after": out.ByteSize()}
@@ -154,14 +149,9 @@ def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None
             save_model(out, dst, input_path=src, external_data=external_data)
             sizes["bytes_after"] = os.path.getsize(dst)
         return FileRewrite(report, sizes, out)
-    parsed = [model]
-    del model  # the list holds the only reference: the rewrite may drop it early
-    size, source = len(data), [data]
-    del data  # the list holds the only reference: the objects writer lets the bytes go
-    try:
-        out, report = _rewrite_bytes(source, parsed, True, registry=registry, lowering=lowering, path=src, **options)
-    finally:  # has_external_data's answer holds the model: also where no writer ran to forget it (an error before)
-        _fastpath._Canonical.forget()
+    size = len(request.data)
+    out, report = _write(request, fast)
+    del request
     sizes = {"bytes_before": size, "bytes_after": len(out)}
     if before_write is not None:
         before_write(report, sizes)
