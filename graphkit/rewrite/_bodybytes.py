@@ -120,6 +120,7 @@ _MAX_DEPTH = 64  # nested graphs deeper than this go to the objects writer (recu
 _BULK_DEPTH = 8  # _Types._declared_bulk reads graphs nested this deep; deeper ones go graph by graph
 _CONTROL_FLOW_BODY = {"If": "then_branch", "Loop": "body", "Scan": "body"}
 _EVERYTHING = itemgetter(slice(None))  # a repeated field's values as a list, in one call
+_CHAIN, _REPEAT = itertools.chain.from_iterable, itertools.repeat
 
 
 # After each graph, an empty entry of each repeated field _graph_columns reads: node (1),
@@ -421,9 +422,9 @@ class _Types(ForwardTypes):
     def _declared_bulk(self, data: bytes, spans: tuple[Any, Any], domains: list[str], holders: list[int]) -> None:
         """The declarations-only pass over every subgraph, read from the serialized model
         (``data``; ``spans``: the main graph's node entries' starts and ends) as _wire.Skeletons, a
-        field of _bodysplice.BLOCK graphs at a time, where its result does not depend on the order the
-        graph-by-graph pass goes in (else _NotBulk, before anything is changed; that pass then
-        runs):
+        field of _bodysplice.BLOCK graphs at a time (:class:`_BulkRead`), where its result does not
+        depend on the order the graph-by-graph pass goes in (else _NotBulk, before anything is
+        changed; that pass then runs):
 
         * every name a subgraph defines (inputs, node outputs) is defined once in the whole
           model: by no other subgraph, not by the main graph, not declared there (so
@@ -440,298 +441,21 @@ class _Types(ForwardTypes):
         (equal TypeProto bytes parsed once); the names left untyped are those no declaration
         types; the control-flow outputs are typed as _declared_control_flow types them. The
         scopes listed hold their placeholders serialized (``Scope.nodes``)."""
-        sk = _wire.Skeletons.load()
-        starts, ends = spans
-        made = self._main_outputs
-        elem0, types0, untyped0 = self._elem, self._types, self._defined
-        vi_from = sk.value_info.FromString
-        repeat, chain = itertools.repeat, itertools.chain.from_iterable
-
-        def value(index: int) -> bytes:
-            start = starts[index]
-            return data[start + 2 if data[start + 1] < 0x80 else _wire.read_varint(data, start + 1)[1]:ends[index]]
-
-        paths: list[tuple[int, ...]] = []  # every subgraph's, in the order read (level by level)
-        graph_sizes: list[int] = []  # and its node count
-        owners: list[dict[str, int]] = []  # per block, each name its graphs define -> that graph
-        declared: list[tuple[list[str], list]] = []  # per block and field: names, types
-        parsed: dict[bytes, tuple[onnx.TypeProto, int]] = {}  # a TypeProto's bytes -> it, its element type
-        # The names subgraphs define, each once in the model: typed by their graph's declarations
-        # (-> element type) or left untyped (a graph declares only names it defines: checked)
-        body_elem: dict[str, int] = {}
-        untyped: set[str] = set()
-        # every name of the main graph (made, declared, typed, defined untyped): none a subgraph's
-        main_names = set(made).union(types0.keys(), elem0.keys(), untyped0)
-        flow: dict[str, tuple[int, int]] = {}  # a main-graph If/Loop/Scan output -> its type, the node
-        found: list[Scope] = []
-        counts: collections.Counter = collections.Counter()
-
-        def typed_before(x: str, g: int) -> bool:
-            """Whether placeholder input ``x`` of subgraph ``g`` is typed when the pass reaches ``g``."""
-            if x in elem0:
-                return True
-            if x in flow:
-                return flow[x][1] < paths[g][0]
-            o = next((own[x] for own in owners if x in own), None)
-            return o is not None and x in body_elem and (o == g or paths[o] <= paths[g])
-
-        # (serialized holder node, its path, its domain), level by level
-        level: list[tuple[bytes, tuple[int, ...], str]] = list(zip(map(value, holders), zip(holders),
-                                                                    map(domains.__getitem__, holders)))
-        depth = 0
-        while level:
-            depth += 1
-            if depth > _BULK_DEPTH:
-                raise _NotBulk
-            below: list[tuple[bytes, tuple[int, ...], str]] = []
-            for at in range(0, len(level), _bodysplice.BLOCK):
-                block = level[at:at + _bodysplice.BLOCK]
-                first = len(paths)
-                raws, bases, holder_domains = zip(*block)
-                if PLACEHOLDER_DOMAIN in holder_domains:
-                    raise _NotBulk  # a custom node holding a graph: the graph-by-graph pass says so
-                held = _columns(sk.nodes, raws, _HOLDER_FIELDS)
-                del raws
-                attributes, n_attributes = held["attribute"]
-                attrs = _columns(sk.attributes, attributes, _ATTRIBUTE_FIELDS)
-                del attributes
-                a_types, a_names = attrs["type"], attrs["name"]
-                g_values, g_counts = attrs["g"]
-                gs_values, gs_counts = attrs["graphs"]
-                g_at = list(itertools.accumulate(g_counts, initial=0))
-                gs_at = list(itertools.accumulate(gs_counts, initial=0))
-                holder_of = list(chain(map(repeat, range(len(block)), n_attributes)))
-                index_of = list(chain(map(range, n_attributes)))
-                # If/Loop/Scan of the main graph: the attribute naming their body (the last, as a dict keeps it)
-                wanted = [_CONTROL_FLOW_BODY.get(op, "") if depth == 1 and d in AI_ONNX else ""
-                          for op, d in zip(held["op_type"], holder_domains)]
-                bodies: dict[int, int] = {}
-                graph_bytes: list[bytes] = []
-                single = list(itertools.compress(range(len(a_types)), map(_GRAPH.__eq__, a_types)))
-                if _GRAPHS not in a_types and all(map(operator.eq, map(g_counts.__getitem__, single), repeat(1))):
-                    # every graph an attribute's one (If, Loop, Scan): their paths and bytes at once
-                    holder_at = list(map(holder_of.__getitem__, single))
-                    graph_bytes = list(map(g_values.__getitem__, map(g_at.__getitem__, single)))
-                    base_paths = len(paths)
-                    paths += map(operator.add, map(bases.__getitem__, holder_at),
-                                 zip(map(index_of.__getitem__, single), repeat(0)))
-                    named = list(map(wanted.__getitem__, holder_at))
-                    if any(named):  # If/Loop/Scan of the main graph: the attribute naming their body (the last)
-                        chosen = list(map(operator.and_, map(bool, named),
-                                          map(operator.eq, map(a_names.__getitem__, single), named)))
-                        bodies = dict(zip(itertools.compress(holder_at, chosen),
-                                          itertools.compress(range(base_paths, len(paths)), chosen)))
-                    single = None
-                for j in () if single is None else itertools.compress(range(len(a_types)), map(
-                        operator.or_, map(_GRAPH.__eq__, a_types), map(_GRAPHS.__eq__, a_types))):
-                    h = holder_of[j]
-                    base, a = bases[h], index_of[j]
-                    if a_types[j] == _GRAPH:
-                        if g_counts[j] != 1:
-                            raise _NotBulk
-                        graph_bytes.append(g_values[g_at[j]])
-                        paths.append((*base, a, 0))
-                        if wanted[h] and a_names[j] == wanted[h]:
-                            bodies[h] = len(paths) - 1
-                    else:
-                        for k in range(gs_counts[j]):
-                            graph_bytes.append(gs_values[gs_at[j] + k])
-                            paths.append((*base, a, k))
-                del attrs, a_types, a_names, g_values, gs_values, holder_of, index_of
-                outputs, n_outputs = held["output"]
-                output_at = list(itertools.accumulate(n_outputs, initial=0))
-                control_flow = [(bases[h][0], held["op_type"][h], outputs[output_at[h]:output_at[h + 1]], body)
-                                for h, body in bodies.items()]
-                del held, outputs
-                these = _graph_columns(graph_bytes)
-                del graph_bytes
-                ids = range(first, len(paths))
-                if these["initializer"][0]:
-                    raise _NotBulk
-                flat_bytes, sizes = these["node"]
-                graph_sizes += sizes
-                node_columns = _columns(sk.nodes, flat_bytes, _NODE_FIELDS)
-                owner_of_node = list(chain(map(repeat, ids, sizes)))
-                flat_domains = node_columns["domain"]
-                counts.update(zip(flat_domains, node_columns["op_type"]))
-                names_made, n_made = node_columns["output"]
-                made_by = list(chain(map(repeat, owner_of_node, n_made)))
-                del n_made
-                block_declared = []
-                for field in ("input", "output", "value_info"):
-                    vis, counts_of = these[field]
-                    # Their names and types at once: the ValueInfoProtos one after the other parse as
-                    # one ValueInfoColumns, each field's values in order. Where each holds exactly one
-                    # name and one type (its size is theirs), they are its own; else one by one.
-                    columns = sk.value_infos.FromString(b"".join(vis))
-                    names = columns.name[:]
-                    raw_types = columns.type[:]
-                    if len(names) != len(vis) or len(raw_types) != len(vis) or columns.doc_string or \
-                            columns.metadata_props or list(map(len, vis)) != _vi_sizes(names, raw_types):
-                        vis = list(map(vi_from, vis))
-                        names = list(map(_NAME, vis))
-                        tps = list(map(_EVERYTHING, map(_TYPE, vis)))
-                        if not all(map(operator.le, map(len, tps), repeat(1))):
-                            raise _NotBulk
-                        raw_types = [t[0] if t else b"" for t in tps]
-                        del tps
-                    del vis, columns
-                    for b in set(raw_types).difference(parsed):
-                        tp = onnx.TypeProto.FromString(b)
-                        parsed[b] = (tp, tp.tensor_type.elem_type)
-                    pairs = list(map(parsed.__getitem__, raw_types))
-                    del raw_types
-                    by = list(chain(map(repeat, ids, counts_of)))
-                    block_declared.append((field, names, by, list(map(itemgetter(0), pairs)),
-                                           list(map(itemgetter(1), pairs))))
-                    if field == "input":
-                        names_made += names
-                        made_by += by
-                # the names defined here: each once in the model, none the main graph's
-                if "" in names_made:
-                    keep = list(map(bool, names_made))
-                    names_made = list(itertools.compress(names_made, keep))
-                    made_by = list(itertools.compress(made_by, keep))
-                # (looked up in the block's own dicts first: the model's are big, slow to look in)
-                block_owner = dict(zip(names_made, made_by))
-                if len(block_owner) != len(names_made) or not main_names.isdisjoint(names_made):
-                    raise _NotBulk
-                owners.append(block_owner)
-                del made_by
-                get_owner = block_owner.get
-                block_elem: dict[str, int] = {}
-                for field, names, by, tps, elems in block_declared:
-                    if not all(map(operator.eq, map(get_owner, names), by)):
-                        raise _NotBulk  # a graph declares a name it does not define
-                    block_elem.update(filter(itemgetter(1), zip(names, elems)))
-                    declared.append((names, tps))
-                # a name is typed by its own graph's declarations or not at all (checked just above):
-                # the names defined here are block_elem's and block_untyped, none defined before
-                block_untyped = list(itertools.filterfalse(block_elem.__contains__, names_made))
-                del names_made
-                typed_size, untyped_size = len(body_elem), len(untyped)
-                body_elem.update(block_elem)
-                untyped.update(block_untyped)
-                if len(body_elem) != typed_size + len(block_elem) or len(untyped) != untyped_size + len(
-                        block_untyped) or not untyped.isdisjoint(block_elem) or not body_elem.keys().isdisjoint(
-                        block_untyped):
-                    raise _NotBulk
-                del block_untyped
-                for field, names, by, tps, elems in block_declared:
-                    if field == "output" and control_flow:
-                        # each output takes its body output's type (a Loop's after the condition),
-                        # every output made once (else the graph-by-graph pass finds which way)
-                        at_output = list(itertools.accumulate(these["output"][1], initial=0))
-                        indices, op_types, node_outputs, bodies_at = zip(*control_flow)
-                        skip = list(map(int, map(operator.eq, op_types, repeat("Loop"))))
-                        body_outputs = map(names.__getitem__, map(slice, map(operator.add, map(
-                            at_output.__getitem__, map(operator.sub, bodies_at, repeat(first))), skip),
-                            map(at_output.__getitem__, map(operator.add, map(operator.sub, bodies_at, repeat(first)),
-                                                            repeat(1)))))
-                        pairs = list(map(list, map(zip, node_outputs, body_outputs)))
-                        outs = list(map(itemgetter(0), chain(pairs)))
-                        ts = list(map(block_elem.get, map(itemgetter(1), chain(pairs))))
-                        at = list(chain(map(repeat, indices, map(len, pairs))))
-                        del pairs
-                        if "" in outs:
-                            keep = list(map(bool, outs))
-                            outs, ts, at = (list(itertools.compress(c, keep)) for c in (outs, ts, at))
-                        if None in ts or not all(map(operator.eq, map(self._made.__getitem__, outs), repeat(1))):
-                            raise _NotBulk  # the graph-by-graph pass finds which way (_Undeclared)
-                        new = list(map(operator.not_, map(elem0.__contains__, outs)))
-                        flow.update(zip(itertools.compress(outs, new), zip(itertools.compress(ts, new),
-                                                                            itertools.compress(at, new))))
-                del block_declared
-                # placeholders: (graph, index in it, the node)
-                offsets = list(itertools.accumulate(sizes, initial=0))
-                at_custom = list(itertools.compress(range(len(flat_bytes)), map(operator.eq, flat_domains,
-                                                                           repeat(PLACEHOLDER_DOMAIN))))
-                if at_custom:
-                    owner_of = list(map(owner_of_node.__getitem__, at_custom))
-                    all_inputs, n_inputs = node_columns["input"]
-                    input_at = list(itertools.accumulate(n_inputs, initial=0))
-                    inputs = list(map(all_inputs.__getitem__, map(slice, map(input_at.__getitem__, at_custom),
-                                                                  map(input_at.__getitem__, map(operator.add, at_custom,
-                                                                                                repeat(1))))))
-                    del all_inputs, n_inputs, input_at
-                    xs = list(chain(inputs))
-                    xg = list(chain(map(repeat, owner_of, map(len, inputs))))
-                    # most are typed in the main graph or by their own graph; the others one by one
-                    quick = list(map(operator.or_, map(operator.or_, map(operator.not_, xs), map(elem0.__contains__, xs)),
-                                     map(operator.and_, map(operator.eq, map(block_owner.get, xs), xg),
-                                         map(block_elem.__contains__, xs))))
-                    if not all(quick):  # outputs of earlier If/Loop/Scan nodes of the main graph, most likely
-                        slow = list(map(operator.not_, quick))
-                        xs, xg = list(itertools.compress(xs, slow)), list(itertools.compress(xg, slow))
-                        made_at = list(map(flow.get, xs, repeat((None, len(starts)))))
-                        quick = list(map(operator.lt, map(itemgetter(1), made_at),
-                                         map(itemgetter(0), map(paths.__getitem__, xg))))
-                        if not all(quick):
-                            slow = list(map(operator.not_, quick))
-                            if not all(map(typed_before, itertools.compress(xs, slow), itertools.compress(xg, slow))):
-                                raise _NotBulk
-                    del xs, xg, quick
-                    # what the lowering reads of each, kept (Scope.fields): not parsed again there
-                    all_outputs, n_outputs = node_columns["output"]  # (input names appended after: not reached)
-                    output_at = list(itertools.accumulate(n_outputs, initial=0))
-                    outputs = list(map(all_outputs.__getitem__, map(slice, map(output_at.__getitem__, at_custom), map(
-                        output_at.__getitem__, map(operator.add, at_custom, repeat(1))))))
-                    del all_outputs, n_outputs, output_at
-                    op_types = list(map(sys.intern, map(node_columns["op_type"].__getitem__, at_custom)))  # kept: one each
-                    prefixes = [name or op for name, op in zip(map(node_columns["name"].__getitem__, at_custom),
-                                                               op_types)]
-                    self.prefixes.update(prefixes)
-                    keys = [b""] * len(at_custom)
-                    node_attributes, n_node_attributes = node_columns["attribute"]
-                    if node_attributes:
-                        attribute_at = list(itertools.accumulate(n_node_attributes, initial=0))
-                        keys = [b"".join(node_attributes[attribute_at[p]:attribute_at[p + 1]]) if
-                                n_node_attributes[p] else b"" for p in at_custom]
-                    fields = list(zip(inputs, outputs, prefixes, op_types, keys))
-                    del inputs, outputs, op_types, prefixes, keys
-                    index_in = list(map(operator.sub, at_custom, map(offsets.__getitem__, map(
-                        operator.sub, owner_of, repeat(first)))))
-                    if len(set(owner_of)) == len(owner_of):  # one placeholder a graph
-                        found += map(Scope, repeat(None), map(paths.__getitem__, owner_of), map(list, zip(index_in)),
-                                     map(list, zip(map(flat_bytes.__getitem__, at_custom))), map(list, zip(fields)))
-                    else:
-                        by_graph: dict[int, tuple[list[int], list[bytes], list[tuple]]] = {}
-                        for g, i, p, f in zip(owner_of, index_in, at_custom, fields):
-                            place = by_graph.get(g)
-                            if place is None:
-                                place = by_graph[g] = ([], [], [])
-                            place[0].append(i)
-                            place[1].append(flat_bytes[p])
-                            place[2].append(f)
-                        found += [Scope(None, paths[g], custom, placeholders, graph_fields)
-                                  for g, (custom, placeholders, graph_fields) in by_graph.items()]
-                    del fields
-                # the next level: this level's nodes holding graphs
-                node_attributes, n_node_attributes = node_columns["attribute"]
-                if node_attributes:  # their types a column: the nodes with a graph attribute, in order
-                    a_types = _columns(sk.attributes, node_attributes, _ATTRIBUTE_TYPE)["type"]
-                    with_graph = list(map(operator.or_, map(_GRAPH.__eq__, a_types), map(_GRAPHS.__eq__, a_types)))
-                    if any(with_graph):
-                        of_node = list(chain(map(repeat, range(len(flat_bytes)), n_node_attributes)))
-                        for p in dict.fromkeys(itertools.compress(of_node, with_graph)):
-                            g = owner_of_node[p]
-                            below.append((flat_bytes[p], (*paths[g], p - offsets[g - first]), flat_domains[p]))
-                    del a_types, with_graph
-                del node_columns, flat_bytes, flat_domains, owner_of_node, these, node_attributes
-            level = below
+        read = _BulkRead(self, data, spans, domains, holders)
+        read.run()
         # Nothing was changed so far: now the pass's result.
         # the subgraphs' element types, then the main graph's (no name in both): one dict update
-        body_elem.update(elem0)
-        self._elem = elem = body_elem
+        read.body_elem.update(self._elem)
+        self._elem = elem = read.body_elem
         # The TypeProtos (shapes) only where asked for (_type, set, _infer: a shape-dependent
         # decomposition, the check of a replacement): most lowerings read element types alone.
-        self._types_pending = declared
-        for out, (t, _) in flow.items():
+        self._types_pending = read.declared
+        for out, (t, _) in read.flow.items():
             elem.setdefault(out, t)
-        untyped0.update(untyped)
-        self.counts.update(counts)
-        self.scopes += found
-        self._graphs = (paths, graph_sizes)  # for list_every_graph
+        self._defined.update(read.untyped)
+        self.counts.update(read.counts)
+        self.scopes += read.found
+        self._graphs = (read.paths, read.graph_sizes)  # for list_every_graph
 
     _types_pending: list | None = None
 
@@ -865,6 +589,342 @@ class _Types(ForwardTypes):
                 self._at = (scope, i)
                 self._forward_subgraphs(node, domains[i])
                 self._at = None
+
+
+class _BulkRead:
+    """_Types._declared_bulk's read of every subgraph, a level of nesting at a time and in each
+    level a block of _bodysplice.BLOCK graphs at a time, each block's steps a method, in
+    :meth:`read_block`'s order. It changes nothing of the table (_declared_bulk then does):
+    where a condition does not hold, _NotBulk leaves the table as it was."""
+
+    def __init__(self, types: _Types, data: bytes, spans: tuple[Any, Any], domains: list[str],
+                 holders: list[int]) -> None:
+        self.types = types
+        self.sk = _wire.Skeletons.load()
+        self.data = data
+        self.starts, self.ends = spans
+        self.elem0 = types._elem
+        self.paths: list[tuple[int, ...]] = []  # every subgraph's, in the order read (level by level)
+        self.graph_sizes: list[int] = []  # and its node count
+        self.owners: list[dict[str, int]] = []  # per block, each name its graphs define -> that graph
+        self.declared: list[tuple[list[str], list]] = []  # per block and field: names, types
+        self.parsed: dict[bytes, tuple[onnx.TypeProto, int]] = {}  # a TypeProto's bytes -> it, its element type
+        # The names subgraphs define, each once in the model: typed by their graph's declarations
+        # (-> element type) or left untyped (a graph declares only names it defines: checked)
+        self.body_elem: dict[str, int] = {}
+        self.untyped: set[str] = set()
+        # every name of the main graph (made, declared, typed, defined untyped): none a subgraph's
+        self.main_names = set(types._made).union(types._types.keys(), self.elem0.keys(), types._defined)
+        self.flow: dict[str, tuple[int, int]] = {}  # a main-graph If/Loop/Scan output -> its type, the node
+        self.found: list[Scope] = []
+        self.counts: collections.Counter = collections.Counter()
+        # (serialized holder node, its path, its domain), level by level
+        self.level: list[tuple[bytes, tuple[int, ...], str]] = list(zip(
+            map(self._value, holders), zip(holders), map(domains.__getitem__, holders)))
+
+    def _value(self, index: int) -> bytes:
+        """The serialized main-graph node ``index`` (its entry's value)."""
+        data, start = self.data, self.starts[index]
+        return data[start + 2 if data[start + 1] < 0x80 else _wire.read_varint(data, start + 1)[1]:self.ends[index]]
+
+    def _typed_before(self, x: str, g: int) -> bool:
+        """Whether placeholder input ``x`` of subgraph ``g`` is typed when the pass reaches ``g``."""
+        if x in self.elem0:
+            return True
+        if x in self.flow:
+            return self.flow[x][1] < self.paths[g][0]
+        o = next((own[x] for own in self.owners if x in own), None)
+        return o is not None and x in self.body_elem and (o == g or self.paths[o] <= self.paths[g])
+
+    def run(self) -> None:
+        """Every level of nesting, each a block of graphs at a time."""
+        level = self.level
+        depth = 0
+        while level:
+            depth += 1
+            if depth > _BULK_DEPTH:
+                raise _NotBulk
+            below: list[tuple[bytes, tuple[int, ...], str]] = []
+            for at in range(0, len(level), _bodysplice.BLOCK):
+                below += self.read_block(level[at:at + _bodysplice.BLOCK], depth)
+            level = below
+
+    def read_block(self, block: list[tuple[bytes, tuple[int, ...], str]], depth: int) -> list:
+        """The graphs a block of holder nodes hold (``block``: each one's bytes, path, domain):
+        their nodes counted, their declarations, the names they define, the main graph's
+        control-flow outputs they type, their placeholders listed; returns the next level's
+        holders (the nodes of these graphs holding graphs)."""
+        first = len(self.paths)
+        graph_bytes, control_flow = self.held_graphs(block, depth)
+        these = _graph_columns(graph_bytes)
+        del graph_bytes
+        ids = range(first, len(self.paths))
+        if these["initializer"][0]:
+            raise _NotBulk
+        flat_bytes, sizes = these["node"]
+        self.graph_sizes += sizes
+        node_columns = _columns(self.sk.nodes, flat_bytes, _NODE_FIELDS)
+        owner_of_node = list(_CHAIN(map(_REPEAT, ids, sizes)))
+        flat_domains = node_columns["domain"]
+        self.counts.update(zip(flat_domains, node_columns["op_type"]))
+        names_made, n_made = node_columns["output"]
+        made_by = list(_CHAIN(map(_REPEAT, owner_of_node, n_made)))
+        del n_made
+        block_declared = self.declarations(these, ids, names_made, made_by)
+        block_owner, block_elem = self.own_names(names_made, made_by, block_declared)
+        del names_made, made_by
+        if control_flow:
+            self.control_flow_types(control_flow, block_declared, these["output"][1], block_elem, first)
+        del block_declared
+        offsets = list(itertools.accumulate(sizes, initial=0))
+        self.placeholders(node_columns, flat_bytes, flat_domains, owner_of_node, offsets, first, block_owner,
+                          block_elem)
+        return self.next_level(node_columns, flat_bytes, flat_domains, owner_of_node, offsets, first)
+
+    def held_graphs(self, block: list[tuple[bytes, tuple[int, ...], str]], depth: int) -> tuple[list[bytes], list]:
+        """The graphs the block's nodes hold, serialized, their paths listed; and per main-graph
+        If/Loop/Scan (``depth`` 1): (its index, op type, outputs, its body's place in ``paths``)."""
+        paths = self.paths
+        raws, bases, holder_domains = zip(*block)
+        if PLACEHOLDER_DOMAIN in holder_domains:
+            raise _NotBulk  # a custom node holding a graph: the graph-by-graph pass says so
+        held = _columns(self.sk.nodes, raws, _HOLDER_FIELDS)
+        del raws
+        attributes, n_attributes = held["attribute"]
+        attrs = _columns(self.sk.attributes, attributes, _ATTRIBUTE_FIELDS)
+        del attributes
+        a_types, a_names = attrs["type"], attrs["name"]
+        g_values, g_counts = attrs["g"]
+        gs_values, gs_counts = attrs["graphs"]
+        g_at = list(itertools.accumulate(g_counts, initial=0))
+        gs_at = list(itertools.accumulate(gs_counts, initial=0))
+        holder_of = list(_CHAIN(map(_REPEAT, range(len(block)), n_attributes)))
+        index_of = list(_CHAIN(map(range, n_attributes)))
+        # If/Loop/Scan of the main graph: the attribute naming their body (the last, as a dict keeps it)
+        wanted = [_CONTROL_FLOW_BODY.get(op, "") if depth == 1 and d in AI_ONNX else ""
+                  for op, d in zip(held["op_type"], holder_domains)]
+        bodies: dict[int, int] = {}
+        graph_bytes: list[bytes] = []
+        single = list(itertools.compress(range(len(a_types)), map(_GRAPH.__eq__, a_types)))
+        if _GRAPHS not in a_types and all(map(operator.eq, map(g_counts.__getitem__, single), _REPEAT(1))):
+            # every graph an attribute's one (If, Loop, Scan): their paths and bytes at once
+            holder_at = list(map(holder_of.__getitem__, single))
+            graph_bytes = list(map(g_values.__getitem__, map(g_at.__getitem__, single)))
+            base_paths = len(paths)
+            paths += map(operator.add, map(bases.__getitem__, holder_at),
+                         zip(map(index_of.__getitem__, single), _REPEAT(0)))
+            named = list(map(wanted.__getitem__, holder_at))
+            if any(named):  # If/Loop/Scan of the main graph: the attribute naming their body (the last)
+                chosen = list(map(operator.and_, map(bool, named),
+                                  map(operator.eq, map(a_names.__getitem__, single), named)))
+                bodies = dict(zip(itertools.compress(holder_at, chosen),
+                                  itertools.compress(range(base_paths, len(paths)), chosen)))
+            single = None
+        for j in () if single is None else itertools.compress(range(len(a_types)), map(
+                operator.or_, map(_GRAPH.__eq__, a_types), map(_GRAPHS.__eq__, a_types))):
+            h = holder_of[j]
+            base, a = bases[h], index_of[j]
+            if a_types[j] == _GRAPH:
+                if g_counts[j] != 1:
+                    raise _NotBulk
+                graph_bytes.append(g_values[g_at[j]])
+                paths.append((*base, a, 0))
+                if wanted[h] and a_names[j] == wanted[h]:
+                    bodies[h] = len(paths) - 1
+            else:
+                for k in range(gs_counts[j]):
+                    graph_bytes.append(gs_values[gs_at[j] + k])
+                    paths.append((*base, a, k))
+        del attrs, a_types, a_names, g_values, gs_values, holder_of, index_of
+        outputs, n_outputs = held["output"]
+        output_at = list(itertools.accumulate(n_outputs, initial=0))
+        control_flow = [(bases[h][0], held["op_type"][h], outputs[output_at[h]:output_at[h + 1]], body)
+                        for h, body in bodies.items()]
+        return graph_bytes, control_flow
+
+    def declarations(self, these: dict, ids: range, names_made: list[str], made_by: list[int]) -> list[tuple]:
+        """Per field (input, output, value_info) of the block's graphs: (field, names, the graph
+        declaring each, their TypeProtos, their element types). The inputs' names are added to
+        ``names_made`` and ``made_by`` (a graph defines its inputs)."""
+        parsed, vi_from = self.parsed, self.sk.value_info.FromString
+        block_declared = []
+        for field in ("input", "output", "value_info"):
+            vis, counts_of = these[field]
+            # Their names and types at once: the ValueInfoProtos one after the other parse as
+            # one ValueInfoColumns, each field's values in order. Where each holds exactly one
+            # name and one type (its size is theirs), they are its own; else one by one.
+            columns = self.sk.value_infos.FromString(b"".join(vis))
+            names = columns.name[:]
+            raw_types = columns.type[:]
+            if len(names) != len(vis) or len(raw_types) != len(vis) or columns.doc_string or \
+                    columns.metadata_props or list(map(len, vis)) != _vi_sizes(names, raw_types):
+                vis = list(map(vi_from, vis))
+                names = list(map(_NAME, vis))
+                tps = list(map(_EVERYTHING, map(_TYPE, vis)))
+                if not all(map(operator.le, map(len, tps), _REPEAT(1))):
+                    raise _NotBulk
+                raw_types = [t[0] if t else b"" for t in tps]
+                del tps
+            del vis, columns
+            for b in set(raw_types).difference(parsed):
+                tp = onnx.TypeProto.FromString(b)
+                parsed[b] = (tp, tp.tensor_type.elem_type)
+            pairs = list(map(parsed.__getitem__, raw_types))
+            del raw_types
+            by = list(_CHAIN(map(_REPEAT, ids, counts_of)))
+            block_declared.append((field, names, by, list(map(itemgetter(0), pairs)),
+                                   list(map(itemgetter(1), pairs))))
+            if field == "input":
+                names_made += names
+                made_by += by
+        return block_declared
+
+    def own_names(self, names_made: list[str], made_by: list[int], block_declared: list[tuple]) -> tuple[dict, dict]:
+        """The names the block's graphs define (each once in the model, none the main graph's, each
+        declared only by its own graph): each one's graph, and the element types declared for
+        them (the others left untyped); the declarations kept, in order."""
+        if "" in names_made:
+            keep = list(map(bool, names_made))
+            names_made = list(itertools.compress(names_made, keep))
+            made_by = list(itertools.compress(made_by, keep))
+        # (looked up in the block's own dicts first: the model's are big, slow to look in)
+        block_owner = dict(zip(names_made, made_by))
+        if len(block_owner) != len(names_made) or not self.main_names.isdisjoint(names_made):
+            raise _NotBulk
+        self.owners.append(block_owner)
+        get_owner = block_owner.get
+        block_elem: dict[str, int] = {}
+        for field, names, by, tps, elems in block_declared:
+            if not all(map(operator.eq, map(get_owner, names), by)):
+                raise _NotBulk  # a graph declares a name it does not define
+            block_elem.update(filter(itemgetter(1), zip(names, elems)))
+            self.declared.append((names, tps))
+        # a name is typed by its own graph's declarations or not at all (checked just above):
+        # the names defined here are block_elem's and block_untyped, none defined before
+        block_untyped = list(itertools.filterfalse(block_elem.__contains__, names_made))
+        body_elem, untyped = self.body_elem, self.untyped
+        typed_size, untyped_size = len(body_elem), len(untyped)
+        body_elem.update(block_elem)
+        untyped.update(block_untyped)
+        if len(body_elem) != typed_size + len(block_elem) or len(untyped) != untyped_size + len(
+                block_untyped) or not untyped.isdisjoint(block_elem) or not body_elem.keys().isdisjoint(
+                block_untyped):
+            raise _NotBulk
+        return block_owner, block_elem
+
+    def control_flow_types(self, control_flow: list, block_declared: list[tuple], n_outputs: list[int],
+                           block_elem: dict[str, int], first: int) -> None:
+        """Each output of a main-graph If/Loop/Scan takes its body output's type (a Loop's after
+        the condition), every output made once (else the graph-by-graph pass finds which way)."""
+        made, elem0 = self.types._made, self.elem0
+        for field, names, by, tps, elems in block_declared:
+            if field != "output":
+                continue
+            at_output = list(itertools.accumulate(n_outputs, initial=0))
+            indices, op_types, node_outputs, bodies_at = zip(*control_flow)
+            skip = list(map(int, map(operator.eq, op_types, _REPEAT("Loop"))))
+            body_outputs = map(names.__getitem__, map(slice, map(operator.add, map(
+                at_output.__getitem__, map(operator.sub, bodies_at, _REPEAT(first))), skip),
+                map(at_output.__getitem__, map(operator.add, map(operator.sub, bodies_at, _REPEAT(first)),
+                                                _REPEAT(1)))))
+            pairs = list(map(list, map(zip, node_outputs, body_outputs)))
+            outs = list(map(itemgetter(0), _CHAIN(pairs)))
+            ts = list(map(block_elem.get, map(itemgetter(1), _CHAIN(pairs))))
+            at = list(_CHAIN(map(_REPEAT, indices, map(len, pairs))))
+            del pairs
+            if "" in outs:
+                keep = list(map(bool, outs))
+                outs, ts, at = (list(itertools.compress(c, keep)) for c in (outs, ts, at))
+            if None in ts or not all(map(operator.eq, map(made.__getitem__, outs), _REPEAT(1))):
+                raise _NotBulk  # the graph-by-graph pass finds which way (_Undeclared)
+            new = list(map(operator.not_, map(elem0.__contains__, outs)))
+            self.flow.update(zip(itertools.compress(outs, new), zip(itertools.compress(ts, new),
+                                                                     itertools.compress(at, new))))
+
+    def placeholders(self, node_columns: dict, flat_bytes: list[bytes], flat_domains: list[str],
+                     owner_of_node: list[int], offsets: list[int], first: int, block_owner: dict[str, int],
+                     block_elem: dict[str, int]) -> None:
+        """The block's placeholders, each input typed when the pass reaches its graph (else
+        _NotBulk); the graphs holding them listed as scopes, with what the lowering reads of each
+        placeholder (``Scope.fields``: not parsed again there)."""
+        at_custom = list(itertools.compress(range(len(flat_bytes)), map(operator.eq, flat_domains,
+                                                                       _REPEAT(PLACEHOLDER_DOMAIN))))
+        if not at_custom:
+            return
+        paths, elem0 = self.paths, self.elem0
+        owner_of = list(map(owner_of_node.__getitem__, at_custom))
+        all_inputs, n_inputs = node_columns["input"]
+        input_at = list(itertools.accumulate(n_inputs, initial=0))
+        inputs = list(map(all_inputs.__getitem__, map(slice, map(input_at.__getitem__, at_custom),
+                                                      map(input_at.__getitem__, map(operator.add, at_custom,
+                                                                                    _REPEAT(1))))))
+        del all_inputs, n_inputs, input_at
+        xs = list(_CHAIN(inputs))
+        xg = list(_CHAIN(map(_REPEAT, owner_of, map(len, inputs))))
+        # most are typed in the main graph or by their own graph; the others one by one
+        quick = list(map(operator.or_, map(operator.or_, map(operator.not_, xs), map(elem0.__contains__, xs)),
+                         map(operator.and_, map(operator.eq, map(block_owner.get, xs), xg),
+                             map(block_elem.__contains__, xs))))
+        if not all(quick):  # outputs of earlier If/Loop/Scan nodes of the main graph, most likely
+            slow = list(map(operator.not_, quick))
+            xs, xg = list(itertools.compress(xs, slow)), list(itertools.compress(xg, slow))
+            made_at = list(map(self.flow.get, xs, _REPEAT((None, len(self.starts)))))
+            quick = list(map(operator.lt, map(itemgetter(1), made_at),
+                             map(itemgetter(0), map(paths.__getitem__, xg))))
+            if not all(quick):
+                slow = list(map(operator.not_, quick))
+                if not all(map(self._typed_before, itertools.compress(xs, slow), itertools.compress(xg, slow))):
+                    raise _NotBulk
+        del xs, xg, quick
+        # what the lowering reads of each, kept (Scope.fields): not parsed again there
+        all_outputs, n_outputs = node_columns["output"]  # (input names appended after: not reached)
+        output_at = list(itertools.accumulate(n_outputs, initial=0))
+        outputs = list(map(all_outputs.__getitem__, map(slice, map(output_at.__getitem__, at_custom), map(
+            output_at.__getitem__, map(operator.add, at_custom, _REPEAT(1))))))
+        del all_outputs, n_outputs, output_at
+        op_types = list(map(sys.intern, map(node_columns["op_type"].__getitem__, at_custom)))  # kept: one each
+        prefixes = [name or op for name, op in zip(map(node_columns["name"].__getitem__, at_custom), op_types)]
+        self.types.prefixes.update(prefixes)
+        keys = [b""] * len(at_custom)
+        node_attributes, n_node_attributes = node_columns["attribute"]
+        if node_attributes:
+            attribute_at = list(itertools.accumulate(n_node_attributes, initial=0))
+            keys = [b"".join(node_attributes[attribute_at[p]:attribute_at[p + 1]]) if
+                    n_node_attributes[p] else b"" for p in at_custom]
+        fields = list(zip(inputs, outputs, prefixes, op_types, keys))
+        del inputs, outputs, op_types, prefixes, keys
+        index_in = list(map(operator.sub, at_custom, map(offsets.__getitem__, map(
+            operator.sub, owner_of, _REPEAT(first)))))
+        if len(set(owner_of)) == len(owner_of):  # one placeholder a graph
+            self.found += map(Scope, _REPEAT(None), map(paths.__getitem__, owner_of), map(list, zip(index_in)),
+                              map(list, zip(map(flat_bytes.__getitem__, at_custom))), map(list, zip(fields)))
+        else:
+            by_graph: dict[int, tuple[list[int], list[bytes], list[tuple]]] = {}
+            for g, i, p, f in zip(owner_of, index_in, at_custom, fields):
+                place = by_graph.get(g)
+                if place is None:
+                    place = by_graph[g] = ([], [], [])
+                place[0].append(i)
+                place[1].append(flat_bytes[p])
+                place[2].append(f)
+            self.found += [Scope(None, paths[g], custom, placeholders, graph_fields)
+                           for g, (custom, placeholders, graph_fields) in by_graph.items()]
+
+    def next_level(self, node_columns: dict, flat_bytes: list[bytes], flat_domains: list[str],
+                   owner_of_node: list[int], offsets: list[int], first: int) -> list:
+        """The next level: the nodes of the block's graphs holding graphs (bytes, path, domain), in order."""
+        below = []
+        node_attributes, n_node_attributes = node_columns["attribute"]
+        if node_attributes:  # their types a column: the nodes with a graph attribute, in order
+            a_types = _columns(self.sk.attributes, node_attributes, _ATTRIBUTE_TYPE)["type"]
+            with_graph = list(map(operator.or_, map(_GRAPH.__eq__, a_types), map(_GRAPHS.__eq__, a_types)))
+            if any(with_graph):
+                of_node = list(_CHAIN(map(_REPEAT, range(len(flat_bytes)), n_node_attributes)))
+                paths = self.paths
+                for p in dict.fromkeys(itertools.compress(of_node, with_graph)):
+                    g = owner_of_node[p]
+                    below.append((flat_bytes[p], (*paths[g], p - offsets[g - first]), flat_domains[p]))
+        return below
 
 
 def _serialized(scopes: list[Scope]) -> Iterator[bytes]:
