@@ -12,7 +12,9 @@ For each shape and size it writes a model, then times, in the same run:
 - `graphkit rewrite` (load, rewrite, check, save) as a whole process, with its peak RSS;
 - in this process, `rewrite_bytes` with each writer: "objects" (parse, rewrite_model's
   passes, serialize) and "bytes" (the wire-level writer where its preconditions hold,
-  else the objects writer: the CLI's choice).
+  else the objects writer: the CLI's choice); the `writer` column says which ran there
+  ("main": the main graph's byte writer, "bodies": the bodies', "objects"), its `saving`
+  column the objects writer's CPU seconds over that (graphkit.rewrite.writers: the writers).
 Processes run with Python's bytecode cache on, in a directory of this run's own
 (PYTHONPYCACHEPREFIX, warmed by one run of each command first), as an installed package
 has it: where PYTHONDONTWRITEBYTECODE is set, every `graphkit rewrite` process would
@@ -135,6 +137,16 @@ def _best(fn, repeat: int):
     return min(results, key=lambda r: r[0] if isinstance(r, tuple) else r)
 
 
+def _writer(report) -> str:
+    """Which writer made ``report``'s output: "main" (the main graph's byte writer), "bodies"
+    (the bodies') or "objects"."""
+    from graphkit.rewrite import _bodybytes
+
+    if report.writer != "bytes":
+        return report.writer
+    return "bodies" if report.writer_reason.startswith(_bodybytes.WHY) else "main"
+
+
 def _all_nodes(model: onnx.ModelProto) -> int:
     from graphkit.rewrite._walk import count_ops
 
@@ -159,7 +171,8 @@ def main() -> None:
     flags = args.flags.split()
     registry = default_registry()
     print(f"{'shape':13} {'nodes':>8} {'floor cpu':>9} {'cli cpu':>8} {'cli/floor':>9} {'wall ratio':>10} "
-          f"{'rss/floor':>9} {'floor MiB':>9} {'cli MiB':>7} {'cli us/node':>11} {'growth':>6} {'objects s':>9} {'bytes s':>8} {'writer':>7}")
+          f"{'rss/floor':>9} {'floor MiB':>9} {'cli MiB':>7} {'cli us/node':>11} {'growth':>6} {'objects s':>9} {'bytes s':>8} "
+          f"{'writer':>7} {'saving':>6}")
     with tempfile.TemporaryDirectory() as tmp:
         if args.rule:
             rule_file = Path(tmp) / "scaling_rule.py"
@@ -192,7 +205,7 @@ def main() -> None:
                         nonlocal writer
                         start = time.process_time()
                         _, report = rewrite_bytes(data, registry=registry, fast=name == "bytes", **options)
-                        writer = report.writer if name == "bytes" else writer
+                        writer = _writer(report) if name == "bytes" else writer
                         return time.process_time() - start
 
                     timed[name] = _best(api, args.repeat)
@@ -203,7 +216,8 @@ def main() -> None:
                       f"{cli_wall / floor_wall:>10.2f} {cli_rss / floor_rss:>9.2f} {floor_rss / 1024:>9.0f} "
                       f"{cli_rss / 1024:>7.0f} {cli / nodes * 1e6:>11.2f} "
                       f"{growth:>6} {timed.get('objects', float('nan')):>9.2f} {timed.get('bytes', float('nan')):>8.2f} "
-                      f"{writer:>7}", flush=True)
+                      f"{writer:>7} {timed.get('objects', float('nan')) / timed.get('bytes', float('nan')):>6.2f}",
+                      flush=True)
                 previous = (nodes, cli)
 
 
