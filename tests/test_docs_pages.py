@@ -14,25 +14,34 @@ import sys
 import pytest
 
 from conftest import REPO
-from doc_pages import DOCS, name, standalone_pages
+from doc_pages import DOCS, blocks, name, standalone_pages
 
 PAGES = standalone_pages()
 
 
-def python_blocks(text: str) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", text, re.S)
-
-
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_python_block_of_the_page_runs(page, tmp_path):
-    blocks = python_blocks(page.read_text())
-    for k, code in enumerate(blocks):
-        script = tmp_path / f"block{k}.py"
-        script.write_text(code)
-        proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, (page.name, k, proc.stdout, proc.stderr)
-        for want in re.findall(r"print\(.*\)  # (.+)", code):  # a printed value the page shows
-            assert want in proc.stdout, (page.name, k, want, proc.stdout)
+    """The page's python blocks, and its ```sh run=yes blocks line by line (with this
+    environment's `graphkit` first on PATH), in page order in one folder."""
+    import os
+
+    env = {**os.environ, "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}
+    for k, (lang, options, code, line) in enumerate(blocks(page)):
+        if lang == "python":
+            script = tmp_path / f"block{k}.py"
+            script.write_text(code)
+            argvs = [[sys.executable, str(script)]]
+        elif lang == "sh" and options.get("run") == "yes":
+            argvs = [["bash", "-c", cmd.split("  #")[0].strip()] for cmd in code.splitlines()
+                     if cmd.strip() and not cmd.startswith("#")]
+        else:
+            continue
+        for argv in argvs:
+            proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+            assert proc.returncode == 0, (page.name, line, argv, proc.stdout, proc.stderr)
+            if lang == "python":
+                for want in re.findall(r"print\(.*\)  # (.+)", code):  # a printed value the page shows
+                    assert want in proc.stdout, (page.name, line, want, proc.stdout)
 
 
 def test_the_site_lists_every_page():
