@@ -8,7 +8,8 @@ Every page's code is run by exactly one runner:
   what its tour made (`model.onnx`, `model.std.onnx`).
 - walk-throughs: a page a test of its own walks from an empty folder (a tests/test_*.py with
   a module-level ``DOC = REPO / "docs" / "<page>"``: docs/writing-ops.md, docs/deploy.md).
-- the other docs pages: each python block run in a fresh folder (tests/test_docs_pages.py).
+- the other docs pages: their python blocks and ```sh run=yes blocks, in page order, in a fresh
+  folder (tests/test_docs_pages.py).
 """
 
 from __future__ import annotations
