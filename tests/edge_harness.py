@@ -218,17 +218,20 @@ def _logaddexp2_equal(inputs, want):
 
 
 def _gelu_single_overflow(inputs, want):
-    """float32 gelu is torch's graph: inf at x > max / 2 (ONNX Runtime's Mul overflows) and +inf."""
+    """float32 gelu is torch's graph: inf at x > max / 2 (ONNX Runtime's Mul overflows) and +inf.
+    At +inf every dtype gives gelu's limit, inf: torch's vectorized CPU kernel gives NaN there
+    for a tensor of two or more elements (its one-element path gives inf)."""
     x = np.broadcast_to(inputs[0], want.shape)
     if want.dtype != np.float32:
-        return np.zeros(want.shape, bool), want
+        return x == np.inf, np.full(want.shape, np.inf, want.dtype)
     return x > np.finfo(np.float32).max / 2, np.full(want.shape, np.inf, np.float32)
 
 
 DOCUMENTED: dict[str, tuple[Callable[[list[np.ndarray], np.ndarray], tuple[np.ndarray, np.ndarray]], str]] = {
     "copysign": (_copysign_nan, "copysign(x, +-nan) is |x|: a NaN's sign bit is invisible to ONNX ops "
                  "before opset 26 (BitCast); torch gives -|x| for -nan"),
-    "gelu": (_gelu_single_overflow, "float32 gelu is torch's graph: inf for x > max / 2 and at inf"),
+    "gelu": (_gelu_single_overflow, "float32 gelu is torch's graph: inf for x > max / 2 and at inf; every "
+             "dtype gives inf at +inf (torch's vectorized kernel gives NaN there)"),
     "logaddexp2": (_logaddexp2_equal, "logaddexp2(x, x) = x + 1 exactly; torch rounds m + log1p(1) / ln 2"),
 }
 

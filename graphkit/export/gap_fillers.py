@@ -800,7 +800,8 @@ _ERF_TOLERANCE = {"float16": (9.8e-4, 2.4e-7)}
 _GELU_TOLERANCE = {"float32": (3.6e-7, 2.9e-45), "float64": (6.7e-16, 1e-323)}
 _GELU_SINGLE = ("float32 is torch's own graph, x (1 + erf) / 2 or x (1 + tanh) / 2: gelu(inf) is inf "
                 "(torch's float32 kernel: NaN without approximation) and x > max / 2 overflows to inf "
-                "(torch: inf without approximation, x in tanh mode)")
+                "(torch: inf without approximation, x in tanh mode); in every dtype gelu(inf) is inf (torch's "
+                "vectorized CPU kernel gives NaN for a tensor of two or more elements)")
 # torch computes m + log1p(1) / ln 2 for x == y and rounds it; x + 1 is the exact value
 _EQUAL_LOGADDEXP2 = ("logaddexp2(x, x) is x + 1 exactly; torch rounds max + log1p(1) / ln 2: "
                      "logaddexp2(-1, -1) is -1.06e-8 in float32 and -0.0 in float16, graphkit 0.0")
