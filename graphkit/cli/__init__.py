@@ -94,7 +94,7 @@ EXAMPLES = {
     "inspect": ("graphkit inspect model.onnx",
                 "graphkit inspect model.onnx --ops ./my_ops.py --json"),
     "export": ("graphkit export model.py:build model.onnx --input x=1x3x8x8 --dynamic x:0=batch --verify",
-               "graphkit export model.py:build model.ts.onnx --input x=1x3x8x8 --no-dynamo --opset 17",
+               "graphkit export model.py:build model.ts.onnx --input x=1x3x8x8 --no-dynamo --target-opset 17",
                "graphkit export model.py:build model.ph.onnx --input x=1x3x8x8 --placeholder asinh"),
     "verify": ("graphkit verify model.py:build model.onnx",
                "graphkit verify model.py:build model.ph.onnx --bind python --atol 1e-4",

@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 
+from graphkit.cli._args import add_feed_arguments, add_json_argument, add_tolerance_arguments, comparison_options
+from graphkit.cli._lowering import add_lowering_arguments
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from graphkit.cli.verify import add_comparison_arguments
-
     p.add_argument("reference", metavar="A.onnx", help="the reference model (say, before a rewrite)")
     p.add_argument("candidate", metavar="B.onnx", help="the model checked against it (say, after)")
-    add_comparison_arguments(p)
+    add_feed_arguments(p)
+    add_tolerance_arguments(p)
+    add_lowering_arguments(p, in_memory=True, prefer=False)
+    add_json_argument(p)
     p.add_argument("--bisect", action="store_true",
                    help="also find the first tensor, in A's node order, that differs between the "
                         "models (tensors both compute under the same name)")
@@ -25,7 +29,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from graphkit.cli import op_registry
-    from graphkit.cli.verify import comparison_options
     from graphkit.errors import UsageError
     from graphkit.verify import bisect_models, compare_models
 

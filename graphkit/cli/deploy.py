@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import argparse
 
+from graphkit.cli._args import add_json_argument, add_output_argument
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", metavar="MODEL.onnx",
                    help="the model to deploy (usually rewritten with --bind native); its nodes decide which "
                         "kernels are shipped. Without it, --package names what to ship")
-    p.add_argument("-o", "--out", required=True, metavar="DIR",
-                   help="the deployment folder: created, or replaced if graphkit wrote it before (written whole "
-                        "or not at all). Relocatable: copy it anywhere")
+    add_output_argument(p, metavar="DIR", required=True,
+                        help="the deployment folder: created, or replaced if graphkit wrote it before (written "
+                             "whole or not at all). Relocatable: copy it anywhere. For example -o deploy/")
     p.add_argument("--package", action="append", default=[], metavar="NAME",
                    help="ship the native kernels of this op package (every native op it has) besides the "
                         "model's; repeatable. For example --package graphkit_ops")
@@ -21,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--march", metavar="CPU",
                    help="compile the kernels for this CPU (gcc's -march, e.g. x86-64-v2) instead of this "
                         "machine's (native): for servers whose CPU lacks this one's instructions")
-    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    add_json_argument(p, what="the manifest")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from graphkit.cli import op_registry
     from graphkit.deploy import deploy
 
-    report = deploy(args.out, args.model, packages=args.package, registry=op_registry(args),
+    report = deploy(args.output, args.model, packages=args.package, registry=op_registry(args),
                     copy_model=args.copy_model, march=args.march)
     print(json.dumps(report.manifest, indent=2) if args.json else report.format())
     return 0

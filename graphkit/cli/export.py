@@ -8,6 +8,9 @@ import json
 import os
 from pathlib import Path
 
+from graphkit.cli._args import (add_feed_arguments, add_json_argument, add_target_opset_argument,
+                               add_tolerance_arguments, tolerances)
+from graphkit.cli._lowering import add_lowering_arguments
 from graphkit.input_specs import InputSpec, parse_dynamic, parse_input
 
 # Nothing here imports torch at module level: `graphkit export` reports usage errors (exit 2)
@@ -25,9 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--input ids=2x16:int64")
     p.add_argument("--dynamo", action=argparse.BooleanOptionalAction, default=True,
                    help="torch.export-based exporter (default) or, with --no-dynamo, TorchScript")
-    p.add_argument("--opset", type=int, default=18, metavar="N",
-                   help="ai.onnx opset (default 18); below 18 the dynamo exporter converts its opset-18 "
-                        "graph (graphkit's converter, as rewrite --target-opset), and the export fails if that cannot")
+    add_target_opset_argument(p, default=18, help=(
+        "ai.onnx opset to export to (default 18); below 18 the dynamo exporter converts its opset-18 graph "
+        "(graphkit's converter, as rewrite --target-opset), and the export fails if that cannot"))
     p.add_argument("--dynamic", action="append", default=[], metavar="NAME:AXIS=DIM",
                    help="a symbolic dimension; repeat for more, share DIM names between inputs. "
                         "For example --dynamic x:0=batch")
@@ -39,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-translation", action="append", default=[], metavar="NS::OP",
                    help="leave another library's torch op that a graphkit op stands for to torch's own "
                         "translation instead of graphkit's placeholder; for example --torch-translation "
-                        "torchvision::deform_conv2d (standard DeformConv, needs --opset 19 or higher)")
+                        "torchvision::deform_conv2d (standard DeformConv, needs --target-opset 19 or higher)")
     p.add_argument("--no-gap-fillers", action="store_true",
                    help="do not register graphkit's symbolics for ATen ops the TorchScript "
                         "exporter lacks (python -m graphkit.export.gaps lists them)")
@@ -48,16 +51,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "For example --rewrites mypkg.deploy:REWRITES")
     p.add_argument("--backend", default="onnxruntime",
                    help="target backend the rewrites' Backend conditions see (default onnxruntime)")
-    p.add_argument("--seed", type=int, default=0, help="seed for the random example inputs (default 0)")
+    add_feed_arguments(p, inputs=False, dims=False, random="random example inputs")
     p.add_argument("--verify", action="store_true",
                    help="run torch and the written model in ONNX Runtime on the example inputs and "
                         "compare (exit code 12 on a mismatch; the model stays written)")
-    p.add_argument("--atol", type=float, default=1e-5, help="with --verify: absolute tolerance (default 1e-5)")
-    p.add_argument("--rtol", type=float, default=1e-5, help="with --verify: relative tolerance (default 1e-5)")
-    p.add_argument("--bind", choices=("native", "python"),
-                   help="with --verify: run the placeholders of custom ops on their packages' native "
-                        "or Python kernels (bound in memory; the written file keeps the placeholders)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_tolerance_arguments(p, when="with --verify: ")
+    add_lowering_arguments(p, in_memory=True, prefer=False, when="with --verify: ")
+    add_json_argument(p)
 
 
 def _check_source(spec: str, *, what: str, example: str) -> None:
@@ -86,8 +86,8 @@ def _check_arguments(args: argparse.Namespace) -> tuple[list[InputSpec], dict[st
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise UsageError(f"--input names repeat: {names}", hint="give every input its own name")
-    if args.opset < 1:
-        raise UsageError(f"--opset {args.opset}: an opset is a positive number")
+    if args.target_opset < 1:
+        raise UsageError(f"--target-opset {args.target_opset}: an opset is a positive number")
     dynamic: dict[str, dict[int, str]] = {}
     for text in args.dynamic:
         name, axis, dim = parse_dynamic(text)
@@ -99,9 +99,7 @@ def _check_arguments(args: argparse.Namespace) -> tuple[list[InputSpec], dict[st
         dynamic.setdefault(name, {})[axis] = dim
     for spec in args.rewrites:
         _check_source(spec, what="rewrites", example="mypkg.deploy:REWRITES")
-    for n in ("atol", "rtol"):
-        if not getattr(args, n) >= 0:
-            raise UsageError(f"--{n} must be a non-negative number")
+    tolerances(args)
     if args.bind and not args.verify:
         raise UsageError("--bind chooses the kernels of --verify", hint="add --verify, or drop --bind")
     check_output_path(args.output, None)
@@ -120,14 +118,8 @@ def _report_dict(report) -> dict:
                 "reason": report.runtime_check.reason, "lowerings": dict(report.runtime_check.lowerings)}}
 
 
-def _registry(args: argparse.Namespace):
-    """The op packages named by ``--ops`` (and $GRAPHKIT_OPS, entry points, graphkit's own)."""
-    from graphkit.ops import discover
-
-    return discover(tuple(getattr(args, "ops", None) or ()))
-
-
 def run(args: argparse.Namespace) -> int:
+    from graphkit.cli import op_registry
     from graphkit.errors import UsageError
 
     specs, dynamic = _check_arguments(args)  # before torch: usage errors come at once
@@ -148,13 +140,13 @@ def run(args: argparse.Namespace) -> int:
     model = load_model_factory(args.factory)
     # After the factory ran: it may import the model's op packages itself (or make them
     # importable). export() adds the ops the model holds to these.
-    registry = _registry(args)
+    registry = op_registry(args)
     inputs = random_inputs(specs, args.seed)
     kwargs = {}
     if args.no_gap_fillers:
         kwargs["gap_fillers"] = None
     with silenced_output(not args.debug):  # torch prints the whole graph when an export fails
-        report = export(model, tuple(inputs), args.output, dynamo=args.dynamo, opset=args.opset,
+        report = export(model, tuple(inputs), args.output, dynamo=args.dynamo, opset=args.target_opset,
                         registry=registry, input_names=names, output_names=args.output_name or None,
                         dynamic_dims=dynamic or None, placeholders=args.placeholder,
                         rewrites=registries, backend=args.backend,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from graphkit.cli._args import add_json_argument
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="ONNX model to inspect (weights are not loaded)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_json_argument(p, what="the summary")
     p.epilog = ("Every node outside the ONNX and ONNX Runtime domains that calls no model-local "
                 "function is a custom op; one that no op package defines is marked UNKNOWN (the "
                 "exit code stays 0).\n\n" + (p.epilog or ""))

@@ -6,12 +6,13 @@ import argparse
 import json
 from typing import Any
 
+from graphkit.cli._args import add_json_argument
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("names", nargs="*", metavar="NAME",
                    help="show only these ops: a name (my_add) or DOMAIN::NAME (custom::my_add)")
-    p.add_argument("--json", action="store_true",
-                   help="print the packages and ops as one JSON document (for scripts)")
+    add_json_argument(p, what="the packages and ops as one document (for scripts)")
     p.epilog = ("The ops come from graphkit's own package, installed packages (entry points of "
                 "group 'graphkit.ops'), $GRAPHKIT_OPS and --ops.\n\n" + (p.epilog or ""))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from graphkit.cli._args import add_json_argument, add_target_opset_argument
 from graphkit.cli._lowering import add_lowering_arguments, parse_prefer
 from graphkit.cli._simplify_args import add_simplify_arguments, simplify_options
 
@@ -28,8 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     how.add_argument("--as-functions", action="store_true",
                      help="keep custom:: nodes and attach their decompositions as model-local functions: "
                           "ONNX Runtime runs a registered kernel where there is one, the function elsewhere")
-    p.add_argument("--target-opset", type=int, metavar="N",
-                   help="convert the model's standard ops to ai.onnx opset N and pick decompositions valid there")
+    add_target_opset_argument(p, help="convert the model's standard ops to ai.onnx opset N and pick "
+                                      "decompositions valid there")
     p.add_argument("--rules", action="append", default=[], metavar="FILE.py|MODULE",
                    help="apply the rules defined as `rules = RuleSet([...])` in a Python file or "
                         "module before lowering; repeatable. For example --rules my_rules.py")
@@ -51,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--diff", metavar="DIR",
                    help="also draw what changed: DIR/index.html and a before/after page per rewritten "
                         "region (needs graphviz's dot)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json_argument(p)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show progress on stderr (default: on a terminal, for models over 10k nodes)")
 

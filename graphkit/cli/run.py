@@ -5,74 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 
+from graphkit.cli._args import (add_feed_arguments, add_json_argument, add_output_argument, load_npz, parse_dims,
+                               save_npz)
 from graphkit.cli._lowering import add_lowering_arguments, parse_prefer
+
+__all__ = ["add_arguments", "describe_json", "load_npz", "run", "save_npz"]  # load_npz, save_npz: graphkit.cli._args'
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="ONNX model to run")
-    p.add_argument("--inputs", metavar="X.npz",
-                   help="input arrays by input name (numpy .npz); random inputs with --seed if omitted")
-    p.add_argument("--output", metavar="Y.npz", help="write the outputs here (numpy .npz, atomically)")
-    p.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
-                   help="size of a symbolic input dimension for random inputs; for example "
-                        "--dim batch=4 (default 1)")
+    add_feed_arguments(p)
+    add_output_argument(p, metavar="Y.npz", help="write the outputs here (numpy .npz, atomically). "
+                                                 "For example -o y.npz")
     p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
     add_lowering_arguments(p, in_memory=True)
-    p.add_argument("--json", action="store_true",
-                   help="print the outputs' names, dtypes, shapes and summary statistics as JSON "
-                        "(not the arrays: use --output for those)")
-
-
-def _parse_dims(items: list[str]) -> dict[str, int]:
-    from graphkit.errors import UsageError
-
-    dims = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name or not value.isdigit():
-            raise UsageError(f"--dim {item!r} is not NAME=SIZE", hint="for example --dim batch=4")
-        dims[name] = int(value)
-    return dims
-
-
-def load_npz(path: str) -> dict:
-    import zipfile
-
-    import numpy as np
-
-    from graphkit.errors import UsageError
-
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except FileNotFoundError as exc:
-        raise UsageError("no such file", path=path, hint="check the --inputs path") from exc
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise UsageError(f"not a readable .npz file: {exc}", path=path,
-                         hint="save inputs with numpy.savez(path, name=array)") from exc
-
-
-def save_npz(path: str, arrays: dict) -> None:
-    """Write ``arrays`` as a numpy .npz, atomically and without pickle (any array names)."""
-    import zipfile
-
-    import numpy as np
-
-    from graphkit.errors import UsageError
-    from graphkit.publish import atomic_write
-
-    for name, value in arrays.items():
-        if not isinstance(value, np.ndarray):
-            raise UsageError(f"output '{name}' is a {type(value).__name__}, not a tensor; --output "
-                             "stores tensors only", hint="omit --output for this model")
-    with atomic_write(path) as tmp:
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-            for name, value in arrays.items():
-                if value.dtype.kind == "O":  # string tensors: store as unicode, never pickled
-                    value = value.astype(str)
-                with zf.open(f"{name}.npy", "w", force_zip64=True) as fh:
-                    np.lib.format.write_array(fh, value, allow_pickle=False)
+    add_json_argument(p, what="the outputs' names, dtypes, shapes and summary statistics "
+                              "(not the arrays: use --output for those)")
 
 
 def _stats(value) -> dict | None:
@@ -134,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     session = open_session(model, registry=registry, threads=args.threads, options=options,
                            unknown_domains=False)
     feeds = (load_npz(args.inputs) if args.inputs
-             else session.random_feeds(seed=args.seed, dims=_parse_dims(args.dim)))
+             else session.random_feeds(seed=args.seed, dims=parse_dims(args.dim)))
     outputs = session.run(feeds)
     if args.json:
         print(json.dumps({"model": args.model, "lowering": lowering,

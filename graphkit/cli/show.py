@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import os
 
+from graphkit.cli._args import add_json_argument, add_output_argument
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="the ONNX model (before the rewrite, when AFTER is given)")
     p.add_argument("after", nargs="?", help="the rewritten model: draw only what changed")
-    p.add_argument("-o", "--out", required=True, metavar="DIR",
-                   help="folder for index.html / graph.html and the SVG files (created if missing)")
-    p.add_argument("--json", action="store_true", help="print the files written as JSON")
+    add_output_argument(p, metavar="DIR", required=True,
+                        help="folder for index.html / graph.html and the SVG files (created if missing). "
+                             "For example -o pictures/")
+    add_json_argument(p, what="the files written")
 
 
 def check_target(out_dir: str) -> None:
@@ -62,12 +65,12 @@ def run(args: argparse.Namespace) -> int:
     from graphkit.modelio import load_model
     from graphkit.pictures import write_diff, write_graph
 
-    check_target(args.out)
+    check_target(args.output)
     before = load_model(args.model)
     if args.after is None:
-        files = write_graph(before, args.out, name=os.path.basename(args.model))
+        files = write_graph(before, args.output, name=os.path.basename(args.model))
     else:
-        files = write_diff(before, load_model(args.after), args.out,
+        files = write_diff(before, load_model(args.after), args.output,
                            before_name=os.path.basename(args.model),
                            after_name=os.path.basename(args.after))
     if args.json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from graphkit.cli._args import add_json_argument
 from graphkit.cli._simplify_args import add_simplify_arguments
 
 
@@ -25,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--diff", metavar="DIR",
                    help="also draw what changed: DIR/index.html and a before/after page per changed region "
                         "(needs graphviz's dot)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json_argument(p)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show progress on stderr (default: on a terminal, for models over 10k nodes)")
 

@@ -1,0 +1,192 @@
+"""The options several commands take, each declared once here, as Polygraphy's argument groups
+are: a command subscribes to the groups it needs and reads them back with their parse helper.
+
+    feeds        --inputs, --seed, --dim        add_feed_arguments / feeds, parse_dims, load_npz
+    tolerances   --atol, --rtol                 add_tolerance_arguments / tolerances
+    target opset --target-opset (--opset)       add_target_opset_argument
+    output       -o/--output (--out), --json    add_output_argument, add_json_argument / save_npz
+    lowering     --bind, --prefer               graphkit.cli._lowering (it declares them with declare())
+
+One word per concept: the opset a command targets is --target-opset and where output goes is
+-o/--output; the older spellings (export --opset, show/deploy --out) still parse, to the same
+dest, without a line of their own in --help (the option's help names them).
+
+Every action added here carries ``graphkit_group`` (its group's name): tests/test_cli_args.py
+checks that every subcommand's shared options come from here.
+
+Nothing here imports onnx, numpy or torch at module level: `--help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["SHARED_OPTIONS", "add_feed_arguments", "comparison_options", "add_json_argument", "add_output_argument",
+           "add_target_opset_argument", "add_tolerance_arguments", "declare", "feeds", "load_npz",
+           "parse_dims", "save_npz", "tolerances"]
+
+# option string -> its group: the options only this module (and _lowering, through declare) adds.
+SHARED_OPTIONS = {"--inputs": "feeds", "--seed": "feeds", "--dim": "feeds",
+                  "--atol": "tolerances", "--rtol": "tolerances",
+                  "--target-opset": "target opset", "--opset": "target opset",
+                  "-o": "output", "--output": "output", "--out": "output", "--json": "output",
+                  "--bind": "lowering", "--prefer": "lowering"}
+
+def declare(container, group: str, *strings: str, aliases: tuple[str, ...] = (), **kwargs) -> argparse.Action:
+    """``container.add_argument(*strings, **kwargs)``, marked as group ``group``'s. Each of
+    ``aliases`` (an older spelling) is the same action under another option string, so it
+    parses to the same dest and satisfies ``required``, but --help shows ``strings`` only; the
+    option's help says the alias is accepted."""
+    if aliases:
+        also = ", ".join(aliases)
+        kwargs["help"] = f"{kwargs.get('help', '')} ({also}, the older spelling, is accepted too)".lstrip()
+    action = container.add_argument(*strings, **kwargs)
+    action.graphkit_group = group
+    for alias in aliases:
+        # argparse has no public hidden alias: register the action under one more string
+        # (what add_argument does, without listing it in option_strings, which --help prints).
+        container._check_conflict(argparse.Action([alias], dest=action.dest))
+        container._option_string_actions[alias] = action
+    return action
+
+
+# --------------------------------------------------------------------------- feeds
+
+
+def add_feed_arguments(p: argparse.ArgumentParser, *, inputs: bool = True, dims: bool = True,
+                       random: str = "random inputs") -> argparse._ArgumentGroup:
+    """--inputs X.npz, --seed N and --dim NAME=SIZE: the values a model runs on. ``inputs`` and
+    ``dims`` off: --seed alone (export makes its example inputs from --input shapes)."""
+    g = p.add_argument_group("inputs", "The values the model runs on: an .npz file, or random "
+                             "values from a seed.")
+    if inputs:
+        declare(g, "feeds", "--inputs", metavar="X.npz",
+                help="input arrays by ONNX input name (numpy .npz, as numpy.savez(path, x=array) writes); "
+                     "random inputs with --seed if omitted. For example --inputs x.npz")
+    declare(g, "feeds", "--seed", type=int, default=0, metavar="N",
+            help=f"seed for the {random} (default 0). For example --seed 3")
+    if dims:
+        declare(g, "feeds", "--dim", action="append", default=[], metavar="NAME=SIZE",
+                help="size of a symbolic input dimension for random inputs (default 1); repeatable. "
+                     "For example --dim batch=4")
+    return g
+
+
+def parse_dims(items: list[str]) -> dict[str, int]:
+    """--dim's NAME=SIZE items as {name: size}; UsageError for anything else."""
+    from graphkit.errors import UsageError
+
+    dims = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value.isdigit():
+            raise UsageError(f"--dim {item!r} is not NAME=SIZE", hint="for example --dim batch=4")
+        dims[name] = int(value)
+    return dims
+
+
+def load_npz(path: str) -> dict:
+    """The arrays of an .npz file by name (never unpickled); UsageError if it cannot be read."""
+    import zipfile
+
+    import numpy as np
+
+    from graphkit.errors import UsageError
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError as exc:
+        raise UsageError("no such file", path=path, hint="check the --inputs path") from exc
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise UsageError(f"not a readable .npz file: {exc}", path=path,
+                         hint="save inputs with numpy.savez(path, name=array)") from exc
+
+
+def feeds(args: argparse.Namespace) -> dict:
+    """The feeds group parsed: {"inputs": arrays from --inputs or None, "seed", "dims"}."""
+    inputs = getattr(args, "inputs", None)
+    return {"inputs": load_npz(inputs) if inputs else None, "seed": args.seed,
+            "dims": parse_dims(getattr(args, "dim", None) or [])}
+
+
+# --------------------------------------------------------------------------- tolerances
+
+
+def add_tolerance_arguments(p: argparse.ArgumentParser, *, when: str = "") -> argparse._ArgumentGroup:
+    """--atol and --rtol (``when``: a condition to say first, such as "with --verify: ")."""
+    g = p.add_argument_group("tolerances", "When two outputs agree.")
+    declare(g, "tolerances", "--atol", type=float, default=1e-5, metavar="X",
+            help=f"{when}absolute tolerance (default 1e-5). For example --atol 1e-4")
+    declare(g, "tolerances", "--rtol", type=float, default=1e-5, metavar="X",
+            help=f"{when}relative tolerance (default 1e-5): an element passes when "
+                 "|actual - expected| <= atol + rtol * |expected|. For example --rtol 1e-3")
+    return g
+
+
+def tolerances(args: argparse.Namespace) -> dict:
+    """{"atol", "rtol"} from the tolerances group; UsageError unless both are >= 0."""
+    from graphkit.errors import UsageError
+
+    for name in ("atol", "rtol"):
+        value = getattr(args, name)
+        if not value >= 0:  # also rejects NaN
+            raise UsageError(f"--{name} {value} must be a non-negative number", hint=f"for example --{name} 1e-4")
+    return {"atol": args.atol, "rtol": args.rtol}
+
+
+# --------------------------------------------------------------------------- target opset
+
+
+def add_target_opset_argument(p, *, help: str, default: int | None = None) -> argparse.Action:
+    """--target-opset N (dest target_opset): the ai.onnx opset the command's result uses.
+    --opset, export's older spelling, is accepted too."""
+    return declare(p, "target opset", "--target-opset", type=int, default=default, metavar="N",
+                   aliases=("--opset",), help=f"{help}. For example --target-opset 17")
+
+
+# --------------------------------------------------------------------------- output
+
+
+def add_output_argument(p, *, metavar: str, help: str, required: bool = False) -> argparse.Action:
+    """-o/--output (dest output): where a command writes what is not its model argument
+    (run's arrays, show's pictures, deploy's folder). --out, the older spelling, is accepted.
+    Commands that turn one model into another (rewrite, simplify, export) take it as their
+    second positional argument, OUT, and never as an option."""
+    return declare(p, "output", "-o", "--output", metavar=metavar, required=required, aliases=("--out",),
+                   help=help)
+
+
+def add_json_argument(p, *, what: str = "the report") -> argparse.Action:
+    """--json: print ``what`` as JSON instead of text (for scripts)."""
+    return declare(p, "output", "--json", action="store_true", help=f"print {what} as JSON")
+
+
+def save_npz(path: str, arrays: dict) -> None:
+    """Write ``arrays`` as a numpy .npz, atomically and without pickle (any array names)."""
+    import zipfile
+
+    import numpy as np
+
+    from graphkit.errors import UsageError
+    from graphkit.publish import atomic_write
+
+    for name, value in arrays.items():
+        if not isinstance(value, np.ndarray):
+            raise UsageError(f"output '{name}' is a {type(value).__name__}, not a tensor; --output "
+                             "stores tensors only", hint="omit --output for this model")
+    with atomic_write(path) as tmp:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for name, value in arrays.items():
+                if value.dtype.kind == "O":  # string tensors: store as unicode, never pickled
+                    value = value.astype(str)
+                with zf.open(f"{name}.npy", "w", force_zip64=True) as fh:
+                    np.lib.format.write_array(fh, value, allow_pickle=False)
+
+
+# --------------------------------------------------------------------------- comparisons
+
+
+def comparison_options(args: argparse.Namespace) -> dict:
+    """verify's and compare's keyword arguments from the groups they subscribe to: feeds,
+    tolerances and --bind (usage errors first, before any model is loaded)."""
+    return {**tolerances(args), **feeds(args), "bind": args.bind}
