@@ -118,3 +118,17 @@ def test_parse_helpers():
                                       "bind": "python"}
     with pytest.raises(UsageError, match="non-negative"):
         comparison_options(argparse.Namespace(**{**vars(ns), "atol": float("nan")}))
+
+
+@pytest.mark.parametrize("spelling", ["-o", "--output"])
+def test_run_writes_its_outputs_with_either_spelling(tmp_path, spelling):
+    import numpy as np
+    import onnx
+
+    from conftest import my_add_model, run_cli
+
+    model = tmp_path / "m.onnx"
+    onnx.save(my_add_model(), model)
+    run_cli("run", model, "--seed", "1", spelling, tmp_path / "y.npz", "--bind", "python", check_rc=0)
+    with np.load(tmp_path / "y.npz") as y:
+        assert y["z"].shape == (1, 3)
