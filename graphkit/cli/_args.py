@@ -6,6 +6,8 @@ are: a command subscribes to the groups it needs and reads them back with their 
     target opset --target-opset (--opset)       add_target_opset_argument
     output       -o/--output (--out), --json    add_output_argument, add_json_argument / save_npz
     lowering     --bind, --prefer               graphkit.cli._lowering (it declares them with declare())
+    model output --explain, --no-check, --full-check, --external-data, --dry-run, --diff, --json,
+                 --progress (rewrite, simplify)  add_model_output_arguments
 
 One word per concept: the opset a command targets is --target-opset and where output goes is
 -o/--output; the older spellings (export --opset, show/deploy --out) still parse, to the same
@@ -20,7 +22,8 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["SHARED_OPTIONS", "add_feed_arguments", "comparison_options", "add_json_argument", "add_output_argument",
+__all__ = ["SHARED_OPTIONS", "add_feed_arguments", "comparison_options", "add_json_argument", "add_model_output_arguments",
+           "add_output_argument",
            "add_target_opset_argument", "add_tolerance_arguments", "declare", "feeds", "load_npz",
            "parse_dims", "save_npz", "tolerances"]
 
@@ -190,3 +193,23 @@ def comparison_options(args: argparse.Namespace) -> dict:
     """verify's and compare's keyword arguments from the groups they subscribe to: feeds,
     tolerances and --bind (usage errors first, before any model is loaded)."""
     return {**tolerances(args), **feeds(args), "bind": args.bind}
+
+
+def add_model_output_arguments(p: argparse.ArgumentParser, *, explain: str, changed: str = "changed") -> None:
+    """What a command writing one model from another takes (rewrite, simplify): --explain,
+    the check, external weights, --dry-run, --diff pictures, --json and --progress."""
+    p.add_argument("--explain", nargs="?", const="summary", choices=("summary", "all"), default=None, help=explain)
+    p.add_argument("--no-check", action="store_true",
+                   help="skip the ONNX checker and shape inference on the result")
+    p.add_argument("--full-check", action="store_true",
+                   help="run strict shape inference over the whole result even when it is big")
+    p.add_argument("--external-data", choices=("auto", "link", "copy"), default="auto",
+                   help="when writing into another directory, make external weights valid there by hard "
+                        "link (link), copy (copy) or link falling back to copy (auto, the default)")
+    p.add_argument("--dry-run", action="store_true", help="do everything but write the output")
+    p.add_argument("--diff", metavar="DIR",
+                   help=f"also draw what changed: DIR/index.html and a before/after page per {changed} "
+                        "region (needs graphviz's dot)")
+    add_json_argument(p)
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show progress on stderr (default: on a terminal, for models over 10k nodes)")

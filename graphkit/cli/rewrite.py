@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from graphkit.cli._args import add_json_argument, add_target_opset_argument
+from graphkit.cli._args import add_model_output_arguments, add_target_opset_argument
 from graphkit.cli._lowering import add_lowering_arguments, parse_prefer
 from graphkit.cli._simplify_args import add_simplify_arguments, simplify_options
 
@@ -38,23 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--simplify", action="store_true",
                    help="after lowering, simplify as `graphkit simplify` does (its options apply)")
     add_simplify_arguments(p)
-    p.add_argument("--explain", nargs="?", const="summary", choices=("summary", "all"), default=None,
-                   help="print, per rule, how often it matched and applied and its top reasons for not "
-                        "matching with counts; --explain=all lists every node that did not match")
-    p.add_argument("--no-check", action="store_true",
-                   help="skip the ONNX checker and shape inference on the result")
-    p.add_argument("--full-check", action="store_true",
-                   help="run strict shape inference over the whole result even when it is big")
-    p.add_argument("--external-data", choices=("auto", "link", "copy"), default="auto",
-                   help="when writing into another directory, make external weights valid there by hard "
-                        "link (link), copy (copy) or link falling back to copy (auto, the default)")
-    p.add_argument("--dry-run", action="store_true", help="do everything but write the output")
-    p.add_argument("--diff", metavar="DIR",
-                   help="also draw what changed: DIR/index.html and a before/after page per rewritten "
-                        "region (needs graphviz's dot)")
-    add_json_argument(p)
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="show progress on stderr (default: on a terminal, for models over 10k nodes)")
+    add_model_output_arguments(
+        p, changed="rewritten",
+        explain="print, per rule, how often it matched and applied and its top reasons for not matching "
+                "with counts; --explain=all lists every node that did not match")
 
 
 def _preference(args: argparse.Namespace):
