@@ -227,14 +227,59 @@ def test_torch_translation_at_opset_18_fails_naming_node_and_fix(tmp_path, torch
     assert not path.exists()  # an invalid model is never written
 
 
-def test_without_the_mapping_torchs_deformconv_at_18_is_refused(tmp_path, torchvision_op, monkeypatch):
-    """A registry without deform_conv2d leaves the op to torch: still never an invalid file."""
-    _torchvision_stub(tmp_path, monkeypatch)
-    path = tmp_path / "m.onnx"
-    with pytest.raises(ExportError, match=r"wrote DeformConv, which opset 18 does not have") as info:
-        export(TVBlock(), (torch.randn(1, 4, 9, 9),), path, opset=18, registry=OpRegistry([]))
-    assert "opset >= 19" in info.value.hint and "foreign_ops" in info.value.hint
-    assert not path.exists()
+_REFUSAL = """
+import importlib, os, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+import torch
+from graphkit.errors import ExportError
+from graphkit.export import export
+from graphkit.ops import OpRegistry
+if sys.argv[2] == "after":  # a TorchScript export of a model using graphkit's ops first
+    from simplify_models import MODELS
+    m = MODELS["my_add_resnet"](True)
+    export(m.module, m.inputs(1, m.length), os.path.join(sys.argv[3], "first.onnx"), dynamo=False)
+import test_torchvision_export as t
+lib = t.declare(t.REAL_SCHEMA)
+os.makedirs(os.path.join(sys.argv[3], "stub", "torchvision"))
+open(os.path.join(sys.argv[3], "stub", "torchvision", "__init__.py"), "w").close()
+sys.path.insert(0, os.path.join(sys.argv[3], "stub"))
+importlib.invalidate_caches()
+path = os.path.join(sys.argv[3], "m.onnx")
+try:
+    export(t.TVBlock(), (torch.randn(1, 4, 9, 9),), path, opset=18, registry=OpRegistry([]))
+except ExportError as exc:
+    print("REFUSED", exc.message, "|", exc.hint, "|", os.path.exists(path))
+else:
+    print("WRITTEN")
+"""
+
+
+def _refusal(tmp_path, when: str) -> str:
+    """The export of TVBlock at opset 18 with an empty registry, in a fresh process (``when``
+    "first", or "after" a TorchScript export of a model using graphkit's ops)."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", _REFUSAL, str(Path(__file__).parent), when, str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_without_the_mapping_torchs_deformconv_at_18_is_refused(tmp_path):
+    """A registry without deform_conv2d leaves the op to torch: still never an invalid file.
+    (In a process of its own: see the xfail below.)"""
+    out = _refusal(tmp_path, "first")
+    assert "REFUSED" in out and "wrote DeformConv, which opset 18 does not have" in out, out
+    assert "opset >= 19" in out and "foreign_ops" in out and out.strip().endswith("False"), out
+
+
+@pytest.mark.xfail(strict=True, reason="known leak: after a TorchScript export of a model using graphkit's ops "
+                   "(default registry) in the same process, a dynamo export with registry=OpRegistry([]) still "
+                   "gets graphkit's translations (graphkit.* and torchvision.deform_conv2d in its "
+                   "custom_translation_table) and writes custom::deform_conv2d")
+def test_an_earlier_export_does_not_change_what_a_later_registry_maps(tmp_path):
+    out = _refusal(tmp_path, "after")
+    assert "REFUSED" in out, out
 
 
 def test_torch_translation_names_a_foreign_op(tmp_path):
