@@ -169,7 +169,7 @@ def _is_repeated(fd) -> bool:
 
 
 def _names(model) -> list[str]:
-    from graphkit.rewrite._walk import graphs
+    from graphkit.rewrite.graph.walk import graphs
 
     names = []
     for g in graphs(model.graph):
@@ -278,7 +278,7 @@ def mutate_fields(model, rng: random.Random) -> str:
 def _smart(model, rng: random.Random, names: list[str]) -> str:
     """Mutations that know ONNX: rewire, retarget ops, opsets, types, dims, external data."""
     import onnx
-    from graphkit.rewrite._walk import graphs
+    from graphkit.rewrite.graph.walk import graphs
 
     gs = list(graphs(model.graph))
     g = rng.choice(gs)

@@ -1,6 +1,6 @@
 """The dynamo exporter's opset-18 model brought down to 17 (graphkit.export._opset_down.convert_down)
 on ``n`` chained If nodes, each followed by Relus (tests/scaling_models.if_chain_18): graphkit's
-converter (rewrite/_convert.py, one pass) against onnx's version converter on the whole model
+converter (rewrite/convert/opset.py, one pass) against onnx's version converter on the whole model
 (convert_down's fallback, what it ran before), both in this process, CPU seconds.
 
 Run:  python bench/opset_down_scaling.py [--ifs 250,2000] [--relus 10] [--no-onnx]

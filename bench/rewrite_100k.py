@@ -3,7 +3,7 @@
 Prints each contender's wall time (median of --repeat runs, each a fresh process) and its
 ratio to the floor, a process that only does onnx.load + onnx.save of the same file.
 "graphkit, objects writer only" is the rewrite with the byte writer turned off: what the
-wire-level writer (graphkit/rewrite/_fastpath.py) saves.
+wire-level writer (graphkit/rewrite/bytes/main_graph.py) saves.
 
     python bench/rewrite_100k.py [--pairs 50000] [--repeat 3] [--skip-slow]
 """

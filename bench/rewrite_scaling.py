@@ -140,15 +140,15 @@ def _best(fn, repeat: int):
 def _writer(report) -> str:
     """Which writer made ``report``'s output: "main" (the main graph's byte writer), "bodies"
     (the bodies') or "objects"."""
-    from graphkit.rewrite import _bodybytes
+    from graphkit.rewrite.bytes import bodies
 
     if report.writer != "bytes":
         return report.writer
-    return "bodies" if report.writer_reason.startswith(_bodybytes.WHY) else "main"
+    return "bodies" if report.writer_reason.startswith(bodies.WHY) else "main"
 
 
 def _all_nodes(model: onnx.ModelProto) -> int:
-    from graphkit.rewrite._walk import count_ops
+    from graphkit.rewrite.graph.walk import count_ops
 
     return sum(count_ops(model).values())
 
@@ -165,7 +165,7 @@ def main() -> None:
     args = ap.parse_args()
     from graphkit.ops import default_registry
     from graphkit.rewrite import Lowering, rewrite_bytes
-    from graphkit.rewrite.loader import load_rules
+    from graphkit.rewrite.rules.loader import load_rules
 
     options = {"lowering": Lowering.DECOMPOSE, **_options(args.flags)}
     flags = args.flags.split()

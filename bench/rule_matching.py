@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphkit.ops import default_registry
 from graphkit.rewrite import Lowering, MatchResult, Rule, const, rewrite_model
-from graphkit.rewrite._graphview import GraphView
+from graphkit.rewrite.graph.view import GraphView
 
 F = TensorProto.FLOAT
 

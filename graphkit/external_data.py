@@ -29,7 +29,7 @@ MODES = ("auto", "link", "copy")
 
 def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
     """Every tensor of the model (initializers, attributes, every scope) stored externally."""
-    from graphkit.rewrite._walk import graphs, scopes
+    from graphkit.rewrite.graph.walk import graphs, scopes
 
     external = onnx.TensorProto.EXTERNAL
     tensors: list[onnx.TensorProto] = []

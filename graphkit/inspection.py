@@ -12,7 +12,7 @@ from graphkit._invocation import wording
 from graphkit.errors import ModelLoadError
 from graphkit.external_data import check_external_data, external_tensors
 from graphkit.ops import OpRegistry, default_registry, split_kernel_domain
-from graphkit.rewrite._walk import scopes
+from graphkit.rewrite.graph.walk import scopes
 from graphkit.rewrite.engine import ai_onnx_opset
 
 __all__ = ["STANDARD_DOMAINS", "inspect_model", "lowerings_of", "package_info", "unknown_hint"]

@@ -24,7 +24,7 @@ import onnx
 
 from graphkit.errors import OutputError, ToolError, UsageError
 from graphkit.publish import atomic_write, write_error
-from graphkit.rewrite._walk import value_types
+from graphkit.rewrite.graph.walk import value_types
 
 __all__ = ["Region", "diff_regions", "dot_program", "write_diff", "write_graph"]
 

@@ -20,7 +20,7 @@ from graphkit.errors import ExportError  # noqa: E402
 from graphkit.export import TorchOps, export  # noqa: E402
 from graphkit.export.aten import forget_empty_group, torch_symbolic_exists  # noqa: E402
 from graphkit.rewrite import Lowering  # noqa: E402
-from graphkit.rewrite.loader import load_rules  # noqa: E402
+from graphkit.rewrite.rules.loader import load_rules  # noqa: E402
 
 
 class AsinhModel(torch.nn.Module):

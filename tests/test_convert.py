@@ -1,4 +1,4 @@
-"""--target-opset by graphkit's own adapters (graphkit/rewrite/_convert.py), against onnx's
+"""--target-opset by graphkit's own adapters (graphkit/rewrite/convert/opset.py), against onnx's
 version converter and ONNX Runtime.
 
 Each case is one node at a source opset, put in the main graph, in both branches of an If,
@@ -23,8 +23,8 @@ from onnx import TensorProto, helper, numpy_helper, version_converter
 from conftest import error_lines, run_cli
 from graphkit.errors import RewriteError
 from graphkit.rewrite import Lowering, rewrite_model
-from graphkit.rewrite import _convert
-from graphkit.rewrite._walk import node_lists
+from graphkit.rewrite.convert import opset
+from graphkit.rewrite.graph.walk import node_lists
 
 F = TensorProto.FLOAT
 SHAPE = [2, 1, 4]
@@ -84,7 +84,7 @@ def _topk(opset: int) -> list[onnx.NodeProto]:
 
 # name -> (node builder at an opset, [(source, target)], output count). Each pair onnx converts.
 CASES = {
-    **{op: (lambda opset, op=op: _reduce(op, opset), [(17, 18), (18, 17)], 1) for op in _convert._REDUCE},
+    **{op: (lambda opset, op=op: _reduce(op, opset), [(17, 18), (18, 17)], 1) for op in opset._REDUCE},
     "ReduceSum": (lambda opset: _reduce("ReduceSum", opset), [(12, 13), (13, 12), (11, 18)], 1),
     "Squeeze": (_squeeze("Squeeze", [1]), [(12, 13), (13, 12)], 1),
     "Unsqueeze": (_squeeze("Unsqueeze", [0, 4]), [(12, 13), (13, 12)], 1),
@@ -387,7 +387,7 @@ def test_a_node_no_adapter_covers_is_converted_by_onnx_on_its_own():
     model = _main([helper.make_node("Softmax", ["x"], ["s"], axis=1, name="soft"),
                    helper.make_node("ReduceMean", ["s"], ["y"], axes=[2], keepdims=0)], 12)
     model.graph.value_info.append(helper.make_tensor_value_info("soft_v_5", F, [2, 4]))  # a name onnx would make
-    done = _convert.convert(onnx.ModelProto.FromString(model.SerializeToString()), 13)
+    done = opset.convert(onnx.ModelProto.FromString(model.SerializeToString()), 13)
     assert done.fallback == [] and done.by_onnx == ["Softmax 12->13"]
     out, report = rewrite_model(model, target_opset=13, lowering=Lowering.KEEP)
     assert report.conversions == [(12, 13, "adapters; onnx's converter node by node: Softmax 12->13")]
@@ -404,7 +404,7 @@ def test_a_node_holding_subgraphs_no_adapter_covers_leaves_the_model_to_onnx():
     """If-11 -> 10 (below 12 going down is onnx's): the If holds subgraphs, so onnx's converter
     does the whole model; it has no adapter either: a RewriteError naming the op."""
     model = _model(_plain("Relu")(11), 11, 1, "if")
-    assert _convert.convert(onnx.ModelProto.FromString(model.SerializeToString()), 10).fallback == ["If 11->10"]
+    assert opset.convert(onnx.ModelProto.FromString(model.SerializeToString()), 10).fallback == ["If 11->10"]
     with pytest.raises(RewriteError, match="No Adapter From Version \\$11 for If") as info:
         rewrite_model(model, target_opset=10, lowering=Lowering.KEEP)
     assert info.value.op == "ai.onnx::If"
@@ -467,29 +467,29 @@ def test_step_kinds_match_the_schemas():
     def schema(op, v):
         return onnx.defs.get_schema(op, v, "")
 
-    for (op, new), name in _convert._TO_INPUT.items():
+    for (op, new), name in opset._TO_INPUT.items():
         old = schema(op, new - 1)
         assert name in old.attributes and name not in schema(op, new).attributes
         assert schema(op, new).inputs[1].name == name and len(old.inputs) == 1
-    for (op, new), added in _convert._ADDED_ATTRIBUTES.items():
+    for (op, new), added in opset._ADDED_ATTRIBUTES.items():
         before, after = set(schema(op, new - 1).attributes), set(schema(op, new).attributes)
         assert after - before == set(added) and before <= after, op
         assert [i.name for i in schema(op, new - 1).inputs] == [i.name for i in schema(op, new).inputs], op
-    for (op, new), index in _convert._OPTIONAL_INPUT.items():
+    for (op, new), index in opset._OPTIONAL_INPUT.items():
         old, cur = schema(op, new - 1), schema(op, new)
         assert len(cur.inputs) == index + 1 == len(old.inputs) + 1
         assert cur.inputs[index].option == onnx.defs.OpSchema.FormalParameterOption.Optional
-    for (op, new), (attr, values) in _convert._NEW_VALUES.items():
-        assert [s.kind for s in _convert.steps(op, new - 1, new)] == ["types"] and attr in schema(op, new).attributes
-    assert _convert.steps("Resize", 10, 11) is None and _convert.steps("Upsample", 9, 10) is None
-    assert _convert.steps("Relu", 7, 10) == ()  # one schema: nothing to do
-    assert _convert.steps("Concat", 11, 10) is None  # negative axes before 11: onnx's
+    for (op, new), (attr, values) in opset._NEW_VALUES.items():
+        assert [s.kind for s in opset.steps(op, new - 1, new)] == ["types"] and attr in schema(op, new).attributes
+    assert opset.steps("Resize", 10, 11) is None and opset.steps("Upsample", 9, 10) is None
+    assert opset.steps("Relu", 7, 10) == ()  # one schema: nothing to do
+    assert opset.steps("Concat", 11, 10) is None  # negative axes before 11: onnx's
     found: dict[int, list[str]] = {}
     for op in sorted({s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain == ""}):
         versions = sorted({s.since_version for s in onnx.defs.get_all_schemas_with_history()
                            if s.name == op and s.domain == ""})
         for old, new in zip(versions, versions[1:]):
-            if new >= 12 and _convert._kind(op, schema(op, old), schema(op, new)) == "types":
+            if new >= 12 and opset._kind(op, schema(op, old), schema(op, new)) == "types":
                 found.setdefault(new, []).append(f"{op}-{old}")
     assert {n: sorted(v) for n, v in found.items()} == {n: sorted(v.split()) for n, v in TYPES_STEPS.items()}
 
@@ -1050,7 +1050,7 @@ def test_up_the_op_counts_after_include_the_constant_nodes_below_ir_4(ir, rules)
     """Below IR 4 the adapters going up put the axes in a Constant node of the main graph
     (an initializer would have to be a graph input): the report's counts see it."""
     from graphkit.rewrite import Rule
-    from graphkit.rewrite._walk import count_ops
+    from graphkit.rewrite.graph.walk import count_ops
 
     graph = helper.make_graph([helper.make_node("my_add", ["x", "x"], ["a"], domain="custom"),
                                helper.make_node("ReduceMean", ["a"], ["r"], axes=[0], keepdims=1),

@@ -19,7 +19,7 @@ import graphkit  # noqa: E402
 from graphkit.export import GAP_FILLERS, export  # noqa: E402
 from graphkit.ops import tolerance_for  # noqa: E402
 from graphkit.rewrite import rewrite_model  # noqa: E402
-from graphkit.rewrite.loader import load_rules  # noqa: E402
+from graphkit.rewrite.rules.loader import load_rules  # noqa: E402
 from torch_call import Call  # noqa: E402
 
 F = torch.nn.functional

@@ -18,10 +18,14 @@ from conftest import NP_TYPES, REPO, my_add_model, run_cli
 from graphkit.errors import GraphkitError, RewriteError, ValidationError
 from graphkit.ops import Decomposition, NativeKernels, OpDef, OpPackage, OpRegistry, Param, default_registry
 from graphkit.rewrite import Lowering, rewrite_model
-from graphkit.rewrite import _bodybytes, _bodysplice, _bytecommon, _fastpath, _wire
+from graphkit.rewrite.bytes import bodies
+from graphkit.rewrite.bytes import body_splice
+from graphkit.rewrite.bytes import common
+from graphkit.rewrite.bytes import main_graph
+from graphkit.rewrite.bytes import wire
 from graphkit.rewrite.writers import InBodies, Pieces, Request, Unsupported
 from graphkit.rewrite.engine import DEFAULT_PREFERENCE
-from graphkit.rewrite.serialized import rewrite_bytes
+from graphkit.rewrite.files import rewrite_bytes
 
 F = TensorProto.FLOAT
 
@@ -42,9 +46,9 @@ def lower_bytes(data: bytes, model: onnx.ModelProto, **options):
     """The byte writer rewrite_bytes runs: the main graph's, else (placeholders in subgraphs) the
     bodies'; the output's bytes and the report. ``options``: the Request's keywords."""
     try:
-        out, report = _fastpath.write(Request(data, model, **options))
+        out, report = main_graph.write(Request(data, model, **options))
     except InBodies:
-        out, report = _bodybytes.write(Request(data, model, **options))
+        out, report = bodies.write(Request(data, model, **options))
     return out.join(), report
 
 
@@ -217,7 +221,7 @@ def test_non_canonical_encoding_and_field_order():
     """Fields out of the usual order (graph first, opset imports last): the same model."""
     model = _bench_model(4)
     data = model.SerializeToString()
-    entries = _wire.entries(data, 0, len(data))
+    entries = wire.entries(data, 0, len(data))
     shuffled = b"".join(data[start:end] for field, start, _, end in sorted(entries, key=lambda e: -e[0]))
     assert onnx.ModelProto.FromString(shuffled).SerializeToString() == data
     same(model, data=shuffled)
@@ -446,7 +450,7 @@ def test_a_query_only_inference_answers_never_raises_into_the_op(where, how):
 
 
 def _graphs(model: onnx.ModelProto) -> list[onnx.GraphProto]:
-    from graphkit.rewrite._walk import graphs
+    from graphkit.rewrite.graph.walk import graphs
 
     return list(graphs(model.graph))
 
@@ -457,7 +461,7 @@ def test_type_table_serving_steps_aside_at_its_end():
     whatever the block raised (that followed from the answer)."""
     model = _asking_model("main")
     nodes = model.graph.node
-    types = _bytecommon.ForwardTypes(model, default_registry(), nodes, [n.domain for n in nodes],
+    types = common.ForwardTypes(model, default_registry(), nodes, [n.domain for n in nodes],
                                     [n.op_type for n in nodes], [list(n.input) for n in nodes],
                                     [list(n.output) for n in nodes], set(), set())
     with pytest.raises(Unsupported, match="shape inference"):
@@ -543,10 +547,10 @@ def test_initializer_names_and_weights_in_the_name_probe():
     assert "add1/Mul_out_1" in [o for n in fast.graph.node for o in n.output]
     del model.graph.initializer[1]
     data = model.SerializeToString()
-    _, _, g0, g1 = next(e for e in _wire.entries(data, 0, len(data)) if e[0] == 7)
-    starts, ends, others = _wire.node_entries(data, g0, g1)
+    _, _, g0, g1 = next(e for e in wire.entries(data, 0, len(data)) if e[0] == 7)
+    starts, ends, others = wire.node_entries(data, g0, g1)
     regions = [(starts[0], ends[-1])] + [(s, e) for f, s, e in others if f != 5]
-    assert _bytecommon.name_seed(data, regions, ["w"], {"add0", "add1", "add2"}, model) is None
+    assert common.name_seed(data, regions, ["w"], {"add0", "add1", "add2"}, model) is None
     assert b"add1/" in data
     same(model)
 
@@ -647,7 +651,7 @@ def test_check_infers_up_to_where_the_checked_names_are_made(monkeypatch):
     """The per-replacement check asks for shapes of undeclared inputs (the engine runs ONNX
     inference over the whole rewritten model then): inference over the nodes up to where
     those names are made gives them the same types."""
-    real = _fastpath._inference_prefix
+    real = main_graph._inference_prefix
     cuts = []
 
     def spy(whole, names):
@@ -659,7 +663,7 @@ def test_check_infers_up_to_where_the_checked_names_are_made(monkeypatch):
         cuts.append((len(cut.graph.node), len(whole.graph.node)))
         return cut
 
-    monkeypatch.setattr(_fastpath, "_inference_prefix", spy)
+    monkeypatch.setattr(main_graph, "_inference_prefix", spy)
     same(_bench_model(40))
     same(_bench_model(40), lowering=Lowering.NATIVE)
     assert cuts and all(n < 12 < total for n, total in cuts)
@@ -834,8 +838,8 @@ def _by_parts(model: onnx.ModelProto, monkeypatch, registry: OpRegistry | None =
 
     monkeypatch.setattr(engine, "FULL_CHECK_NODES", 0)
     whole = []
-    check_bytes = _fastpath._check_bytes
-    monkeypatch.setattr(_fastpath, "_check_bytes", lambda *a: (whole.append(a), check_bytes(*a)))
+    check_bytes = main_graph._check_bytes
+    monkeypatch.setattr(main_graph, "_check_bytes", lambda *a: (whole.append(a), check_bytes(*a)))
     out, report = lower_bytes(model.SerializeToString(), model, registry=registry or default_registry(),
                               prefer=DEFAULT_PREFERENCE, **options)
     return out, report, whole
@@ -849,13 +853,13 @@ def test_input_checked_before_the_lowering_lists(monkeypatch):
     monkeypatch.setattr(engine, "FULL_CHECK_NODES", 0)
     calls = []
     for name in ("input_refused", "node_names"):  # where the writer calls it, and where its helpers do
-        fn = getattr(_bytecommon, name)
+        fn = getattr(common, name)
         spy = (lambda *a, _fn=fn, _name=name: (calls.append(_name), _fn(*a))[1])
-        monkeypatch.setattr(_fastpath, name, spy)
-        monkeypatch.setattr(_bytecommon, name, spy)
+        monkeypatch.setattr(main_graph, name, spy)
+        monkeypatch.setattr(common, name, spy)
     model = _bench_model(30)
     _, report = lower_bytes(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE)
-    assert report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS)
+    assert report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS)
     assert calls == ["input_refused", "node_names", "input_refused"]  # the input, then the replacements
     calls.clear()
     lower_bytes(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE, check=False)
@@ -867,7 +871,7 @@ def test_input_checked_before_the_lowering_lists(monkeypatch):
                          ids=["named", "fan-out", "asinh-chain", "two-kinds"])
 def test_repeats_written_a_block_at_a_time(model, monkeypatch):
     """A kind's repeats are written a block at a time; the blocks' seams change nothing."""
-    monkeypatch.setattr(_fastpath, "_EMIT_BLOCK", 2)
+    monkeypatch.setattr(main_graph, "_EMIT_BLOCK", 2)
     same(model)
 
 
@@ -920,7 +924,7 @@ def test_freed_memory_release_does_nothing_without_malloc_trim(platform_name, li
 def test_big_output_checked_by_parts(model, monkeypatch):
     """Over FULL_CHECK_NODES a valid output is checked by parts, never whole; the report says so."""
     out, report, whole = _by_parts(model, monkeypatch)
-    assert not whole and report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS)
+    assert not whole and report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS)
     onnx.checker.check_model(out)  # what the parts stood for
 
 
@@ -934,7 +938,7 @@ def test_invalid_input_node_found_by_parts_reported_by_the_whole_check(monkeypat
 
 
 def _part(nodes, inputs, outputs) -> tuple:
-    return (b"".join(_wire.entry(n.SerializeToString()) for n in nodes), tuple(inputs), tuple(outputs))
+    return (b"".join(wire.entry(n.SerializeToString()) for n in nodes), tuple(inputs), tuple(outputs))
 
 
 def test_check_parts_refuses_what_the_checker_would():
@@ -949,7 +953,7 @@ def test_check_parts_refuses_what_the_checker_would():
         first = first or [_part([mul], add0.input, add0.output)]
         second = second or [_part([helper.make_node("Mul", list(add1.input), list(add1.output))], add1.input,
                                   add1.output)]
-        return _bytecommon.check_parts(data, model, header, first + second, set(used), registry)
+        return common.check_parts(data, model, header, first + second, set(used), registry)
 
     assert parts() is None
     bad_attr = helper.make_node("Mul", list(add0.input), list(add0.output), bogus=1)
@@ -975,11 +979,11 @@ def test_representatives_cover_each_pattern_of_empty_names():
         members = [1, 2, 3, 4, 5]
 
     values = [("a", "b", "y0"), ("a", "b", "y1"), ("a", "", "y2"), ("", "b", "y3"), ("a", "", "y4"), ("c", "d", "y5")]
-    assert _fastpath._representatives([0], {"k": Kind, "none": None}, values) == [0, 1, 2, 3]
+    assert main_graph._representatives([0], {"k": Kind, "none": None}, values) == [0, 1, 2, 3]
 
 
 def _field(tag: bytes, body: bytes) -> bytes:
-    return tag + _wire.encode_varint(len(body)) + body
+    return tag + wire.encode_varint(len(body)) + body
 
 
 # A varint field's key and value as protobuf writes them, then padded with continuation bytes.
@@ -988,7 +992,7 @@ PADDINGS = [(b"", b""), (b"\x80\x00", b""), (b"", b"\x80\x00"), (b"\x80\x80\x00"
 
 def _padded(key: int, value: int, key_pad: bytes, value_pad: bytes) -> bytes:
     def enc(n: int, pad: bytes) -> bytes:
-        raw = bytearray(_wire.encode_varint(n))
+        raw = bytearray(wire.encode_varint(n))
         if pad:
             raw[-1] |= 0x80  # the last byte continues into the padding, which adds nothing
         return bytes(raw) + pad
@@ -1011,8 +1015,8 @@ def test_probes_find_padded_varints(key_pad, value_pad):
     assert model.graph.initializer[0].data_location == onnx.TensorProto.EXTERNAL
     assert model.graph.node[0].attribute[0].type == onnx.AttributeProto.GRAPH
     assert _request(data, model).has_external_data()
-    _, _, g0, g1 = _wire.entries(data, 0, len(data))[1]
-    _, _, holders = _fastpath._subgraph_info(list(model.graph.node), data, g0, g1,
+    _, _, g0, g1 = wire.entries(data, 0, len(data))[1]
+    _, _, holders = main_graph._subgraph_info(list(model.graph.node), data, g0, g1,
                                             lambda: len(data) == model.ByteSize())
     assert holders == {0}
 
@@ -1029,8 +1033,8 @@ def test_unnamed_repeats_with_long_value_names(size, fan_out, monkeypatch):
     for vi in model.graph.output:
         vi.name += "v" * size
     calls = []
-    emit_all = _bytecommon.TemplateWriter.emit_all
-    monkeypatch.setattr(_bytecommon.TemplateWriter, "emit_all", lambda *a: calls.append(1) or emit_all(*a))
+    emit_all = common.TemplateWriter.emit_all
+    monkeypatch.setattr(common.TemplateWriter, "emit_all", lambda *a: calls.append(1) or emit_all(*a))
     same(model)
     assert bool(calls) == (size > 125)  # names y<i> + size "v"s
 
@@ -1045,7 +1049,7 @@ def test_forward_pass_waits_when_placeholders_read_declared_names():
               [list(n.output) for n in nodes])
 
     def table(read):
-        return _bytecommon.ForwardTypes(model, default_registry(), nodes, *fields, set(), set(), read)
+        return common.ForwardTypes(model, default_registry(), nodes, *fields, set(), set(), read)
 
     waiting, at_once = table(["x"]), table(["x", "y0"])
     assert waiting._pending is not None and at_once._pending is None
@@ -1088,7 +1092,7 @@ def test_target_opset_down_from_18():
 def test_target_opset_checked_by_parts(monkeypatch):
     """An imports-only conversion keeps every kept node's meaning: the parts still decide."""
     out, report, whole = _by_parts(_unnamed("my_add", 30, False), monkeypatch, target_opset=18)
-    assert not whole and report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS)
+    assert not whole and report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS)
     onnx.checker.check_model(out)
 
 
@@ -1202,18 +1206,18 @@ def test_target_opset_converting_non_canonical_nodes_empty_inputs_and_non_ascii_
     model = _converting(4, named=True)
     model.graph.node[6].input.append("")  # Split's sizes left out
     data = model.SerializeToString()
-    _, _, g0, g1 = next(e for e in _wire.entries(data, 0, len(data)) if e[0] == 7)
-    starts, ends, others = _wire.node_entries(data, g0, g1)
+    _, _, g0, g1 = next(e for e in wire.entries(data, 0, len(data)) if e[0] == 7)
+    starts, ends, others = wire.node_entries(data, g0, g1)
     pieces, at = [], g0
     for k, (start, end) in enumerate(zip(starts, ends)):
-        body_at = _wire.entries(data, start, end)[0][2]
-        fields = _wire.entries(data, body_at, end)
+        body_at = wire.entries(data, start, end)[0][2]
+        fields = wire.entries(data, body_at, end)
         if k in (1, 8):  # a ReduceMean of the first kind, and one of its repeats: op_type first
             fields.sort(key=lambda f: f[0] != 4)
         body = b"".join(data[s:e] for _, s, _, e in fields)
         pieces += [data[at:start], _field(b"\x0a", body)]
         at = end
-    shuffled = data[:g0 - len(_wire.encode_varint(g1 - g0))] + _wire.encode_varint(g1 - g0) + \
+    shuffled = data[:g0 - len(wire.encode_varint(g1 - g0))] + wire.encode_varint(g1 - g0) + \
         b"".join(pieces) + data[at:]
     assert onnx.ModelProto.FromString(shuffled).SerializeToString() == data
     _converted_by_bytes(model, data=shuffled)
@@ -1225,7 +1229,7 @@ def test_target_opset_converting_non_canonical_nodes_empty_inputs_and_non_ascii_
 def test_target_opset_converting_checked_by_parts(monkeypatch):
     """A converted node of each kind is a part: the parts still decide."""
     out, report, whole = _by_parts(_converting(6), monkeypatch, target_opset=18)
-    assert not whole and report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS), report.writer_reason
+    assert not whole and report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS), report.writer_reason
     onnx.checker.check_model(out)
 
 
@@ -1340,7 +1344,7 @@ def test_target_opset_converting_down_numerics_and_by_parts(monkeypatch):
     x = np.array([[0.75]], np.float32)
     np.testing.assert_allclose(open_session(out).run({"x": x})["s2"], 27 * x, rtol=1e-6)
     out, report, whole = _by_parts(model, monkeypatch, target_opset=13)
-    assert not whole and report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS), report.writer_reason
+    assert not whole and report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS), report.writer_reason
 
 
 def test_target_opset_converting_down_refusals_reported_alike():
@@ -1447,7 +1451,7 @@ def test_target_opset_converting_in_bodies_byte_identical(shape):
     assert all(n.input[1:] == [] or n.input[1] in initializers for n in converted)
     assert sum(len(n.input) == 2 for n in converted) >= 3
     report = rewrite_bytes(model.SerializeToString(), target_opset=18)[1]
-    assert report.writer_reason.startswith(_bodybytes.WHY), report.writer_reason
+    assert report.writer_reason.startswith(bodies.WHY), report.writer_reason
 
 
 def _subs(scope) -> list:
@@ -1493,13 +1497,13 @@ def test_target_opset_converting_in_bodies_reads_declarations_at_once(shape, bul
     model = {"if_bodies": lambda: scaling_models.if_bodies(7, reduce=True), "nested": lambda: _reducing_nested(False),
              "loops_of_ifs": lambda: _loops_of_reducing_ifs(5)}[shape]()
     listed: list[list] = []
-    list_every_graph = _bodybytes._Types.list_every_graph
+    list_every_graph = bodies._Types.list_every_graph
 
     def spy(self, *args):
         list_every_graph(self, *args)
         listed.append([(s.path, s.custom, s.size, s.dirty, s.fields is not None, _subs(s)) for s in self.scopes])
 
-    monkeypatch.setattr(_bodybytes._Types, "list_every_graph", spy)
+    monkeypatch.setattr(bodies._Types, "list_every_graph", spy)
     ran = _bulk_spy(monkeypatch)
     _converted_by_bytes(model)
     if not bulk:  # not of the form _declared_bulk reads: graph by graph, every graph listed by that pass
@@ -1512,7 +1516,7 @@ def test_target_opset_converting_in_bodies_reads_declarations_at_once(shape, bul
     from operator import attrgetter
 
     holders = [i for i, n in enumerate(nodes) if any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)]
-    one_by_one = _bodybytes._Types(model, default_registry(), _bodysplice.Scope(model.graph, ()),
+    one_by_one = bodies._Types(model, default_registry(), body_splice.Scope(model.graph, ()),
                                    list(map(attrgetter("domain"), nodes)), list(map(attrgetter("op_type"), nodes)),
                                    holders, forward=False, data=data, spans=None)
     assert [(*row[:4], row[5]) for row in listed[0][1:]] == [(s.path, s.custom, s.size, s.dirty, _subs(s))
@@ -1534,7 +1538,7 @@ def test_target_opset_converting_in_bodies_numerics():
 
 def test_target_opset_converting_in_bodies_checked_by_parts(monkeypatch):
     out, report, whole = _by_parts(_reducing_nested(True), monkeypatch, target_opset=18)
-    assert report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS), report.writer_reason
+    assert report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS), report.writer_reason
     onnx.checker.check_model(out)
 
 
@@ -1570,7 +1574,7 @@ def test_target_opset_with_nothing_to_lower_goes_the_object_way():
     assert out == rewrite_model(model, target_opset=18)[0].SerializeToString() and report.writer == "objects"
 
 
-# -- placeholders inside subgraphs: the bodies' byte writer (graphkit.rewrite._bodybytes) ------
+# -- placeholders inside subgraphs: the bodies' byte writer (graphkit.rewrite.bytes.bodies) ------
 
 def _scaling(shape: str, n: int) -> onnx.ModelProto:
     import sys
@@ -1625,7 +1629,7 @@ def _same_bytes(model: onnx.ModelProto, **options) -> bytes:
     """same(), and the bodies' writer ran; the input is canonical, so even the bytes are the objects writer's."""
     fast = same(model, **options)
     report = rewrite_bytes(model.SerializeToString(), **options)[1]
-    assert report.writer == "bytes" and report.writer_reason.startswith(_bodybytes.WHY)
+    assert report.writer == "bytes" and report.writer_reason.startswith(bodies.WHY)
     slow = rewrite_model(model, **options)[0]
     assert fast == slow.SerializeToString()
     return fast
@@ -1652,7 +1656,7 @@ def test_nested_bodies_byte_identical(named, lowering):
 
 
 def _walk_graphs(graph: onnx.GraphProto):
-    from graphkit.rewrite._walk import graphs
+    from graphkit.rewrite.graph.walk import graphs
 
     return list(graphs(graph))
 
@@ -1715,7 +1719,7 @@ def test_bodies_checked_by_parts(shape, monkeypatch):
     """Over FULL_CHECK_NODES, bodies are checked by parts like the main graph."""
     model = _nested_model(True) if shape == "nested" else _scaling(shape, 20)
     out, report, whole = _by_parts(model, monkeypatch)
-    assert report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS), report.writer_reason
+    assert report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS), report.writer_reason
     onnx.checker.check_model(out)
 
 
@@ -1723,12 +1727,12 @@ def test_bodies_input_checked_before_the_type_table(monkeypatch):
     """As in the main graph's writer, the checker runs on the input before the bodies' writer
     reads every node (test_input_checked_before_the_lowering_lists), and once only."""
     calls = []
-    check, types = _bytecommon.input_refused, _bodybytes._Types
-    for module in (_bodybytes, _bytecommon):  # where the writer calls it, and where check_parts does
+    check, types = common.input_refused, bodies._Types
+    for module in (bodies, common):  # where the writer calls it, and where check_parts does
         monkeypatch.setattr(module, "input_refused", lambda *a: (calls.append("check"), check(*a))[1])
-    monkeypatch.setattr(_bodybytes, "_Types", lambda *a, **k: (calls.append("types"), types(*a, **k))[1])
+    monkeypatch.setattr(bodies, "_Types", lambda *a, **k: (calls.append("types"), types(*a, **k))[1])
     _, report, _ = _by_parts(_scaling("if_bodies", 20), monkeypatch)
-    assert report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS), report.writer_reason
+    assert report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS), report.writer_reason
     assert calls[:2] == ["check", "types"] and calls.count("check") == 2  # the input, the replacements
 
 
@@ -1748,19 +1752,19 @@ def test_bodies_non_canonical_encoding():
     same(model)
 
 
-# -- the main-graph nodes holding bodies, written again (_bodysplice.holder_entries) ----------
+# -- the main-graph nodes holding bodies, written again (body_splice.holder_entries) ----------
 
 def _holder_spy(monkeypatch) -> list:
     """Per block _holder_entries hands to _spliced_holders: (nodes it spliced, nodes handed)."""
     blocks = []
-    spliced = _bodysplice._spliced_holders
+    spliced = body_splice._spliced_holders
 
     def spy(data, buf, v0, *args):
         out = spliced(data, buf, v0, *args)
         blocks.append((sum(e is not None for e in out), len(out)))
         return out
 
-    monkeypatch.setattr(_bodysplice, "_spliced_holders", spy)
+    monkeypatch.setattr(body_splice, "_spliced_holders", spy)
     return blocks
 
 
@@ -1777,7 +1781,7 @@ def _holders_alike(model: onnx.ModelProto, monkeypatch, data: bytes | None = Non
     assert ran, "the bodies' writer wrote no holder"
     registry = default_registry()
     with monkeypatch.context() as m:
-        m.setattr(_bodysplice, "_spliced_holders", lambda data, buf, v0, *a: [None] * len(v0))
+        m.setattr(body_splice, "_spliced_holders", lambda data, buf, v0, *a: [None] * len(v0))
         parsed, _ = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, check=True, **options)
     assert fast == parsed
     return ran
@@ -1938,24 +1942,24 @@ def test_holders_of_several_graphs_in_one_attribute(monkeypatch):
     blocks = _holder_spy(monkeypatch)
     fast, report = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, check=False)
     assert report.writer == "bytes" and blocks == [(3, 3)]
-    monkeypatch.setattr(_bodysplice, "_spliced_holders", lambda data, buf, v0, *a: [None] * len(v0))
+    monkeypatch.setattr(body_splice, "_spliced_holders", lambda data, buf, v0, *a: [None] * len(v0))
     parsed, _ = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, check=False)
     assert fast == parsed == rewrite_model(model, check=False)[0].SerializeToString()
 
 
 def _message_fields(value: bytes) -> list[tuple[int, int, bytes]]:
     """(number, wire type, raw value: a length-delimited one's content, else its bytes) of each field."""
-    return [(field, value[start] & 7 if value[start] < 0x80 else _wire.read_varint(value, start)[0] & 7,
-             value[v0:end]) for field, start, v0, end in _wire.entries(value, 0, len(value))]
+    return [(field, value[start] & 7 if value[start] < 0x80 else wire.read_varint(value, start)[0] & 7,
+             value[v0:end]) for field, start, v0, end in wire.entries(value, 0, len(value))]
 
 
 def _message(fields: list, padded: int | None = None) -> bytes:
     """``fields`` written again, field ``padded``'s length (or varint value) one byte longer than it needs."""
     out = b""
-    for k, (number, wire, raw) in enumerate(fields):
-        out += _wire.encode_varint(number << 3 | wire)
-        if wire == 2:
-            length = _wire.encode_varint(len(raw))
+    for k, (number, wire_type, raw) in enumerate(fields):
+        out += wire.encode_varint(number << 3 | wire_type)
+        if wire_type == 2:
+            length = wire.encode_varint(len(raw))
             if k == padded:
                 length = bytes([length[0] | 0x80]) + length[1:] + b"\x00" if len(length) == 1 else \
                     length[:-1] + bytes([length[-1] | 0x80, 0])
@@ -1997,16 +2001,16 @@ _NOT_CANONICAL = {
 
 def _holder_rewritten(data: bytes, index: int, how: str) -> bytes:
     """``data`` (a model) with main-graph node ``index`` written as ``how`` (_NOT_CANONICAL) says."""
-    top = _wire.entries(data, 0, len(data))
+    top = wire.entries(data, 0, len(data))
     _, g_start, g0, g1 = next(e for e in top if e[0] == 7)
-    starts, ends, _ = _wire.node_entries(data, g0, g1)
+    starts, ends, _ = wire.node_entries(data, g0, g1)
     start, end = starts[index], ends[index]
     fields = _message_fields(data[start:end])[0][2]
     fields = _message_fields(fields)
     made = _NOT_CANONICAL[how](fields)
     value = _message(fields, padded=made[1]) if made[0] == "pad" else _message(made)
-    graph = data[g0:start] + b"\x0a" + _wire.encode_varint(len(value)) + value + data[end:g1]
-    return data[:g_start] + b"\x3a" + _wire.encode_varint(len(graph)) + graph + data[g1:]
+    graph = data[g0:start] + b"\x0a" + wire.encode_varint(len(value)) + value + data[end:g1]
+    return data[:g_start] + b"\x3a" + wire.encode_varint(len(graph)) + graph + data[g1:]
 
 
 @pytest.mark.parametrize("how", sorted(_NOT_CANONICAL))
@@ -2034,7 +2038,7 @@ def test_holders_spliced_or_parsed_mixed(hows):
     with pytest.MonkeyPatch.context() as m:
         blocks = _holder_spy(m)
         fast, _ = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, check=False)
-        m.setattr(_bodysplice, "_spliced_holders", lambda data, buf, v0, *a: [None] * len(v0))
+        m.setattr(body_splice, "_spliced_holders", lambda data, buf, v0, *a: [None] * len(v0))
         parsed, _ = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, check=False)
     assert fast == parsed and blocks == [(hows.count(None), 4)]
 
@@ -2049,7 +2053,7 @@ def test_holders_with_long_bodies_parsed(monkeypatch):
             value_info.append(prev)
         return nodes + [helper.make_node("my_add", [prev, prev], [f"t{i}"], domain="custom")], value_info
 
-    monkeypatch.setattr(_bodysplice, "_SCAN_MIN", 2)
+    monkeypatch.setattr(body_splice, "_SCAN_MIN", 2)
     blocks = _holders_alike(_if_model(3, then_nodes=longer), monkeypatch, canonical=False)
     assert blocks and all(b == (2, 3) for b in blocks), blocks
 
@@ -2059,8 +2063,8 @@ def test_holder_rules_are_protobufs_order():
     every field it knows set reads as written back; with two fields swapped, not."""
     from google.protobuf.descriptor import FieldDescriptor as D
 
-    sk = _wire.Skeletons.load()
-    for message, rules in zip((sk.node, sk.attribute, sk.graph), _bodysplice._Rules.of()):
+    sk = wire.Skeletons.load()
+    for message, rules in zip((sk.node, sk.attribute, sk.graph), body_splice._Rules.of()):
         full = message()
         for f in message.DESCRIPTOR.fields:
             value = {D.TYPE_STRING: "s", D.TYPE_BYTES: b"b", D.TYPE_FLOAT: 1.5, D.TYPE_INT64: 7,
@@ -2073,11 +2077,11 @@ def test_holder_rules_are_protobufs_order():
                 setattr(full, f.name, value)
         data = full.SerializeToString()
         buf = np.frombuffer(data, np.uint8)
-        ok, _ = _bodysplice._scan(buf, np.array([0]), np.array([len(data)]), rules, ())
+        ok, _ = body_splice._scan(buf, np.array([0]), np.array([len(data)]), rules, ())
         assert ok.tolist() == [True], message.DESCRIPTOR.name
         fields = _message_fields(data)
         swapped = _message(fields[:1] + fields[2:3] + fields[1:2] + fields[3:])
-        ok, _ = _bodysplice._scan(np.frombuffer(swapped, np.uint8), np.array([0]), np.array([len(swapped)]), rules, ())
+        ok, _ = body_splice._scan(np.frombuffer(swapped, np.uint8), np.array([0]), np.array([len(swapped)]), rules, ())
         assert ok.tolist() == [fields[1][0] == fields[2][0]], message.DESCRIPTOR.name
 
 
@@ -2232,17 +2236,17 @@ def _bulk_spy(monkeypatch) -> list:
     """Records, per run of _Types._declared_bulk, whether it read the declarations (True) or
     left them to the graph-by-graph pass (False)."""
     ran = []
-    bulk = _bodybytes._Types._declared_bulk
+    bulk = bodies._Types._declared_bulk
 
     def spy(self, *args):
         try:
             bulk(self, *args)
-        except _bodybytes._NotBulk:
+        except bodies._NotBulk:
             ran.append(False)
             raise
         ran.append(True)
 
-    monkeypatch.setattr(_bodybytes._Types, "_declared_bulk", spy)
+    monkeypatch.setattr(bodies._Types, "_declared_bulk", spy)
     return ran
 
 
@@ -2315,7 +2319,7 @@ def test_bodies_read_at_once_shapes_of_names_declared_twice(lookups, monkeypatch
     there or the table made past _LOOKUPS names): the last declaration, as the objects
     writer's table has it, for the check and for the writer's bytes; the wrong one last gives
     the objects writer's error."""
-    monkeypatch.setattr(_bodybytes._Types, "_LOOKUPS", lookups)
+    monkeypatch.setattr(bodies._Types, "_LOOKUPS", lookups)
     ran = _bulk_spy(monkeypatch)
     for lowering in (Lowering.NATIVE, Lowering.DECOMPOSE):  # the check reads the shape; the decomposition too
         _same_bytes(_deform_in_branches(4), lowering=lowering)
@@ -2334,7 +2338,7 @@ def test_bodies_not_read_at_once_past_the_first_blocks(late, monkeypatch):
     not of that form: the graph-by-graph pass then reads them all (nothing the first blocks
     read is kept), the objects writer's bytes; two sibling branches defining one name: the
     objects writer, as for a model of one block."""
-    monkeypatch.setattr(_bodysplice, "BLOCK", 2)
+    monkeypatch.setattr(body_splice, "BLOCK", 2)
     model = _if_model(7)
     branch = model.graph.node[-1].attribute[0].g
     if late == "initializer":
@@ -2376,7 +2380,7 @@ def test_bodies_writer_from_threads(monkeypatch):
     first (once): every output the objects writer's."""
     from concurrent.futures import ThreadPoolExecutor
 
-    monkeypatch.setattr(_wire.Skeletons, "node", None)
+    monkeypatch.setattr(wire.Skeletons, "node", None)
     model = _scaling("if_bodies", 30)
     data = model.SerializeToString()
     with ThreadPoolExecutor(8) as pool:
@@ -2397,12 +2401,12 @@ def test_bodies_read_at_once_give_the_graph_by_graph_table(case):
              "cuts_in_another_order": lambda: _four_or_two(4)}[case]()
     data = model.SerializeToString()
     nodes = model.graph.node
-    top = _wire.entries(data, 0, len(data))
+    top = wire.entries(data, 0, len(data))
     _, _, g0, g1 = next(e for e in top if e[0] == 7)
-    starts, ends, _ = _wire.node_entries(data, g0, g1)
+    starts, ends, _ = wire.node_entries(data, g0, g1)
     domains, op_types = list(map(attrgetter("domain"), nodes)), list(map(attrgetter("op_type"), nodes))
     holders = [i for i, n in enumerate(nodes) if any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)]
-    tables = [_bodybytes._Types(model, default_registry(), _bodysplice.Scope(model.graph, ()), domains, op_types,
+    tables = [bodies._Types(model, default_registry(), body_splice.Scope(model.graph, ()), domains, op_types,
                                 holders, forward=False, data=data, spans=spans) for spans in ((starts, ends), None)]
     bulk, one_by_one = tables
     assert bulk.bulk and not one_by_one.bulk
@@ -2431,7 +2435,7 @@ def test_bodies_names_defined_twice_across_blocks_go_graph_by_graph(reuse, monke
     (blocks of 2 holders here): the declarations read at once are dropped and the graph-by-graph
     pass finds it, which hands the model to the objects writer (a type table per scope); typed
     in one body and untyped in the other is found too."""
-    monkeypatch.setattr(_bodysplice, "BLOCK", 2)
+    monkeypatch.setattr(body_splice, "BLOCK", 2)
     cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
     nodes, prev, n = [cond], "x", 6
     for i in range(n):

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 
 from graphkit.ops import Decomposition, OpDef, OpRegistry, Param
 from graphkit.rewrite import rewrite_model
-from graphkit.rewrite import _fastpath
+from graphkit.rewrite.bytes import main_graph
 from graphkit.rewrite.writers import Request
 from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite.engine import DEFAULT_PREFERENCE
@@ -73,7 +73,7 @@ def test_both_writers_lower_with_the_collector_off_and_restore_it(collector_on):
     rewrite_model(model, registry=registry)
     assert seen and not any(seen) and gc.isenabled()
     del seen[:]
-    _, report = _fastpath.write(Request(model.SerializeToString(), model, registry=registry, prefer=DEFAULT_PREFERENCE))
+    _, report = main_graph.write(Request(model.SerializeToString(), model, registry=registry, prefer=DEFAULT_PREFERENCE))
     assert report.writer == "bytes"
     assert seen and not any(seen) and gc.isenabled()
 
@@ -94,12 +94,12 @@ def test_the_collectors_first_pass_after_a_rewrite_finds_its_lists_freed(collect
     # Objects made while the collector is paused are all young when it runs again: were the
     # rewrite's lists still alive then (the check holds them), its first pass would walk them all.
     from graphkit.ops import default_registry
-    from graphkit.rewrite import _bodybytes
+    from graphkit.rewrite.bytes import bodies
     from scaling_models import chain
 
     n = 3000
     model = _bodies_model(n) if bodies else chain(n)
-    write = _bodybytes.write if bodies else _fastpath.write
+    write = bodies.write if bodies else main_graph.write
     young: list[int] = []
 
     def seen(phase, info):

@@ -335,7 +335,7 @@ def test_nothing_in_a_model_is_imported_or_unpickled(tmp_path):
     odd.graph.node[0].op_type = "__import__"
     odd.opset_import[1].domain = "evil_gk_mod"
     odd_src = save(odd, evil / "odd.onnx")
-    # code-like names: templates compiled by graphkit (rewrite/_fastpath.py) must treat them as data
+    # code-like names: templates compiled by graphkit (rewrite/bytes/main_graph.py) must treat them as data
     code = "x'); __import__('evil_gk_mod'); ('"
     nodes = [helper.make_node("my_add", ["a", "b"], [code + "y"], domain="custom", name=code),
              helper.make_node("my_add", [code + "y", "b"], ['z"; import evil_gk_mod #'], domain="custom",

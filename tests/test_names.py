@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graphkit.rewrite.builder import NameGenerator
+from graphkit.rewrite.lowering.builder import NameGenerator
 
 # few letters, so that bases, their suffixes and the names taken meet often
 _PART = st.text(alphabet="ab_/1", max_size=4)

@@ -1,5 +1,5 @@
 """graphkit.export._opset_down: the dynamo exporter's opset-18 model brought down to an older
-opset by graphkit's converter (graphkit.rewrite._convert), and, where a node holding
+opset by graphkit's converter (graphkit.rewrite.convert.opset), and, where a node holding
 subgraphs has no adapter, by onnx's version converter with what it gets wrong fixed in every
 graph, subgraph and model-local function."""
 
@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 
 from graphkit.errors import ExportError
 from graphkit.export._opset_down import convert_down, split_without_num_outputs
-from graphkit.rewrite._walk import node_lists
+from graphkit.rewrite.graph.walk import node_lists
 from scaling_models import if_chain_18
 
 ort = pytest.importorskip("onnxruntime")
@@ -351,7 +351,7 @@ def test_the_split_sizes_constant_takes_a_name_nothing_else_has():
 @pytest.mark.parametrize("opset", [12, 13])
 def test_graphkits_converter_brings_splits_and_if_bodies_below_16(opset):
     """onnx's converter has no If adapter below 16 and none for most ops below 13; graphkit's
-    converter (rewrite/_convert.py) takes the model, If bodies and function included, down."""
+    converter (rewrite/convert/opset.py) takes the model, If bodies and function included, down."""
     out = convert_down(_split_model(7), opset)
     assert [i.version for i in out.opset_import if i.domain == ""] == [opset]
     assert all("num_outputs" not in {a.name for a in s.attribute} for s in _splits(out))

@@ -10,7 +10,7 @@ from conftest import NP_TYPES, my_add_model, run_ort
 from graphkit.errors import RewriteError, UnsupportedOpError
 from graphkit.ops import Attr, AttrType, Decomposition, OpDef, OpRegistry, Param, default_registry
 from graphkit.rewrite import Lowering, rewrite_model
-from graphkit.rewrite._walk import count_ops
+from graphkit.rewrite.graph.walk import count_ops
 
 
 @pytest.mark.parametrize("dtype", list(NP_TYPES))
@@ -230,7 +230,7 @@ def _scales_in_bodies(*scales):
 def test_as_functions_reads_attributes_from_the_index_as_the_walk_does(scales):
     """The index keeps only the placeholder nodes with attributes: what it tells (the
     attributes, or the error naming its node) is what walking every scope tells."""
-    from graphkit.rewrite._walk import ModelIndex
+    from graphkit.rewrite.graph.walk import ModelIndex
     from graphkit.rewrite.engine import _function_attrs
 
     def build(b, inputs, attrs):  # (like=: a function body does not know x's type)

@@ -70,7 +70,8 @@ def test_byte_writer_cost_grows_linearly(shape, n):
 def test_file_rewrite_cost_grows_linearly(shape, n, tmp_path, monkeypatch):
     """`graphkit rewrite`'s one entry point (rewrite_file: read, lower, check, atomic write), at
     n and 8n both over FULL_CHECK_NODES, so both sizes take the check by parts."""
-    from graphkit.rewrite import _fastpath, engine, rewrite_file
+    from graphkit.rewrite import engine, rewrite_file
+    from graphkit.rewrite.bytes import main_graph
 
     monkeypatch.setattr(engine, "FULL_CHECK_NODES", 0)
 
@@ -80,7 +81,7 @@ def test_file_rewrite_cost_grows_linearly(shape, n, tmp_path, monkeypatch):
             start = time.process_time()
             report = rewrite_file(src, tmp_path / "out.onnx").report
             best = min(best, time.process_time() - start)
-        assert report.writer == "bytes" and report.writer_reason.endswith(_fastpath.CHECKED_BY_PARTS)
+        assert report.writer == "bytes" and report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS)
         return best
 
     small, big = tmp_path / "small.onnx", tmp_path / "big.onnx"
@@ -139,7 +140,7 @@ _CONVERT = {"target_opset": 18, "check": False}
         "unnamed-chain-user-rule"])
 def test_lowerings_and_rules_grow_linearly(shape, options, n):
     """The other built-in lowerings and a user rule, once at n and 8n (small: the suite's time).
-    A converting --target-opset runs graphkit's adapters (rewrite/_convert.py)."""
+    A converting --target-opset runs graphkit's adapters (rewrite/convert/opset.py)."""
     options = {**options, "rules": _as_add()} if options.get("rules") else options
     small, big = shape(n), shape(8 * n)
     _cpu_seconds(small, **options)  # warm caches (schemas, imports)

@@ -1,4 +1,4 @@
-"""Lowering choice by dtype and ONNX Runtime's kernels (graphkit/rewrite/_selection.py).
+"""Lowering choice by dtype and ONNX Runtime's kernels (graphkit/rewrite/lowering/selection.py).
 
 The selection's verdict ("ORT can run this lowering for this dtype at this opset") is
 measured here against ONNX Runtime itself: a tiny model of every op of graphkit's
@@ -21,9 +21,9 @@ from graphkit.errors import RewriteError, UnsupportedOpError
 from graphkit.ops import Attr, AttrType, Decomposition, OpDef, OpRegistry, Param, default_registry
 from graphkit.ops.tensor_types import elem_type
 from graphkit.rewrite import Lowering, rewrite_model
-from graphkit.rewrite._selection import MIN_OPSET, max_opset, ort_kernels
-from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
-from graphkit.rewrite.plan import LoweringPlan, LoweringScope, node_attrs
+from graphkit.rewrite.lowering.selection import MIN_OPSET, max_opset, ort_kernels
+from graphkit.rewrite.lowering.builder import Builder, NameGenerator, TypeTable
+from graphkit.rewrite.lowering.plan import LoweringPlan, LoweringScope, node_attrs
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -464,24 +464,24 @@ def test_kernel_table_is_cached_per_ort_version_and_rebuilt_when_bad(tmp_path, m
     import subprocess
     import sys
 
-    from graphkit.rewrite import _selection
+    from graphkit.rewrite.lowering import selection
 
     monkeypatch.setenv("GRAPHKIT_CACHE_DIR", str(tmp_path))
-    _selection.ort_kernels.cache_clear()
+    selection.ort_kernels.cache_clear()
     try:
-        live = _selection._live_table()
-        first = _selection.ort_kernels()
+        live = selection._live_table()
+        first = selection.ort_kernels()
         (cached,) = (tmp_path / "ort-kernels").iterdir()
         assert first.kernels == live.kernels and first.version == ort.__version__
-        code = ("import sys; from graphkit.rewrite._selection import ort_kernels; t = ort_kernels(); "
+        code = ("import sys; from graphkit.rewrite.lowering.selection import ort_kernels; t = ort_kernels(); "
                 "print('onnxruntime' in sys.modules, len(t.kernels))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                              env={**__import__("os").environ, "GRAPHKIT_CACHE_DIR": str(tmp_path)}).stdout.split()
         assert out == ["False", str(len(live.kernels))]
         for bad in ("{not json", '{"format": 1, "version": "0.0.1", "kernels": []}', '{"format": 1}'):
             cached.write_text(bad)
-            _selection.ort_kernels.cache_clear()
-            assert _selection.ort_kernels().kernels == live.kernels
-            assert _selection._read_table(cached, ort.__version__).kernels == live.kernels  # rewritten
+            selection.ort_kernels.cache_clear()
+            assert selection.ort_kernels().kernels == live.kernels
+            assert selection._read_table(cached, ort.__version__).kernels == live.kernels  # rewritten
     finally:
-        _selection.ort_kernels.cache_clear()
+        selection.ort_kernels.cache_clear()

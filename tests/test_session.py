@@ -261,7 +261,7 @@ def test_python_binding_is_the_rewrites(rng):
     (which changes nothing), and a graphkit.python node written by hand in the natural
     encoding gets, from the session's binding, exactly the rewrite's attributes."""
     from graphkit.rewrite import Lowering, rewrite_model
-    from graphkit.rewrite.binding import PythonNode, bind_python_nodes
+    from graphkit.rewrite.lowering.binding import PythonNode, bind_python_nodes
 
     registry = default_registry()
     bound, _ = rewrite_model(_deform_model("custom", stride=[2, 2], padding=[1, 1]), lowering=Lowering.PYTHON)

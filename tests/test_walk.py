@@ -1,4 +1,4 @@
-"""graphkit.rewrite._walk: the one model walk and the one "value -> type" map built on it."""
+"""graphkit.rewrite.graph.walk: the one model walk and the one "value -> type" map built on it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from graphkit.rewrite._walk import elem_types, value_types
+from graphkit.rewrite.graph.walk import elem_types, value_types
 
 
 def _if_model() -> onnx.ModelProto:

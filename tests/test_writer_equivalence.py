@@ -32,7 +32,7 @@ from graphkit.errors import GraphkitError  # noqa: E402
 from graphkit.ops import OpDef, OpRegistry, default_registry  # noqa: E402
 from graphkit.rewrite import Lowering  # noqa: E402
 from graphkit.rewrite.engine import DEFAULT_PREFERENCE  # noqa: E402
-from graphkit.rewrite.serialized import FileRewrite, rewrite_file  # noqa: E402
+from graphkit.rewrite.files import FileRewrite, rewrite_file  # noqa: E402
 
 OPSET = 18  # both exporters'
 

@@ -269,7 +269,7 @@ def test_load_check_falls_back_to_decomposition_then_stands_in(tmp_path):
 def test_load_check_says_when_a_decomposition_raises(tmp_path):
     """An op package whose decomposition raises does not crash the export: the op is stood
     in for, the reason naming the exception (graphkit rewrite raises it as a RewriteError
-    naming the node, graphkit/rewrite/_selection.py)."""
+    naming the node, graphkit/rewrite/lowering/selection.py)."""
     from graphkit.ops import Decomposition
 
     def broken(builder, inputs, attrs):

@@ -65,11 +65,11 @@ def run(args: argparse.Namespace) -> int:
 
     from graphkit.cli import op_registry
     from graphkit.rewrite import RuleSet, rewrite_file
-    from graphkit.rewrite.loader import load_rules
+    from graphkit.rewrite.rules.loader import load_rules
 
     lowering = _preference(args)
     if args.target_opset is not None:  # a usage error before any model work
-        from graphkit.rewrite._selection import check_target_opset
+        from graphkit.rewrite.lowering.selection import check_target_opset
 
         check_target_opset(args.target_opset)
     registry = op_registry(args)  # a broken --ops package fails before any model work

@@ -70,7 +70,7 @@ from graphkit.export.aten import GapFillerTable, placeholder_translations, scope
 from graphkit.export.gap_fillers import GAP_FILLERS
 from graphkit.export.rewrites import ExportTarget, RewriteRegistry, activate_rewrites
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpDef, OpRegistry
-from graphkit.rewrite._walk import graphs, subgraphs
+from graphkit.rewrite.graph.walk import graphs, subgraphs
 
 __all__ = ["export", "ExportReport", "CustomNode", "MAX_IR_VERSION"]
 

@@ -3,7 +3,7 @@
 torch's own conversion, asked for through ``opset_version``, fails on axes it does not see
 as constants yet and then keeps opset 18 silently, so graphkit converts the finished model
 itself, with the converter ``graphkit rewrite --target-opset`` uses
-(:mod:`graphkit.rewrite._convert`): graphkit's adapters in one pass over every graph,
+(:mod:`graphkit.rewrite.convert.opset`): graphkit's adapters in one pass over every graph,
 subgraph (If/Loop/Scan bodies) and model-local function, onnx's version converter node by
 node for the nodes they do not cover. Its Split-18 adapter writes ``num_outputs`` as the
 sizes opset 18 gives (from the types in the node's own scope, or from the input's shape at
@@ -42,10 +42,10 @@ import onnx.numpy_helper
 import onnx.version_converter
 
 from graphkit.errors import ExportError, RewriteError
-from graphkit.rewrite._convert import convert as convert_by_adapters
-from graphkit.rewrite._convert import split_18_runtime_sizes, split_18_sizes
-from graphkit.rewrite._walk import AI_ONNX, ModelIndex, graph_tree, node_lists, value_types
-from graphkit.rewrite.builder import NameGenerator
+from graphkit.rewrite.convert.opset import convert as convert_by_adapters
+from graphkit.rewrite.convert.opset import split_18_runtime_sizes, split_18_sizes
+from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex, graph_tree, node_lists, value_types
+from graphkit.rewrite.lowering.builder import NameGenerator
 
 __all__ = ["ConverterError", "convert_down", "drop_default_attributes", "split_without_num_outputs"]
 

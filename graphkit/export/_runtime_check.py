@@ -25,7 +25,7 @@ import onnx
 
 from graphkit.errors import ExportError, KernelError, UnsupportedOpError
 from graphkit.ops import OpRegistry
-from graphkit.rewrite._walk import ScopedTypes, graph_tree, graphs, value_types
+from graphkit.rewrite.graph.walk import ScopedTypes, graph_tree, graphs, value_types
 
 __all__ = ["RuntimeCheck", "check_loads"]
 

@@ -19,7 +19,7 @@ __all__ = ["encode_list_attr", "decode_list_attr", "encode_kernel_attr", "decode
 
 
 # Op types of the float16-wrapped Python-kernel declarations:
-# f"{name}{F16_TAG}{'+'.join(type vars)}" (graphkit.rewrite.binding writes them,
+# f"{name}{F16_TAG}{'+'.join(type vars)}" (graphkit.rewrite.lowering.binding writes them,
 # graphkit.runtime.python_kernels declares them).
 F16_TAG = "@f16:"
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from graphkit.errors import OpDefinitionError
 
 if TYPE_CHECKING:
-    from graphkit.rewrite.builder import Builder
+    from graphkit.rewrite.lowering.builder import Builder
 
 __all__ = [
     "REQUIRED",

@@ -1,22 +1,27 @@
 """The rewrite engine: pattern rules, and lowering of custom:: placeholders into
 standard ops or kernel bindings.
 
-Where a placeholder becomes standard ops: :meth:`LoweringPlan.lower` (plan.py), whichever
-writer runs. The writers (writers.py says which runs when, and their one interface): the
-objects writer (engine.py: ``rewrite_model``'s passes on the parsed model) and the byte
-writers on the serialized model (_fastpath.py: placeholders in the main graph;
-_bodybytes.py with _bodysplice.py: in If/Loop/Scan bodies; what they share in
-_bytecommon.py, conversions in _convertbytes.py, the wire format in _wire.py).
-serialized.py (``rewrite_bytes``, ``rewrite_file``) picks one.
+Where a placeholder becomes standard ops: ``LoweringPlan.lower`` (lowering/plan.py), whichever
+writer runs. The layout:
+
+- engine.py: ``rewrite_model``, a short sequence of passes (``PASSES``) over one model;
+- files.py: ``rewrite_bytes`` and ``rewrite_file``, the one entry point, which picks a writer;
+- writers.py: the writers (objects, and the byte writers in bytes/), their one interface;
+- lowering/: the plan, lowering selection, the Builder decompositions use, kernel binding;
+- rules/: the pattern language, matcher, Rule/RuleSet/GraphPass, rules over graphsurgeon;
+- graph/: walking every graph, subgraph and function body; scopes; a node-list index;
+- convert/: ai.onnx opset conversion (``--target-opset``);
+- bytes/: the byte writers, spliced into the serialized model;
+- fusions/: the fusion library (``--fuse``); simplify/: ``graphkit simplify``'s passes.
 """
 
-from graphkit.rewrite._gsrules import GraphSurgeonRule
-from graphkit.rewrite._pattern import const, either, optional
-from graphkit.rewrite._rules import GraphPass, MatchContext, MatchResult, Rule, RuleReport, RuleSet, Scope
-from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
+from graphkit.rewrite.rules.graphsurgeon import GraphSurgeonRule
+from graphkit.rewrite.rules.pattern import const, either, optional
+from graphkit.rewrite.rules.ruleset import GraphPass, MatchContext, MatchResult, Rule, RuleReport, RuleSet, Scope
+from graphkit.rewrite.lowering.builder import Builder, NameGenerator, TypeTable
 from graphkit.rewrite.engine import Lowering, PassResult, RewriteReport, check_model, rewrite_model
-from graphkit.rewrite.plan import LoweringPlan
-from graphkit.rewrite.serialized import rewrite_bytes, rewrite_file
+from graphkit.rewrite.lowering.plan import LoweringPlan
+from graphkit.rewrite.files import rewrite_bytes, rewrite_file
 
 __all__ = ["Builder", "GraphPass", "GraphSurgeonRule", "Lowering", "LoweringPlan", "MatchContext", "MatchResult",
            "NameGenerator", "PassResult", "RewriteReport", "Rule", "RuleReport", "RuleSet", "Scope", "TypeTable",

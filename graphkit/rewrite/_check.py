@@ -11,8 +11,8 @@ from onnx import helper
 
 from graphkit.errors import ValidationError
 from graphkit.ops import OpRegistry
-from graphkit.rewrite._walk import graphs
-from graphkit.rewrite.builder import TypeTable
+from graphkit.rewrite.graph.walk import graphs
+from graphkit.rewrite.lowering.builder import TypeTable
 
 __all__ = ["check_context", "check_model", "check_replacement", "check_scan", "bytes_check"]
 

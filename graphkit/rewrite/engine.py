@@ -1,6 +1,6 @@
 """The rewrite: a short sequence of passes over one model, each saying what it changed.
 
-``rewrite_model`` copies the model, builds one :class:`~graphkit.rewrite.plan.LoweringPlan`
+``rewrite_model`` copies the model, builds one :class:`~graphkit.rewrite.lowering.plan.LoweringPlan`
 and runs the passes of :data:`PASSES` in order: convert the opset, apply pattern rules,
 apply graphsurgeon rules, lower the custom:: placeholders, attach functions, fix the
 opset imports, check. Each pass states its precondition (``applies``) and returns a
@@ -22,15 +22,15 @@ from onnx import helper
 from graphkit.errors import GraphkitError, ModelLoadError, RewriteError, UnsupportedOpError
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpDef, OpRegistry, default_registry
 from graphkit.rewrite._gcpause import gc_paused
-from graphkit.rewrite._gsrules import GraphSurgeonRule, apply_graphsurgeon_rules
-from graphkit.rewrite._rules import GraphPass, OpDelta, Rule, RuleReport, RuleSet, apply_rule_set
+from graphkit.rewrite.rules.graphsurgeon import GraphSurgeonRule, apply_graphsurgeon_rules
+from graphkit.rewrite.rules.ruleset import GraphPass, OpDelta, Rule, RuleReport, RuleSet, apply_rule_set
 from graphkit.rewrite._check import bytes_check, check_context, check_model, check_replacement, check_scan
-from graphkit.rewrite._convert import convert as convert_by_adapters
-from graphkit.rewrite._selection import check_target_opset
-from graphkit.rewrite._standard_ops import recognise
-from graphkit.rewrite._walk import AI_ONNX, ModelIndex, count_ops, graph_node_lists, graphs, node_lists, scopes
-from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
-from graphkit.rewrite.plan import Lowering, LoweringPlan, LoweringScope, node_attrs, unknown_op_hint
+from graphkit.rewrite.convert.opset import convert as convert_by_adapters
+from graphkit.rewrite.lowering.selection import check_target_opset
+from graphkit.rewrite.lowering.standard_ops import recognise
+from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex, count_ops, graph_node_lists, graphs, node_lists, scopes
+from graphkit.rewrite.lowering.builder import Builder, NameGenerator, TypeTable
+from graphkit.rewrite.lowering.plan import Lowering, LoweringPlan, LoweringScope, node_attrs, unknown_op_hint
 from graphkit.rewrite.writers import Pieces, Request
 
 __all__ = ["ANALYSES", "DEFAULT_OPSET", "DEFAULT_PREFERENCE", "PASSES", "Lowering", "Pass", "PassResult", "RewriteContext",
@@ -131,10 +131,10 @@ def _convert_opset(model: onnx.ModelProto, target: int, path: str | None, taken:
     Returns the model and how: "imports only" where no standard op of the model (any scope)
     has a new version between the two opsets, or the model imports no ai.onnx opset to
     convert from (every node stays as it is), "adapters" where
-    graphkit's own adapters converted every node (rewrite/_convert.py: one pass, linear),
+    graphkit's own adapters converted every node (rewrite/convert/opset.py: one pass, linear),
     with onnx's converter on each node no adapter covers, one at a time ("adapters; onnx's
     converter node by node: ..."), else "version converter": onnx's on the whole model, whose
-    cost grows with the square of the number of subgraphs (see _convert.py), where a node no
+    cost grows with the square of the number of subgraphs (see convert/opset.py), where a node no
     adapter covers holds subgraphs.
     """
     from onnx import version_converter

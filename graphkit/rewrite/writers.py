@@ -1,23 +1,23 @@
 """The writers of a rewrite, and the one interface they share.
 
 **Where a placeholder becomes standard ops.** In one place, whichever writer runs:
-:meth:`graphkit.rewrite.plan.LoweringPlan.lower` turns a ``custom::`` node into its
+:meth:`graphkit.rewrite.lowering.plan.LoweringPlan.lower` turns a ``custom::`` node into its
 replacement (a decomposition's nodes, a template later nodes of its kind repeat, or a
-kernel binding; the choice between them is graphkit.rewrite._selection's). The writers
+kernel binding; the choice between them is graphkit.rewrite.lowering.selection's). The writers
 differ only in how they read the model, find the placeholders and write the result:
 
 * ``objects`` (graphkit.rewrite.engine, :func:`~graphkit.rewrite.engine.write`): the model
   parsed into protobuf objects, ``rewrite_model``'s passes on it, serialized. Every option
   (rules, ``--as-functions``, ``--simplify``, any ``--target-opset``), every model.
-* ``bytes``, main graph (graphkit.rewrite._fastpath): placeholders in the main graph only;
+* ``bytes``, main graph (graphkit.rewrite.bytes.main_graph): placeholders in the main graph only;
   the serialized model kept, each placeholder's entry replaced by its replacement's bytes.
-* ``bytes``, bodies (graphkit.rewrite._bodybytes, writing through _bodysplice): placeholders
+* ``bytes``, bodies (graphkit.rewrite.bytes.bodies, writing through bytes.body_splice): placeholders
   inside If/Loop/Scan bodies too; the graphs holding them written again from their bytes.
 
 Both byte writers lower only (no rules, functions or simplify), repeat the plan's result
-for the first node of each kind on every later node of that kind (graphkit.rewrite._bytecommon:
+for the first node of each kind on every later node of that kind (graphkit.rewrite.bytes.common:
 what they share), and convert a ``--target-opset`` where the conversion moves only the
-imports or changes nodes' own fields (graphkit.rewrite._convertbytes, a step of both).
+imports or changes nodes' own fields (graphkit.rewrite.bytes.conversions, a step of both).
 Their output is the objects writer's, byte for byte where the input is as protobuf writes it
 (tests/test_fastpath.py compares them on one corpus, tests/test_writer_equivalence.py on
 every built-in op's exports); docs/benchmarks.md says what each saves, on which shapes.
@@ -32,11 +32,11 @@ every built-in op's exports); docs/benchmarks.md says what each saves, on which 
   writer ("objects" or "bytes"), ``report.writer_reason`` why it ran.
 * A byte writer raises :class:`Unsupported` (naming the precondition) where it does not handle
   the model, before any of the op's code runs or once the plan returns (never through the
-  op's code: ``_bytecommon.ForwardTypes.serving``); the main graph's raises :class:`InBodies`
+  op's code: ``bytes.common.ForwardTypes.serving``); the main graph's raises :class:`InBodies`
   where the placeholders are the bodies writer's. An error while lowering is the plan's,
   raised as it is: every writer reports it in the same words.
 
-graphkit.rewrite.serialized (``rewrite_bytes``, ``rewrite_file``, what ``graphkit rewrite``
+graphkit.rewrite.files (``rewrite_bytes``, ``rewrite_file``, what ``graphkit rewrite``
 runs) picks: the main-graph byte writer, the bodies writer on :class:`InBodies`, the objects
 writer on :class:`Unsupported` (or where an option only it has is asked for).
 """
@@ -50,7 +50,7 @@ import onnx
 
 if TYPE_CHECKING:  # (the engine imports this module: its RewriteReport is named, not imported)
     from graphkit.ops import OpRegistry
-    from graphkit.rewrite.plan import Lowering
+    from graphkit.rewrite.lowering.plan import Lowering
 
 __all__ = ["InBodies", "Pieces", "Request", "Unsupported", "Writer"]
 

@@ -19,12 +19,12 @@ gets wrong (all measured with onnxruntime-extensions 0.15.2 / ONNX Runtime 1.31.
   kernel's C-contiguous arrays as they are.
 - **float16 tensors abort** (the C++ side has no float16 numpy mapping, for inputs or
   outputs). graphkit declares float16 combinations as separate ops (``my_add@f16:T``) taking
-  float32, and :func:`graphkit.rewrite.binding.bind_python_nodes` wraps such nodes in exact Casts (float16 -> float32
+  float32, and :func:`graphkit.rewrite.lowering.binding.bind_python_nodes` wraps such nodes in exact Casts (float16 -> float32
   -> float16 is lossless); the handler casts back so the kernel sees and returns float16.
 - **FLOAT attributes are printed with 6 digits** (``std::stringstream``). graphkit passes
   FLOAT, INTS and FLOATS attributes as strings (:func:`encode_kernel_attrs`) and decodes them
   exactly; INT and STRING pass natively. ort-extensions requires every declared attribute on
-  the node; :func:`graphkit.rewrite.binding.bind_python_nodes` fills defaults in and converts natural encodings.
+  the node; :func:`graphkit.rewrite.lowering.binding.bind_python_nodes` fills defaults in and converts natural encodings.
 - **Declaring an op after a session exists can crash that session.** ort-extensions keeps
   declarations per domain in a ``std::vector`` whose elements ONNX Runtime references for the
   session's lifetime; growing it past its capacity moves them (use after free: measured

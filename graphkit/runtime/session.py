@@ -620,7 +620,7 @@ def open_session(model: str | os.PathLike[str] | onnx.ModelProto, *,
             libraries = plan.libraries
             plan = _plan(work, registry, path, foreign_ok=foreign_ok, build=False)
             plan.libraries = libraries
-        from graphkit.rewrite.binding import PythonNode, bind_python_nodes
+        from graphkit.rewrite.lowering.binding import PythonNode, bind_python_nodes
 
         refs = [PythonNode(r.node, r.graph, r.index, r.depth, r.display) for r in plan.python]
         if bind_python_nodes(work, registry, refs) or path is None:

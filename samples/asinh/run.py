@@ -22,7 +22,7 @@ import torch
 import graphkit
 from graphkit.export import TorchOps, export
 from graphkit.rewrite import Lowering
-from graphkit.rewrite.loader import load_rules
+from graphkit.rewrite.rules.loader import load_rules
 
 
 class Model(torch.nn.Module):

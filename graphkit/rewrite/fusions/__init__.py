@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphkit.errors import UsageError
-from graphkit.rewrite._rules import RuleSet
+from graphkit.rewrite.rules.ruleset import RuleSet
 from graphkit.rewrite.fusions import _conv_bn, _gelu, _gemm, _identity, _layernorm, _qkv, _transpose
 
 __all__ = ["ALL", "Fusion", "FusionLibrary", "LIBRARY", "get", "names", "rule_set"]

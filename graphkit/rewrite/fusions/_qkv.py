@@ -4,7 +4,7 @@
  -> q, k, v = Split(x @ [Wq | Wk | Wv] + [bq | bk | bv], [nq, nk, nv], axis=-1)
 
 An attention block's query, key and value Linears as exported one by one (BERT): one MatMul
-of x instead of three. The pattern's three roots share only x (graphkit.rewrite._roots finds
+of x instead of three. The pattern's three roots share only x (graphkit.rewrite.rules.roots finds
 the second and third from x's readers). Weights (2-D, of one floating-point type) and biases
 (1-D, one per output column) must be constants, read only once three projections matched (a
 MatMul's weights are not read to find that it has no siblings); the packed ones become

@@ -77,7 +77,7 @@ def simplify_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | Non
     """``rewrite_file`` keeping custom ops and simplifying (``dst`` None: a dry run); returns
     its FileRewrite."""
     from graphkit.rewrite.engine import Lowering
-    from graphkit.rewrite.serialized import rewrite_file
+    from graphkit.rewrite.files import rewrite_file
 
     opts = simplify_options() if options is None else options
     return rewrite_file(src, dst, registry=registry, lowering=Lowering.KEEP, simplify=opts, **kwargs)

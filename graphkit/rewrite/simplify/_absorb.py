@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from graphkit.rewrite._walk import AI_ONNX
+from graphkit.rewrite.graph.walk import AI_ONNX
 from graphkit.rewrite.simplify._context import SimplifyContext
 from graphkit.rewrite.simplify._graph import Scope
 

@@ -9,7 +9,7 @@ import hashlib
 import numpy as np
 import onnx
 
-from graphkit.rewrite._walk import AI_ONNX, subgraphs
+from graphkit.rewrite.graph.walk import AI_ONNX, subgraphs
 from graphkit.rewrite.simplify._context import SimplifyContext
 from graphkit.rewrite.simplify._evaluate import NONDETERMINISTIC
 from graphkit.rewrite.simplify._graph import Scope, attribute_key, constant_node_value

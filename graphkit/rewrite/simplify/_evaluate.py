@@ -310,7 +310,7 @@ def _reference(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: int
 def _custom(node: onnx.NodeProto, inputs: list[np.ndarray | None], registry: OpRegistry,
             path: str | None) -> list[np.ndarray]:
     from graphkit.errors import GraphkitError
-    from graphkit.rewrite.plan import node_attrs
+    from graphkit.rewrite.lowering.plan import node_attrs
 
     op = registry.lookup(node.domain, node.op_type)
     if op is None:

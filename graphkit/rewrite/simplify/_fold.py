@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from graphkit.rewrite._walk import AI_ONNX
+from graphkit.rewrite.graph.walk import AI_ONNX
 from graphkit.rewrite.simplify._context import SimplifyContext
 from graphkit.rewrite.simplify._evaluate import NotFoldable, evaluate
 from graphkit.rewrite.simplify._graph import Scope

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from graphkit.rewrite._walk import AI_ONNX, subgraphs
+from graphkit.rewrite.graph.walk import AI_ONNX, subgraphs
 
 __all__ = ["Scope", "outer_reads", "scopes_of"]
 

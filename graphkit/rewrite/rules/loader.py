@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from graphkit.errors import RewriteError
-from graphkit.rewrite._gsrules import GraphSurgeonRule
-from graphkit.rewrite._rules import GraphPass, Rule, RuleSet
+from graphkit.rewrite.rules.graphsurgeon import GraphSurgeonRule
+from graphkit.rewrite.rules.ruleset import GraphPass, Rule, RuleSet
 from graphkit.usercode import import_user_code
 
 __all__ = ["load_rules"]

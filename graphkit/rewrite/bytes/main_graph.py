@@ -14,12 +14,12 @@ element types of the placeholders' inputs, the placeholders themselves.
 The result is the objects writer's, field for field (tests/test_fastpath.py compares both):
 
 * The lowering chosen, decompositions, templates, constants and first-instance names
-  come from the public plan every writer uses: ``LoweringPlan.lower`` (graphkit.rewrite.plan)
+  come from the public plan every writer uses: ``LoweringPlan.lower`` (graphkit.rewrite.lowering.plan)
   lowers the first node of each kind. A later node of the same kind (op, attributes,
   arity, input/output aliasing, input types: finer than the plan's template key) repeats
   the ``Template`` it returned as ``Template.instantiate`` would (same renaming, same
-  names), compiled to code that writes the serialized nodes (``_bytecommon.TemplateWriter``);
-  a bound node reuses the first one's attributes (``_bytecommon.BoundWriter``);
+  names), compiled to code that writes the serialized nodes (``bytes.common.TemplateWriter``);
+  a bound node reuses the first one's attributes (``bytes.common.BoundWriter``);
   ``LoweringPlan.count`` counts the repeats.
 * Generated names: the engine makes them unique against every name of the model, and
   all of them start with ``<prefix>/`` (``prefix``: a placeholder's name, else its op).
@@ -29,11 +29,11 @@ The result is the objects writer's, field for field (tests/test_fastpath.py comp
   prefixes cannot meet, so template instances are written kind by kind, their names made
   by the generator's own rule (see ``_grouped``).
 * Element types: ``TypeTable``'s forward pass (same declarations, rules and order), run
-  over pre-read fields and stopped at the last placeholder (``_bytecommon.ForwardTypes``).
+  over pre-read fields and stopped at the last placeholder (``bytes.common.ForwardTypes``).
 * Check: ``check_replacement`` per replacement built, then the ONNX checker's verdict on
   the output (``check_model`` on the parsed output where the engine's needs more: small
   models, subgraphs, shapeless graph inputs or outputs, external data). Otherwise that
-  verdict is found from parts (``_bytecommon.check_parts``), for about the cost of checking the
+  verdict is found from parts (``bytes.common.check_parts``), for about the cost of checking the
   input: the checker on the input model as it is, and on a small model of replacements
   under the output's top-level fields: every replacement the plan built and, per kind
   repeated, the first repeat with each pattern of empty names. What the checker asks of a
@@ -62,7 +62,7 @@ The steps are :class:`_MainGraph`'s methods, in :meth:`_MainGraph.run`'s order.
 
 Its preconditions, each an ``Unsupported`` naming it (the report's ``writer_reason``
 when the objects writer runs instead; ``InBodies`` where the bodies' byte writer,
-graphkit.rewrite._bodybytes, takes the model): custom nodes only in the main graph, no model-local
+graphkit.rewrite.bytes.bodies, takes the model): custom nodes only in the main graph, no model-local
 functions or training info, every placeholder input typed by the forward pass (else the
 engine would run ONNX shape inference), every type or shape a decomposition or a kernel's
 binding asks for known without ONNX shape inference (asked inside the plan, that one is
@@ -70,7 +70,7 @@ found when the plan returns: the writer steps aside there, never through the op'
 ``ForwardTypes.serving``), and with a target opset other than the model's, a
 conversion that moves only the imports (no standard op of the model has a new version
 between the two opsets) or converts by steps on the nodes' own fields, nodes converted in
-the main graph only (graphkit.rewrite._convertbytes: converted nodes are spliced like
+the main graph only (graphkit.rewrite.bytes.conversions: converted nodes are spliced like
 replacements, the constants they read put after the graph's initializers, going down those
 no longer read removed; the check by parts then checks a converted node of each kind too,
 and a kept node's op has the same schema at both opsets or, going up, a newer version that
@@ -95,16 +95,17 @@ import onnx
 
 from graphkit.errors import ValidationError
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
-from graphkit.rewrite import _convertbytes, _wire
+from graphkit.rewrite.bytes import conversions
+from graphkit.rewrite.bytes import wire
 from graphkit.rewrite import engine as _engine
-from graphkit.rewrite._bytecommon import (CHECKED_BY_PARTS, BoundWriter, ForwardTypes, TemplateWriter, assemble,
+from graphkit.rewrite.bytes.common import (CHECKED_BY_PARTS, BoundWriter, ForwardTypes, TemplateWriter, assemble,
                                           check_parts, conversion_steps, count_after, input_refused, node_names,
                                           seed_names)
 from graphkit.rewrite._gcpause import gc_paused
-from graphkit.rewrite._walk import AI_ONNX
-from graphkit.rewrite.builder import NameGenerator
+from graphkit.rewrite.graph.walk import AI_ONNX
+from graphkit.rewrite.lowering.builder import NameGenerator
 from graphkit.rewrite.engine import RewriteReport
-from graphkit.rewrite.plan import Lowering, LoweringPlan, LoweringScope
+from graphkit.rewrite.lowering.plan import Lowering, LoweringPlan, LoweringScope
 from graphkit.rewrite.writers import InBodies, Pieces, Request, Unsupported
 
 __all__ = ["WHY", "write"]
@@ -141,7 +142,7 @@ def _subgraph_info(nodes: Sequence[onnx.NodeProto], data: bytes, g0: int, g1: in
     if not any(data.find(p, g0, g1) >= 0 for p in _PROBE_GRAPH) and (
             data.find(_PADDED_GRAPH, g0, g1) < 0 or canonical()):
         return counts, names, holders
-    from graphkit.rewrite._walk import graphs
+    from graphkit.rewrite.graph.walk import graphs
 
     for index, node in enumerate(nodes):
         if not node.attribute:
@@ -366,14 +367,14 @@ class _MainGraph:
         """The model's top-level entries, the main graph's node entries and the fields of every
         node, the report's counts before, and the preconditions. False: nothing to lower."""
         data, model, registry, request = self.data, self.model, self.registry, self.request
-        top = _wire.entries(data, 0, len(data))
+        top = wire.entries(data, 0, len(data))
         fields = [e[0] for e in top]
-        if fields.count(_wire.MODEL_GRAPH) != 1:
+        if fields.count(wire.MODEL_GRAPH) != 1:
             raise Unsupported("graph field not present exactly once")
-        if _wire.MODEL_FUNCTIONS in fields or _wire.MODEL_TRAINING_INFO in fields:
+        if wire.MODEL_FUNCTIONS in fields or wire.MODEL_TRAINING_INFO in fields:
             raise Unsupported("model-local functions or training info")
-        _, _, g0, g1 = top[fields.index(_wire.MODEL_GRAPH)]
-        starts, ends, others = _wire.node_entries(data, g0, g1)
+        _, _, g0, g1 = top[fields.index(wire.MODEL_GRAPH)]
+        starts, ends, others = wire.node_entries(data, g0, g1)
         # Node fields are read a field of every node at a time, straight from the parsed graph:
         # a list of the nodes would keep a Python object per node, and per field read (several
         # hundred bytes a node, which the process pays for again in page faults).
@@ -440,8 +441,8 @@ class _MainGraph:
             raise Unsupported("a custom node reads a name a subgraph declares")
 
     def seed_and_convert(self) -> None:
-        """The names the generator starts with (graphkit.rewrite._bytecommon.seed_names), the
-        conversion's nodes spliced (graphkit.rewrite._convertbytes: before the lowering, as in
+        """The names the generator starts with (graphkit.rewrite.bytes.common.seed_names), the
+        conversion's nodes spliced (graphkit.rewrite.bytes.conversions: before the lowering, as in
         the objects writer), and the lowering plan."""
         request, data, model = self.request, self.data, self.model
         target = request.target_opset
@@ -451,10 +452,10 @@ class _MainGraph:
         self.spliced = None
         if self.changed is not None:
             try:
-                self.spliced = _convertbytes.splice(data, model, self.domains, self.op_types, self.starts, self.ends,
+                self.spliced = conversions.splice(data, model, self.domains, self.op_types, self.starts, self.ends,
                                                     self.changed, target, request.path, up=target > self.current,
                                                     holders=sorted(self.holders))
-            except _convertbytes.NotSpliced as exc:
+            except conversions.NotSpliced as exc:
                 raise Unsupported(f"--target-opset {target} needs the objects writer's conversion: {exc}") from exc
             if seed is not None:  # the engine lowers after the conversion, its constants' names taken
                 seed.update(self.spliced.made)
@@ -530,7 +531,7 @@ class _MainGraph:
             planned.append(k)
             with types.serving():  # the plan runs the op's code: see ForwardTypes.serving
                 lowered = plan.lower(node_at(custom[k]), scope)
-            slots[k] = b"".join(_wire.entry(r.SerializeToString()) for r in lowered.nodes)
+            slots[k] = b"".join(wire.entry(r.SerializeToString()) for r in lowered.nodes)
             if key in kinds:
                 continue
             made = kinds[key] = _repeater(lowered, n_inputs[k], batched)
@@ -609,7 +610,7 @@ class _MainGraph:
             converted=None if changed is None else sorted(changed))
         return out
 
-    def _with_conversion(self, spliced: _convertbytes.Spliced) -> tuple[Any, list, list]:
+    def _with_conversion(self, spliced: conversions.Spliced) -> tuple[Any, list, list]:
         """The node entries to splice (their indices, their new entries) with the conversion's
         among the replacements, and what goes after the last node entry (start, end, bytes):
         initializers removed, the constants made."""

@@ -1,14 +1,14 @@
 """--target-opset conversions spliced into the serialized model: the byte writers' share.
 
 Where converting a model to another ai.onnx opset changes nodes only by steps that touch a
-node's own fields (``_convert.node_steps``; up: an attribute that became an input, read from
+node's own fields (``opset.node_steps``; up: an attribute that became an input, read from
 an int64 initializer shared by value, Split-18's ``num_outputs``; down: the input made an
 attribute again, attributes and optional inputs dropped at their defaults, types checked),
-the byte writer (graphkit.rewrite._fastpath) keeps every other node as the bytes it was and
+the byte writer (graphkit.rewrite.bytes.main_graph) keeps every other node as the bytes it was and
 puts converted nodes in place of the ones the conversion changes, as it puts replacements in
 place of placeholders; going down, the constants they no longer read are removed where
-nothing else reads them, as ``_convert.convert`` removes them. The conversion is the
-adapters' own code (``_convert.NodeConverter``), run once per kind of node. A node's kind:
+nothing else reads them, as ``opset.convert`` removes them. The conversion is the
+adapters' own code (``opset.NodeConverter``), run once per kind of node. A node's kind:
 the bytes of its entry after its inputs, outputs and name (op, domain, attributes, doc
 string: everything but those names, where the entry is canonical), its arity, whether it
 has a name field, and going down what the adapters read by name (the declared element types
@@ -19,15 +19,15 @@ of its kind); the others are written as it was, with their own names, or left as
 where it was. Nodes whose entry is not canonical, with an empty input, or whose names are
 not ASCII or longer than 127 bytes are each converted on their own. The constants are named
 by the same generator rule, against every name of the model, and added after the main
-graph's initializers in the order the nodes asking for them come: ``_convert.convert`` on
+graph's initializers in the order the nodes asking for them come: ``opset.convert`` on
 the whole model, field for field (tests/test_fastpath.py compares the writers).
 
 :func:`splice_scopes` does the same going up in every graph for the bodies' writer
-(graphkit.rewrite._bodybytes), the nodes in the order ``_convert.convert`` walks the graphs,
+(graphkit.rewrite.bytes.bodies), the nodes in the order ``opset.convert`` walks the graphs,
 a node's kind there its canonical serialization but its names (read from the parsed node).
 
 Preconditions, each a :class:`NotSpliced` naming it (the objects writer converts then):
-every op of the model covered by such steps (:func:`_convert.node_steps`), IR version 4 or
+every op of the model covered by such steps (:func:`opset.node_steps`), IR version 4 or
 more (initializers need not be graph inputs), the converted ops typed from their input 0
 (the byte writers' type pass reads the nodes before they are converted), going down no
 converted node in a subgraph nor in the bodies' writer (a constant read may be another
@@ -47,9 +47,10 @@ from typing import Any
 
 import onnx
 
-from graphkit.rewrite import _convert, _wire
-from graphkit.rewrite._walk import AI_ONNX, ModelIndex, graphs, subgraphs
-from graphkit.rewrite.builder import SAME_AS_INPUT0, NameGenerator
+from graphkit.rewrite.convert import opset
+from graphkit.rewrite.bytes import wire
+from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex, graphs, subgraphs
+from graphkit.rewrite.lowering.builder import SAME_AS_INPUT0, NameGenerator
 
 __all__ = ["InSubgraphs", "NotSpliced", "ScopedSplice", "Spliced", "plan", "splice", "splice_scopes"]
 
@@ -84,7 +85,7 @@ class Spliced:
 
 
 class _DataNames(NameGenerator):
-    """A NameGenerator over every name of ``model`` (as ``_convert.convert`` is given), which
+    """A NameGenerator over every name of ``model`` (as ``opset.convert`` is given), which
     reads the model's names only when a name it would make occurs in the serialized model:
     a name that occurs nowhere in it is no name of the model."""
 
@@ -129,13 +130,13 @@ class _Kind:
         self.same = False  # the conversion left the nodes of the kind as they were
 
     def emit_one(self, ins: Sequence[str], outs: Sequence[str], name: str) -> bytes:
-        parts = [_wire.field(b"\x0a", ins[x] if x.__class__ is int else x) for x in self.inputs]
-        parts += [_wire.field(b"\x12", o) for o in outs]
+        parts = [wire.field(b"\x0a", ins[x] if x.__class__ is int else x) for x in self.inputs]
+        parts += [wire.field(b"\x12", o) for o in outs]
         if self.has_name:
-            parts.append(_wire.field(b"\x1a", name))
+            parts.append(wire.field(b"\x1a", name))
         parts.append(self.rest)
         body = b"".join(parts)
-        return b"\x0a" + _wire.encode_varint(len(body)) + body
+        return b"\x0a" + wire.encode_varint(len(body)) + body
 
     def emit_ascii(self, ins: list, outs: list, names: list) -> list[bytes]:
         """emit_one for many nodes whose names are ASCII and under 128 bytes, a column at a
@@ -144,7 +145,7 @@ class _Kind:
         pieces: list[Any] = []
         for x in self.inputs:
             if x.__class__ is str:
-                pieces.append(repeat(_wire.field(b"\x0a", x).decode("latin-1")))
+                pieces.append(repeat(wire.field(b"\x0a", x).decode("latin-1")))
             else:
                 column = list(map(itemgetter(x), ins))
                 pieces += (repeat("\n"), map(chr, map(len, column)), column)
@@ -157,11 +158,11 @@ class _Kind:
         if all(p.__class__ is repeat for p in pieces):  # nothing of a node's own: all alike
             return [self.emit_one([], [], "")] * len(names)
         bodies = list(map("".join, zip(*pieces)))
-        heads = map(add, repeat("\n"), map(_wire.text_varint, map(len, bodies)))
+        heads = map(add, repeat("\n"), map(wire.text_varint, map(len, bodies)))
         return list(map(str.encode, map(add, heads, bodies), repeat("latin-1")))
 
 
-Steps = dict  # op -> the steps converting its nodes (_convert.node_steps)
+Steps = dict  # op -> the steps converting its nodes (opset.node_steps)
 
 
 def plan(model: onnx.ModelProto, ops: set[tuple[str, str]], sub_ops: set[tuple[str, str]], current: int,
@@ -175,7 +176,7 @@ def plan(model: onnx.ModelProto, ops: set[tuple[str, str]], sub_ops: set[tuple[s
                          "may be another graph's)")
     standard = {op for d, op in ops if d in AI_ONNX}
     try:
-        changed = _convert.node_steps(standard, current, target)
+        changed = opset.node_steps(standard, current, target)
     except ValueError as exc:
         raise NotSpliced(str(exc)) from exc
     inside = sorted(op for d, op in sub_ops if d in AI_ONNX and op in changed)
@@ -217,7 +218,7 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
                                   map(len, itertools.chain.from_iterable(outs)), map(len, names)), default=0)
     ascii_names = text.isascii() and longest < 0x80
     del text
-    converter = _convert.NodeConverter(model, target, _DataNames(data, model), path, up=up)
+    converter = opset.NodeConverter(model, target, _DataNames(data, model), path, up=up)
     empty = list(map(operator.contains, ins, itertools.repeat("")))
     kind_keys: list[Any]
     if ascii_names:
@@ -231,7 +232,7 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
         own = map(operator.add, own, map(operator.mul, n_outs, itertools.repeat(2)))
         own = map(operator.add, own, map(operator.mul, has_name, map(operator.add, map(len, names),
                                                                      itertools.repeat(2))))
-        rest_at = map(operator.add, map(operator.add, at, map(_wire.header, map(operator.sub, to, at))), own)
+        rest_at = map(operator.add, map(operator.add, at, map(wire.header, map(operator.sub, to, at))), own)
         rests = map(data.__getitem__, map(slice, rest_at, to))
         numbers: dict[tuple, int] = {}
         # going down, the adapters read the values' declared types and input 1's constant too
@@ -283,7 +284,7 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
         else:
             kinds[key] = None
             converter.convert(node, op_steps)
-            entry = _wire.field(b"\x0a", node.SerializeToString())
+            entry = wire.field(b"\x0a", node.SerializeToString())
             p = positions[k]
             entries[k] = None if data[starts[p]:ends[p]] == entry else entry  # None: left as it was
             inputs = list(node.input)
@@ -313,7 +314,7 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
                                   list(map(names.__getitem__, block)))
         for k, entry in zip(block, results):
             entries[k] = entry
-    out.initializers = b"".join(_wire.field(b"\x2a", t.SerializeToString()) for t in converter.initializers())
+    out.initializers = b"".join(wire.field(b"\x2a", t.SerializeToString()) for t in converter.initializers())
     released = set(converter.released)
     if released:  # _convert's _drop_unread: what nothing reads any more is removed
         kept = bytearray(b"\x01") * len(op_types)
@@ -340,7 +341,7 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
 def _canonical(data: bytes, start: int, end: int, node: onnx.NodeProto) -> bool:
     """Whether the node entry ``data[start:end]`` is ``node`` as protobuf writes it."""
     body = node.SerializeToString()
-    return end - start == 1 + len(_wire.encode_varint(len(body))) + len(body) and data.endswith(body, start, end)
+    return end - start == 1 + len(wire.encode_varint(len(body))) + len(body) and data.endswith(body, start, end)
 
 
 @dataclass
@@ -400,7 +401,7 @@ def splice_scopes(data: bytes, model: onnx.ModelProto, main: Any, changed: Steps
     """Convert, by the steps of :func:`plan`, the nodes of every graph of ``model`` (``main``:
     its main graph's scope, ``subs`` the graphs nested in each; ``others`` and ``ends``: the
     main graph's entries but its nodes, and its node entries' ends, in ``data``), in the order
-    ``_convert.convert`` walks them: a graph's nodes, then the graphs nested in them, the last
+    ``opset.convert`` walks them: a graph's nodes, then the graphs nested in them, the last
     one first. A node's kind is its canonical serialization but its inputs, outputs and name,
     its arity, which inputs are empty and whether it has a name field; each kind's first node
     is converted, the others written from it (canonical, as the objects writer serializes)."""
@@ -409,7 +410,7 @@ def splice_scopes(data: bytes, model: onnx.ModelProto, main: Any, changed: Steps
         insert_at = min((start for field, start, _ in others if field > 5), default=g1)
     if len(ends) and insert_at < ends[-1]:
         raise NotSpliced("initializers before the main graph's last node")
-    converter = _convert.NodeConverter(model, target, _DataNames(data, model), path)
+    converter = opset.NodeConverter(model, target, _DataNames(data, model), path)
     kinds: dict[tuple, _Kind] = {}
     members: dict[tuple, list[tuple[int, int, list[str], list[str], str]]] = {}
     out = ScopedSplice({}, {}, b"", converter.made, [], insert_at)
@@ -471,11 +472,11 @@ def splice_scopes(data: bytes, model: onnx.ModelProto, main: Any, changed: Steps
             written = list(map(kind.emit_one, ins, outs, names))
         for (scope_id, k, *_), entry in zip(block, written):
             out.entries[scope_id][k] = entry
-    out.initializers = b"".join(_wire.field(b"\x2a", t.SerializeToString()) for t in converter.initializers())
+    out.initializers = b"".join(wire.field(b"\x2a", t.SerializeToString()) for t in converter.initializers())
     return out
 
 
 def _field_size(name: str) -> int:
     """The bytes of a string field holding ``name``: key, length, UTF-8."""
     n = len(name) if name.isascii() else len(name.encode())
-    return 2 + n if n < 0x80 else 1 + len(_wire.encode_varint(n)) + n
+    return 2 + n if n < 0x80 else 1 + len(wire.encode_varint(n)) + n

@@ -3,7 +3,7 @@
 Every choice point (the two input orders of a commutative node, the alternatives of
 ``either``, the candidates for a second root) is a generator, so a failure late in a
 match revisits earlier choices: ``x*s + x`` finds ``s*x + x``. Where a later root is
-looked for: graphkit.rewrite._roots.
+looked for: graphkit.rewrite.rules.roots.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import numpy as np
 import onnx
 
 from graphkit.errors import RuleError
-from graphkit.rewrite._graphview import GraphView
-from graphkit.rewrite._pattern import Const, Either, Many, Number, Optional, Out, PNode, Var, variables
-from graphkit.rewrite._roots import NAME, RootFinder
+from graphkit.rewrite.graph.view import GraphView
+from graphkit.rewrite.rules.pattern import Const, Either, Many, Number, Optional, Out, PNode, Var, variables
+from graphkit.rewrite.rules.roots import NAME, RootFinder
 
 __all__ = ["Match", "Matcher", "attribute_default", "deterministic"]
 
@@ -363,7 +363,7 @@ class Matcher:
     def _fail(self, text: str, generic: str) -> None:
         self.failures.append((self._at, text, generic))
 
-    # -- roots after the first: found up from the readers of what they share (_roots.py)
+    # -- roots after the first: found up from the readers of what they share (rules/roots.py)
 
     def _more_roots(self, k: int, st: _State) -> Iterator[_State]:
         if k == len(self.roots):
@@ -515,7 +515,7 @@ class Matcher:
                 yield st
                 return
             bound = st.bindings.get(pat.var.name, _MISSING)
-            if bound is _MISSING:  # the tensor's name too: a later root may read it (_roots.py)
+            if bound is _MISSING:  # the tensor's name too: a later root may read it (rules/roots.py)
                 yield st.bind(**{pat.var.name: value, pat.var.name + NAME: name})
             elif _same(bound, value):
                 yield st

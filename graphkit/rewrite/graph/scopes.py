@@ -18,10 +18,10 @@ import onnx
 from onnx import helper
 
 from graphkit.errors import RewriteError
-from graphkit.rewrite._graphedit import outer_names
-from graphkit.rewrite._graphview import GraphView
-from graphkit.rewrite._walk import AI_ONNX, graphs, subgraphs
-from graphkit.rewrite.builder import TypeTable
+from graphkit.rewrite.graph.edit import outer_names
+from graphkit.rewrite.graph.view import GraphView
+from graphkit.rewrite.graph.walk import AI_ONNX, graphs, subgraphs
+from graphkit.rewrite.lowering.builder import TypeTable
 
 __all__ = ["Scope", "model_scopes"]
 

@@ -1,4 +1,4 @@
-"""Traced replacements stamped on single-node matches (see graphkit.rewrite._template): each
+"""Traced replacements stamped on single-node matches (see graphkit.rewrite.rules.template): each
 matched node overwritten in place with its template's node, named and wired as the Builder
 would make it."""
 
@@ -9,10 +9,10 @@ from typing import Any
 
 import onnx
 
-from graphkit.rewrite._graphview import GraphView
-from graphkit.rewrite._matcher import Matcher
-from graphkit.rewrite._report import OpDelta, RuleReport
-from graphkit.rewrite._template import Template
+from graphkit.rewrite.graph.view import GraphView
+from graphkit.rewrite.rules.matcher import Matcher
+from graphkit.rewrite.rules.report import OpDelta, RuleReport
+from graphkit.rewrite.rules.template import Template
 
 __all__ = ["UNTRACED", "Stamps", "report_stamps", "stamp_matches"]
 

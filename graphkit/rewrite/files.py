@@ -4,7 +4,7 @@
 does the rewrite on a serialized model. Both pick the writer the same way
 (graphkit.rewrite.writers: the writers and their one interface): where only lowering is
 asked (no rules, functions or simplify), the main graph's byte writer
-(graphkit.rewrite._fastpath), or the bodies' (graphkit.rewrite._bodybytes) where it says
+(graphkit.rewrite.bytes.main_graph), or the bodies' (graphkit.rewrite.bytes.bodies) where it says
 the placeholders are inside subgraphs (InBodies); the objects writer (``rewrite_model``'s
 passes, graphkit.rewrite.engine.write) where a byte writer's preconditions do not hold
 (Unsupported) or an option only it has is asked for. Every writer lowers through one
@@ -21,9 +21,10 @@ from typing import Any
 import onnx
 
 from graphkit.ops import OpRegistry, default_registry
-from graphkit.rewrite import _bodybytes, _fastpath
+from graphkit.rewrite.bytes import bodies
+from graphkit.rewrite.bytes import main_graph
 from graphkit.rewrite import engine as _engine
-from graphkit.rewrite._selection import check_target_opset
+from graphkit.rewrite.lowering.selection import check_target_opset
 from graphkit.rewrite.engine import DEFAULT_PREFERENCE, Lowering, RewriteReport, rewrite_model
 from graphkit.rewrite.writers import InBodies, Pieces, Request, Unsupported
 
@@ -93,9 +94,9 @@ def _write(request: Request, fast: bool = True) -> tuple[Pieces, RewriteReport]:
     else:
         try:
             try:
-                return _fastpath.write(request)
+                return main_graph.write(request)
             except InBodies:  # placeholders in subgraphs: the byte writer for bodies
-                return _bodybytes.write(request)
+                return bodies.write(request)
         except Unsupported as exc:
             why = f"the byte writer does not handle this model: {exc}"
     out, report = _engine.write(request)

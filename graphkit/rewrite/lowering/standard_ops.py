@@ -11,7 +11,7 @@ from onnx import helper
 
 from graphkit.errors import RewriteError
 from graphkit.ops import OpDef, OpRegistry, StandardOp
-from graphkit.rewrite._walk import scopes
+from graphkit.rewrite.graph.walk import scopes
 
 __all__ = ["as_placeholder", "label", "recognise"]
 

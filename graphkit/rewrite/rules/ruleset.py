@@ -13,15 +13,15 @@ A rule reads like the graph it matches::
 Variables (``x``, ``y``) match any tensor; Python numbers match constants of that value
 (a Constant node or an initializer whose elements all equal it); keyword arguments
 match attributes (a value, a tuple, a predicate ``lambda v: ...``, or a variable that
-captures the value); see :mod:`graphkit.rewrite._pattern` for ``const``, ``optional``,
+captures the value); see :mod:`graphkit.rewrite.rules.pattern` for ``const``, ``optional``,
 ``either``, shared values, several outputs and ``*xs``. A matched inner node whose
 output is used elsewhere is never swallowed. ``check(ctx, **bindings)`` may veto a match
 with a reason; ``rewrite(op, **bindings)`` builds the replacement with the
-:class:`~graphkit.rewrite.builder.Builder` and returns one tensor per pattern output
+:class:`~graphkit.rewrite.lowering.builder.Builder` and returns one tensor per pattern output
 (returning an input removes the matched nodes: their consumers read the input).
 
-Beside: scopes and their interface (_scope.py), reports (_report.py), traced replacements
-stamped in place (_stamps.py), node-list edits (_graphedit.py).
+Beside: scopes and their interface (graph/scopes.py), reports (rules/report.py), traced replacements
+stamped in place (rules/stamps.py), node-list edits (graph/edit.py).
 """
 
 from __future__ import annotations
@@ -38,16 +38,16 @@ import numpy as np
 import onnx
 
 from graphkit.errors import GraphkitError, RewriteError, RuleError
-from graphkit.rewrite._graphedit import dead_producers, prune_initializers, referenced, rename_inputs, same_nodes, \
+from graphkit.rewrite.graph.edit import dead_producers, prune_initializers, referenced, rename_inputs, same_nodes, \
     toposort
-from graphkit.rewrite._graphview import GraphView
-from graphkit.rewrite._matcher import Match, Matcher, deterministic
-from graphkit.rewrite._pattern import Either, Many, Out, PatternOps, PNode, Var, variables
-from graphkit.rewrite._report import MatchResult, OpDelta, RuleReport
-from graphkit.rewrite._scope import Scope, model_scopes
-from graphkit.rewrite._stamps import UNTRACED, Stamps, report_stamps, stamp_matches
-from graphkit.rewrite._template import Template, trace, traceable
-from graphkit.rewrite.builder import TypeTable
+from graphkit.rewrite.graph.view import GraphView
+from graphkit.rewrite.rules.matcher import Match, Matcher, deterministic
+from graphkit.rewrite.rules.pattern import Either, Many, Out, PatternOps, PNode, Var, variables
+from graphkit.rewrite.rules.report import MatchResult, OpDelta, RuleReport
+from graphkit.rewrite.graph.scopes import Scope, model_scopes
+from graphkit.rewrite.rules.stamps import UNTRACED, Stamps, report_stamps, stamp_matches
+from graphkit.rewrite.rules.template import Template, trace, traceable
+from graphkit.rewrite.lowering.builder import TypeTable
 
 __all__ = ["GraphPass", "MatchContext", "MatchResult", "OpDelta", "Rule", "RuleReport", "RuleSet", "Scope",
            "apply_rule_set"]
@@ -201,7 +201,7 @@ class Rule:
     ``pattern`` may be a list of pattern functions: alternatives tried in order
     (variables a matching alternative does not bind reach ``check``/``rewrite`` as None).
     A single-node rule's ``rewrite`` that provably builds the same node for every match
-    is traced once and its node stamped on each match (graphkit.rewrite._template);
+    is traced once and its node stamped on each match (graphkit.rewrite.rules.template);
     ``per_match=True`` calls it for every match instead.
     """
 
@@ -276,7 +276,7 @@ class GraphPass:
     It edits ``scope.nodes`` in place, keeping them in topological order. ``main_only``:
     it runs in the main graph alone, where it may also change the model's inputs and
     outputs (``scope.add_input``, ``remove_input``, ``add_output``, ``remove_output``,
-    ``rename``, ``prune``: graphkit.rewrite._scope).
+    ``rename``, ``prune``: graphkit.rewrite.graph.scopes).
     """
 
     name: str
@@ -488,7 +488,7 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
     # One pattern without choice points: Matcher.first finds its only match at a node
     # without generators; where there is none, _first_match runs to say why.
     first = matchers[0][1].first if _FIRST and len(patterns) == 1 and rule._simple() else None
-    # A flat single-node pattern: its matches may get a traced replacement (see _template.py),
+    # A flat single-node pattern: its matches may get a traced replacement (see rules/template.py),
     # found from the matched node's fields alone where there is no check to hand bindings to.
     flat = matchers[0][1].flat if first is not None and run.traced else None
     flat_match = matchers[0][1].flat_match if flat is not None and rule.check is None else None

@@ -3,7 +3,7 @@
 Varints read and encoded (one at a time, or a column of them with numpy), a message's
 top-level entries located, the length-delimited fields of one number listed, byte ranges
 spliced, and :class:`Skeletons`: ONNX's messages with their message fields read as bytes.
-graphkit.rewrite._fastpath, _bodybytes, _bodysplice and _convertbytes write serialized
+graphkit.rewrite.bytes.main_graph, bytes.bodies, bytes.body_splice and bytes.conversions write serialized
 models with these; a malformed encoding raises :class:`Unsupported` (graphkit.rewrite.writers':
 the objects writer runs).
 """

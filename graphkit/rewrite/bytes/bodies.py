@@ -2,11 +2,11 @@
 
 One of the writers of graphkit.rewrite.writers (:func:`write` is its side of their one
 interface; the placeholders become standard ops in ``LoweringPlan.lower``, as in every
-writer). graphkit.rewrite._fastpath splices replacements into the main graph's serialized node
+writer). graphkit.rewrite.bytes.main_graph splices replacements into the main graph's serialized node
 list. Here every graph nested in a node's attributes (``g``, ``graphs``, at any depth) is
 a scope of its own: each main-graph node holding graphs with placeholders is written
 again from its serialized bytes, each message on the way down to the placeholders parsed
-as a _wire.Skeletons message (every message-typed field kept as its bytes) and serialized
+as a wire.Skeletons message (every message-typed field kept as its bytes) and serialized
 again with the placeholders' entries replaced; every other main-graph byte stays as it was.
 
 Reading thousands of subgraphs field by field through protobuf's Python objects costs a
@@ -25,7 +25,7 @@ The result is the objects writer's, byte for byte (tests/test_fastpath.py's corp
 * Lowering: one ``LoweringPlan`` with one ``LoweringScope`` per node list, as the pass
   has. The first node of each kind is lowered by ``LoweringPlan.lower``. A later node of
   the kind, in a scope holding the kind's template (``LoweringScope.templates``),
-  repeats it (``_bytecommon.TemplateWriter``, with the names the template reads from its scope,
+  repeats it (``bytes.common.TemplateWriter``, with the names the template reads from its scope,
   an adopted template's constants, as slots); in a scope without one, where the plan
   would adopt another scope's template, ``LoweringPlan.adopt`` does (its constants made
   in this scope) and the instance is written from it, or, for a body whose one
@@ -36,9 +36,9 @@ The result is the objects writer's, byte for byte (tests/test_fastpath.py's corp
 * Names: the generator starts empty where no name of the model starts with a
   placeholder's ``<prefix>/`` (every generated name does; bodies' names and the outer
   names they read are in the bytes searched), else with every name of the model, as the
-  engine's (``_bytecommon.name_seed``); it is asked in the lowering's order, the bytes
+  engine's (``bytes.common.name_seed``); it is asked in the lowering's order, the bytes
   written afterwards.
-* Element types: the engine's ``TypeTable`` (``_bytecommon.ForwardTypes`` over the main
+* Element types: the engine's ``TypeTable`` (``bytes.common.ForwardTypes`` over the main
   graph, subgraphs through TypeTable's own pass), whose pass also lists the scopes
   (``_Types``). Where every placeholder input is declared with a type (or is an output
   of a main-graph If/Loop/Scan whose body output is), the declarations alone give the
@@ -48,7 +48,7 @@ The result is the objects writer's, byte for byte (tests/test_fastpath.py's corp
   the conditions), else graph by graph. Otherwise the whole pass runs. Where sibling
   subgraphs define one name (the engine then keeps a table per scope) or a placeholder
   input stays unknown (the engine would run ONNX shape inference), the objects writer runs.
-* Check: as ``_fastpath``'s, by parts where its conditions hold (see its docstring). They
+* Check: as ``bytes.main_graph``'s, by parts where its conditions hold (see its docstring). They
   hold in bodies: a replacement reads its placeholder's inputs (visible where the
   placeholder is: the input passed the checker) and names made before it in its scope,
   makes its placeholder's outputs (a body's outputs among them), holds no subgraph, and
@@ -63,7 +63,7 @@ The result is the objects writer's, byte for byte (tests/test_fastpath.py's corp
   writer's byte for byte; where not, it is the same model (field for field). A main-graph
   node holding its own graphs is not parsed where the messages written again (it, the
   attributes and graphs on the way down) are as protobuf writes them back, read a field
-  of many at a time (graphkit.rewrite._bodysplice, which writes every graph holding
+  of many at a time (graphkit.rewrite.bytes.body_splice, which writes every graph holding
   placeholders again): its bytes are the input's with the placeholders' entries replaced
   and the length prefixes around them written again, the same bytes.
 
@@ -72,10 +72,10 @@ writer runs instead): no model-local functions or training info, no custom node 
 a subgraph, placeholders only in the ``custom`` domain, the main graph's node entries
 where the parsed model has them, every placeholder input typed by the forward pass, every
 type a decomposition or a kernel's binding asks for known without shape inference (found
-when the plan returns, as in _fastpath), one
+when the plan returns, as in bytes.main_graph), one
 type table for every scope (no two sibling graphs define a name); a target opset only
 where the conversion moves the imports alone or changes nodes by steps on their own fields, which
-graphkit's adapters make here (graphkit.rewrite._convertbytes.splice_scopes: in every graph,
+graphkit's adapters make here (graphkit.rewrite.bytes.conversions.splice_scopes: in every graph,
 spliced like the replacements, every graph listed and written as its serialized entries
 spliced: ``graph_bytes``).
 
@@ -95,18 +95,19 @@ from typing import Any
 import onnx
 
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
-from graphkit.rewrite import _convertbytes, _wire
-from graphkit.rewrite import _bodysplice
-from graphkit.rewrite._bodysplice import Scope, graph_bytes, holder_entries
-from graphkit.rewrite._bytecommon import (CHECKED_BY_PARTS, BoundWriter, ForwardTypes, TemplateWriter, assemble,
+from graphkit.rewrite.bytes import conversions
+from graphkit.rewrite.bytes import wire
+from graphkit.rewrite.bytes import body_splice
+from graphkit.rewrite.bytes.body_splice import Scope, graph_bytes, holder_entries
+from graphkit.rewrite.bytes.common import (CHECKED_BY_PARTS, BoundWriter, ForwardTypes, TemplateWriter, assemble,
                                           check_parts, conversion_steps, count_after, input_refused, seed_names)
 from graphkit.rewrite import engine as _engine
 from graphkit.rewrite._gcpause import gc_paused
-from graphkit.rewrite._walk import AI_ONNX, count_ops
-from graphkit.rewrite._wire import Unsupported
-from graphkit.rewrite.builder import NameGenerator, TypeTable
+from graphkit.rewrite.graph.walk import AI_ONNX, count_ops
+from graphkit.rewrite.bytes.wire import Unsupported
+from graphkit.rewrite.lowering.builder import NameGenerator, TypeTable
 from graphkit.rewrite.engine import RewriteReport
-from graphkit.rewrite.plan import Lowered, Lowering, LoweringPlan, LoweringScope, Template
+from graphkit.rewrite.lowering.plan import Lowered, Lowering, LoweringPlan, LoweringScope, Template
 from graphkit.rewrite.writers import Pieces, Request
 
 __all__ = ["WHY", "write"]
@@ -134,7 +135,7 @@ def _graph_columns(graphs: list[bytes]) -> dict[str, tuple[list[bytes], list[int
     ``graphs`` in order (serialized) and how many each has: they are parsed as one message,
     each followed by _GRAPH_END (protobuf appends a repeated field's values as they come; an
     empty value ends a graph's). _NotBulk where one holds an empty value itself."""
-    joined = _wire.Skeletons.load().graph.FromString(b"".join(itertools.chain.from_iterable(
+    joined = wire.Skeletons.load().graph.FromString(b"".join(itertools.chain.from_iterable(
         zip(graphs, itertools.repeat(_GRAPH_END)))))
     out = {}
     n = len(graphs)
@@ -167,10 +168,10 @@ def _columns(cls: Any, messages: list[bytes], fields: tuple[tuple[str, int, type
     end = b""
     for name, number, kind, _ in fields:
         if kind is int:
-            end += _wire.encode_varint(number << 3) + _wire.encode_varint((1 << 64) - 1)
+            end += wire.encode_varint(number << 3) + wire.encode_varint((1 << 64) - 1)
         else:
             raw = _ENDS[kind].encode() if kind is str else b""
-            end += _wire.encode_varint(number << 3 | 2) + _wire.LENGTHS[len(raw)] + raw
+            end += wire.encode_varint(number << 3 | 2) + wire.LENGTHS[len(raw)] + raw
     joined = cls.FromString(b"".join(itertools.chain.from_iterable(zip(messages, itertools.repeat(end)))))
     n = len(messages)
     out: dict[str, Any] = {}
@@ -219,7 +220,7 @@ def _vi_sizes(names: list[str], types: list[bytes]) -> list[int]:
 
 def _field_sizes(a: int, b: int) -> int:
     """The size of two length-delimited fields with one-byte keys, of values ``a`` and ``b`` bytes long."""
-    return 2 + len(_wire.LENGTHS[a]) + a + len(_wire.LENGTHS[b]) + b
+    return 2 + len(wire.LENGTHS[a]) + a + len(wire.LENGTHS[b]) + b
 
 
 class _Undeclared(Exception):
@@ -232,7 +233,7 @@ class _NotBulk(Exception):
 
 
 class _Types(ForwardTypes):
-    """The engine's type table (``_bytecommon.ForwardTypes`` over every node of the main graph,
+    """The engine's type table (``bytes.common.ForwardTypes`` over every node of the main graph,
     subgraphs through TypeTable's own pass) whose pass through the subgraphs also lists the
     graphs holding placeholders: ``scopes`` in ModelIndex's order (the order the pass enters
     them), ``counts`` every node's (domain, op type).
@@ -421,8 +422,8 @@ class _Types(ForwardTypes):
 
     def _declared_bulk(self, data: bytes, spans: tuple[Any, Any], domains: list[str], holders: list[int]) -> None:
         """The declarations-only pass over every subgraph, read from the serialized model
-        (``data``; ``spans``: the main graph's node entries' starts and ends) as _wire.Skeletons, a
-        field of _bodysplice.BLOCK graphs at a time (:class:`_BulkRead`), where its result does not
+        (``data``; ``spans``: the main graph's node entries' starts and ends) as wire.Skeletons, a
+        field of body_splice.BLOCK graphs at a time (:class:`_BulkRead`), where its result does not
         depend on the order the graph-by-graph pass goes in (else _NotBulk, before anything is
         changed; that pass then runs):
 
@@ -473,7 +474,7 @@ class _Types(ForwardTypes):
         placeholders read): every graph listed as a scope, the graphs nested in each in its
         ``subs``, as the declarations-only pass lists them, each placeholder's fields as read;
         the table stays as it is (the whole pass's: _declared_bulk's conditions). What a
-        conversion splicing into every graph needs (_convertbytes.splice_scopes), the graphs
+        conversion splicing into every graph needs (conversions.splice_scopes), the graphs
         then written again by graph_bytes (``bulk`` no longer). Where the graphs are and
         their sizes are _declared_bulk's (``_graphs``): only the nodes holding them are read."""
         read = {scope.path: scope for scope in self.scopes[1:]}
@@ -593,14 +594,14 @@ class _Types(ForwardTypes):
 
 class _BulkRead:
     """_Types._declared_bulk's read of every subgraph, a level of nesting at a time and in each
-    level a block of _bodysplice.BLOCK graphs at a time, each block's steps a method, in
+    level a block of body_splice.BLOCK graphs at a time, each block's steps a method, in
     :meth:`read_block`'s order. It changes nothing of the table (_declared_bulk then does):
     where a condition does not hold, _NotBulk leaves the table as it was."""
 
     def __init__(self, types: _Types, data: bytes, spans: tuple[Any, Any], domains: list[str],
                  holders: list[int]) -> None:
         self.types = types
-        self.sk = _wire.Skeletons.load()
+        self.sk = wire.Skeletons.load()
         self.data = data
         self.starts, self.ends = spans
         self.elem0 = types._elem
@@ -625,7 +626,7 @@ class _BulkRead:
     def _value(self, index: int) -> bytes:
         """The serialized main-graph node ``index`` (its entry's value)."""
         data, start = self.data, self.starts[index]
-        return data[start + 2 if data[start + 1] < 0x80 else _wire.read_varint(data, start + 1)[1]:self.ends[index]]
+        return data[start + 2 if data[start + 1] < 0x80 else wire.read_varint(data, start + 1)[1]:self.ends[index]]
 
     def _typed_before(self, x: str, g: int) -> bool:
         """Whether placeholder input ``x`` of subgraph ``g`` is typed when the pass reaches ``g``."""
@@ -645,8 +646,8 @@ class _BulkRead:
             if depth > _BULK_DEPTH:
                 raise _NotBulk
             below: list[tuple[bytes, tuple[int, ...], str]] = []
-            for at in range(0, len(level), _bodysplice.BLOCK):
-                below += self.read_block(level[at:at + _bodysplice.BLOCK], depth)
+            for at in range(0, len(level), body_splice.BLOCK):
+                below += self.read_block(level[at:at + body_splice.BLOCK], depth)
             level = below
 
     def read_block(self, block: list[tuple[bytes, tuple[int, ...], str]], depth: int) -> list:
@@ -946,21 +947,21 @@ def _split(values: list, counts: list[int]) -> list[list]:
 
 
 def _bound(writer: BoundWriter, node: Any) -> bytes:
-    """``writer.emit`` for a _wire.Skeletons NodeProto: the node with the bound one's domain and attributes."""
+    """``writer.emit`` for a wire.Skeletons NodeProto: the node with the bound one's domain and attributes."""
     attributes = getattr(writer, "attribute_bytes", None)
     if attributes is None:
         attributes = writer.attribute_bytes = [a.SerializeToString() for a in writer.attributes]
-    out = _wire.Skeletons.load().node()
+    out = wire.Skeletons.load().node()
     out.CopyFrom(node)
     out.domain = writer.domain
     del out.attribute[:]
     out.attribute.extend(attributes)
-    return _wire.entry(out.SerializeToString())
+    return wire.entry(out.SerializeToString())
 
 
 def _bound_all(writer: BoundWriter, nodes: list[bytes]) -> list[bytes]:
     """``_bound`` for each of the serialized ``nodes``, a field of all of them at a time."""
-    sk = _wire.Skeletons.load().node
+    sk = wire.Skeletons.load().node
     attributes = getattr(writer, "attribute_bytes", None)
     if attributes is None:
         attributes = writer.attribute_bytes = [a.SerializeToString() for a in writer.attributes]
@@ -969,9 +970,9 @@ def _bound_all(writer: BoundWriter, nodes: list[bytes]) -> list[bytes]:
     list(map(setattr, parsed, repeat("domain"), repeat(writer.domain)))
     list(map(sk.ClearField, parsed, repeat("attribute")))
     if attributes:
-        entries = b"".join(b"\x2a" + _wire.LENGTHS[len(a)] + a for a in attributes)
+        entries = b"".join(b"\x2a" + wire.LENGTHS[len(a)] + a for a in attributes)
         list(map(sk.MergeFromString, parsed, repeat(entries)))
-    return list(map(_wire.entry, map(sk.SerializeToString, parsed)))
+    return list(map(wire.entry, map(sk.SerializeToString, parsed)))
 
 
 class _Layout:
@@ -995,7 +996,7 @@ class _Layout:
         self.n_values: int | None = None
 
     def emit(self, values: list[list[str]], asked: list[list[str]]) -> list[bytes]:
-        L = _wire.LENGTHS
+        L = wire.LENGTHS
         lengths = L.__getitem__
         repeat = itertools.repeat
         add = operator.add
@@ -1133,9 +1134,9 @@ class _Bodies:
         self.seed_and_convert()
         self.start_lowering()
         order = self.order
-        for at in range(0, len(order), _bodysplice.BLOCK):
-            self.lower_block(order[at:at + _bodysplice.BLOCK])
-            if self.pending >= _bodysplice.BLOCK:
+        for at in range(0, len(order), body_splice.BLOCK):
+            self.lower_block(order[at:at + body_splice.BLOCK])
+            if self.pending >= body_splice.BLOCK:
                 self.flush()
         self.flush()
         self.count()
@@ -1146,13 +1147,13 @@ class _Bodies:
         """The model's top-level entries and the preconditions on them; False: nothing to lower
         (``Lowering.KEEP``)."""
         data, model, request = self.data, self.model, self.request
-        self.top = top = _wire.entries(data, 0, len(data))
+        self.top = top = wire.entries(data, 0, len(data))
         fields = [e[0] for e in top]
-        if fields.count(_wire.MODEL_GRAPH) != 1:
+        if fields.count(wire.MODEL_GRAPH) != 1:
             raise Unsupported("graph field not present exactly once")
-        if _wire.MODEL_FUNCTIONS in fields or _wire.MODEL_TRAINING_INFO in fields:
+        if wire.MODEL_FUNCTIONS in fields or wire.MODEL_TRAINING_INFO in fields:
             raise Unsupported("model-local functions or training info")
-        _, _, *self.graph_span = top[fields.index(_wire.MODEL_GRAPH)]
+        _, _, *self.graph_span = top[fields.index(wire.MODEL_GRAPH)]
         if request.prefer == (Lowering.KEEP,):
             if request.target_opset is not None and request.target_opset != _engine.ai_onnx_opset(model):
                 raise Unsupported("--target-opset with nothing to lower (the objects writer moves the imports)")
@@ -1161,7 +1162,7 @@ class _Bodies:
         return True
 
     def check_input(self) -> None:
-        """The checker's part on the input, before the lists below are made (_fastpath's
+        """The checker's part on the input, before the lists below are made (bytes.main_graph's
         docstring: its parse of the model and those lists are never held at once), where the
         output will surely be checked by parts: more main-graph nodes than a full check takes."""
         request = self.request
@@ -1181,7 +1182,7 @@ class _Bodies:
             a.type == _GRAPH or a.type == _GRAPHS for a in node.attribute)]
         op_types = list(map(attrgetter("op_type"), nodes))
         g0, g1 = self.graph_span
-        starts, ends, others = _wire.node_entries(data, g0, g1)
+        starts, ends, others = wire.node_entries(data, g0, g1)
         if len(starts) != len(nodes):
             raise Unsupported("node entries do not match the parsed graph")
         self.starts, self.ends, self.others = starts, ends, others
@@ -1239,9 +1240,9 @@ class _Bodies:
         data, model, request = self.data, self.model, self.request
         prefixes: set[str] = set(self.types.prefixes)  # those _declared_bulk read
         unread = [s for s in self.lists if s.fields is None]
-        block = _bodysplice.BLOCK
+        block = body_splice.BLOCK
         for at in range(0, len(unread), block):
-            columns = _columns(_wire.Skeletons.load().nodes, list(_serialized(unread[at:at + block])), _PREFIX_FIELDS)
+            columns = _columns(wire.Skeletons.load().nodes, list(_serialized(unread[at:at + block])), _PREFIX_FIELDS)
             prefixes.update([name or op for name, op in zip(columns["name"], columns["op_type"])])
         del unread
         seed = seed_names(data, model, self.top, self.others, self.starts, self.ends, self.graph_span, prefixes)
@@ -1249,9 +1250,9 @@ class _Bodies:
         self.spliced = None
         if self.changed is not None:  # graphkit's adapters, before the lowering as in the objects writer
             try:
-                self.spliced = _convertbytes.splice_scopes(data, model, self.main, self.changed, target, self.others,
+                self.spliced = conversions.splice_scopes(data, model, self.main, self.changed, target, self.others,
                                                            self.ends, self.graph_span[1], request.path)
-            except _convertbytes.NotSpliced as exc:
+            except conversions.NotSpliced as exc:
                 raise Unsupported(f"--target-opset {target} needs the objects writer's conversion: {exc}") from exc
             if seed is not None:
                 seed.update(self.spliced.made)
@@ -1333,7 +1334,7 @@ class _Bodies:
             del read
             list(map(setattr, block, itertools.repeat("fields"), itertools.repeat(None)))  # read once: freed as it goes
         else:
-            columns = _columns(_wire.Skeletons.load().nodes, ph, _PLACEHOLDER_FIELDS)
+            columns = _columns(wire.Skeletons.load().nodes, ph, _PLACEHOLDER_FIELDS)
             ins_of, outs_of = _split(*columns["input"]), _split(*columns["output"])
             ops_of = columns["op_type"]
             prefixes = [name or op for name, op in zip(columns["name"], ops_of)]
@@ -1511,7 +1512,7 @@ class _Bodies:
                     lscope = lscope or LoweringScope(types)
                     template, constants = plan.adopt(key, prefix, lscope)
                     made = self.emitter(template)
-                    entries = b"".join(_wire.entry(c.SerializeToString()) for c in constants)
+                    entries = b"".join(wire.entry(c.SerializeToString()) for c in constants)
                     entries += made.emit(template, inputs, outputs, prefix, fresh)
                     plan.count(Lowered(first.op, first.how, first.action, [], template, constants),
                                PLACEHOLDER_DOMAIN, b.ops_of[k])
@@ -1524,7 +1525,7 @@ class _Bodies:
                 writer = self.bound.get(kind)
                 if writer is None:
                     writer = self.bound[kind] = BoundWriter(first.nodes[0])
-                entries = _bound(writer, _wire.Skeletons.load().node.FromString(node))
+                entries = _bound(writer, wire.Skeletons.load().node.FromString(node))
                 self.repeats[(kind, 0)] += 1
                 self.repeated.setdefault((kind, 0), first)
                 mode = ("bound", kind)
@@ -1533,7 +1534,7 @@ class _Bodies:
                 with types.serving():  # the plan runs the op's code: see ForwardTypes.serving
                     lowered = plan.lower(_real(node), lscope)
             if mode is None:
-                made_here[j] = entries = b"".join(_wire.entry(r.SerializeToString()) for r in lowered.nodes)
+                made_here[j] = entries = b"".join(wire.entry(r.SerializeToString()) for r in lowered.nodes)
                 self.checked.append([(*scope.path, i), entries, inputs, outputs])
                 continue
             check_entry = None
@@ -1599,7 +1600,7 @@ class _Bodies:
     def checker(self, out: Pieces) -> Callable[[], None]:
         """The check of the output ``out``, as a function holding only what it reads (the rest is
         freed before it runs): each replacement the plan built, then the ONNX checker's verdict,
-        by parts where _fastpath's conditions hold, else on the whole output."""
+        by parts where bytes.main_graph's conditions hold, else on the whole output."""
         request, data, model, registry, report = self.request, self.data, self.model, self.registry, self.report
         plan, types, checked, header, import_entries = (self.plan, self.types, self.checked, self.header,
                                                         self.import_entries)

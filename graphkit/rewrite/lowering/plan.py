@@ -7,7 +7,7 @@ constants and templates). :meth:`LoweringPlan.lower` turns one placeholder into 
 replacement and says how (:class:`Lowered`): the action taken, and the
 :class:`Template` later nodes of the same kind repeat. Every writer (graphkit.rewrite.writers)
 uses this one interface: the objects writer (``rewrite_model``'s lower pass) and the byte
-writers (graphkit.rewrite._fastpath, _bodybytes), which repeat templates on serialized nodes.
+writers (graphkit.rewrite.bytes.main_graph, bytes.bodies), which repeat templates on serialized nodes.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from graphkit._invocation import wording
 from graphkit.errors import OpDefinitionError, RewriteError, UnsupportedOpError
 from graphkit.ops import PLACEHOLDER_DOMAIN, Decomposition, OpDef, OpRegistry
 from graphkit.ops.tensor_types import type_string
-from graphkit.rewrite._selection import Probe, Selection
-from graphkit.rewrite.binding import bind_node
-from graphkit.rewrite._standard_ops import as_placeholder, attribute_values, label
-from graphkit.rewrite.builder import Builder, NameGenerator, TypeTable
+from graphkit.rewrite.lowering.selection import Probe, Selection
+from graphkit.rewrite.lowering.binding import bind_node
+from graphkit.rewrite.lowering.standard_ops import as_placeholder, attribute_values, label
+from graphkit.rewrite.lowering.builder import Builder, NameGenerator, TypeTable
 
 __all__ = ["Lowered", "Lowering", "LoweringPlan", "LoweringScope", "Template", "node_attrs", "unknown_op_hint"]
 
@@ -215,7 +215,7 @@ class LoweringPlan:
     def choose(self, op: OpDef, node: onnx.NodeProto, attrs: dict[str, Any], in_types: tuple[int | None, ...],
                scope: LoweringScope) -> tuple[Lowering, Decomposition | None]:
         """The first lowering of the preference order that ONNX Runtime can execute for the
-        node's dtypes at the plan's opset (graphkit.rewrite._selection); UnsupportedOpError
+        node's dtypes at the plan's opset (graphkit.rewrite.lowering.selection); UnsupportedOpError
         naming why none and what would work."""
         return self.selection.choose(op, node, attrs, in_types, self._probe(op, node, attrs, scope))
 

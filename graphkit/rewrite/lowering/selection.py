@@ -26,7 +26,7 @@ from onnx import helper
 
 from graphkit.errors import GraphkitError, RewriteError, UnsupportedOpError, UsageError
 from graphkit.ops.tensor_types import type_string
-from graphkit.rewrite._walk import elem_types
+from graphkit.rewrite.graph.walk import elem_types
 
 if TYPE_CHECKING:
     from graphkit.ops import Decomposition, OpDef, OpRegistry

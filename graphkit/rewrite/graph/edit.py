@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import onnx
 
-from graphkit.rewrite._graphview import GraphView
-from graphkit.rewrite._walk import graphs, subgraphs
+from graphkit.rewrite.graph.view import GraphView
+from graphkit.rewrite.graph.walk import graphs, subgraphs
 
 __all__ = ["dead_producers", "outer_names", "prune_initializers", "referenced", "rename_inputs", "same_nodes",
            "toposort"]

@@ -1,5 +1,5 @@
-"""What the two byte writers share (graphkit.rewrite._fastpath, the main graph's, and
-graphkit.rewrite._bodybytes, the bodies'): how a lowering the plan made is repeated as bytes,
+"""What the two byte writers share (graphkit.rewrite.bytes.main_graph, the main graph's, and
+graphkit.rewrite.bytes.bodies, the bodies'): how a lowering the plan made is repeated as bytes,
 the element types the engine's type table gives without ONNX shape inference, the names the
 name generator starts with, the output assembled around its graph, and the check by parts.
 
@@ -19,10 +19,10 @@ name generator starts with, the output assembled around its graph, and the check
   the opset imports fixed as the objects writer's pass fixes them, the report's passes said
   as its passes say them; :func:`count_after`, the report's counts.
 * Check: :func:`check_parts`, the ONNX checker's verdict on the output found from the input
-  and a small model of replacements (the conditions are in graphkit.rewrite._fastpath's
+  and a small model of replacements (the conditions are in graphkit.rewrite.bytes.main_graph's
   docstring); :func:`input_refused`, the checker on the input.
 * Conversions: :func:`conversion_steps`, whether a ``--target-opset`` moves only the imports
-  or converts nodes graphkit.rewrite._convertbytes splices.
+  or converts nodes graphkit.rewrite.bytes.conversions splices.
 """
 
 from __future__ import annotations
@@ -39,13 +39,14 @@ from typing import Any
 import onnx
 
 from graphkit.ops import OpRegistry
-from graphkit.rewrite import _convertbytes, _wire
+from graphkit.rewrite.bytes import conversions
+from graphkit.rewrite.bytes import wire
 from graphkit.rewrite import engine as _engine
 from graphkit.rewrite._memory import release_freed_memory
-from graphkit.rewrite._walk import AI_ONNX
-from graphkit.rewrite.builder import FIXED_TYPES, SAME_AS_INPUT0, TypeTable
+from graphkit.rewrite.graph.walk import AI_ONNX
+from graphkit.rewrite.lowering.builder import FIXED_TYPES, SAME_AS_INPUT0, TypeTable
 from graphkit.rewrite.engine import RewriteReport
-from graphkit.rewrite.plan import LoweringPlan, Template
+from graphkit.rewrite.lowering.plan import LoweringPlan, Template
 from graphkit.rewrite.writers import InBodies, Pieces, Unsupported
 
 __all__ = ["ADAPTERS", "CHECKED_BY_PARTS", "IMPORTS_ONLY", "NO_NODE_CHANGES", "BoundWriter", "ForwardTypes",
@@ -61,7 +62,7 @@ _GRAPHS = onnx.AttributeProto.GRAPHS
 # Added to it where --target-opset moved only the imports.
 IMPORTS_ONLY = ("--target-opset: imports only (no standard op of the model has a new version between "
                 "opsets {} and {}), the replacements made at the target opset")
-# Added to it where graphkit's adapters converted nodes of the main graph (graphkit.rewrite._convertbytes).
+# Added to it where graphkit's adapters converted nodes of the main graph (graphkit.rewrite.bytes.conversions).
 ADAPTERS = ("--target-opset: graphkit's adapters converted the nodes opsets {} to {} change ({}), spliced "
             "like the replacements")
 # Added to it where the ops' newer versions take the model's nodes as they are (types, attributes added).
@@ -74,10 +75,10 @@ CHECKED_BY_PARTS = ("checked by parts: the input model, and each kind of replace
 
 
 def conversion_steps(model: onnx.ModelProto, ops: collections.Counter, sub_counts: collections.Counter,
-                current: int | None, target: int, bodies: bool = False) -> _convertbytes.Steps | None:
+                current: int | None, target: int, bodies: bool = False) -> conversions.Steps | None:
     """Precondition of a --target-opset rewrite: None where the conversion moves only the
     imports, else the steps of the nodes graphkit's adapters convert in the main graph
-    (graphkit.rewrite._convertbytes: where they only change the nodes' own fields)."""
+    (graphkit.rewrite.bytes.conversions: where they only change the nodes' own fields)."""
     try:
         _imports_only(ops, current, target)
         return None
@@ -85,10 +86,10 @@ def conversion_steps(model: onnx.ModelProto, ops: collections.Counter, sub_count
         if current is None:
             raise
     try:
-        return _convertbytes.plan(model, set(ops), set(sub_counts), current, target, bodies)
-    except _convertbytes.InSubgraphs as exc:  # the bodies' writer converts them
+        return conversions.plan(model, set(ops), set(sub_counts), current, target, bodies)
+    except conversions.InSubgraphs as exc:  # the bodies' writer converts them
         raise InBodies(str(exc)) from exc
-    except _convertbytes.NotSpliced as exc:
+    except conversions.NotSpliced as exc:
         raise Unsupported(f"--target-opset {target} needs the objects writer's conversion: {exc}") from exc
 
 
@@ -151,7 +152,7 @@ class TemplateWriter:
             for tag, ref, name in [(b"\x0a", slot.get(i), i) for i in tpl.input] + [(b"\x12", r, None)
                                                                                       for r in out_slots]:
                 if ref is None:  # a name the renaming leaves alone (a shared constant, say)
-                    static += _wire.field(tag, name)
+                    static += wire.field(tag, name)
                     continue
                 fields.append(static + tag)
                 fields.append(ref)
@@ -182,7 +183,7 @@ class TemplateWriter:
 
     def _emit(self, v: Any, prefix: str, fresh: Callable[[str], str] | None, tail: str = "") -> bytes:
         names = [x.encode() for x in v]
-        L = _wire.LENGTHS
+        L = wire.LENGTHS
         entries = []
         for suffix, generated, fields, rest in self._plan:
             node_name = (prefix + suffix + tail if fresh is None else fresh(prefix + suffix)).encode()
@@ -205,7 +206,7 @@ class TemplateWriter:
         one map over all of them (the loops run in C), then every node's text is joined once.
         A node's length is summed from its names' (names shorter than 128 take one byte to
         say how long they are; with a longer one, emit_all does it)."""
-        length = _wire.STR_LENGTHS.__getitem__
+        length = wire.STR_LENGTHS.__getitem__
         add, repeat = operator.add, itertools.repeat
         columns: list[Any] = list(zip(*values))
         # A value every node has (fan-out: one input read by all) is written as fixed text.
@@ -259,7 +260,7 @@ class BoundWriter:
         out.domain = self.domain
         del out.attribute[:]
         out.attribute.extend(self.attributes)
-        return _wire.entry(out.SerializeToString())
+        return wire.entry(out.SerializeToString())
 
 
 # -- element types ------------------------------------------------------------------------
@@ -512,7 +513,7 @@ def seed_names(data: bytes, model: onnx.ModelProto, top: list, others: list, sta
     ``others``): the names are searched where they can be, the top level but the graph and the
     graph but its initializers' weights."""
     g0, g1 = graph
-    regions = [(start, end) for field, start, _, end in top if field != _wire.MODEL_GRAPH]
+    regions = [(start, end) for field, start, _, end in top if field != wire.MODEL_GRAPH]
     regions += [(start, end) for field, start, end in others if field not in (5, 15)]
     if starts:
         contiguous = not any(starts[0] <= start < ends[-1] for _, start, _ in others)
@@ -525,7 +526,7 @@ def seed_names(data: bytes, model: onnx.ModelProto, top: list, others: list, sta
 
 
 def _all_names(model: onnx.ModelProto) -> set[str]:
-    from graphkit.rewrite._walk import ModelIndex
+    from graphkit.rewrite.graph.walk import ModelIndex
 
     return ModelIndex(model).names
 
@@ -655,13 +656,13 @@ def assemble(data: bytes | memoryview, model: onnx.ModelProto, top: list, graph:
     parts = []
     graph_at = 0
     for field, start, _, end in top:
-        if field == _wire.MODEL_OPSET_IMPORT:
+        if field == wire.MODEL_OPSET_IMPORT:
             if imports:
                 parts.append(imports)
                 imports = b""
-        elif field == _wire.MODEL_GRAPH:
+        elif field == wire.MODEL_GRAPH:
             graph_at = len(parts)
-            parts += [b"\x3a", _wire.LENGTHS[sum(map(len, graph))], *graph]  # field 7, length-delimited
+            parts += [b"\x3a", wire.LENGTHS[sum(map(len, graph))], *graph]  # field 7, length-delimited
         else:
             parts.append(data[start:end])
     parts.append(imports)

@@ -7,7 +7,7 @@ main-graph nodes holding such graphs are written again without being parsed wher
 as protobuf writes them: each field of a block of them read at once with numpy, their
 placeholders' entries replaced and the length prefixes around them written again
 (:func:`holder_entries`); any other node is parsed alone, giving the same bytes.
-graphkit.rewrite._bodybytes lowers the placeholders and hands the replacements here.
+graphkit.rewrite.bytes.bodies lowers the placeholders and hands the replacements here.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from graphkit.rewrite import _wire
-from graphkit.rewrite._wire import Unsupported
+from graphkit.rewrite.bytes import wire
+from graphkit.rewrite.bytes.wire import Unsupported
 
 __all__ = ["BLOCK", "Scope", "graph_bytes", "holder_entries"]
 
@@ -58,24 +58,24 @@ def graph_bytes(data: bytes, scope: Scope, v0: int, v1: int, slots: dict[int, li
     and ends where known) with its placeholders replaced (``slots``: by scope id, in the
     placeholders' order, taken out of it: each written once) and its nested graphs holding
     placeholders written again, their length prefixes new. ``joined=False``: as its pieces, in order."""
-    starts, ends = entries if entries is not None else _wire.node_spans(data, v0, v1)
+    starts, ends = entries if entries is not None else wire.node_spans(data, v0, v1)
     if len(starts) != scope.size:
         raise Unsupported("a graph's node entries do not match the parsed model")
     key = id(scope)
     edits = list(zip(map(starts.__getitem__, scope.custom), map(ends.__getitem__, scope.custom), slots.pop(key, ())))
-    L = _wire.LENGTHS
+    L = wire.LENGTHS
     for index, n_attributes, dirty, held in scope.subs:
         if not dirty:
             continue
         start, end = starts[index], ends[index]
-        n0 = start + 2 if data[start + 1] < 0x80 else _wire.read_varint(data, start + 1)[1]
-        attributes = _wire.fields(data, n0, end, 5)
+        n0 = start + 2 if data[start + 1] < 0x80 else wire.read_varint(data, start + 1)[1]
+        attributes = wire.fields(data, n0, end, 5)
         if len(attributes) != n_attributes:
             raise Unsupported("a node's attribute entries do not match the parsed model")
         node_edits = []
         for a, field, subs in held:
             a_start, a0, a1 = attributes[a]
-            graphs = _wire.fields(data, a0, a1, field)
+            graphs = wire.fields(data, a0, a1, field)
             if len(graphs) != len(subs):
                 raise Unsupported("an attribute's graph entries do not match the parsed model")
             tag = b"\x32" if field == 6 else b"\x5a"
@@ -87,7 +87,7 @@ def graph_bytes(data: bytes, scope: Scope, v0: int, v1: int, slots: dict[int, li
                 if sub.subs:
                     graph = graph_bytes(data, sub, s0, s1, slots)
                 else:  # a graph holding none: its placeholders' entries replaced, inline
-                    sub_starts, sub_ends = _wire.node_spans(data, s0, s1)
+                    sub_starts, sub_ends = wire.node_spans(data, s0, s1)
                     if len(sub_starts) != sub.size:
                         raise Unsupported("a graph's node entries do not match the parsed model")
                     pieces = []
@@ -99,13 +99,13 @@ def graph_bytes(data: bytes, scope: Scope, v0: int, v1: int, slots: dict[int, li
                     graph = b"".join(pieces)
                 attr_edits.append((e_start, s1, tag + L[len(graph)] + graph))
             if attr_edits:
-                body = _wire.splice(data, a0, a1, attr_edits)
+                body = wire.splice(data, a0, a1, attr_edits)
                 node_edits.append((a_start, a1, b"\x2a" + L[len(body)] + body))
-        body = _wire.splice(data, n0, end, node_edits)
+        body = wire.splice(data, n0, end, node_edits)
         edits.append((start, end, b"\x0a" + L[len(body)] + body))
     if scope.custom and scope.subs:
         edits.sort(key=itemgetter(0))
-    return _wire.splice(data, v0, v1, edits) if joined else _wire.spliced(data, v0, v1, edits)
+    return wire.splice(data, v0, v1, edits) if joined else wire.spliced(data, v0, v1, edits)
 
 
 class _Edits:
@@ -134,7 +134,7 @@ class _Edits:
 
     def node(self, value: bytes) -> bytes:
         """The serialized node ``value`` (a NodeProto's bytes) with these edits made."""
-        sk = _wire.Skeletons.load()
+        sk = wire.Skeletons.load()
         node = sk.node.FromString(value)
         attributes = node.attribute
         for a in sorted({a for a, _ in self.graphs}):
@@ -152,7 +152,7 @@ class _Edits:
         """The serialized graph ``value`` with the graphs in its nodes edited, then each
         placeholder ``custom[j]`` replaced by the serialized nodes ``entries[j]`` (the nodes
         after the first placeholder written again: a repeated field is added to at its end)."""
-        graph = _wire.Skeletons.load().graph.FromString(value)
+        graph = wire.Skeletons.load().graph.FromString(value)
         nodes = graph.node
         for i, edits in inner.items():
             nodes[i] = edits.node(nodes[i])
@@ -162,7 +162,7 @@ class _Edits:
                 pieces = entries
             else:
                 new = dict(zip(custom, entries))
-                entry = _wire.entry
+                entry = wire.entry
                 pieces = [new[i] if i in new else entry(nodes[i]) for i in range(first, len(nodes))]
             del nodes[first:]
             graph.MergeFromString(b"".join(pieces))
@@ -173,7 +173,7 @@ def holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[Scope],
                     slots: dict[int, list[bytes]]) -> list[tuple[int, bytes]]:
     """(index, new node entry) of each main-graph node holding graphs with placeholders, in
     index order: its bytes with every placeholder replaced, each message around them written
-    again (as _wire.Skeletons, so every other field's bytes are as they were): protobuf's own bytes
+    again (as wire.Skeletons, so every other field's bytes are as they were): protobuf's own bytes
     for the edited node, where the input is written as protobuf writes (the objects writer's).
     A node whose graphs with placeholders are its own is written a block at a time without
     parsing where the messages on the way down come back as they are (_spliced_holders)."""
@@ -209,28 +209,28 @@ def holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[Scope],
             block = indices[at:at + BLOCK]
             s0, s1 = int(bounds[at]), int(bounds[at + len(block)])
             h_start = all_starts[block]
-            _, size, short = _wire.varints(buf, h_start + 1)
+            _, size, short = wire.varints(buf, h_start + 1)
             v0 = h_start + 1 + size
             for j in np.flatnonzero(~short).tolist():  # a length padded past 5 bytes
-                v0[j] = _wire.read_varint(data, int(h_start[j]) + 1)[1]
+                v0[j] = wire.read_varint(data, int(h_start[j]) + 1)[1]
             v1 = all_ends[block]
             own = np.searchsorted(block, holder[s0:s1])  # the block's scopes: their node's place in the block
             written = _spliced_holders(data, buf, v0, v1, scopes[s0:s1], own, slots)
             for j in [j for j, entry in enumerate(written) if entry is None]:  # parsed and written again
                 held = scopes[int(bounds[at + j]):int(bounds[at + j + 1])]
-                written[j] = _wire.entry(_shallow_node(data[int(v0[j]):int(v1[j])], held, slots))
+                written[j] = wire.entry(_shallow_node(data[int(v0[j]):int(v1[j])], held, slots))
             out += zip(block.tolist(), written)
     for index, edits in by_holder.items():
         start = starts[index]
-        value = data[start + 2 if data[start + 1] < 0x80 else _wire.read_varint(data, start + 1)[1]:ends[index]]
-        out.append((index, _wire.entry(edits.node(value))))
+        value = data[start + 2 if data[start + 1] < 0x80 else wire.read_varint(data, start + 1)[1]:ends[index]]
+        out.append((index, wire.entry(edits.node(value))))
     if by_holder:
         out.sort(key=itemgetter(0))
     return out
 
 
 def _offsets(values: Any) -> Any:
-    """Offsets (an array('q'), as _wire.node_entries makes them, or a list) as int64s:
+    """Offsets (an array('q'), as wire.node_entries makes them, or a list) as int64s:
     the array's own memory where it is one."""
     if isinstance(values, array) and values.typecode == "q":
         return np.frombuffer(values, np.int64)
@@ -241,7 +241,7 @@ def _shallow_node(value: bytes, held: list[Scope], slots: dict[int, list[bytes]]
     """``_Edits.node`` for a node whose graphs with placeholders are its own (``held``: their
     scopes, paths (node, attribute, graph)), without the tree: the same messages parsed,
     edited and serialized in the same order."""
-    sk = _wire.Skeletons.load()
+    sk = wire.Skeletons.load()
     node = sk.node.FromString(value)
     attributes = node.attribute
     by_attribute: dict[int, list[Scope]] = {}
@@ -261,7 +261,7 @@ def _shallow_node(value: bytes, held: list[Scope], slots: dict[int, list[bytes]]
                 pieces = entries
             else:
                 new = dict(zip(custom, entries))
-                pieces = [new[i] if i in new else _wire.entry(nodes[i]) for i in range(first, len(nodes))]
+                pieces = [new[i] if i in new else wire.entry(nodes[i]) for i in range(first, len(nodes))]
             del nodes[first:]
             graph.MergeFromString(b"".join(pieces))
             field[k] = serialize(graph)
@@ -291,25 +291,25 @@ class _Rules:
         self.after = np.zeros(1 << 14, np.int64)
         self.varints: list[tuple[int, Any]] = []
         for f in message.DESCRIPTOR.fields:
-            wire = wires.get(f.type)
-            key = f.number << 3 | (wire or 0)
-            if wire is None or key >= 1 << 14 or getattr(f, "is_packed", False) or not (
+            wire_type = wires.get(f.type)
+            key = f.number << 3 | (wire_type or 0)
+            if wire_type is None or key >= 1 << 14 or getattr(f, "is_packed", False) or not (
                     f.is_repeated or f.has_presence):
                 continue
             self.rank[key] = rank = 2 * f.number
             self.after[key] = rank if f.is_repeated else rank + 1
-            if f.type == F.TYPE_ENUM:  # the values it knows (one below 2**16, as _wire.varints reads them)
+            if f.type == F.TYPE_ENUM:  # the values it knows (one below 2**16, as wire.varints reads them)
                 known = [v.number for v in f.enum_type.values if 0 <= v.number < 1 << 16]
                 table = np.zeros(max(known, default=0) + 1, bool)
                 table[known] = True
                 self.varints.append((key, table))
-            elif wire == 0:  # (_wire.varints reads values below 2**35: a bound past that is none)
+            elif wire == 0:  # (wire.varints reads values below 2**35: a bound past that is none)
                 self.varints.append((key, min(below[f.type], 1 << 40)))
 
     @classmethod
     def of(cls) -> tuple[_Rules, _Rules, _Rules]:
         if cls.made is None:  # equal tables whichever thread makes them first
-            sk = _wire.Skeletons.load()
+            sk = wire.Skeletons.load()
             cls.made = (cls(sk.node), cls(sk.attribute), cls(sk.graph))
         return cls.made
 
@@ -342,18 +342,18 @@ def _scan(buf: Any, pos: Any, end: Any, rules: _Rules, wanted: tuple[int, ...]) 
             ok[active] = False
             break
         p = pos[active]
-        key, size, good = _wire.varints(buf, p)
+        key, size, good = wire.varints(buf, p)
         good &= key < 1 << 14
         key[~good] = 0
         rank = rules.rank[key]
         good &= rank >= last[active]
         last[active] = rules.after[key]
-        wire = key & 7
+        wire_type = key & 7
         at = p + size
-        value, size, short = _wire.varints(buf, at)
-        good &= short | (wire == 1) | (wire == 5)
+        value, size, short = wire.varints(buf, at)
+        good &= short | (wire_type == 1) | (wire_type == 5)
         start = at + size
-        stop = np.where(wire == 2, start + value, np.where(wire == 0, start, at + np.where(wire == 5, 4, 8)))
+        stop = np.where(wire_type == 2, start + value, np.where(wire_type == 0, start, at + np.where(wire_type == 5, 4, 8)))
         for k, keeps in rules.varints:
             is_k = key == k
             if is_k.any():
@@ -366,7 +366,7 @@ def _scan(buf: Any, pos: Any, end: Any, rules: _Rules, wanted: tuple[int, ...]) 
             is_k = good & (key == k)
             if is_k.any():
                 m = active[is_k]
-                found[k].append((m, seen[k][m], p[is_k], np.where(wire == 0, value, start)[is_k], stop[is_k]))
+                found[k].append((m, seen[k][m], p[is_k], np.where(wire_type == 0, value, start)[is_k], stop[is_k]))
                 seen[k][m] += 1
         ok[active[~good]] = False
         pos[active] = stop
@@ -451,9 +451,9 @@ def _spliced_holders(data: bytes, buf: Any, v0: Any, v1: Any, scopes: list[Scope
     g_size = g1 - g0
     np.add.at(g_size, p_scope, np.fromiter(map(len, new), np.int64, len(new)) - (p_end - p_start))
     a_size = a1 - a0
-    np.add.at(a_size, s_attr, 1 + _wire.varint_sizes(g_size) + g_size - (g1 - g_start))
+    np.add.at(a_size, s_attr, 1 + wire.varint_sizes(g_size) + g_size - (g1 - g_start))
     size = v1 - v0
-    np.add.at(size, a_holder, 1 + _wire.varint_sizes(a_size) + a_size - (a1 - a_start))
+    np.add.at(size, a_holder, 1 + wire.varint_sizes(a_size) + a_size - (a1 - a_start))
     # every cut (a length prefix or a placeholder's entry) with what goes there, in the input's order
     tags = np.concatenate([np.full(len(a0), 0x2A), np.where(many[s_attr], 0x5A, 0x32)])
     heads = tags << 40 | np.concatenate([a_size, g_size])  # the attributes' and graphs' keys and lengths
@@ -478,18 +478,18 @@ def _spliced_holders(data: bytes, buf: Any, v0: Any, v1: Any, scopes: list[Scope
     for count in np.unique(cuts).tolist():
         these = np.flatnonzero(cuts == count)
         nodes = done[these]
-        columns: list[Any] = [list(map(_wire.HEADS.__getitem__, (0x0A << 40 | size[nodes]).tolist()))]
+        columns: list[Any] = [list(map(wire.HEADS.__getitem__, (0x0A << 40 | size[nodes]).tolist()))]
         for t in range(count):
             at = first_cut[these] + t
             if (gap_from[at] != c_start[at]).any():  # input bytes before the cut: not none for all
                 columns.append(_gaps(data, buf, gap_from[at], c_start[at]))
             which = keep[at]
             if (which < n_heads).all():
-                columns.append(list(map(_wire.HEADS.__getitem__, heads[which].tolist())))
+                columns.append(list(map(wire.HEADS.__getitem__, heads[which].tolist())))
             elif (which >= n_heads).all():
                 columns.append(list(map(new.__getitem__, (which - n_heads).tolist())))
             else:
-                columns.append([_wire.HEADS[int(heads[w])] if w < n_heads else new[w - n_heads] for w in which.tolist()])
+                columns.append([wire.HEADS[int(heads[w])] if w < n_heads else new[w - n_heads] for w in which.tolist()])
         columns.append(list(map(data.__getitem__, map(slice, c_end[last_cut[these]].tolist(), v1[nodes].tolist()))))
         for j, entry in zip(nodes.tolist(), map(b"".join, zip(*columns))):
             out[j] = entry

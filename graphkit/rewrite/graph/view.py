@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from graphkit.rewrite._walk import subgraphs
+from graphkit.rewrite.graph.walk import subgraphs
 
 __all__ = ["GraphView"]
 

@@ -78,8 +78,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphkit.errors import RewriteError
-from graphkit.rewrite._walk import AI_ONNX, ModelIndex, ScopedTypes, graphs, subgraphs, value_types
-from graphkit.rewrite.builder import NameGenerator
+from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex, ScopedTypes, graphs, subgraphs, value_types
+from graphkit.rewrite.lowering.builder import NameGenerator
 
 __all__ = ["STEP_KINDS", "NodeConverter", "convert", "int64_initializer", "node_steps", "split_18_runtime_sizes",
            "split_18_sizes", "steps"]
@@ -409,7 +409,7 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, tak
 # constants shared by value, and nothing else of the model is looked up; going down, it
 # reads the declared types of the node's values and the constant its input 1 names, which
 # it may leave unread (removed then). No node is made or moved. A writer that keeps every
-# other node as its bytes (graphkit.rewrite._convertbytes) applies them node by node.
+# other node as its bytes (graphkit.rewrite.bytes.conversions) applies them node by node.
 _OWN_FIELDS_UP = frozenset({"to-input", "num-outputs"})
 _OWN_FIELDS_DOWN = frozenset({"types", "attributes", "optional-input", "to-input"})
 

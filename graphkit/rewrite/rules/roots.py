@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from graphkit.rewrite._graphview import GraphView
-from graphkit.rewrite._pattern import Const, Out, PNode, Var, pattern_nodes
+from graphkit.rewrite.graph.view import GraphView
+from graphkit.rewrite.rules.pattern import Const, Out, PNode, Var, pattern_nodes
 
 __all__ = ["NAME", "RootFinder"]
 

@@ -11,7 +11,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphkit.errors import RewriteError
-from graphkit.rewrite._walk import subgraphs, value_types
+from graphkit.rewrite.graph.walk import subgraphs, value_types
 
 __all__ = ["Builder", "NameGenerator", "TypeTable"]
 

@@ -1,0 +1,1 @@
+"""ai.onnx opset conversion by graphkit's own adapters (``--target-opset``)."""
