@@ -183,7 +183,7 @@ def test_verify_compares_with_torch(tmp_path, torchvision_op):
 
 def test_direct_torch_export_with_graphkits_hooks(tmp_path, torchvision_op, monkeypatch):
     """Calling torch.onnx.export directly: the same entries from graphkit.export."""
-    from graphkit.export import foreign_translations, scoped_foreign_symbolics
+    from graphkit.export._foreign import foreign_translations, scoped_foreign_symbolics
 
     _torchvision_stub(tmp_path, monkeypatch)
     torch.manual_seed(0)
@@ -273,11 +273,10 @@ def test_without_the_mapping_torchs_deformconv_at_18_is_refused(tmp_path):
     assert "opset >= 19" in out and "foreign_ops" in out and out.strip().endswith("False"), out
 
 
-@pytest.mark.xfail(strict=True, reason="known leak: after a TorchScript export of a model using graphkit's ops "
-                   "(default registry) in the same process, a dynamo export with registry=OpRegistry([]) still "
-                   "gets graphkit's translations (graphkit.* and torchvision.deform_conv2d in its "
-                   "custom_translation_table) and writes custom::deform_conv2d")
 def test_an_earlier_export_does_not_change_what_a_later_registry_maps(tmp_path):
+    """A TorchScript export of a model using graphkit's my_add (default registry) defines
+    graphkit::my_add in torch; a later export with an empty registry gets my_add from torch
+    but not the rest of its package: no deform_conv2d mapping takes over torchvision's op."""
     out = _refusal(tmp_path, "after")
     assert "REFUSED" in out, out
 

@@ -18,6 +18,7 @@ OpPackageError naming both packages (from :class:`~graphkit.ops.OpRegistry`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -97,12 +98,24 @@ def model_ops(model: Any) -> list[OpPackage | OpDef]:
 
 
 def _defined_items() -> list[OpPackage | OpDef]:
-    """Packages (or loose ops) of the ops graphkit has defined in torch right now."""
+    """The ops graphkit has defined in torch right now, each with its package (kernels and
+    kernel domains come from it), that package cut down to the ops defined: an op of the
+    package that no TorchOps defined must not join an export whose registry left it out
+    (its ``foreign_ops`` would take over another library's op)."""
     from graphkit.export import torch_ops
 
     out: list[OpPackage | OpDef] = []
+    defined: dict[int, tuple[OpPackage, list[OpDef]]] = {}
     for op, package in torch_ops.defined_packages():
-        out.append(package if package is not None else op)
+        if package is None:
+            out.append(op)
+        else:
+            defined.setdefault(id(package), (package, []))[1].append(op)
+    for package, ops in defined.values():
+        if len(ops) == len(package.ops):
+            out.append(package)
+        else:
+            out.append(dataclasses.replace(package, ops=tuple(o for o in package.ops if o in ops)))
     return out
 
 
