@@ -1,4 +1,4 @@
-"""--target-opset by graphkit's own adapters (graphkit/rewrite/convert/opset.py), against onnx's
+"""--target-opset by graphkit's own adapters (graphkit/rewrite/convert/), against onnx's
 version converter and ONNX Runtime.
 
 Each case is one node at a source opset, put in the main graph, in both branches of an If,
@@ -24,6 +24,7 @@ from conftest import error_lines, run_cli
 from graphkit.errors import RewriteError
 from graphkit.rewrite import Lowering, rewrite_model
 from graphkit.rewrite.convert import opset
+from graphkit.rewrite.convert import steps as step_tables
 from graphkit.rewrite.graph.walk import node_lists
 
 F = TensorProto.FLOAT
@@ -84,7 +85,7 @@ def _topk(opset: int) -> list[onnx.NodeProto]:
 
 # name -> (node builder at an opset, [(source, target)], output count). Each pair onnx converts.
 CASES = {
-    **{op: (lambda opset, op=op: _reduce(op, opset), [(17, 18), (18, 17)], 1) for op in opset._REDUCE},
+    **{op: (lambda opset, op=op: _reduce(op, opset), [(17, 18), (18, 17)], 1) for op in step_tables._REDUCE},
     "ReduceSum": (lambda opset: _reduce("ReduceSum", opset), [(12, 13), (13, 12), (11, 18)], 1),
     "Squeeze": (_squeeze("Squeeze", [1]), [(12, 13), (13, 12)], 1),
     "Unsqueeze": (_squeeze("Unsqueeze", [0, 4]), [(12, 13), (13, 12)], 1),
@@ -467,29 +468,29 @@ def test_step_kinds_match_the_schemas():
     def schema(op, v):
         return onnx.defs.get_schema(op, v, "")
 
-    for (op, new), name in opset._TO_INPUT.items():
+    for (op, new), name in step_tables.TO_INPUT.items():
         old = schema(op, new - 1)
         assert name in old.attributes and name not in schema(op, new).attributes
         assert schema(op, new).inputs[1].name == name and len(old.inputs) == 1
-    for (op, new), added in opset._ADDED_ATTRIBUTES.items():
+    for (op, new), added in step_tables.ADDED_ATTRIBUTES.items():
         before, after = set(schema(op, new - 1).attributes), set(schema(op, new).attributes)
         assert after - before == set(added) and before <= after, op
         assert [i.name for i in schema(op, new - 1).inputs] == [i.name for i in schema(op, new).inputs], op
-    for (op, new), index in opset._OPTIONAL_INPUT.items():
+    for (op, new), index in step_tables.OPTIONAL_INPUT.items():
         old, cur = schema(op, new - 1), schema(op, new)
         assert len(cur.inputs) == index + 1 == len(old.inputs) + 1
         assert cur.inputs[index].option == onnx.defs.OpSchema.FormalParameterOption.Optional
-    for (op, new), (attr, values) in opset._NEW_VALUES.items():
-        assert [s.kind for s in opset.steps(op, new - 1, new)] == ["types"] and attr in schema(op, new).attributes
-    assert opset.steps("Resize", 10, 11) is None and opset.steps("Upsample", 9, 10) is None
-    assert opset.steps("Relu", 7, 10) == ()  # one schema: nothing to do
-    assert opset.steps("Concat", 11, 10) is None  # negative axes before 11: onnx's
+    for (op, new), (attr, values) in step_tables.NEW_VALUES.items():
+        assert [s.kind for s in step_tables.steps(op, new - 1, new)] == ["types"] and attr in schema(op, new).attributes
+    assert step_tables.steps("Resize", 10, 11) is None and step_tables.steps("Upsample", 9, 10) is None
+    assert step_tables.steps("Relu", 7, 10) == ()  # one schema: nothing to do
+    assert step_tables.steps("Concat", 11, 10) is None  # negative axes before 11: onnx's
     found: dict[int, list[str]] = {}
     for op in sorted({s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain == ""}):
         versions = sorted({s.since_version for s in onnx.defs.get_all_schemas_with_history()
                            if s.name == op and s.domain == ""})
         for old, new in zip(versions, versions[1:]):
-            if new >= 12 and opset._kind(op, schema(op, old), schema(op, new)) == "types":
+            if new >= 12 and step_tables._kind(op, schema(op, old), schema(op, new)) == "types":
                 found.setdefault(new, []).append(f"{op}-{old}")
     assert {n: sorted(v) for n, v in found.items()} == {n: sorted(v.split()) for n, v in TYPES_STEPS.items()}
 
