@@ -385,7 +385,7 @@ def test_simplify_cost_grows_linearly():
             start = time.perf_counter()
             out, _ = simplify_model(model, check=False)
             times.append(time.perf_counter() - start)
-        assert len(out.graph.node) == 3 * n
+        assert len(out.graph.node) == 2 * n  # Relu, Add: the Reshape to x's own [b, 4] goes too
         return min(times)
 
     small, large = best(150), best(1200)

@@ -290,13 +290,15 @@ def _fold_shape_value(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.Nod
 
 def fold_shapes(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
     """Reshape targets computed from symbolic dims become constants (0 where a dim is the
-    input's own, -1 for the one dim left); Expand to the input's own shape goes."""
+    input's own, -1 for the one dim left); Reshape and Expand to the input's own shape go."""
     done = 0
     for scope in ctx.scopes(model):
         for k, node in scope.live():
             if node.domain not in AI_ONNX or len(node.input) < 2:
                 continue
-            if node.op_type == "Reshape" and node.input[1] in ctx.shape_values:
+            if node.op_type == "Reshape" and _reshape_keeps_dims(ctx, scope, node):
+                done += scope.bypass(k, node.output[0], node.input[0])
+            elif node.op_type == "Reshape" and node.input[1] in ctx.shape_values:
                 done += _constant_reshape(ctx, scope, k, node)
             elif node.op_type == "Expand" and node.input[1] in ctx.shape_values:
                 dims = ctx.types.dims(node.input[0]) if ctx.types is not None else None
@@ -305,6 +307,28 @@ def fold_shapes(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
                     done += 1
         scope.commit()
     return done
+
+
+def _reshape_keeps_dims(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto) -> bool:
+    """Whether Reshape ``node``'s target is its input's dims: each entry the input's dim
+    there (0 too, where it copies), but for at most one -1 (then the dim left over)."""
+    dims = ctx.types.dims(node.input[0]) if ctx.types is not None and scope.is_graph else None
+    if dims is None or ctx.types.elem(node.input[0]) != ctx.types.elem(node.output[0]):
+        return False  # (a function body's names are its own: the model's types are not theirs)
+    if node.input[1] in ctx.shape_values:
+        scalar, target = ctx.shape_values[node.input[1]]
+    elif scope.is_constant(node.input[1]):
+        value = scope.value(node.input[1], limit=1024)
+        if value is None or value.ndim != 1:
+            return False
+        scalar, target = False, tuple(int(v) for v in value)
+    else:
+        return False
+    copies = not any(a.name == "allowzero" and a.i for a in node.attribute)
+    if scalar or len(target) != len(dims) or 0 in dims:
+        return False  # (0 in dims: a -1 would be ambiguous)
+    free = [t for t, d in zip(target, dims) if not (t == d or (t == 0 and copies))]
+    return free in ([], [-1])
 
 
 def _constant_reshape(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto) -> int:
