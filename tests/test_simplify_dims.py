@@ -166,7 +166,9 @@ def test_expand_reshape_minus_one_and_matmul_keep_the_sequence_dim():
     out = simplified(model)
     assert "att4" not in {o for n in out.graph.node for o in n.output}  # [b, -1, s, 8] of att: its own dims
     assert reshape_target(out, "y") == [0, 0, -1]
-    assert ops(out).count("Shape") == 1  # (k's, for the Expand's target)
+    expand = next(n for n in out.graph.node if n.op_type == "Expand")
+    assert {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}[expand.input[1]].tolist() == [1, 2, 2, 1, 8]
+    assert "Shape" not in ops(out)  # (b and s of the Expand's target: k's own, so 1)
     rng = np.random.default_rng(4)
     same_values(model, out, [{"q": rng.standard_normal((b, 4, s, 8)).astype(np.float32),
                               "k": rng.standard_normal((b, 2, s, 8)).astype(np.float32)}
@@ -181,6 +183,8 @@ def test_an_expand_between_two_symbols_proves_neither():
     assert dims(model, "e")[0] not in ("a", "c")
     out = simplified(model)
     assert reshape_target(out, "y") is None  # not [0, -1] (a no-op): e's first dim is not known to be a
+    expand = next(n for n in out.graph.node if n.op_type == "Expand")
+    assert expand.input[1] not in {t.name for t in out.graph.initializer}  # c is not x's a: it stays computed
     rng = np.random.default_rng(5)
     same_values(model, out, [{"x": rng.standard_normal((a, 4)).astype(np.float32),
                               "w": rng.standard_normal(c).astype(np.float32)} for a, c in ((3, 3), (1, 1), (1, 3))])

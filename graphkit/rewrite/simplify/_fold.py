@@ -289,8 +289,9 @@ def _fold_shape_value(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.Nod
 
 
 def fold_shapes(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
-    """Reshape targets computed from symbolic dims become constants (0 where a dim is the
-    input's own, -1 for the one dim left); Reshape and Expand to the input's own shape go."""
+    """Reshape and Expand targets computed from symbolic dims become constants (Reshape: 0
+    where a dim is the input's own, -1 for the one dim left; Expand: 1 where it is the
+    input's own); Reshape and Expand to the input's own shape go."""
     done = 0
     for scope in ctx.scopes(model):
         for k, node in scope.live():
@@ -301,12 +302,38 @@ def fold_shapes(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
             elif node.op_type == "Reshape" and node.input[1] in ctx.shape_values:
                 done += _constant_reshape(ctx, scope, k, node)
             elif node.op_type == "Expand" and node.input[1] in ctx.shape_values:
-                dims = ctx.types.dims(node.input[0]) if ctx.types is not None else None
-                scalar, target = ctx.shape_values[node.input[1]]
-                if dims is not None and not scalar and tuple(dims) == target and scope.bypass(k, node.output[0], node.input[0]):
-                    done += 1
+                done += _constant_expand(ctx, scope, k, node)
         scope.commit()
     return done
+
+
+def _constant_expand(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto) -> int:
+    """Expand to a shape computed from symbolic dims: each dim that is the input's own there
+    becomes 1 (broadcasting gives the input's dim back), then the target is constant; where
+    every entry is 1 and the input has as many dims, the Expand goes."""
+    dims = ctx.types.dims(node.input[0]) if ctx.types is not None and scope.is_graph else None
+    scalar, target = ctx.shape_values[node.input[1]]
+    if dims is None or scalar:
+        return 0
+    lead = len(target) - len(dims)  # (right-aligned: target entry i is the input's dim i - lead)
+    out = []
+    for i, d in enumerate(target):
+        if isinstance(d, int):
+            if d < 0:
+                return 0
+            out.append(d)
+        elif i >= lead and dims[i - lead] == d:
+            out.append(1)
+        else:
+            return 0
+    if lead <= 0 and all(d == 1 for d in out):
+        return int(scope.bypass(k, node.output[0], node.input[0]))
+    name = ctx.fresh(node.input[1] + "_folded")
+    made = scope.add_constant(name, np.array(out, dtype=np.int64))
+    if made is not None:  # a function body: a Constant node before the Expand
+        scope.placed.setdefault(k, []).append(made)
+    scope.set_input(k, 1, name)
+    return 1
 
 
 def _reshape_keeps_dims(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto) -> bool:
