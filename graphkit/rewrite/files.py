@@ -21,8 +21,6 @@ from typing import Any
 import onnx
 
 from graphkit.ops import OpRegistry, default_registry
-from graphkit.rewrite.bytes import bodies
-from graphkit.rewrite.bytes import main_graph
 from graphkit.rewrite import engine as _engine
 from graphkit.rewrite.lowering.selection import check_target_opset
 from graphkit.rewrite.engine import DEFAULT_PREFERENCE, Lowering, RewriteReport, rewrite_model
@@ -92,6 +90,8 @@ def _write(request: Request, fast: bool = True) -> tuple[Pieces, RewriteReport]:
     elif options.get("simplify") is not None:
         why = "--simplify: the byte writer only lowers"
     else:
+        from graphkit.rewrite.bytes import bodies, main_graph  # (here: `graphkit simplify` never imports them)
+
         try:
             try:
                 return main_graph.write(request)
@@ -129,6 +129,14 @@ def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None
     fast = options.pop("fast", True)  # False: the objects writer (rewrite_bytes's keyword)
     if dst is not None:
         check_output_path(dst, src)
+    if fast and options.get("simplify") is not None and _only_simplifies(lowering, options):
+        from graphkit.rewrite.simplify._splice import simplify_spliced
+
+        done = simplify_spliced(src, dst, registry=registry, options=options["simplify"],
+                                check=options.get("check", True), full_check=options.get("full_check", False),
+                                progress=options.get("progress"), before_write=before_write)
+        if done is not None:  # (None: the splice does not apply; nothing was written)
+            return FileRewrite(*done)
     data = read_model_bytes(src)
     request = _request(data, parse_model_bytes(data, src), True, registry=registry, lowering=lowering, path=src,
                        **options)
@@ -163,3 +171,13 @@ def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None
         with atomic_write(dst) as tmp, open(tmp, "wb") as fh:
             out.write(fh)
     return FileRewrite(report, sizes, out)
+
+
+def _only_simplifies(lowering: Lowering | Sequence[Lowering], options: dict[str, Any]) -> bool:
+    """Whether the rewrite asked is ``graphkit simplify``'s (custom ops kept, no rules,
+    functions or conversion): graphkit.rewrite.simplify._splice writes it, the input's
+    large weights copied unparsed."""
+    keep = lowering == Lowering.KEEP or (not isinstance(lowering, Lowering) and tuple(lowering) == (Lowering.KEEP,))
+    return keep and set(options) <= {"simplify", "check", "full_check", "progress", "rules", "as_functions",
+                                     "target_opset"} and not options.get("rules") and not options.get(
+        "as_functions") and options.get("target_opset") is None

@@ -193,31 +193,48 @@ def eliminate_common(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
     return merged
 
 
-def _tensor_key(t: onnx.TensorProto) -> tuple | None:
-    """(type, dims): tensors that may be equal; their bytes are compared only within a group."""
-    if t.data_location == onnx.TensorProto.EXTERNAL or t.data_type == onnx.TensorProto.STRING:
+def _tensor_key(t: onnx.TensorProto, scope: Scope) -> tuple | None:
+    """(type, dims): tensors that may be equal; their bytes are compared only within a group.
+    External weights are never read, but those of the model's own file (inline weights)."""
+    if (t.data_location == onnx.TensorProto.EXTERNAL and not scope.in_model_file(t)) or \
+            t.data_type == onnx.TensorProto.STRING:
         return None
     return t.data_type, tuple(t.dims)
 
 
-def _bytes(t: onnx.TensorProto) -> bytes:
+def _bytes(t: onnx.TensorProto, scope: Scope) -> bytes | None:
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        return scope.raw_bytes(t)
     return t.raw_data if t.HasField("raw_data") else onnx.numpy_helper.to_array(t).tobytes()
 
 
-def _same_bytes(tensors: list[tuple[str, onnx.TensorProto]]) -> list[list[str]]:
+def _ends(t: onnx.TensorProto, scope: Scope) -> tuple[tuple, bytes | None] | None:
+    """(length, first and last 32 bytes), and the bytes where they were read whole (an
+    inline tensor; a weight of the model's file is read whole only if another has its ends)."""
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        ends = scope.raw_bytes(t, ends=32)
+        return None if ends is None else ((scope.raw_length(t), *ends), None)
+    data = _bytes(t, scope)
+    return (len(data), data[:32], data[-32:]), data
+
+
+def _same_bytes(tensors: list[tuple[str, onnx.TensorProto]], scope: Scope) -> list[list[str]]:
     """Names grouped by equal bytes: ends of each first (weights of one shape rarely share
     them), whole digests only within a group of ends."""
-    by_ends: dict[tuple, list[tuple[str, bytes]]] = {}
+    by_ends: dict[tuple, list[tuple[str, onnx.TensorProto, bytes | None]]] = {}
     for name, t in tensors:
-        data = _bytes(t)
-        by_ends.setdefault((len(data), data[:32], data[-32:]), []).append((name, data))
+        got = _ends(t, scope)
+        if got is not None:
+            by_ends.setdefault(got[0], []).append((name, t, got[1]))
     out = []
     for group in by_ends.values():
         if len(group) < 2:
             continue
         by_digest: dict[bytes, list[str]] = {}
-        for name, data in group:
-            by_digest.setdefault(hashlib.blake2b(data, digest_size=16).digest(), []).append(name)
+        for name, t, data in group:
+            data = _bytes(t, scope) if data is None else data
+            if data is not None:
+                by_digest.setdefault(hashlib.blake2b(data, digest_size=16).digest(), []).append(name)
         out.extend(names for names in by_digest.values() if len(names) > 1)
     return out
 
@@ -232,13 +249,13 @@ def merge_constants(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
         groups: dict[tuple, list[str]] = {}
         for name, tensor in scope.initializers.items():
             if not scope.is_overridable(name) and name not in scope.output_set:
-                key = _tensor_key(tensor)
+                key = _tensor_key(tensor, scope)
                 if key is not None:
                     groups.setdefault(key, []).append(name)
         for names in groups.values():
             if len(names) < 2:
                 continue  # (a weight of a shape no other has is never read)
-            for first, *rest in _same_bytes([(n, scope.initializers[n]) for n in names]):
+            for first, *rest in _same_bytes([(n, scope.initializers[n]) for n in names], scope):
                 for name in rest:
                     scope.replace_uses(name, first)
                     scope.dropped_initializers.add(name)

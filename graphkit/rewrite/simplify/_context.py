@@ -3,6 +3,7 @@ reasons nodes were kept, and the names taken."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +51,7 @@ class SimplifyContext:
 
     def scopes(self, model: onnx.ModelProto) -> Iterator[Scope]:
         """Every scope of ``model``, read afresh (each graph before the graphs it holds)."""
-        yield from scopes_of(model, base_dir_of(self.path))
+        yield from scopes_of(model, base_dir_of(self.path), os.path.basename(self.path) if self.path else None)
 
     def infer(self, model: onnx.ModelProto) -> None:
         self.types = infer_types(model, self.registry)

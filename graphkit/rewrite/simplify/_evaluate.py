@@ -230,6 +230,8 @@ _NUMPY: dict[str, Callable[..., np.ndarray]] = {
     "Transpose": lambda x, perm=None: np.transpose(x, perm),
     "Sin": _float_unary(np.sin), "Cos": _float_unary(np.cos), "Sqrt": _float_unary(np.sqrt),
     "Exp": _float_unary(np.exp), "Reciprocal": _float_unary(np.reciprocal),
+    "ReduceMax": lambda x, axes, keepdims: np.max(x, axis=axes, keepdims=keepdims),
+    "ReduceMin": lambda x, axes, keepdims: np.min(x, axis=axes, keepdims=keepdims),
 }
 
 
@@ -249,9 +251,35 @@ def _numpy_inputs(op: str, inputs: list[np.ndarray | None], attrs: dict[str, Any
         return [inputs[0], inputs[1], inputs[2], axes, steps], {}
     if op == "Reshape":
         return [inputs[0], inputs[1]], {"allowzero": attrs.get("allowzero", 0)}
+    if op in ("ReduceMax", "ReduceMin"):
+        return _reduce_inputs(inputs, attrs, opset)
     if op not in _NUMPY or any(i is None for i in inputs):
         return None
     return list(inputs), attrs
+
+
+def _reduce_inputs(inputs: list[np.ndarray | None], attrs: dict[str, Any],
+                   opset: int) -> tuple[list[Any], dict[str, Any]] | None:
+    """ReduceMax/ReduceMin: axes an attribute before opset 18, an input from it. Distinct
+    axes over dims that are not empty only (the rest: the reference's)."""
+    x = inputs[0]
+    if x is None or set(attrs) - {"axes", "keepdims", "noop_with_empty_axes"}:
+        return None
+    if opset < 18:
+        axes = attrs.get("axes")
+    else:
+        axes = None if len(inputs) < 2 or inputs[1] is None else [int(a) for a in inputs[1].reshape(-1)]
+    if not axes:
+        if attrs.get("noop_with_empty_axes", 0) and opset >= 18:
+            return None  # (the input as it is: the reference's)
+        axes = list(range(x.ndim))
+    raw = [int(a) for a in axes]
+    if any(not -x.ndim <= a < x.ndim for a in raw):
+        return None
+    axes = sorted({_axis(a, x.ndim) for a in raw})
+    if len(axes) != len(raw) or any(x.shape[a] == 0 for a in axes):
+        return None
+    return [x, tuple(axes)], {"keepdims": bool(attrs.get("keepdims", 1))}
 
 
 _NUMPY_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,

@@ -65,14 +65,17 @@ class Scope:
     """Nodes, producers, consumers and constants of one graph or function body.
 
     ``outer`` is the enclosing scope (a subgraph reads its constants); ``base_dir`` is where
-    external weights are read from when a pass needs a value (None: never read).
+    external weights are read from when a pass needs a value (None: never read);
+    ``model_file``, the model's own file name there: a tensor stored in it is an inline
+    weight left unparsed (graphkit.rewrite.simplify._splice), read as an inline one is.
     """
 
     def __init__(self, owner: onnx.GraphProto | onnx.FunctionProto, *, outer: Scope | None = None,
-                 base_dir: str | None = None, in_function: bool = False) -> None:
+                 base_dir: str | None = None, in_function: bool = False, model_file: str | None = None) -> None:
         self.owner = owner
         self.outer = outer
         self.base_dir = base_dir
+        self.model_file = model_file
         self.in_function = in_function
         self.is_graph = isinstance(owner, onnx.GraphProto)
         self.nodes: list[onnx.NodeProto | None] = list(owner.node)
@@ -174,7 +177,8 @@ class Scope:
                 return None  # overridable: not a constant
             if tensor.data_location != _EXTERNAL:
                 value = numpy_helper.to_array(tensor)
-            elif self.base_dir is not None and (limit is None or _external_size(tensor) <= limit):
+            elif self.base_dir is not None and (limit is None or self.in_model_file(tensor)
+                                                or _external_size(tensor) <= limit):
                 try:
                     value = numpy_helper.to_array(tensor, self.base_dir)  # reads; never modifies
                 except (OSError, ValueError, onnx.checker.ValidationError):
@@ -186,6 +190,33 @@ class Scope:
         if value is not None:
             self.values[name] = value
         return value
+
+    def in_model_file(self, tensor: onnx.TensorProto) -> bool:
+        """Whether ``tensor`` is external data stored in the model's own file: an inline weight
+        the passes see unparsed (no size limit keeps it from being read)."""
+        if self.model_file is None or tensor.data_location != _EXTERNAL:
+            return False
+        return any(e.key == "location" and e.value == self.model_file for e in tensor.external_data)
+
+    def raw_length(self, tensor: onnx.TensorProto) -> int:
+        return int(next((e.value for e in tensor.external_data if e.key == "length"), -1))
+
+    def raw_bytes(self, tensor: onnx.TensorProto, *, ends: int = 0) -> Any:
+        """The raw bytes of a tensor stored in the model's own file (None: unreadable);
+        ``ends``: only its first and last ``ends`` bytes, a pair."""
+        info = {e.key: e.value for e in tensor.external_data}
+        try:
+            offset, length = int(info.get("offset", 0)), int(info["length"])
+            with open(os.path.join(self.base_dir, self.model_file), "rb") as fh:
+                if ends:
+                    head = os.pread(fh.fileno(), min(ends, length), offset)
+                    tail = os.pread(fh.fileno(), min(ends, length), offset + max(length - ends, 0))
+                    return (head, tail) if len(head) == len(tail) == min(ends, length) else None
+                fh.seek(offset)
+                data = fh.read(length)
+        except (OSError, KeyError, ValueError, TypeError):
+            return None
+        return data if len(data) == length else None
 
     # -- editing ---------------------------------------------------------------------------
     def remove(self, k: int) -> None:
@@ -338,15 +369,16 @@ def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
     return None
 
 
-def scopes_of(model: onnx.ModelProto, base_dir: str | None) -> list[Scope]:
-    """A Scope per graph, subgraph and function body, each graph before the graphs in it."""
+def scopes_of(model: onnx.ModelProto, base_dir: str | None, model_file: str | None = None) -> list[Scope]:
+    """A Scope per graph, subgraph and function body, each graph before the graphs in it
+    (``model_file``: the model's file name in ``base_dir``, Scope's)."""
     out: list[Scope] = []
 
     def walk(graph: onnx.GraphProto, outer: Scope | None, in_function: bool) -> None:
         stack = [(graph, outer)]
         while stack:
             g, parent = stack.pop()
-            scope = Scope(g, outer=parent, base_dir=base_dir, in_function=in_function)
+            scope = Scope(g, outer=parent, base_dir=base_dir, in_function=in_function, model_file=model_file)
             out.append(scope)
             for node in reversed(g.node):
                 for sub in reversed(list(subgraphs(node))):
