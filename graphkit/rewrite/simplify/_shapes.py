@@ -7,6 +7,11 @@ dim it cannot tell, or a name made here for a dim with no name at all) or None. 
 the same symbol are equal: dim_params are the model's own statement that two dims agree, as
 ONNX Runtime and every simplifier read them, and inference copies an unk__ name with its dim;
 a dim with no name gets a symbol of its own tensor and axis.
+
+Where inference makes up an unk__N (out of a Range, a broadcast, a MatMul, an Expand, a
+Reshape's -1, a Concat), the dim is computed again from the inputs' dims and the values of
+the shape arithmetic feeding it, and an unk__N proved equal to another dim is read as that
+dim everywhere (a light symbolic shape inference; see ``_refine``).
 """
 
 from __future__ import annotations
