@@ -333,10 +333,14 @@ def evaluate(row: Row, path: Path, entry, reference: list[list[np.ndarray]] | No
 
 
 def measure_entry(entry, tools: dict[str, Tool], out_dir: Path, *, runs: int = 10, threads: int = 1,
-                  timeout: float = 600.0, log: Callable[[str], None] = _log) -> list[Row]:
+                  timeout: float = 600.0, repeat: int = 1, log: Callable[[str], None] = _log) -> list[Row]:
     """The original and every tool on one corpus entry: each tool's run, then every
-    output's check against the original, then their latencies, taking turns."""
-    rows = [Row(entry.model, entry.exporter, entry.shapes, name) for name in TOOLS]
+    output's check against the original, then their latencies, taking turns. ``repeat``
+    above 1: every tool runs that many times, the tools taking turns (a different one first
+    each round), and its seconds are the median; ``tools["baseline"]`` (graphkit at another
+    commit, --baseline-cmd) is measured as a tool of its own, after the others."""
+    names = TOOLS + (("baseline",) if "baseline" in tools else ())
+    rows = [Row(entry.model, entry.exporter, entry.shapes, name) for name in names]
     if entry.error:
         for row in rows:
             row.status, row.error = "export failed", entry.error
@@ -364,10 +368,32 @@ def measure_entry(entry, tools: dict[str, Tool], out_dir: Path, *, runs: int = 1
             continue
         evaluate(row, out, entry, reference, threads)
         timed.append((row, out))
+    _repeat_tools(entry, rows, tools, out_dir, repeat, timeout, log)
     if runs:
         log(f"{entry.label}: latency, {runs} runs each")
         _latencies(timed, entry.feeds[0], runs, threads)
     return rows
+
+
+def _repeat_tools(entry, rows: list[Row], tools: dict[str, Tool], out_dir: Path, repeat: int, timeout: float,
+                  log: Callable[[str], None]) -> None:
+    """Each tool that ran once runs ``repeat - 1`` more times, taking turns; its seconds
+    become the median of all its runs (a run that fails now counts as the row's failure)."""
+    again = [r for r in rows[1:] if r.status == "ok" and r.seconds is not None]
+    if repeat <= 1 or not again:
+        return
+    log(f"{entry.label}: every tool {repeat - 1} more times, taking turns")
+    seconds = {r.tool: [r.seconds] for r in again}
+    for i in range(repeat - 1):
+        for row in again[i % len(again):] + again[:i % len(again)]:
+            out = out_dir / f"{entry.path.stem}.{row.tool}.again.onnx"
+            done = run_process([*tools[row.tool].command, str(entry.path), str(out)], timeout)
+            if done.returncode:
+                row.status, row.error = "failed", f"exit {done.returncode} on run {i + 2}: {_error_line(done.output)}"
+            seconds[row.tool].append(done.seconds)
+            out.unlink(missing_ok=True)
+    for row in again:
+        row.seconds = statistics.median(seconds[row.tool])
 
 
 def run_bench(entries: Sequence, tools: dict[str, Tool], out_dir: Path, **kwargs) -> list[Row]:
@@ -392,6 +418,7 @@ class Ratios:
     time_vs_onnxslim: float | None
     best_latency: dict[str, str] = field(default_factory=dict)
     latency: dict[str, float | None] = field(default_factory=dict)  # graphkit / best contender's (CPU ms)
+    baseline_vs_onnxslim: float | None = None  # --baseline-cmd's seconds / onnxslim's, same run
 
 
 def ratios(rows: Sequence[Row]) -> list[Ratios]:
@@ -409,6 +436,9 @@ def ratios(rows: Sequence[Row]) -> list[Ratios]:
                         gk.nodes / best.nodes if gk_ok and best and best.nodes else None,
                         gk.seconds / slim.seconds if gk_ok and slim and slim.status == "ok" and slim.seconds
                         else None)
+        base = by_tool.get("baseline")
+        if base is not None and base.status == "ok" and base.matches and slim and slim.status == "ok" and slim.seconds:
+            result.baseline_vs_onnxslim = base.seconds / slim.seconds
         for level in ("disabled", "enabled"):
             timed = [r for r in valid if level in r.cpu_ms]
             fastest = min(timed, key=lambda r: r.cpu_ms[level], default=None)
@@ -451,12 +481,18 @@ def format_table(rows: Sequence[Row]) -> str:
               "| model | exporter | shapes | graphkit nodes / best contender | graphkit s / onnxslim s "
               "| graphkit CPU ms / best (no-opt) | graphkit CPU ms / best (opt) |",
               "|---|---|---|--:|--:|--:|--:|"]
-    for q in ratios(rows):
+    table = ratios(rows)
+    baseline = any(r.tool == "baseline" for r in rows)
+    if baseline:  # (a column more: the baseline's seconds over onnxslim's, in the same run)
+        lines[-2] = lines[-2].replace("| graphkit s / onnxslim s ", "| graphkit s / onnxslim s | baseline s / onnxslim s ")
+        lines[-1] = lines[-1] + "--:|"
+    for q in table:
         def cell(value: float | None, who: str | None) -> str:
             return "n/a" if value is None else f"{value:.2f}" + (f" ({who})" if who else "")
 
         lines.append(f"| {q.model} | {q.exporter} | {q.shapes} | {cell(q.nodes, q.best_nodes)} "
                      f"| {cell(q.time_vs_onnxslim, None)} "
+                     + (f"| {cell(q.baseline_vs_onnxslim, None)} " if baseline else "") +
                      f"| {cell(q.latency['disabled'], q.best_latency['disabled'])} "
                      f"| {cell(q.latency['enabled'], q.best_latency['enabled'])} |")
     if notes:
@@ -496,6 +532,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=None, help="timed ORT runs per latency (default 10; 30 --small)")
     parser.add_argument("--threads", type=int, default=1, help="ORT intra-op threads")
     parser.add_argument("--graphkit-cmd", default=None, help='the graphkit command (default: this venv\'s "graphkit")')
+    parser.add_argument("--baseline-cmd", default=None,
+                        help="another graphkit command, timed as the tool 'baseline' in the same run (for example "
+                             "graphkit at an earlier commit: \"env PYTHONPATH=/tmp/old python -m graphkit\")")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run every tool this many times, taking turns; its seconds are the median (default 1)")
     parser.add_argument("--contenders", type=lambda s: _names(s, CONTENDERS, "contender"), default=list(CONTENDERS))
     parser.add_argument("--no-install", action="store_true", help="do not create the contenders' venv")
     parser.add_argument("--venv", type=Path, default=VENV, help="the contenders' venv")
@@ -511,6 +552,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     contenders = ensure_contenders(args.venv, install=not args.no_install)
     tools = {"graphkit": graphkit_tool(shlex.split(args.graphkit_cmd) if args.graphkit_cmd else None),
              **{c: contenders[c] for c in args.contenders}}
+    if args.baseline_cmd:
+        tools["baseline"] = Tool("baseline", graphkit_tool(shlex.split(args.baseline_cmd)).command)
     meta = {"small": args.small, "runs": runs, "threads": args.threads, "torch": torch.__version__,
             "onnxruntime": onnxruntime.__version__, "contenders": contender_versions(args.venv),
             "tools": {k: (" ".join(t.command) if t.command else t.reason) for k, t in tools.items()},
@@ -519,7 +562,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         folder = args.keep or Path(tmp)
         entries = sm.build_corpus(folder, small=args.small, models=args.models, exporters=args.exporters,
                                   shapes=args.shapes, log=_log)
-        rows = run_bench(entries, tools, folder, runs=runs, threads=args.threads, timeout=args.timeout)
+        rows = run_bench(entries, tools, folder, runs=runs, threads=args.threads, timeout=args.timeout,
+                         repeat=args.repeat)
     meta["load_average_end"] = os.getloadavg()
     versions = ", ".join(f"{k} {v}" for k, v in meta["contenders"].items())
     print(f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__} (graphkit's); contenders' venv: "
