@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
@@ -23,82 +22,27 @@ from graphkit.errors import GraphkitError, ModelLoadError, RewriteError, Unsuppo
 from graphkit.ops import PLACEHOLDER_DOMAIN, OpDef, OpRegistry, default_registry
 from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite.rules.graphsurgeon import GraphSurgeonRule, apply_graphsurgeon_rules
-from graphkit.rewrite.rules.ruleset import GraphPass, OpDelta, Rule, RuleReport, RuleSet, apply_rule_set
+from graphkit.rewrite.rules.ruleset import GraphPass, OpDelta, Rule, RuleSet, apply_rule_set
 from graphkit.rewrite._check import bytes_check, check_context, check_model, check_replacement, check_scan
 from graphkit.rewrite.convert.opset import convert as convert_by_adapters
 from graphkit.rewrite.lowering.selection import check_target_opset
 from graphkit.rewrite.lowering.standard_ops import recognise
 from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex, count_ops, graph_node_lists, graphs, node_lists, scopes
 from graphkit.rewrite.lowering.builder import Builder, NameGenerator, TypeTable
-from graphkit.rewrite.lowering.plan import Lowering, LoweringPlan, LoweringScope, node_attrs, unknown_op_hint
+from graphkit.rewrite.lowering.plan import Lowering, LoweringScope, node_attrs, unknown_op_hint
+from graphkit.rewrite.passes.base import (ANALYSES, DEFAULT_OPSET, Pass, PassResult, RewriteContext, RewriteReport,
+                                          ai_onnx_opset)
 from graphkit.rewrite.writers import Pieces, Request
 
 __all__ = ["ANALYSES", "DEFAULT_OPSET", "DEFAULT_PREFERENCE", "PASSES", "Lowering", "Pass", "PassResult", "RewriteContext",
            "RewriteReport", "ai_onnx_opset", "check_model", "check_replacement", "fix_opset_imports", "rewrite_model",
            "same_schemas", "write"]
 
-# Opset written into models that hold no ai.onnx import before a decomposition adds one.
-DEFAULT_OPSET = 17
+# Read by the passes through RewriteContext (and by the byte writers here) when a rewrite starts.
 FULL_CHECK_NODES = 20_000
 PROGRESS_MIN_NODES = 10_000  # smaller models finish before a progress bar would help
 PROGRESS_STEP = 2_000
 DEFAULT_PREFERENCE = (Lowering.DECOMPOSE, Lowering.NATIVE, Lowering.PYTHON)
-
-
-@dataclass
-class RewriteReport:
-    """What a rewrite did: op counts before/after, per-op actions, rules, and the passes run.
-
-    ``passes`` lists ``(pass, what it changed)`` for every pass that changed the model;
-    ``conversions`` the ai.onnx version conversions made, ``(from, to, how)`` with ``how``
-    "adapters" (graphkit's), "version converter" (onnx's) or "imports only" (no standard op
-    has a new version between the two), "adapters; onnx's converter node by node: ..." where
-    onnx's converter did the nodes no adapter covers one at a time;
-    ``writer`` says which writer made the output and why (``"objects"``: the passes on
-    the parsed model; ``"bytes"``: a byte writer on the serialized one: graphkit.rewrite.writers);
-    ``passed_over`` says, per op, why lowerings preferred to the one it got were not used
-    (a decomposition ONNX Runtime cannot run or that cannot be built for the node).
-    """
-
-    ops_before: collections.Counter = field(default_factory=collections.Counter)
-    ops_after: collections.Counter = field(default_factory=collections.Counter)
-    actions: collections.Counter = field(default_factory=collections.Counter)
-    rules: RuleReport = field(default_factory=RuleReport)
-    passes: list[tuple[str, str]] = field(default_factory=list)
-    conversions: list[tuple[int | None, int, str]] = field(default_factory=list)
-    writer: str = "objects"
-    writer_reason: str = ""
-    passed_over: dict[str, list[str]] = field(default_factory=dict)
-    kept: dict[str, str] = field(default_factory=dict)  # simplify: "op node" -> why its constant inputs did not fold
-
-    @property
-    def changed(self) -> bool:
-        return sum(self.actions.values()) > 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ops_before": {f"{d}::{o}" if d else o: n for (d, o), n in sorted(self.ops_before.items())},
-            "ops_after": {f"{d}::{o}" if d else o: n for (d, o), n in sorted(self.ops_after.items())},
-            "actions": [{"op": op, "lowering": how, "nodes": n}
-                        for (op, how), n in sorted(self.actions.items())],
-            "rules": {name: {"applied": self.rules.applied.get(name, 0),
-                             "matched": self.rules.matched.get(name, 0),
-                             "top_reasons": dict(self.rules.failures.get(name, collections.Counter()).most_common(5)),
-                             "not_matched": self.rules.reasons.get(name, [])}
-                      for name in sorted(set(self.rules.applied) | set(self.rules.reasons))},
-            "passes": [{"pass": name, "changed": what} for name, what in self.passes],
-            "conversions": [{"domain": "ai.onnx", "from": a, "to": b, "how": how} for a, b, how in self.conversions],
-            "writer": {"name": self.writer, "why": self.writer_reason},
-            "passed_over": {op: list(reasons) for op, reasons in sorted(self.passed_over.items())},
-            "kept": dict(sorted(self.kept.items())),
-        }
-
-
-def ai_onnx_opset(model: onnx.ModelProto) -> int | None:
-    for imp in model.opset_import:
-        if imp.domain in AI_ONNX:
-            return imp.version
-    return None
 
 
 def _fix_imports(imports: Any, used: set[str], opset: int, placeholders: frozenset[str]) -> None:
@@ -270,86 +214,7 @@ def _attach_functions(model: onnx.ModelProto, registry: OpRegistry, opset: int, 
     return actions, counts
 
 
-
 # -- the passes ---------------------------------------------------------------------------
-
-@dataclass
-class PassResult:
-    """What one pass did: the model to go on with, whether (and how) it changed, and the
-    analyses its change made false beyond what its Pass declares it never keeps."""
-
-    model: onnx.ModelProto
-    modified: bool
-    detail: str = ""
-    invalidates: frozenset[str] = frozenset()
-
-
-# What passes share about the model besides the model itself, each true until a pass that
-# changes the model does not keep it (Pass.keeps) or says it broke it (PassResult.invalidates):
-#   "index"  - ctx.index, the input's ModelIndex: its node lists and graphs are the model's
-#   "counts" - ctx.counts, the op counts the rules pass left (lowering derives its report from them)
-ANALYSES = frozenset({"index", "counts"})
-
-
-@dataclass
-class RewriteContext:
-    """Everything the passes share: the options, the plan, the main graph's types, the report."""
-
-    registry: OpRegistry
-    prefer: tuple[Lowering, ...]
-    rules: RuleSet
-    target_opset: int | None
-    as_functions: bool
-    check: bool
-    full_check: bool
-    path: str | None
-    progress: Callable[[str, int, int], None] | None
-    report: RewriteReport
-    placeholders: frozenset[str]
-    defer_check: bool = False        # the caller serializes the result: check the bytes then
-    deferred_check: Callable[[bytes], None] | None = None
-    converting: bool = False
-    same_nodes: bool = False         # the conversion kept every node list (imports only, adapters going up)
-    has_placeholders: bool = False   # in the input (rules may add some), standard ops an op computes included
-    has_standard: bool = False       # standard ops an op computes (ai.onnx DeformConv) in the input
-    plan: LoweringPlan | None = None
-    index: ModelIndex | None = None  # of the input's copy: read where "index" holds (functions
-                                     # attached are not in it; ``attached`` counts their nodes)
-    types: TypeTable | None = None   # the main graph's (and its subgraphs') tensor types
-    counts: collections.Counter | None = None  # op counts after the rules pass: read where "counts" holds
-    valid: set[str] = field(default_factory=lambda: {"index"})  # the ANALYSES that hold
-    attached: collections.Counter = field(default_factory=collections.Counter)  # the attached functions' ops
-    simplify: Any = None             # SimplifyOptions: run the simplify passes after lowering
-    simplified: bool = False         # they changed the model (its op counts are counted again)
-
-    def holds(self, analysis: str) -> bool:
-        """Whether ``analysis`` (one of ANALYSES) is still true of the model."""
-        return analysis in self.valid
-
-    def make_plan(self, model: onnx.ModelProto, names: set[str]) -> None:
-        """The one lowering plan of this rewrite, at the model's opset, avoiding ``names`` (a
-        set the plan takes over: it grows with the names made; no copy of a million names)."""
-        opset = ai_onnx_opset(model) or DEFAULT_OPSET
-        self.plan = LoweringPlan(self.registry, self.prefer, opset, path=self.path,
-                                 names=NameGenerator(names, adopt=True))
-        self.types = TypeTable(model, self.registry)
-
-
-@dataclass(frozen=True)
-class Pass:
-    """A named step of the rewrite: ``run`` only where ``applies`` holds.
-
-    ``requires``: the ANALYSES it reads where they hold (it works without them, slower);
-    ``keeps``: those still true after it changes the model, unless its PassResult
-    ``invalidates`` them (a pass that changes the model drops every other one).
-    """
-
-    name: str
-    applies: Callable[[RewriteContext, onnx.ModelProto], bool]
-    run: Callable[[RewriteContext, onnx.ModelProto], PassResult]
-    requires: frozenset[str] = frozenset()
-    keeps: frozenset[str] = frozenset()
-
 
 def _recognise_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     """Standard nodes an op computes become its placeholders before the version converter
@@ -425,7 +290,7 @@ def _graphsurgeon_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResul
 def _lower_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     plan = ctx.plan
     total = sum(ctx.report.ops_before.values())
-    progress = ctx.progress if total > PROGRESS_MIN_NODES else None
+    progress = ctx.progress if total > ctx.progress_min_nodes else None
     domains, standard = plan.domains, plan.standard
     lists = None
     if ctx.holds("counts"):  # what the rules left, counted
@@ -453,7 +318,7 @@ def _lower_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
         # A function body's tensor types are its callers': nothing is looked up in the
         # model's table (which would also run whole-model shape inference per call site).
         scope = LoweringScope(TypeTable() if in_function else ctx.types if graph is None else ctx.types.scope(graph))
-        tick = None if progress is None else _ticker(progress, done, total)
+        tick = None if progress is None else _ticker(progress, done, total, ctx.progress_step)
         done += len(nodes)
         count += plan.lower_nodes(nodes, scope, progress=tick)
     if progress is not None:
@@ -461,9 +326,7 @@ def _lower_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     return PassResult(model, count > 0, f"{count} placeholders lowered")
 
 
-def _ticker(progress: Callable[[str, int, int], None], offset: int, total: int) -> Callable[[int], None]:
-    step = PROGRESS_STEP
-
+def _ticker(progress: Callable[[str, int, int], None], offset: int, total: int, step: int) -> Callable[[int], None]:
     def tick(i: int) -> None:
         if i % step == 0:
             progress("lowering", offset + i, total)
@@ -518,7 +381,7 @@ def _check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     for r in ctx.plan.replacements:
         check_replacement(r.original, r.nodes, r.types, model.opset_import, ctx.registry, r.rule, ctx.path)
     applied = ", ".join(sorted({how for _, how in ctx.plan.actions} | set(ctx.report.rules.applied)))
-    full = ctx.full_check or sum(ctx.report.ops_after.values()) <= FULL_CHECK_NODES
+    full = ctx.full_check or sum(ctx.report.ops_after.values()) <= ctx.full_check_nodes
     # Lowering only replaces nodes (graph inputs and outputs stay, no tensor it makes is
     # external): what the input's index found holds for the output, unless a tensor was
     # external or a replacement holds subgraphs.
@@ -677,7 +540,9 @@ def _passes(model: onnx.ModelProto, *, registry: OpRegistry | None, lowering: Lo
                              hint="re-export the model; ONNX names are UTF-8")
     ctx = RewriteContext(registry, prefer, rules if isinstance(rules, RuleSet) else RuleSet(rules or ()),
                          target_opset, as_functions, check, full_check, path, progress,
-                         RewriteReport(ops_before=index.op_counts), placeholders, defer_check=defer_check)
+                         RewriteReport(ops_before=index.op_counts), placeholders, defer_check=defer_check,
+                         full_check_nodes=FULL_CHECK_NODES, progress_min_nodes=PROGRESS_MIN_NODES,
+                         progress_step=PROGRESS_STEP)
     ctx.converting = target_opset is not None and target_opset != ai_onnx_opset(out)
     ctx.has_standard = bool(registry.standard_op_types() & set(index.op_counts))
     ctx.has_placeholders = bool(ctx.placeholders & index.domains) or ctx.has_standard
