@@ -93,17 +93,33 @@ def dcn():
     return model_of(nodes, [vi("x", [1, c, 32, 32])], [vi("y", [1, m, 30, 30])], inits, opset=18)
 
 
+def conv_bn():
+    """Conv then BatchNormalization: the fusion library's conv_bn reads the Conv's large weight
+    (through the rules' graph view, as external data of the model file) and makes new ones."""
+    rng = np.random.default_rng(4)
+    c, m = 64, 128
+    inits = [numpy_helper.from_array((rng.standard_normal((m, c, 3, 3)) * 0.05).astype(np.float32), "w")]
+    for name, v in (("g", rng.uniform(0.5, 2, m)), ("be", rng.standard_normal(m)), ("mu", rng.standard_normal(m)),
+                    ("var", rng.uniform(0.5, 2, m))):
+        inits.append(numpy_helper.from_array(v.astype(np.float32), name))
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "g", "be", "mu", "var"], ["y"], epsilon=1e-5)]
+    return model_of(nodes, [vi("x", ["n", c, 8, 8])], [vi("y", ["n", m, 8, 8])], inits)
+
+
 def feeds_for(name):
     rng = np.random.default_rng(7)
     if name == "dcn":
         return [{"x": rng.standard_normal((1, 32, 32, 32)).astype(np.float32)}]
+    if name == "conv_bn":
+        return [{"x": rng.standard_normal((n, 64, 8, 8)).astype(np.float32)} for n in (1, 2)]
     feeds = [{"x": rng.standard_normal((n, ROWS)).astype(np.float32)} for n in (1, 3)]
     if name == "with_subgraphs":
         feeds = [{**f, "cond": np.array(c)} for f in feeds for c in (True, False)]
     return feeds
 
 
-MODELS = {"mlp": mlp, "with_subgraphs": with_subgraphs, "dcn": dcn}
+MODELS = {"mlp": mlp, "with_subgraphs": with_subgraphs, "dcn": dcn, "conv_bn": conv_bn}
 
 
 def run(path, feeds):
@@ -161,6 +177,12 @@ def test_what_the_passes_did_to_the_large_weights(tmp_path):
     for name in ("w1", "w2"):
         assert after[name].SerializeToString() == before[name].SerializeToString()
     assert all(t.data_location != TensorProto.EXTERNAL for t in after.values())
+
+
+def test_a_fusion_reads_a_large_weight_of_the_model_file(tmp_path):
+    src, spliced, _, fast, _ = spliced_and_plain(tmp_path, conv_bn())
+    assert "simplify:fuse" in dict(fast.report.passes)
+    assert [n.op_type for n in onnx.load(spliced).graph.node] == ["Conv"]
 
 
 def test_the_weights_are_not_read_into_python_where_no_pass_needs_them(tmp_path, monkeypatch):
