@@ -231,7 +231,7 @@ def test_as_functions_reads_attributes_from_the_index_as_the_walk_does(scales):
     """The index keeps only the placeholder nodes with attributes: what it tells (the
     attributes, or the error naming its node) is what walking every scope tells."""
     from graphkit.rewrite.graph.walk import ModelIndex
-    from graphkit.rewrite.engine import _function_attrs
+    from graphkit.rewrite.passes.functions import function_attrs
 
     def build(b, inputs, attrs):  # (like=: a function body does not know x's type)
         return [b.op("Mul", inputs[0], b.constant(attrs["scale"], like=inputs[0]))]
@@ -242,7 +242,7 @@ def test_as_functions_reads_attributes_from_the_index_as_the_walk_does(scales):
     assert [n.name for n in index.found] == [f"s{i}" for i, s in enumerate(scales) if s is not None]
     same = len({2.0 if s is None else s for s in scales}) == 1
     if same:
-        assert _function_attrs(model, reg, "m.onnx", index) == _function_attrs(model, reg, "m.onnx")
+        assert function_attrs(model, reg, "m.onnx", index) == function_attrs(model, reg, "m.onnx")
         out, report = rewrite_model(model, registry=reg, as_functions=True)
         assert [(f.domain, f.name) for f in out.functions] == [("local", "f"), ("custom", "scale")]
         assert report.ops_after == count_ops(out)  # derived from the functions attached, not counted
@@ -250,7 +250,7 @@ def test_as_functions_reads_attributes_from_the_index_as_the_walk_does(scales):
     errors = []
     for given in (index, None):
         with pytest.raises(UnsupportedOpError, match="same attributes") as err:
-            _function_attrs(model, reg, "m.onnx", given)
+            function_attrs(model, reg, "m.onnx", given)
         errors.append(str(err.value))
     assert errors[0] == errors[1] and "m.onnx" in errors[0]
     first = 2.0 if scales[0] is None else scales[0]

@@ -1,5 +1,12 @@
-"""The passes of the rewrite; their order is :data:`graphkit.rewrite.engine.PASSES`.
+"""The passes of the rewrite, one module per kind; their order is
+:data:`graphkit.rewrite.engine.PASSES`.
 
 - ``base.py``: what every pass is given and gives back (``RewriteContext``, ``Pass``,
-  ``PassResult``, ``ANALYSES``, ``RewriteReport``).
+  ``PassResult``, ``ANALYSES``, ``RewriteReport``);
+- ``convert.py``: recognise-standard-ops and convert-opset (``--target-opset``);
+- ``rules.py``: rules (pattern rules, graph passes) and graphsurgeon-rules;
+- ``lower.py``: lower (placeholders replaced by their lowerings);
+- ``functions.py``: attach-functions (``--as-functions``);
+- ``simplify.py``: simplify (graphkit.rewrite.simplify's passes after lowering);
+- ``finish.py``: fix-imports and check, run only when a pass changed the model.
 """

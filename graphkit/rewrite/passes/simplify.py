@@ -1,0 +1,41 @@
+"""The simplify pass: graphkit.rewrite.simplify's passes after lowering, with the fusions
+its options hold as rules."""
+
+from __future__ import annotations
+
+import onnx
+
+from graphkit.rewrite.graph.walk import ModelIndex
+from graphkit.rewrite.lowering.builder import Builder, NameGenerator, TypeTable
+from graphkit.rewrite.passes.base import PassResult, RewriteContext
+from graphkit.rewrite.rules.ruleset import RuleSet, apply_rule_set
+
+__all__ = ["simplify_pass"]
+
+
+def simplify_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+    """graphkit.rewrite.simplify's passes, with the fusions its options hold as rules."""
+    from graphkit.rewrite.simplify._run import describe, run_simplify
+
+    options, opset = ctx.simplify, ctx.plan.opset
+    rules = RuleSet([r for f in options.fusions if (f.min_opset or 0) <= opset for r in f.rules])
+
+    def fuse(m: onnx.ModelProto) -> int:
+        from graphkit.rewrite.simplify._shapes import skeleton
+
+        names = NameGenerator(ModelIndex(m).names, adopt=True)
+        types = TypeTable(skeleton(m), ctx.registry)  # (the rules' types: inferred without the weights)
+
+        def make_builder(node: onnx.NodeProto, rule_name: str) -> Builder:
+            return Builder(opset=opset, prefix=node.name or rule_name, names=names, types=types,
+                           node_name=node.name, op_name=rule_name)
+        return apply_rule_set(m, rules, make_builder=make_builder, types=types,
+                              report=ctx.report.rules, path=ctx.path)
+    result = run_simplify(model, ctx.registry, opset=opset, placeholder_domains=ctx.placeholders, options=options,
+                          path=ctx.path, fuse=fuse if options.fuse and len(rules) else None)
+    ctx.report.kept.update((f"{op} {node}", why) for (node, op), why in result.kept.items())
+    if not result.changes:
+        return PassResult(model, False)
+    ctx.simplified = True
+    ctx.report.passes.extend(describe(result))
+    return PassResult(model, True, f"{sum(result.changes.values())} changes in {result.rounds} rounds")
