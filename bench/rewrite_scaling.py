@@ -164,7 +164,8 @@ def main() -> None:
                     help="in-process writers to time (none: the processes only)")
     args = ap.parse_args()
     from graphkit.ops import default_registry
-    from graphkit.rewrite import Lowering, rewrite_bytes
+    from graphkit.rewrite import Lowering
+    from graphkit.rewrite.files import rewrite_bytes
     from graphkit.rewrite.rules.loader import load_rules
 
     options = {"lowering": Lowering.DECOMPOSE, **_options(args.flags)}

@@ -13,11 +13,9 @@ from graphkit.errors import GraphkitError
 __version__ = "0.1.0"
 
 # Public name -> (module, attribute); resolved on first access. The torch-side export
-# function is `graphkit.export.export` (graphkit.export is the torch subpackage).
+# function is `graphkit.export.export` (graphkit.export is the torch subpackage). Op
+# definitions and registries are graphkit.ops' (OpDef, OpRegistry, default_registry).
 _LAZY = {
-    "OpDef": ("graphkit.ops", "OpDef"),
-    "OpRegistry": ("graphkit.ops", "OpRegistry"),
-    "default_registry": ("graphkit.ops", "default_registry"),
     "Lowering": ("graphkit.rewrite", "Lowering"),
     "rewrite_model": ("graphkit.rewrite", "rewrite_model"),
     "load_model": ("graphkit.modelio", "load_model"),
@@ -28,10 +26,14 @@ _LAZY = {
 
 __all__ = ["GraphkitError", "__version__", *_LAZY]
 
+# Names graphkit exported before its public surface was cut down (issue 28): where they are now.
+_MOVED = {"OpDef": "graphkit.ops", "OpRegistry": "graphkit.ops", "default_registry": "graphkit.ops"}
+
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
-        raise AttributeError(f"module 'graphkit' has no attribute {name!r}")
+        where = f"; import it from {_MOVED[name]}" if name in _MOVED else ""
+        raise AttributeError(f"module 'graphkit' has no attribute {name!r}{where}")
     module, attr = _LAZY[name]
     value = getattr(importlib.import_module(module), attr)
     globals()[name] = value

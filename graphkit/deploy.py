@@ -456,7 +456,7 @@ def _package_entry(package: Any) -> dict[str, Any]:
 
 
 def _package_distribution(package: Any) -> str | None:
-    from graphkit.ops import BUILTIN_PACKAGE
+    from graphkit.ops._discovery import BUILTIN_PACKAGE
 
     if package.name == BUILTIN_PACKAGE:
         return "graphkit-onnx"

@@ -11,7 +11,8 @@ import onnx
 from graphkit._invocation import wording
 from graphkit.errors import ModelLoadError
 from graphkit.external_data import check_external_data, external_tensors
-from graphkit.ops import OpRegistry, default_registry, split_kernel_domain
+from graphkit.ops import OpRegistry, default_registry
+from graphkit.ops._opdef import split_kernel_domain
 from graphkit.rewrite.graph.walk import scopes
 from graphkit.rewrite.engine import ai_onnx_opset
 

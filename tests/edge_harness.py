@@ -10,7 +10,7 @@ signs). Binary inputs get the cross product of the special values plus random pa
 A case passes when the lowering's output has torch's dtype and shape, NaN exactly where
 torch has NaN, torch's sign bit elsewhere (zeros and infinities included) and
 |got - want| <= atol + rtol * scale, with (rtol, atol) the op's declared tolerance for the
-dtype (:func:`graphkit.ops.tolerance_for`) and scale = |want| (for graphkit's ops, the
+dtype (:func:`graphkit.ops._opdef.tolerance_for`) and scale = |want| (for graphkit's ops, the
 larger of |want| and |reference(|inputs|)|, the sum of the magnitudes a sum of products
 rounds against).
 
@@ -376,7 +376,7 @@ def check_gap_filler(filler, table=None, examples: int | None = None) -> list[Ou
     import torch
 
     from graphkit.export import GAP_FILLERS
-    from graphkit.ops import tolerance_for
+    from graphkit.ops._opdef import tolerance_for
 
     table = GAP_FILLERS if table is None else table
     examples = budget() if examples is None else examples
@@ -645,7 +645,7 @@ def check_op(op, examples: int | None = None) -> list[Outcome]:
     """Every lowering of graphkit op ``op`` in every float dtype it declares, on the grid."""
     import graphkit
     from graphkit.errors import GraphkitError
-    from graphkit.ops import tolerance_for
+    from graphkit.ops._opdef import tolerance_for
     from graphkit.rewrite import rewrite_model
 
     from graphkit.ops import discover

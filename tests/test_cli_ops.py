@@ -36,7 +36,7 @@ def _installed_op_packages() -> dict[str, str]:
     """Entry point value -> distribution name, of the op packages installed here."""
     from importlib.metadata import entry_points
 
-    from graphkit.ops import ENTRY_POINT_GROUP
+    from graphkit.ops._discovery import ENTRY_POINT_GROUP
 
     return {ep.value: getattr(ep.dist, "name", "") for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
@@ -129,8 +129,8 @@ def test_every_model_command_takes_repeatable_ops():
 
 
 def test_ops_help_names_the_format_and_the_environment_variable():
-    from graphkit.cli import OPS_HELP
-    from graphkit.ops import ENTRY_POINT_GROUP, ENV_VAR
+    from graphkit.cli._args import OPS_HELP
+    from graphkit.ops._discovery import ENTRY_POINT_GROUP, ENV_VAR
 
     assert f"${ENV_VAR}" in OPS_HELP and ENTRY_POINT_GROUP in OPS_HELP
     for form in ("MODULE:ATTR", "FILE.py", "PACKAGE", "For example --ops"):

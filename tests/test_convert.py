@@ -939,7 +939,7 @@ def test_an_op_the_target_lacks_reading_a_function_attribute_is_refused():
 
 
 def test_the_byte_writer_leaves_function_bodies_to_the_objects_writer():
-    from graphkit.rewrite import rewrite_bytes
+    from graphkit.rewrite.files import rewrite_bytes
 
     model = _main([helper.make_node("LayerNormalization", ["x", "s"], ["t"]), helper.make_node("Relu", ["t"], ["y"])],
                   17, inputs=(("x", F, [2, 4]), ("s", F, [4])))

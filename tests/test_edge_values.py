@@ -17,7 +17,7 @@ pytest.importorskip("onnxscript")
 
 import graphkit  # noqa: E402
 from graphkit.export import GAP_FILLERS, export  # noqa: E402
-from graphkit.ops import tolerance_for  # noqa: E402
+from graphkit.ops._opdef import tolerance_for  # noqa: E402
 from graphkit.rewrite import rewrite_model  # noqa: E402
 from graphkit.rewrite.rules.loader import load_rules  # noqa: E402
 from torch_call import Call  # noqa: E402

@@ -24,7 +24,8 @@ pytest.importorskip("onnxscript")
 
 import edge_harness as h  # noqa: E402
 
-from graphkit.export import GAP_FILLERS, Example, GapFiller, GapFillerTable  # noqa: E402
+from graphkit.export import GAP_FILLERS  # noqa: E402
+from graphkit.export.aten import Example, GapFiller, GapFillerTable  # noqa: E402
 from graphkit.ops import discover  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
@@ -153,7 +154,7 @@ def test_grid_sample_position_error_is_what_its_docstring_says():
     a sample by about size * 2^-24 pixel: with 1e7-sized pixels that is more than the op's
     tolerance relative to the sum of the terms (a huge pixel with a small bilinear weight),
     and within the allowance the harness gives it (edge_harness.OP_PRECISION)."""
-    from graphkit.ops import tolerance_for
+    from graphkit.ops._opdef import tolerance_for
 
     op = REGISTRY.get("deform_conv2d")
     rtol, atol = tolerance_for(op.tolerance, "float32")

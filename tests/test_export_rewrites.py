@@ -14,15 +14,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import graphkit  # noqa: E402
 from graphkit.errors import ExportError, UsageError  # noqa: E402
-from graphkit.export import (  # noqa: E402
-    Backend,
-    Exporter,
-    ExportTarget,
-    Opset,
-    RewriteRegistry,
-    activate_rewrites,
-    export,
-)
+from graphkit.export import Backend, Exporter, Opset, RewriteRegistry, export  # noqa: E402
+from graphkit.export.rewrites import ExportTarget, activate_rewrites  # noqa: E402
 
 BOTH = pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 TS17 = ExportTarget("torchscript", 17, "onnxruntime")

@@ -15,7 +15,8 @@ pytest.importorskip("onnxscript")
 import onnxruntime as ort  # noqa: E402
 
 from graphkit.errors import ExportError, OpDefinitionError  # noqa: E402
-from graphkit.export import GAP_FILLERS, Example, GapFiller, GapFillerTable, export  # noqa: E402
+from graphkit.export import GAP_FILLERS, export  # noqa: E402
+from graphkit.export.aten import Example, GapFiller, GapFillerTable  # noqa: E402
 from graphkit.export import gaps  # noqa: E402
 from graphkit.export.aten import scoped_gap_fillers, torch_symbolic_exists  # noqa: E402
 from graphkit.verify import compare_arrays  # noqa: E402

@@ -28,7 +28,8 @@ from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from graphkit.ops import REQUIRED, AttrType, OpDef, discover
+from graphkit.ops import AttrType, OpDef, discover
+from graphkit.ops._opdef import REQUIRED
 from graphkit.rewrite import Lowering, rewrite_model
 from graphkit.runtime import open_session
 

@@ -14,15 +14,15 @@ from onnx import TensorProto, helper
 from conftest import NP_TYPES, REPO, my_add_model
 from graphkit.errors import KernelError
 from graphkit.ops import Attr, AttrType, OpDef, OpRegistry, Param, default_registry
-from graphkit.runtime import (
+from graphkit.runtime import open_session
+from graphkit.runtime.python_kernels import (
     decode_kernel_attr,
     decode_list_attr,
     encode_kernel_attr,
     encode_kernel_attrs,
     encode_list_attr,
-    open_session,
+    python_kernel_table,
 )
-from graphkit.runtime.python_kernels import python_kernel_table
 
 PY = "graphkit.python"
 FLOATS = ("tensor(float16)", "tensor(float)", "tensor(double)")

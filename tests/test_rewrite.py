@@ -441,7 +441,8 @@ def test_objects_writer_checks_the_serialized_result(monkeypatch):
     import onnx
 
     from graphkit.errors import ValidationError
-    from graphkit.rewrite import engine, rewrite_bytes
+    from graphkit.rewrite import engine
+    from graphkit.rewrite.files import rewrite_bytes
 
     monkeypatch.setattr(engine, "FULL_CHECK_NODES", 0)  # no whole-model inference: the checker alone
     for fast, writer in ((False, "objects"), (True, "bytes")):  # the bytes writer for bodies alike

@@ -49,7 +49,7 @@ def test_rewrite_cost_grows_linearly(shape, n, lowering):
 @pytest.mark.parametrize("shape, n", [(chain, 2000), (fan_out, 2000)], ids=["unnamed-chain", "fan-out"])
 def test_byte_writer_cost_grows_linearly(shape, n):
     """The byte writer (what `graphkit rewrite` runs on these) on the serialized model."""
-    from graphkit.rewrite import rewrite_bytes
+    from graphkit.rewrite.files import rewrite_bytes
 
     def seconds(data: bytes) -> float:
         best = float("inf")
@@ -194,7 +194,7 @@ def test_the_benchmark_times_these_shapes():
 def test_byte_writers_converting_cost_grows_linearly(shape, n):
     """A converting --target-opset (a ReduceMean per unit, 17 -> 18) in the byte writers:
     graphkit's adapters convert a node of each kind, the others are written from it."""
-    from graphkit.rewrite import rewrite_bytes
+    from graphkit.rewrite.files import rewrite_bytes
 
     def seconds(data: bytes) -> float:
         best = float("inf")

@@ -15,7 +15,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from conftest import run_ort
-from graphkit.rewrite import Lowering, rewrite_bytes, rewrite_model
+from graphkit.rewrite import Lowering, rewrite_model
+from graphkit.rewrite.files import rewrite_bytes
 
 F, F16, F64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE
 
@@ -122,7 +123,7 @@ def _if(then_nodes, else_nodes, outs=("w", "w")) -> onnx.ModelProto:
 
 
 def _tables(model: onnx.ModelProto):
-    from graphkit.rewrite import TypeTable
+    from graphkit.rewrite.lowering.builder import TypeTable
 
     table = TypeTable(model)
     branches = {a.name: a.g for a in model.graph.node[0].attribute}

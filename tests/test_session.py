@@ -14,7 +14,8 @@ from onnx import TensorProto, helper
 from conftest import REPO, my_add_model
 from graphkit.errors import KernelError, ModelLoadError, UnsupportedOpError, UsageError
 from graphkit.ops import OpDef, OpRegistry, Param, default_registry
-from graphkit.runtime import Session, TensorInfo, native, open_session
+from graphkit.runtime import Session, native, open_session
+from graphkit.runtime.session import TensorInfo
 
 
 PY, NATIVE = "graphkit.python", "graphkit.native"

@@ -3,7 +3,7 @@ what `graphkit rewrite` would cost without the wire-level writer."""
 import sys
 
 from graphkit.publish import atomic_write
-from graphkit.rewrite import rewrite_bytes
+from graphkit.rewrite.files import rewrite_bytes
 
 with open(sys.argv[1], "rb") as f:
     data = f.read()

@@ -13,9 +13,10 @@ import warnings
 from collections.abc import Sequence
 
 from graphkit._invocation import command_line
+from graphkit.cli._args import add_ops_arguments
 from graphkit.errors import EXIT_INTERNAL, GraphkitError
 
-__all__ = ["OPS_HELP", "add_ops_arguments", "built_kernels", "examples", "main", "op_registry", "version_text"]
+__all__ = ["main"]
 
 # name -> (module, one-line help); the module provides add_arguments(parser) and run(args).
 SUBCOMMANDS = {
@@ -37,42 +38,11 @@ SUBCOMMANDS = {
 # --ops (added here, once) and reads args.ops.
 OPS_COMMANDS = frozenset({"rewrite", "simplify", "run", "inspect", "export", "verify", "compare", "ops", "deploy"})
 
-# Spelled out here rather than imported from graphkit.ops (which imports onnx): `--help`
-# stays fast. tests/test_cli_ops.py checks they agree with graphkit.ops.
-OPS_HELP = ("an op package to load besides graphkit's own ops, installed packages (entry points "
-            "of group 'graphkit.ops') and those listed in $GRAPHKIT_OPS (comma-separated): "
-            "MODULE, MODULE:ATTR, FILE.py, FILE.py:ATTR or a package FOLDER (holding __init__.py; "
-            "FOLDER:ATTR), where ATTR (default PACKAGE) is an OpPackage or a function returning "
-            "one; repeatable. For example --ops acme_ops or --ops ./my_ops.py:PACKAGE")
-
 EPILOG = """exit codes: 0 ok, 2 usage, 3 cannot load model, 4 cannot write output,
 5 bad op definition, 6 op without rule or kernel, 7 rewrite failed, 8 model invalid,
 9 kernel or session failure, 10 native build failed, 11 export failed,
 12 outputs differ beyond tolerance, 13 op package cannot be loaded or conflicts, 14 rule failed, 15 graphviz missing,
 70 internal error, 128+N stopped by signal N (130 Ctrl-C, 129 SIGHUP, 143 SIGTERM)"""
-
-
-def add_ops_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    """The shared "op packages" group (--ops), for every command that reads or writes models."""
-    group = parser.add_argument_group(
-        "op packages", "Where the definitions of a model's custom ops come from; "
-        "`graphkit ops` lists the known ops.")
-    group.add_argument("--ops", action="append", default=[], metavar="PACKAGE", help=OPS_HELP)
-    return group
-
-
-def op_registry(args: argparse.Namespace):
-    """The OpRegistry a command works with: built once per command from ``args.ops``.
-
-    An op package that cannot be imported, holds no OpPackage or defines an op another
-    package defines too is an OpPackageError (exit 13)."""
-    registry = getattr(args, "_registry", None)
-    if registry is None:
-        from graphkit.ops import discover
-
-        registry = discover(tuple(getattr(args, "ops", None) or ()))
-        args._registry = registry
-    return registry
 
 
 # Examples shown at the end of every subcommand's --help (before the exit codes).
@@ -113,7 +83,7 @@ EXAMPLES = {
 }
 
 
-def examples(*lines: str) -> str:
+def _examples(*lines: str) -> str:
     """An ``examples:`` block for a parser's epilog."""
     return "examples:\n" + "\n".join(f"  {line}" for line in lines)
 
@@ -125,7 +95,7 @@ class _VersionAction(argparse.Action):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(version_text())
+        print(_version_text())
         parser.exit(0)
 
 
@@ -147,7 +117,7 @@ def _add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graphkit", description="Deploy PyTorch models with custom ops: rewrite ONNX graphs, run them in ONNX Runtime.",
-                                     epilog=examples(*EXAMPLES[None]) + "\n\n" + EPILOG,
+                                     epilog=_examples(*EXAMPLES[None]) + "\n\n" + EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -162,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
         _add_global_options(p, top=False)
         # examples last but one: the exit codes stay the last lines of every --help
         head = p.epilog[: -len(EPILOG)] if p.epilog and p.epilog.endswith(EPILOG) else (p.epilog or "")
-        p.epilog = head + examples(*EXAMPLES[name]) + "\n\n" + EPILOG
+        p.epilog = head + _examples(*EXAMPLES[name]) + "\n\n" + EPILOG
     return parser
 
 
@@ -185,7 +155,7 @@ def _dist_version(name: str) -> str:
         return "not installed"
 
 
-def built_kernels() -> dict[str, list[str]]:
+def _built_kernels() -> dict[str, list[str]]:
     """What graphkit's build cache holds (graphkit.build_cache's layout), without building or
     importing anything: ``native`` lists each native kernel library as its packages, ``torch``
     each torch extension as NAME (PACKAGE). Artefacts without their record are left out."""
@@ -211,10 +181,10 @@ def built_kernels() -> dict[str, list[str]]:
     return {"root": str(root), "native": native, "torch": torch_ext}
 
 
-def version_text() -> str:
+def _version_text() -> str:
     lines = [f"graphkit {_version()}", f"python {sys.version.split()[0]}"]
     lines += [f"{name} {_dist_version(name)}" for name in VERSION_OF]
-    built = built_kernels()
+    built = _built_kernels()
     lines.append(f"build cache: {built['root']}")
     lines.append("native kernel libraries built: " + (str(len(built["native"])) if built["native"] else "none"))
     lines += [f"  {item}" for item in built["native"]]
@@ -260,7 +230,7 @@ def _malformed_model(args: argparse.Namespace) -> GraphkitError | None:
     return None
 
 
-class Terminated(BaseException):
+class _Terminated(BaseException):
     """SIGTERM or SIGHUP, raised in the main thread like KeyboardInterrupt is for SIGINT, so
     every ``finally`` runs: temporaries are removed and nothing partial is published."""
 
@@ -270,12 +240,12 @@ class Terminated(BaseException):
 
 
 def _raise_terminated(signum, frame):  # noqa: ARG001 - a signal handler's signature
-    raise Terminated(signum)
+    raise _Terminated(signum)
 
 
 @contextlib.contextmanager
 def _terminate_as_exception():
-    """SIGTERM and SIGHUP raise Terminated while the command runs (main thread only)."""
+    """SIGTERM and SIGHUP raise _Terminated while the command runs (main thread only)."""
     old = {}
     try:
         for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -299,14 +269,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.print_help()
                 return 2
             return _main(args)
-        except Terminated as exc:  # arrived while an error was being reported
+        except _Terminated as exc:  # arrived while an error was being reported
             return _terminated(exc)
         except KeyboardInterrupt:
             print("graphkit: interrupted", file=sys.stderr)
             return 130
 
 
-def _terminated(exc: Terminated) -> int:
+def _terminated(exc: _Terminated) -> int:
     print(f"graphkit: interrupted by {signal.Signals(exc.signum).name}", file=sys.stderr)
     return 128 + exc.signum
 
@@ -325,7 +295,7 @@ def _main(args: argparse.Namespace) -> int:
         if args.verbose:
             print(f"graphkit: {args.command} took {time.perf_counter() - start:.2f} s", file=sys.stderr)
         return code
-    except Terminated as exc:
+    except _Terminated as exc:
         return _terminated(exc)
     except GraphkitError as exc:
         if args.debug:

@@ -8,6 +8,7 @@ are: a command subscribes to the groups it needs and reads them back with their 
     lowering     --bind, --prefer               graphkit.cli._lowering (it declares them with declare())
     model output --explain, --no-check, --full-check, --external-data, --dry-run, --diff, --json,
                  --progress (rewrite, simplify)  add_model_output_arguments
+    op packages  --ops (every command reading or writing models)  add_ops_arguments / op_registry
 
 One word per concept: the opset a command targets is --target-opset and where output goes is
 -o/--output; the older spellings (export --opset, show/deploy --out) still parse, to the same
@@ -22,17 +23,17 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["SHARED_OPTIONS", "add_feed_arguments", "comparison_options", "add_json_argument", "add_model_output_arguments",
-           "add_output_argument",
-           "add_target_opset_argument", "add_tolerance_arguments", "declare", "feeds", "load_npz",
-           "parse_dims", "save_npz", "tolerances"]
+__all__ = ["OPS_HELP", "SHARED_OPTIONS", "add_feed_arguments", "add_json_argument", "add_model_output_arguments",
+           "add_ops_arguments", "add_output_argument",
+           "add_target_opset_argument", "add_tolerance_arguments", "comparison_options", "declare", "feeds",
+           "load_npz", "op_registry", "parse_dims", "save_npz", "tolerances"]
 
 # option string -> its group: the options only this module (and _lowering, through declare) adds.
 SHARED_OPTIONS = {"--inputs": "feeds", "--seed": "feeds", "--dim": "feeds",
                   "--atol": "tolerances", "--rtol": "tolerances",
                   "--target-opset": "target opset", "--opset": "target opset",
                   "-o": "output", "--output": "output", "--out": "output", "--json": "output",
-                  "--bind": "lowering", "--prefer": "lowering"}
+                  "--bind": "lowering", "--prefer": "lowering", "--ops": "op packages"}
 
 def declare(container, group: str, *strings: str, aliases: tuple[str, ...] = (), **kwargs) -> argparse.Action:
     """``container.add_argument(*strings, **kwargs)``, marked as group ``group``'s. Each of
@@ -213,3 +214,37 @@ def add_model_output_arguments(p: argparse.ArgumentParser, *, explain: str, chan
     add_json_argument(p)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show progress on stderr (default: on a terminal, for models over 10k nodes)")
+
+
+# --------------------------------------------------------------------------- op packages
+
+# Spelled out here rather than imported from graphkit.ops (which imports onnx): `--help`
+# stays fast. tests/test_cli_ops.py checks they agree with graphkit.ops.
+OPS_HELP = ("an op package to load besides graphkit's own ops, installed packages (entry points "
+            "of group 'graphkit.ops') and those listed in $GRAPHKIT_OPS (comma-separated): "
+            "MODULE, MODULE:ATTR, FILE.py, FILE.py:ATTR or a package FOLDER (holding __init__.py; "
+            "FOLDER:ATTR), where ATTR (default PACKAGE) is an OpPackage or a function returning "
+            "one; repeatable. For example --ops acme_ops or --ops ./my_ops.py:PACKAGE")
+
+
+def add_ops_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The "op packages" group (--ops), for every command that reads or writes models."""
+    group = parser.add_argument_group(
+        "op packages", "Where the definitions of a model's custom ops come from; "
+        "`graphkit ops` lists the known ops.")
+    declare(group, "op packages", "--ops", action="append", default=[], metavar="PACKAGE", help=OPS_HELP)
+    return group
+
+
+def op_registry(args: argparse.Namespace):
+    """The OpRegistry a command works with: built once per command from ``args.ops``.
+
+    An op package that cannot be imported, holds no OpPackage or defines an op another
+    package defines too is an OpPackageError (exit 13)."""
+    registry = getattr(args, "_registry", None)
+    if registry is None:
+        from graphkit.ops import discover
+
+        registry = discover(tuple(getattr(args, "ops", None) or ()))
+        args._registry = registry
+    return registry

@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from graphkit.cli import op_registry
+    from graphkit.cli._args import op_registry
     from graphkit.errors import UsageError
     from graphkit.verify import bisect_models, compare_models
 

@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from graphkit.cli import op_registry
+    from graphkit.cli._args import op_registry
     from graphkit.deploy import deploy
 
     report = deploy(args.output, args.model, packages=args.package, registry=op_registry(args),

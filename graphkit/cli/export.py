@@ -119,7 +119,7 @@ def _report_dict(report) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from graphkit.cli import op_registry
+    from graphkit.cli._args import op_registry
     from graphkit.errors import UsageError
 
     specs, dynamic = _check_arguments(args)  # before torch: usage errors come at once

@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from graphkit.cli import op_registry
+    from graphkit.cli._args import op_registry
     from graphkit.inspection import inspect_model
     from graphkit.modelio import load_model
 

@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from graphkit.cli import op_registry
+    from graphkit.cli._args import op_registry
 
     registry = op_registry(args)
     ops = _select(registry, args.names)
@@ -77,7 +77,7 @@ def _lowerings(registry, op) -> dict[str, Any]:
 
 
 def _attr_dict(a) -> dict[str, Any]:
-    from graphkit.ops import REQUIRED
+    from graphkit.ops._opdef import REQUIRED
 
     return {"name": a.name, "type": a.type.onnx_name, "required": a.default is REQUIRED,
             "default": None if a.default is REQUIRED else a.default, "doc": a.doc}

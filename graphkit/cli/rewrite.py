@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
 
-    from graphkit.cli import op_registry
+    from graphkit.cli._args import op_registry
     from graphkit.rewrite import RuleSet, rewrite_file
     from graphkit.rewrite.rules.loader import load_rules
 

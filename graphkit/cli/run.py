@@ -66,7 +66,7 @@ def _describe(name: str, value) -> str:
 def run(args: argparse.Namespace) -> int:
     import onnxruntime as ort
 
-    from graphkit.cli import op_registry
+    from graphkit.cli._args import op_registry
     from graphkit.modelio import check_output_path
     from graphkit.runtime import open_session
 

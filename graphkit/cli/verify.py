@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from graphkit.export._loading import load_model_factory
     from graphkit.verify import verify_export
 
-    from graphkit.cli import op_registry
+    from graphkit.cli._args import op_registry
 
     options = comparison_options(args)
     model = load_model_factory(args.factory)

@@ -11,75 +11,37 @@ OpDef (``graphkit`` and ``custom`` by default).
 - :class:`TorchOps` - a registry's ops as torch ops (C++ forward, fake kernel from the
   reference), usable in models exported either way.
 - :func:`autograd_function` - the tutorial's ``torch.autograd.Function`` + ``symbolic``.
-- :func:`foreign_translations` / :func:`scoped_foreign_symbolics` - other libraries' torch
-  ops an op stands for (``OpDef.foreign_ops``, e.g. ``torchvision::deform_conv2d``) written
-  as its placeholder, for a direct ``torch.onnx.export`` call (``export`` uses them itself).
+- :func:`foreign_symbolic` - a TorchScript symbolic writing another library's torch op an
+  op stands for (``OpDef.foreign_ops``, e.g. ``torchvision::deform_conv2d``) as its
+  placeholder (``graphkit.export._foreign`` has the translation tables ``export`` uses).
 - :data:`GAP_FILLERS` - symbolics for ATen ops torch's TorchScript exporter lacks
-  (:mod:`graphkit.export.aten`; ``python -m graphkit.export.gaps`` finds the gaps).
+  (:mod:`graphkit.export.aten` defines GapFiller and its table; ``python -m
+  graphkit.export.gaps`` finds the gaps).
 - :class:`RewriteRegistry` - export-time rewrites of torch functions and module forwards,
-  selected by :class:`Backend`, :class:`Opset` and :class:`Exporter` conditions.
-- :func:`load_extension` - build/cache/load a torch C++ extension shipped with an op.
+  selected by :class:`Backend`, :class:`Opset` and :class:`Exporter` conditions; a rewrite
+  receives a :class:`RewriteContext` (``ctx.origin``).
+- :class:`ExportReport` - what :func:`export` returns.
+
+Everything else (the scoped symbolic tables, :mod:`graphkit.export.extension`'s
+``load_extension``, ...) is imported from its module.
 """
 
-from graphkit.export._export import MAX_IR_VERSION, CustomNode, ExportReport, export
-from graphkit.export._foreign import foreign_symbolic, foreign_translations, scoped_foreign_symbolics
-from graphkit.export.aten import (
-    Example,
-    GapFiller,
-    GapFillerTable,
-    scoped_gap_fillers,
-    scoped_placeholders,
-)
-from graphkit.export.extension import load_extension
+from graphkit.export._export import ExportReport, export
+from graphkit.export._foreign import foreign_symbolic
 from graphkit.export.gap_fillers import GAP_FILLERS
-from graphkit.export.rewrites import (
-    Backend,
-    ExportTarget,
-    Exporter,
-    Opset,
-    Rewrite,
-    RewriteContext,
-    RewriteRegistry,
-    activate_rewrites,
-)
-from graphkit.export.torch_ops import (
-    TorchOps,
-    autograd_function,
-    custom_translation_table,
-    library_schema,
-    onnxscript_translation,
-    scoped_symbolics,
-    torchscript_symbolic,
-)
+from graphkit.export.rewrites import Backend, Exporter, Opset, RewriteContext, RewriteRegistry
+from graphkit.export.torch_ops import TorchOps, autograd_function
 
 __all__ = [
     "GAP_FILLERS",
-    "MAX_IR_VERSION",
     "Backend",
-    "CustomNode",
-    "Example",
     "ExportReport",
-    "ExportTarget",
     "Exporter",
-    "GapFiller",
-    "GapFillerTable",
     "Opset",
-    "Rewrite",
     "RewriteContext",
     "RewriteRegistry",
     "TorchOps",
-    "activate_rewrites",
     "autograd_function",
-    "custom_translation_table",
     "export",
     "foreign_symbolic",
-    "foreign_translations",
-    "library_schema",
-    "load_extension",
-    "onnxscript_translation",
-    "scoped_foreign_symbolics",
-    "scoped_gap_fillers",
-    "scoped_placeholders",
-    "scoped_symbolics",
-    "torchscript_symbolic",
 ]

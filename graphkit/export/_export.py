@@ -69,7 +69,8 @@ from graphkit.export._translation_fixes import translation_fixes
 from graphkit.export.aten import GapFillerTable, placeholder_translations, scoped_gap_fillers, scoped_placeholders
 from graphkit.export.gap_fillers import GAP_FILLERS
 from graphkit.export.rewrites import ExportTarget, RewriteRegistry, activate_rewrites
-from graphkit.ops import PLACEHOLDER_DOMAIN, OpDef, OpRegistry
+from graphkit.ops import OpDef, OpRegistry
+from graphkit.ops._opdef import PLACEHOLDER_DOMAIN
 from graphkit.rewrite.graph.walk import graphs, subgraphs
 
 __all__ = ["export", "ExportReport", "CustomNode", "MAX_IR_VERSION"]
@@ -173,7 +174,7 @@ def export(
     (``report.registry`` is the result). Two of them sharing a torch name
     (``torch_namespace::name``) are an ExportError naming both. ``gap_fillers`` (None: none) are registered for the
     TorchScript exporter; ``placeholders`` names ATen ops to write as ``custom::<op>``;
-    ``rewrites`` are activated for the :class:`~graphkit.export.ExportTarget` (exporter,
+    ``rewrites`` are activated for the :class:`~graphkit.export.rewrites.ExportTarget` (exporter,
     ``opset``, ``backend``) of this call. Other libraries' torch ops that a registry op
     stands for (``OpDef.foreign_ops``, e.g. ``torchvision::deform_conv2d``) are written as
     that op's placeholder with both exporters; ``torch_translations`` names those to leave to

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from graphkit.ops import AttrType, OpDef, onnx_schema
+from graphkit.ops import AttrType, OpDef
+from graphkit.ops._schema import build_schema as onnx_schema
 
 __all__ = ["params", "bind", "emit_placeholder", "onnxscript_translation", "placeholder_call",
            "signed_translation"]

@@ -74,7 +74,7 @@ class GapFiller:
     over torch's own symbolic: torch exports the op, but writes a model ONNX Runtime refuses
     or that differs from torch for some inputs.
 
-    ``tolerance``: (rtol, atol) by dtype name over :data:`graphkit.ops.DEFAULT_TOLERANCE`,
+    ``tolerance``: (rtol, atol) by dtype name over :data:`graphkit.ops._opdef.DEFAULT_TOLERANCE`,
     how close the filler is to torch on every input (tests/test_edges.py checks edge
     values). ``unsupported``: dtype name -> why the exported model cannot run on ONNX
     Runtime's CPU provider for that dtype (checked: it must fail). ``semantics``: where the

@@ -41,7 +41,8 @@ from graphkit.export._placeholder import onnxscript_translation
 from graphkit.export._placeholder import params as _params
 from graphkit.export._symbolic_registry import SYMBOLIC_OPSET as _SYMBOLIC_OPSET
 from graphkit.export._symbolic_registry import forget_empty_group, symbolic_registry
-from graphkit.ops import TORCH_NAMESPACE, AttrType, OpDef, OpPackage, OpRegistry
+from graphkit.ops import AttrType, OpDef, OpPackage, OpRegistry
+from graphkit.ops._opdef import TORCH_NAMESPACE
 
 __all__ = [
     "LIBRARY_NAMESPACE",

@@ -17,12 +17,14 @@ writer runs. The layout:
 
 from graphkit.rewrite.rules.graphsurgeon import GraphSurgeonRule
 from graphkit.rewrite.rules.pattern import const, either, optional
-from graphkit.rewrite.rules.ruleset import GraphPass, MatchContext, MatchResult, Rule, RuleReport, RuleSet, Scope
-from graphkit.rewrite.lowering.builder import Builder, NameGenerator, TypeTable
-from graphkit.rewrite.engine import Lowering, PassResult, RewriteReport, check_model, rewrite_model
-from graphkit.rewrite.lowering.plan import LoweringPlan
-from graphkit.rewrite.files import rewrite_bytes, rewrite_file
+from graphkit.rewrite.rules.ruleset import GraphPass, MatchContext, MatchResult, Rule, RuleSet, Scope
+from graphkit.rewrite.lowering.builder import Builder
+from graphkit.rewrite.engine import Lowering, rewrite_model
+from graphkit.rewrite.files import rewrite_file
 
-__all__ = ["Builder", "GraphPass", "GraphSurgeonRule", "Lowering", "LoweringPlan", "MatchContext", "MatchResult",
-           "NameGenerator", "PassResult", "RewriteReport", "Rule", "RuleReport", "RuleSet", "Scope", "TypeTable",
-           "check_model", "const", "either", "optional", "rewrite_bytes", "rewrite_file", "rewrite_model"]
+# What rules files, op packages' decompositions and their callers use. Builder, MatchContext
+# and Scope are what a decomposition, a rule's check and a GraphPass receive. The rest is
+# imported from its module (rewrite_bytes from files.py, LoweringPlan from lowering/plan.py,
+# RewriteReport from engine.py, ...); tests/test_public_api.py pins this list.
+__all__ = ["Builder", "GraphPass", "GraphSurgeonRule", "Lowering", "MatchContext", "MatchResult", "Rule", "RuleSet",
+           "Scope", "const", "either", "optional", "rewrite_file", "rewrite_model"]

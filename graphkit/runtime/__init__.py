@@ -5,22 +5,6 @@
 onnxruntime-extensions, which loads with the first Python-kernel session).
 """
 
-from graphkit.runtime.python_kernels import (
-    decode_kernel_attr,
-    decode_list_attr,
-    encode_kernel_attr,
-    encode_kernel_attrs,
-    encode_list_attr,
-)
-from graphkit.runtime.session import Session, TensorInfo, open_session
+from graphkit.runtime.session import Session, open_session
 
-__all__ = [
-    "Session",
-    "TensorInfo",
-    "open_session",
-    "encode_list_attr",
-    "decode_list_attr",
-    "encode_kernel_attr",
-    "decode_kernel_attr",
-    "encode_kernel_attrs",
-]
+__all__ = ["Session", "open_session"]

@@ -280,7 +280,7 @@ def _link_libraries(natives: Sequence[NativeKernels], relocatable: bool = False)
 
 def _table(packages: Sequence[OpPackage], registry: OpRegistry | None) -> tuple[str, list[str]]:
     """The generated C++ registration table and the ``domain::name`` pairs it serves."""
-    from graphkit.ops import kernel_domain
+    from graphkit.ops._opdef import kernel_domain
 
     domains: dict[str, list[str]] = {}
     served: list[str] = []
@@ -435,7 +435,7 @@ def _build_library(entry: build_cache.Entry, pkgs: Sequence[OpPackage], units: l
 
 
 def _builtin_package() -> OpPackage:
-    from graphkit.ops import BUILTIN_PACKAGE, load_package
+    from graphkit.ops._discovery import BUILTIN_PACKAGE, load_package
 
     return load_package(BUILTIN_PACKAGE, origin="built-in")
 

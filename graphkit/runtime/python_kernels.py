@@ -58,7 +58,8 @@ import numpy as np
 from onnx import TensorProto
 
 from graphkit.errors import KernelError, UnsupportedOpError
-from graphkit.ops import AttrType, OpDef, kernel_domain
+from graphkit.ops import AttrType, OpDef
+from graphkit.ops._opdef import kernel_domain
 from graphkit.ops.tensor_types import numpy_dtype, type_string
 from graphkit.runtime._blas import one_blas_thread
 from graphkit.ops._encoding import (  # noqa: F401 (re-exported: the kernel attribute encoding)

@@ -34,7 +34,8 @@ import onnxruntime as ort
 
 from graphkit._invocation import wording
 from graphkit.errors import KernelError, UnsupportedOpError, UsageError
-from graphkit.ops import OpRegistry, split_kernel_domain
+from graphkit.ops import OpRegistry
+from graphkit.ops._opdef import split_kernel_domain
 from graphkit.ops.tensor_types import numpy_dtype
 from graphkit.runtime import _weights
 from graphkit.runtime import python_kernels as pk

@@ -94,7 +94,8 @@ from typing import Any
 import onnx
 
 from graphkit.errors import ValidationError
-from graphkit.ops import PLACEHOLDER_DOMAIN, OpRegistry
+from graphkit.ops import OpRegistry
+from graphkit.ops._opdef import PLACEHOLDER_DOMAIN
 from graphkit.rewrite.bytes import conversions
 from graphkit.rewrite.bytes import wire
 from graphkit.rewrite import engine as _engine

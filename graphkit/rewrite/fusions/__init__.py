@@ -31,9 +31,9 @@ from graphkit.errors import UsageError
 from graphkit.rewrite.rules.ruleset import RuleSet
 from graphkit.rewrite.fusions import _conv_bn, _gelu, _gemm, _identity, _layernorm, _qkv, _transpose
 
-__all__ = ["ALL", "Fusion", "FusionLibrary", "LIBRARY", "get", "names", "rule_set"]
+__all__ = ["LIBRARY", "Fusion", "get", "names", "rule_set"]
 
-ALL = "all"
+_ALL = "all"
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Fusion:
         return RuleSet(self.rules)
 
 
-class FusionLibrary:
+class _FusionLibrary:
     """Fusions by name, in the order ``all`` applies them."""
 
     def __init__(self, fusions: Iterable[Fusion]) -> None:
@@ -67,7 +67,7 @@ class FusionLibrary:
         """The fusion called ``name``; UsageError naming the valid ones otherwise."""
         fusion = self._fusions.get(name.strip().lower())
         if fusion is None:
-            raise UsageError(f"unknown fusion {name!r}; the fusions are: {', '.join(self.names())}, or {ALL}",
+            raise UsageError(f"unknown fusion {name!r}; the fusions are: {', '.join(self.names())}, or {_ALL}",
                              hint="for example --fuse layernorm,gelu")
         return fusion
 
@@ -75,8 +75,8 @@ class FusionLibrary:
         """``"layernorm,gelu"``, ``"all"`` or a list of names -> fusions in library order."""
         wanted = [n for n in (spec.split(",") if isinstance(spec, str) else spec) if n.strip()]
         if not wanted:
-            raise UsageError("no fusion named", hint=f"name some of: {', '.join(self.names())}, or {ALL}")
-        if any(n.strip().lower() == ALL for n in wanted):
+            raise UsageError("no fusion named", hint=f"name some of: {', '.join(self.names())}, or {_ALL}")
+        if any(n.strip().lower() == _ALL for n in wanted):
             return list(self)
         chosen = {self.get(n).name for n in wanted}
         return [f for f in self if f.name in chosen]
@@ -91,7 +91,7 @@ class FusionLibrary:
         return "\n".join(f"  {f.name:<{width}}  {f.summary}" for f in self)
 
 
-LIBRARY = FusionLibrary([
+LIBRARY = _FusionLibrary([
     Fusion("identity", "remove Identity nodes (graph output names kept)", _identity.RULES),
     Fusion("transpose", "remove Transpose pairs that cancel, merge other pairs", _transpose.RULES),
     Fusion("conv_bn", "fold an inference BatchNormalization into the Conv before it", _conv_bn.RULES),

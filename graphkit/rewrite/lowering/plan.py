@@ -22,7 +22,8 @@ import onnx
 
 from graphkit._invocation import wording
 from graphkit.errors import OpDefinitionError, RewriteError, UnsupportedOpError
-from graphkit.ops import PLACEHOLDER_DOMAIN, Decomposition, OpDef, OpRegistry
+from graphkit.ops import Decomposition, OpDef, OpRegistry
+from graphkit.ops._opdef import PLACEHOLDER_DOMAIN
 from graphkit.ops.tensor_types import type_string
 from graphkit.rewrite.lowering.selection import Probe, Selection
 from graphkit.rewrite.lowering.binding import bind_node

@@ -36,11 +36,10 @@ from typing import Any
 import onnx
 
 from graphkit.ops import OpRegistry
-from graphkit.rewrite.simplify._context import DEFAULT_SIZE_LIMIT, SimplifyOptions
+from graphkit.rewrite.simplify._context import SimplifyOptions
 from graphkit.rewrite.simplify._run import FUSE, NAMES, SIMPLIFY_PASSES
 
-__all__ = ["DEFAULT_SIZE_LIMIT", "PASS_NAMES", "SimplifyOptions", "simplify_file", "simplify_model",
-           "simplify_options"]
+__all__ = ["PASS_NAMES", "SimplifyOptions", "simplify_file", "simplify_model", "simplify_options"]
 
 PASS_NAMES: tuple[str, ...] = (*(p.name for p in SIMPLIFY_PASSES), FUSE)
 
