@@ -132,3 +132,68 @@ def test_run_writes_its_outputs_with_either_spelling(tmp_path, spelling):
     run_cli("run", model, "--seed", "1", spelling, tmp_path / "y.npz", "--bind", "python", check_rc=0)
     with np.load(tmp_path / "y.npz") as y:
         assert y["z"].shape == (1, 3)
+
+
+# --------------------------------------------------------------------------- where output goes
+
+# Every command that writes a file names it with -o/--output; rewrite, simplify and export also
+# take their model's path as the last positional argument (OUT.onnx), as they always did.
+WRITERS = ("rewrite", "simplify", "export", "run", "show", "deploy")
+MODEL_WRITERS = {"rewrite": ["in.onnx"], "simplify": ["in.onnx"], "export": ["m.py:build", "--input", "x=1"]}
+
+
+@pytest.mark.parametrize("command", WRITERS)
+def test_every_command_writing_a_file_takes_o_and_output(command):
+    options = _subparsers()[command]._option_string_actions
+    assert options["-o"] is options["--output"]
+    assert options["-o"].dest == "output" and options["-o"].graphkit_group == "output"
+
+
+@pytest.mark.parametrize("command", sorted(MODEL_WRITERS))
+@pytest.mark.parametrize("spelling", [["-o"], ["--output"], ["--output="]])
+def test_the_model_written_is_the_positional_or_o(command, spelling):
+    from graphkit.cli import _parser
+
+    parser = _parser()
+    positional = parser.parse_args([command, *MODEL_WRITERS[command][:1], "out.onnx", *MODEL_WRITERS[command][1:]])
+    words = ([spelling[0] + "out.onnx"] if spelling == ["--output="] else [*spelling, "out.onnx"])
+    before = parser.parse_args([command, *words, *MODEL_WRITERS[command]])  # the option first or last
+    after = parser.parse_args([command, *MODEL_WRITERS[command], *words])
+    assert vars(before) == vars(after) == vars(positional)
+    assert positional.output == "out.onnx"
+
+
+@pytest.mark.parametrize("command", sorted(MODEL_WRITERS))
+@pytest.mark.parametrize("extra", [[], ["out.onnx", "-o", "other.onnx"]], ids=["neither", "both"])
+def test_the_model_written_is_named_exactly_once(command, extra, capsys):
+    from graphkit.cli import main
+
+    rest = MODEL_WRITERS[command]
+    argv = [command, rest[0], *extra, *rest[1:]]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert ("is required" in err) if not extra else ("not allowed with" in err)
+    assert "OUT.onnx" in err
+
+
+def test_rewrite_with_o_writes_what_the_positional_writes(tmp_path):
+    """The model written through -o runs and gives 2a + b, then Relu, like the positional one."""
+    import numpy as np
+    import onnx
+
+    from conftest import my_add_model, run_cli
+    from graphkit.runtime import open_session
+
+    model = tmp_path / "m.onnx"
+    onnx.save(my_add_model(), model)
+    run_cli("rewrite", model, tmp_path / "positional.onnx", check_rc=0)
+    run_cli("rewrite", model, "-o", tmp_path / "option.onnx", check_rc=0)
+    rng = np.random.default_rng(0)
+    feeds = {"a": rng.standard_normal((4, 3)).astype(np.float32), "b": rng.standard_normal((4, 3)).astype(np.float32)}
+    want = np.maximum(2 * feeds["a"] + feeds["b"], 0)
+    for name in ("positional.onnx", "option.onnx"):
+        (z,) = open_session(str(tmp_path / name)).run(feeds).values()
+        np.testing.assert_allclose(z, want, rtol=1e-6, atol=1e-6)
+    assert (tmp_path / "positional.onnx").read_bytes() == (tmp_path / "option.onnx").read_bytes()

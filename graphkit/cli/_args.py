@@ -5,14 +5,17 @@ are: a command subscribes to the groups it needs and reads them back with their 
     tolerances   --atol, --rtol                 add_tolerance_arguments / tolerances
     target opset --target-opset (--opset)       add_target_opset_argument
     output       -o/--output (--out), --json    add_output_argument, add_json_argument / save_npz
+    output model OUT.onnx or -o/--output        add_output_model_argument (rewrite, simplify, export)
     lowering     --bind, --prefer               graphkit.cli._lowering (it declares them with declare())
     model output --explain, --no-check, --full-check, --external-data, --dry-run, --diff, --json,
                  --progress (rewrite, simplify)  add_model_output_arguments
     op packages  --ops (every command reading or writing models)  add_ops_arguments / op_registry
 
 One word per concept: the opset a command targets is --target-opset and where output goes is
--o/--output; the older spellings (export --opset, show/deploy --out) still parse, to the same
-dest, without a line of their own in --help (the option's help names them).
+-o/--output, on every command that writes a file; rewrite, simplify and export also take
+their model's path as the last positional argument (OUT.onnx), as they always did. The older
+spellings (export --opset, --out) still parse, to the same dest, without a line of their own
+in --help (the option's help names them).
 
 Every action added here carries ``graphkit_group`` (its group's name): tests/test_cli_args.py
 checks that every subcommand's shared options come from here.
@@ -24,7 +27,7 @@ from __future__ import annotations
 import argparse
 
 __all__ = ["OPS_HELP", "SHARED_OPTIONS", "add_feed_arguments", "add_json_argument", "add_model_output_arguments",
-           "add_ops_arguments", "add_output_argument",
+           "add_ops_arguments", "add_output_argument", "add_output_model_argument",
            "add_target_opset_argument", "add_tolerance_arguments", "comparison_options", "declare", "feeds",
            "load_npz", "op_registry", "parse_dims", "save_npz", "tolerances"]
 
@@ -152,12 +155,22 @@ def add_target_opset_argument(p, *, help: str, default: int | None = None) -> ar
 
 
 def add_output_argument(p, *, metavar: str, help: str, required: bool = False) -> argparse.Action:
-    """-o/--output (dest output): where a command writes what is not its model argument
-    (run's arrays, show's pictures, deploy's folder). --out, the older spelling, is accepted.
-    Commands that turn one model into another (rewrite, simplify, export) take it as their
-    second positional argument, OUT, and never as an option."""
+    """-o/--output (dest output): where a command writes what it makes (run's arrays, show's
+    pictures, deploy's folder). --out, the older spelling, is accepted."""
     return declare(p, "output", "-o", "--output", metavar=metavar, required=required, aliases=("--out",),
                    help=help)
+
+
+def add_output_model_argument(p, *, help: str) -> None:
+    """The model a command writes (rewrite, simplify, export; dest output): its last positional
+    argument, OUT.onnx, as always, or -o/--output OUT.onnx as every other command names its
+    output. Exactly one of the two is required."""
+    g = p.add_mutually_exclusive_group(required=True)
+    # SUPPRESS: the positional left empty (OUT given with -o) sets nothing, so it never
+    # overwrites the option's value, whichever comes first on the command line.
+    g.add_argument("output", nargs="?", metavar="OUT.onnx", default=argparse.SUPPRESS, help=help)
+    declare(g, "output", "-o", "--output", dest="output", metavar="OUT.onnx", default=argparse.SUPPRESS,
+            help="the same as the OUT.onnx argument, as other commands name their output")
 
 
 def add_json_argument(p, *, what: str = "the report") -> argparse.Action:

@@ -8,8 +8,8 @@ import json
 import os
 from pathlib import Path
 
-from graphkit.cli._args import (add_feed_arguments, add_json_argument, add_target_opset_argument,
-                               add_tolerance_arguments, tolerances)
+from graphkit.cli._args import (add_feed_arguments, add_json_argument, add_output_model_argument,
+                               add_target_opset_argument, add_tolerance_arguments, tolerances)
 from graphkit.cli._lowering import add_lowering_arguments
 from graphkit.input_specs import InputSpec, parse_dynamic, parse_input
 
@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("factory", metavar="MODULE:FACTORY",
                    help="function (or class) called without arguments that returns the torch model: a "
                         "module path or a .py file, for example mypkg.models:build or model.py:build")
-    p.add_argument("output", metavar="OUT.onnx", help="where to write the model (written atomically)")
+    add_output_model_argument(p, help="where to write the model (written atomically)")
     p.add_argument("--input", action="append", default=[], metavar="NAME=SHAPE[:DTYPE]", required=True,
                    help="one per forward argument, in order: ONNX input name, shape, dtype (default "
                         "float32); random values with --seed. For example --input x=1x3x224x224 "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from graphkit.cli._args import add_model_output_arguments, add_target_opset_argument
+from graphkit.cli._args import add_model_output_arguments, add_output_model_argument, add_target_opset_argument
 from graphkit.cli._lowering import add_lowering_arguments, parse_prefer
 from graphkit.cli._simplify_args import add_simplify_arguments, simplify_options
 
@@ -21,8 +21,8 @@ FUSE_HELP = ("apply graphkit's fusions before lowering (comma-separated, or all)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="ONNX model to read (never modified)")
-    p.add_argument("output", help="where to write the rewritten model (written atomically)")
+    p.add_argument("input", metavar="IN.onnx", help="ONNX model to read (never modified)")
+    add_output_model_argument(p, help="where to write the rewritten model (written atomically)")
     how = add_lowering_arguments(p, in_memory=False)
     how.add_argument("--keep-custom", action="store_true",
                      help="leave custom:: nodes as placeholders (apply --rules only)")

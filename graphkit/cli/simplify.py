@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from graphkit.cli._args import add_model_output_arguments
+from graphkit.cli._args import add_model_output_arguments, add_output_model_argument
 from graphkit.cli._simplify_args import add_simplify_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="ONNX model to read (never modified)")
-    p.add_argument("output", help="where to write the simplified model (written atomically)")
+    p.add_argument("input", metavar="IN.onnx", help="ONNX model to read (never modified)")
+    add_output_model_argument(p, help="where to write the simplified model (written atomically)")
     add_simplify_arguments(p)
     add_model_output_arguments(
         p, explain="print what each pass did and why nodes with constant inputs were kept "
