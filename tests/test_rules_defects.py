@@ -300,3 +300,22 @@ def test_external_data_outside_the_model_folder_is_never_read_as_a_constant(tmp_
     _, report = rewrite_model(m, rules=[_double_rule()], lowering=Lowering.KEEP, check=False,
                               path=str(tmp_path / "m" / "model.onnx"))
     assert report.rules.applied.get("double", 0) == 0
+
+
+def test_a_checks_constant_has_the_type_onnx_gives_it():
+    """MatchContext.constant (GraphView) and simplify read a Constant node with one reader:
+    value_float is float32 and value_int int64 in ONNX (the view gave float64 before)."""
+    seen = {}
+
+    def check(ctx, x, c):
+        seen["value"] = ctx.constant(c)
+        return False
+
+    for attr, want in (("value_float", np.float32), ("value_int", np.int64), ("value_floats", np.float32)):
+        value = 2.0 if attr == "value_float" else [2.0] if attr == "value_floats" else 2
+        m = model([helper.make_node("Constant", [], ["c"], **{attr: value}), helper.make_node("Mul", ["x", "c"], ["y"])],
+                  [("x", [2])], [("y", [2])])
+        seen.clear()
+        rewrite_model(m, rules=RuleSet([Rule("probe", lambda op, x, c: op.Mul(x, c), lambda op, x, c: x,
+                                             check=check)]))
+        assert seen["value"].dtype == want, attr

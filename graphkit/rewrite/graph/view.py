@@ -11,7 +11,7 @@ from onnx import numpy_helper
 
 from graphkit.rewrite.graph.walk import subgraphs
 
-__all__ = ["GraphView"]
+__all__ = ["GraphView", "constant_node_value"]
 
 
 class GraphView:
@@ -162,13 +162,7 @@ class GraphView:
         elif name in self.producer:
             node = self.nodes[self.producer[name]]
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-                for attr in node.attribute:
-                    if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
-                        value = numpy_helper.to_array(attr.t)
-                    elif attr.name in ("value_float", "value_int"):
-                        value = np.asarray(onnx.helper.get_attribute_value(attr))
-                    elif attr.name in ("value_floats", "value_ints"):
-                        value = np.asarray(onnx.helper.get_attribute_value(attr))
+                value = constant_node_value(node)
         self._const_cache[name] = value
         return value
 
@@ -191,3 +185,24 @@ def _outer_refs(graph: onnx.GraphProto) -> set[str]:
             refs.update(n for n in _outer_refs(g) if n not in local)
     refs.update(o.name for o in graph.output if o.name not in local)
     return refs
+
+
+def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
+    """The value of a Constant node, typed as ONNX types it (``value_float`` is float32,
+    ``value_int`` int64); None for sparse, external or attribute-reference values."""
+    for attr in node.attribute:
+        if attr.ref_attr_name:
+            return None
+        if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+            if attr.t.data_location == onnx.TensorProto.EXTERNAL:
+                return None
+            return numpy_helper.to_array(attr.t)
+        if attr.name == "value_float":
+            return np.array(attr.f, dtype=np.float32)
+        if attr.name == "value_floats":
+            return np.array(list(attr.floats), dtype=np.float32)
+        if attr.name == "value_int":
+            return np.array(attr.i, dtype=np.int64)
+        if attr.name == "value_ints":
+            return np.array(list(attr.ints), dtype=np.int64)
+    return None

@@ -12,7 +12,8 @@ import onnx
 from graphkit.rewrite.graph.walk import AI_ONNX, subgraphs
 from graphkit.rewrite.simplify._context import SimplifyContext
 from graphkit.rewrite.simplify._evaluate import NONDETERMINISTIC
-from graphkit.rewrite.simplify._graph import Scope, attribute_key, constant_node_value
+from graphkit.rewrite.graph.view import constant_node_value
+from graphkit.rewrite.simplify._graph import Scope, attribute_key
 
 __all__ = ["cancel_reshapes", "eliminate_dead", "eliminate_common", "lift_constants", "merge_constants",
            "remove_no_ops"]

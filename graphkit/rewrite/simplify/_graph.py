@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from graphkit.rewrite.graph.view import constant_node_value
 from graphkit.rewrite.graph.walk import AI_ONNX, subgraphs
 
 __all__ = ["Scope", "outer_reads", "scopes_of"]
@@ -347,26 +348,6 @@ def _external_size(tensor: onnx.TensorProto) -> int:
                 break
     count = int(np.prod([int(d) for d in tensor.dims], dtype=np.int64)) if tensor.dims else 1
     return count * max(helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize, 1)
-
-
-def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
-    """The value of a Constant node (None for sparse or attribute-reference values)."""
-    for attr in node.attribute:
-        if attr.ref_attr_name:
-            return None
-        if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
-            if attr.t.data_location == _EXTERNAL:
-                return None
-            return numpy_helper.to_array(attr.t)
-        if attr.name == "value_float":
-            return np.array(attr.f, dtype=np.float32)
-        if attr.name == "value_floats":
-            return np.array(list(attr.floats), dtype=np.float32)
-        if attr.name == "value_int":
-            return np.array(attr.i, dtype=np.int64)
-        if attr.name == "value_ints":
-            return np.array(list(attr.ints), dtype=np.int64)
-    return None
 
 
 def scopes_of(model: onnx.ModelProto, base_dir: str | None, model_file: str | None = None) -> list[Scope]:
