@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from graphkit.rewrite.graph.walk import elem_types, value_types
+from graphkit.rewrite.graph.walk import (ENTER, EXIT, NODE, ModelIndex, held_graphs, elem_types, graph_tree, scopes,
+                                         value_types, walk)
 
 
 def _if_model() -> onnx.ModelProto:
@@ -102,3 +104,154 @@ class _BrokenSchemas:
 def test_value_types_falls_back_to_the_stated_types_when_inference_fails():
     assert dict(elem_types(_if_model(), _BrokenSchemas())) == {"x": TensorProto.FLOAT, "c": TensorProto.BOOL,
                                                          "y": TensorProto.FLOAT, "w": TensorProto.INT64}
+
+
+# -- the walk itself
+
+
+def _nested_model() -> onnx.ModelProto:
+    """Main graph: Loop(body: Add, If(then: Neg, else: Scan(body: Identity))), a node with a
+    GRAPHS attribute (two graphs); function f: Loop(body: If(then: Relu, else: Identity)).
+
+        main ── Loop/body ── If/then_branch
+           │            └── If/else_branch ── Scan/body
+           └── custom::Multi/branches[0], branches[1]
+        function custom::f ── Loop/body ── If/then_branch, If/else_branch
+    """
+    def g(name, nodes):
+        return helper.make_graph(nodes, name, [], [])
+
+    scan = helper.make_node("Scan", ["x"], ["s"], name="scan", num_scan_inputs=1,
+                            body=g("scan_body", [helper.make_node("Identity", ["a"], ["b"], name="id")]))
+    inner_if = helper.make_node("If", ["c"], ["i"], name="if",
+                                then_branch=g("then", [helper.make_node("Neg", ["x"], ["n"], name="neg")]),
+                                else_branch=g("else", [scan]))
+    loop = helper.make_node("Loop", ["m", "c"], ["l"], name="loop",
+                            body=g("loop_body", [helper.make_node("Add", ["x", "x"], ["y"], name="add"), inner_if]))
+    multi = helper.make_node("Multi", ["x"], ["z"], name="multi", domain="custom",
+                             branches=[g("b0", [helper.make_node("Abs", ["x"], ["p"], name="abs")]), g("b1", [])])
+    graph = helper.make_graph([loop, multi], "main", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])], [],
+                              [numpy_helper.from_array(np.ones((2,), np.float32), "w")])
+    fn_if = helper.make_node("If", ["c"], ["r"], name="fif",
+                             then_branch=g("fthen", [helper.make_node("Relu", ["u"], ["v"], name="relu")]),
+                             else_branch=g("felse", []))
+    fn = helper.make_function("custom", "f", ["u", "c"], ["r2"],
+                              [helper.make_node("Loop", ["", "c"], ["r2"], name="floop", body=g("fbody", [fn_if]))],
+                              [helper.make_opsetid("", 17)])
+    return helper.make_model(graph, functions=[fn], opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def _reference(model: onnx.ModelProto) -> list[tuple[str, str, int]]:
+    """(event, path, depth) by a plain recursion: what walk(model, exits=True) must give."""
+    out: list[tuple[str, str, int]] = []
+
+    def visit(nodes, path, depth):
+        out.append((ENTER, path, depth))
+        for node in nodes:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    visit(attr.g.node, f"{path}/{node.name}/{attr.name}", depth + 1)
+                for k, sub in enumerate(attr.graphs):
+                    visit(sub.node, f"{path}/{node.name}/{attr.name}[{k}]", depth + 1)
+        out.append((EXIT, path, depth))
+
+    visit(model.graph.node, "main", 0)
+    for fn in model.functions:
+        visit(fn.node, f"function {fn.domain}::{fn.name}", 0)
+    return out
+
+
+def test_walk_enters_and_exits_every_graph_and_function_body_in_order():
+    model = _nested_model()
+    events = [(event, v.path, v.depth) for event, v in walk(model, exits=True)]
+    assert events == _reference(model)
+    assert [p for e, p, _ in events if e == ENTER] == [
+        "main", "main/loop/body", "main/loop/body/if/else_branch", "main/loop/body/if/else_branch/scan/body",
+        "main/loop/body/if/then_branch", "main/multi/branches[0]", "main/multi/branches[1]",
+        "function custom::f", "function custom::f/floop/body", "function custom::f/floop/body/fif/else_branch",
+        "function custom::f/floop/body/fif/then_branch"]  # make_node sorts attributes: else_branch first
+    by_path = {v.path: v for _, v in walk(model)}
+    scan_body = by_path["main/loop/body/if/else_branch/scan/body"]
+    assert scan_body.graph.name == "scan_body" and scan_body.node.op_type == "Scan" and scan_body.index == -1
+    assert scan_body.parent.graph.name == "else" and scan_body.function is None
+    assert [v.graph.name for v in scan_body.outer()] == ["else", "loop_body", "main"]
+    assert by_path["main/multi/branches[1]"].index == 1 and by_path["main/multi/branches[1]"].attribute.name == "branches"
+    fthen = by_path["function custom::f/floop/body/fif/then_branch"]
+    assert fthen.in_function and fthen.function.name == "f" and fthen.parent.parent.graph is None
+    assert {"u", "c", "r", "r2"} <= fthen.outer_names() and "v" not in fthen.outer_names()
+    assert {"x", "w", "y", "i", "l", "z"} <= scan_body.outer_names()  # inputs, initializers, outer node outputs
+    # without functions, the main graph's tree only; reversed: a node's graphs last first
+    assert [v.path for _, v in walk(model, functions=False)] == [p for e, p, _ in events if e == ENTER][:7]
+    assert [v.graph.name for _, v in walk(model.graph, reverse=True)] == [
+        "main", "b1", "b0", "loop_body", "then", "else", "scan_body"]
+
+
+def test_walk_node_events_interleave_the_graphs_a_node_holds():
+    model = _nested_model()
+    seen = []
+    for event, v in walk(model, nodes=True, exits=True):
+        seen.append(f"{event}:{v.nodes[v.at].name}" if event == NODE else f"{event}:{v.path.rsplit('/', 1)[-1]}")
+    assert seen[:14] == ["enter:main", "node:loop", "enter:body", "node:add", "node:if", "enter:else_branch",
+                         "node:scan", "enter:body", "node:id", "exit:body", "exit:else_branch", "enter:then_branch",
+                         "node:neg", "exit:then_branch"]
+    assert [s for s in seen if s.startswith("node:")] == [
+        "node:loop", "node:add", "node:if", "node:scan", "node:id", "node:neg", "node:multi", "node:abs",
+        "node:floop", "node:fif", "node:relu"]
+    assert seen.count("enter:main") == 1 and seen[-1] == "exit:function custom::f"
+
+
+def test_walk_callers_hand_over_the_graphs_they_found():
+    model = _nested_model()
+    entered = []
+    for _, v in walk(model.graph):
+        entered.append(v.graph.name)
+        v.children = [c for c in held_graphs(v.nodes) if v.nodes[c[0]].attribute[c[1]].name != "else_branch"]  # a caller's own scan, filtered
+    assert entered == ["main", "loop_body", "then", "b0", "b1"]
+
+
+def _chain(depth: int, width: int = 1) -> onnx.ModelProto:
+    """Loop bodies nested ``depth`` levels deep, each holding ``width`` Add nodes and the next Loop."""
+    model = helper.make_model(helper.make_graph([], "main", [], []), ir_version=9,
+                              opset_imports=[helper.make_opsetid("", 17)])
+    g = model.graph
+    for level in range(depth):
+        for k in range(width):
+            g.node.append(helper.make_node("Add", ["x", "x"], [f"a{level}_{k}"]))
+        loop = g.node.add(op_type="Loop", name=f"loop{level}", input=["", "c"], output=[f"l{level}"])
+        attr = loop.attribute.add(name="body", type=onnx.AttributeProto.GRAPH)
+        attr.g.name = f"body{level}"
+        g = attr.g
+    return model
+
+
+def test_walk_does_not_recurse_2000_levels_deep():
+    model = _chain(2000)
+    entered = exited = 0
+    deepest = None
+    for event, v in walk(model, exits=True):
+        if event == ENTER:
+            entered += 1
+            deepest = v
+        else:
+            exited += 1
+    assert entered == exited == 2001 and deepest.depth == 2000 and deepest.graph.name == "body1999"
+    assert deepest.path.count("/body") == 2000
+    assert len(ModelIndex(model).node_lists) == 2001 and len(graph_tree(model.graph)) == 2001
+    assert len(list(scopes(model))) == 2001
+
+
+def _walk_seconds(model: onnx.ModelProto) -> float:
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _event, _v in walk(model, exits=True):
+            pass
+        ModelIndex(model)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def test_walk_grows_linearly_with_nesting():
+    small, large = _chain(150, 4), _chain(1500, 4)  # 10x the graphs and the nodes
+    ratio = _walk_seconds(large) / _walk_seconds(small)
+    assert ratio < 40, f"10x the nested bodies took {ratio:.1f}x the time (linear: 10x, quadratic: 100x)"
