@@ -20,7 +20,7 @@ from onnx import helper
 from graphkit.errors import RewriteError
 from graphkit.rewrite.graph.edit import outer_names
 from graphkit.rewrite.graph.view import GraphView
-from graphkit.rewrite.graph.walk import AI_ONNX, graphs, subgraphs
+from graphkit.rewrite.graph.walk import AI_ONNX, graphs, subgraphs, walk
 from graphkit.rewrite.lowering.builder import TypeTable
 
 __all__ = ["Scope", "model_scopes"]
@@ -264,7 +264,7 @@ def model_scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callabl
     model_opset = next((i.version for i in model.opset_import if i.domain in AI_ONNX), 1)
     out: list[Scope] = []
     if tree is None:
-        _walk_scopes(out, model.graph, [], model_opset, types, make_builder, base_dir)
+        _walk_scopes(out, model.graph, model_opset, types, make_builder, base_dir)
     else:
         for graph, parent, ops in tree:
             if parent < 0:
@@ -279,9 +279,7 @@ def model_scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callabl
     for fn in model.functions:
         opset = next((i.version for i in fn.opset_import if i.domain in AI_ONNX), model_opset)
         out.append(Scope(fn.node, set(fn.output), [], None, TypeTable(), opset, make_builder, base_dir))
-        for node in fn.node:
-            for g in subgraphs(node):
-                _walk_scopes(out, g, [], opset, TypeTable(), make_builder, base_dir)
+        _walk_scopes(out, fn, opset, None, make_builder, base_dir)
     return out
 
 
@@ -295,15 +293,22 @@ def _scope(graph: onnx.GraphProto, outer: list[onnx.TensorProto], opset: int, tt
     return Scope(graph.node, {o.name for o in graph.output}, visible, graph, tt, opset, make_builder, base_dir)
 
 
-def _walk_scopes(out: list[Scope], graph: onnx.GraphProto, outer: list[onnx.TensorProto], opset: int, tt: Any,
+def _walk_scopes(out: list[Scope], root: onnx.GraphProto | onnx.FunctionProto, opset: int, tt: Any,
                  make_builder: Callable, base_dir: str | None) -> None:
-    """``graph``'s scope, then its subgraphs', depth first, onto ``out``."""
-    made = _scope(graph, outer, opset, tt, make_builder, base_dir)
-    out.append(made)
-    for node in made.nodes:
-        if node.attribute:
-            for g in subgraphs(node):
-                _walk_scopes(out, g, made.initializers, opset, _ScopeTypes(tt, g), make_builder, base_dir)
+    """The scopes of ``root`` (a graph: its own, typed by ``tt``; a function: none, its body's
+    is the caller's) and of the graphs nested in it, depth first, onto ``out``: a subgraph
+    sees its graph's initializers and its types (a graph right in a function body: a table
+    of its own)."""
+    for _, v in walk(root):
+        if v.graph is None:
+            continue
+        up = v.parent.data if v.parent is not None else None
+        if up is None:
+            made = _scope(v.graph, [], opset, tt if v.parent is None else TypeTable(), make_builder, base_dir)
+        else:
+            made = _scope(v.graph, up.initializers, opset, _ScopeTypes(up.types, v.graph), make_builder, base_dir)
+        v.data = made
+        out.append(made)
 
 
 class _ScopeTypes:
