@@ -11,7 +11,7 @@ from onnx import helper
 
 from graphkit.errors import ValidationError
 from graphkit.ops import OpRegistry
-from graphkit.rewrite.graph.walk import graphs
+from graphkit.rewrite.graph.walk import graphs, walk
 from graphkit.rewrite.lowering.builder import TypeTable
 
 __all__ = ["check_context", "check_model", "check_replacement", "check_scan", "bytes_check"]
@@ -26,11 +26,9 @@ def check_scan(model: onnx.ModelProto) -> tuple[list[onnx.TypeProto.Tensor], boo
     g_one, g_many = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
     shapeless: list[onnx.TypeProto.Tensor] = []
     found = False
-    stack = [model.graph]
-    lists = [fn.node for fn in model.functions]
-    while stack or lists:
-        if stack:
-            g = stack.pop()
+    for _, v in walk(model):
+        g = v.graph
+        if g is not None:
             for vi in (*g.input, *g.output):
                 tt = vi.type.tensor_type
                 if vi.type.HasField("tensor_type") and not tt.HasField("shape"):
@@ -38,21 +36,20 @@ def check_scan(model: onnx.ModelProto) -> tuple[list[onnx.TypeProto.Tensor], boo
             found = found or any(t.data_location == external for t in g.initializer) or any(
                 t.values.data_location == external or t.indices.data_location == external
                 for t in g.sparse_initializer)
-            nodes = g.node
-        else:
-            nodes = lists.pop()
-        for node in nodes:
+        held = []  # the graphs the nodes hold, for the walk (it does not scan the nodes again)
+        for i, node in enumerate(v.nodes):
             if node.attribute:
-                for attr in node.attribute:
+                for a, attr in enumerate(node.attribute):
                     t = attr.type
                     if t == tensor:
                         found = found or attr.t.data_location == external
                     elif t == g_one:
-                        stack.append(attr.g)
+                        held.append((i, a, -1))
                     elif t == g_many:
-                        stack.extend(attr.graphs)
+                        held.extend((i, a, k) for k in range(len(attr.graphs)))
                     elif t == tensors:
                         found = found or any(x.data_location == external for x in attr.tensors)
+        v.children = held
     return shapeless, found
 
 
