@@ -69,35 +69,26 @@ class _NodeRef:
 
 
 def _walk(model: onnx.ModelProto) -> Iterator[_NodeRef]:
-    """Every node: main graph, subgraphs (any depth), model-local functions."""
-    counter = [0]
+    """Every node: main graph, subgraphs (any depth), model-local functions, in document order
+    (a node's subgraphs right after it)."""
+    from graphkit.rewrite.graph.walk import ENTER, NODE, walk
 
-    def label(node: onnx.NodeProto, where: str) -> str:
-        counter[0] += 1
-        base = node.name or f"<unnamed {node.domain or 'ai.onnx'}::{node.op_type} #{counter[0]}>"
-        return f"{where}{base}" if where else base
-
-    def graph(g: onnx.GraphProto, depth: int, where: str) -> Iterator[_NodeRef]:
-        for i, n in enumerate(g.node):
-            display = label(n, where)
-            yield _NodeRef(n, g, i, depth, display)
-            yield from subgraphs(n, depth, display)
-
-    def subgraphs(n: onnx.NodeProto, depth: int, display: str) -> Iterator[_NodeRef]:
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                yield from graph(a.g, depth + 1, f"{display}/{a.name}/")
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for k, sub in enumerate(a.graphs):
-                    yield from graph(sub, depth + 1, f"{display}/{a.name}[{k}]/")
-
-    yield from graph(model.graph, 0, "")
-    for f in model.functions:
-        where = f"function {f.domain}::{f.name}/"
-        for i, n in enumerate(f.node):
-            display = label(n, where)
-            yield _NodeRef(n, None, i, 1, display)
-            yield from subgraphs(n, 1, display)
+    counter = 0
+    for event, v in walk(model, nodes=True):
+        if event == ENTER:
+            # v.data: [the prefix of its nodes' labels, the label of its latest node]
+            if v.parent is None:
+                where = "" if v.graph is not None else f"function {v.function.domain}::{v.function.name}/"
+            else:
+                attr = v.attribute.name if v.index < 0 else f"{v.attribute.name}[{v.index}]"
+                where = f"{v.parent.data[1]}/{attr}/"
+            v.data = [where, ""]
+        elif event == NODE:
+            n = v.nodes[v.at]
+            counter += 1
+            base = n.name or f"<unnamed {n.domain or 'ai.onnx'}::{n.op_type} #{counter}>"
+            display = v.data[1] = f"{v.data[0]}{base}" if v.data[0] else base
+            yield _NodeRef(n, v.graph, v.at, v.depth + (v.function is not None), display)
 
 
 def _native():
