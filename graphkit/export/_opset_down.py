@@ -44,7 +44,7 @@ import onnx.version_converter
 from graphkit.errors import ExportError, RewriteError
 from graphkit.rewrite.convert.opset import convert as convert_by_adapters
 from graphkit.rewrite.convert.opset import split_18_runtime_sizes, split_18_sizes
-from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex, graph_tree, node_lists, value_types
+from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex, graph_tree, node_lists, value_types, walk
 from graphkit.rewrite.lowering.builder import NameGenerator
 
 __all__ = ["ConverterError", "convert_down", "drop_default_attributes", "split_without_num_outputs"]
@@ -113,16 +113,11 @@ def _convert_whole_model(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
 def _attribute_reference(fn: onnx.FunctionProto) -> str | None:
     """The first attribute in ``fn``'s body (nested graphs included) that refers to one of
     ``fn``'s attributes, as ``"node.attribute = @name"``; None when there is none."""
-    stack: list = [fn.node]
-    while stack:
-        for node in stack.pop():
+    for _, v in walk(fn, reverse=True):  # the body first, then its graphs, the last first
+        for node in v.nodes:
             for attr in node.attribute:
                 if attr.ref_attr_name:
                     return f"{node.name or node.op_type}.{attr.name} = @{attr.ref_attr_name}"
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    stack.append(attr.g.node)
-                elif attr.type == onnx.AttributeProto.GRAPHS:
-                    stack.extend(g.node for g in attr.graphs)
     return None
 
 
