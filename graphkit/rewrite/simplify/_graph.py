@@ -18,7 +18,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphkit.rewrite.graph.view import constant_node_value
-from graphkit.rewrite.graph.walk import AI_ONNX, subgraphs
+from graphkit.rewrite.graph.walk import AI_ONNX, subgraphs, walk
 
 __all__ = ["Scope", "outer_reads", "scopes_of"]
 
@@ -29,34 +29,31 @@ _MANY = 16  # inputs past which a node's input positions are indexed
 def outer_reads(graph: onnx.GraphProto) -> set[str]:
     """The names ``graph`` (and the graphs nested in it) read from enclosing scopes."""
     reads: set[str] = set()
-    stack = [(graph, frozenset())]
-    while stack:
-        g, defined_above = stack.pop()
-        local = set(defined_above)
+    for _, v in walk(graph):
+        g = v.graph
+        local = set() if v.parent is None else set(v.parent.data)  # defined above
         local.update(i.name for i in g.input)
         local.update(t.name for t in g.initializer)
         for node in g.node:
             local.update(o for o in node.output if o)
         for node in g.node:
             reads.update(i for i in node.input if i and i not in local)
-            for sub in subgraphs(node):
-                stack.append((sub, frozenset(local)))
         reads.update(o.name for o in g.output if o.name not in local)
+        v.data = local
     return reads
 
 
 def _rename_inside(graph: onnx.GraphProto, old: str, new: str) -> None:
     """Rename the outer value ``old`` to ``new`` wherever ``graph`` (or a graph in it) reads it."""
-    stack = [graph]
-    while stack:
-        g = stack.pop()
+    for _, v in walk(graph):
+        g = v.graph
         if any(i.name == old for i in g.input) or any(t.name == old for t in g.initializer):
-            continue  # shadowed here
+            v.children = []  # shadowed here: not in the graphs nested in it either
+            continue
         for node in g.node:
             for k, name in enumerate(node.input):
                 if name == old:
                     node.input[k] = new
-            stack.extend(subgraphs(node))
         for o in g.output:
             if o.name == old:
                 o.name = new
@@ -354,24 +351,13 @@ def scopes_of(model: onnx.ModelProto, base_dir: str | None, model_file: str | No
     """A Scope per graph, subgraph and function body, each graph before the graphs in it
     (``model_file``: the model's file name in ``base_dir``, Scope's)."""
     out: list[Scope] = []
-
-    def walk(graph: onnx.GraphProto, outer: Scope | None, in_function: bool) -> None:
-        stack = [(graph, outer)]
-        while stack:
-            g, parent = stack.pop()
-            scope = Scope(g, outer=parent, base_dir=base_dir, in_function=in_function, model_file=model_file)
-            out.append(scope)
-            for node in reversed(g.node):
-                for sub in reversed(list(subgraphs(node))):
-                    stack.append((sub, scope))
-
-    walk(model.graph, None, False)
-    for fn in model.functions:
-        scope = Scope(fn, base_dir=None, in_function=True)
-        out.append(scope)
-        for node in fn.node:
-            for sub in subgraphs(node):
-                walk(sub, scope, True)
+    for _, v in walk(model):
+        if v.graph is None:  # a function's own body
+            v.data = Scope(v.function, base_dir=None, in_function=True)
+        else:
+            v.data = Scope(v.graph, outer=None if v.parent is None else v.parent.data, base_dir=base_dir,
+                           in_function=v.function is not None, model_file=model_file)
+        out.append(v.data)
     return out
 
 
