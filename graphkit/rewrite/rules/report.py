@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from graphkit.rewrite.graph.walk import holds_graphs
+
 __all__ = ["MatchResult", "OpDelta", "RuleReport"]
 
 
@@ -110,9 +112,8 @@ class OpDelta:
         if not self.exact:
             return
         old, new = list(old), list(new)
-        graph_types = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
         for nodes in (old, new):  # attributes read in bulk: most nodes have none
-            if any(a.type in graph_types for attrs in map(_ATTRIBUTES, nodes) if attrs for a in attrs):
+            if any(map(holds_graphs, filter(_ATTRIBUTES, nodes))):
                 self.exact = False
                 return
         self.counts.subtract(collections.Counter(zip(map(_DOMAIN, old), map(_OP_TYPE, old))))

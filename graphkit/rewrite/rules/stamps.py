@@ -10,6 +10,7 @@ from typing import Any
 import onnx
 
 from graphkit.rewrite.graph.view import GraphView
+from graphkit.rewrite.graph.walk import holds_graphs
 from graphkit.rewrite.rules.matcher import Matcher
 from graphkit.rewrite.rules.report import OpDelta, RuleReport
 from graphkit.rewrite.rules.template import Template
@@ -44,7 +45,7 @@ def stamp_matches(view: GraphView, candidates: Any, matcher: Matcher, run: Any, 
         if node is None:
             node = nodes[index]
         if node.attribute and not stamp.holds_graphs:
-            stamp.holds_graphs = any(a.type in _GRAPH_TYPES for a in node.attribute)
+            stamp.holds_graphs = holds_graphs(node)
         op_type = template.op_type
         node_name = fresh(f"{node.name or rule}/{op_type}")
         fresh(f"{node_name}_out")
@@ -74,9 +75,6 @@ def report_stamps(view: GraphView, stamp: "Stamps", report: RuleReport, rule: st
     return stamped, view if view.restamp(stamp.indices, stamp.ops) else None
 
 
-_GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-
-
 class Stamps:
     """Matched nodes overwritten with their template's node, named and wired as the Builder
     would make it: the fields CopyFrom of the per-match replacement gives. Keeps what the
@@ -104,7 +102,7 @@ class Stamps:
               domain: str) -> None:
         """Overwrite ``node`` (at ``index``) with the template's node, so named and wired."""
         if node.attribute and not self.holds_graphs:
-            self.holds_graphs = any(a.type in _GRAPH_TYPES for a in node.attribute)
+            self.holds_graphs = holds_graphs(node)
         node.CopyFrom(template.node)
         node.input.extend(inputs)
         node.output.append(output)
