@@ -26,6 +26,7 @@ from graphkit.rewrite.bytes import wire
 from graphkit.rewrite.writers import InBodies, Pieces, Request, Unsupported
 from graphkit.rewrite.engine import DEFAULT_PREFERENCE
 from graphkit.rewrite.files import rewrite_bytes
+from graphkit.rewrite.graph.types import TypeTable
 
 F = TensorProto.FLOAT
 
@@ -461,20 +462,20 @@ def test_type_table_serving_steps_aside_at_its_end():
     whatever the block raised (that followed from the answer)."""
     model = _asking_model("main")
     nodes = model.graph.node
-    types = common.ForwardTypes(model, default_registry(), nodes, [n.domain for n in nodes],
-                                    [n.op_type for n in nodes], [list(n.input) for n in nodes],
-                                    [list(n.output) for n in nodes], set(), set())
+    types, typing = common.forward_types(model, default_registry(), nodes, [n.domain for n in nodes],
+                                         [n.op_type for n in nodes], [list(n.input) for n in nodes],
+                                         [list(n.output) for n in nodes], set())
     with pytest.raises(Unsupported, match="shape inference"):
         types.shape("r")
-    with types.serving():  # what it answers as the engine's table does
+    with typing.serving():  # what it answers as the engine's table does
         assert types.elem_type("r") == F and types.shape("x") == [2, 3]
     with pytest.raises(Unsupported, match="shape inference") as stepped:
-        with types.serving():
+        with typing.serving():
             assert types.shape("r") is None
             raise ValueError("the op's code, on an answer that was not the engine's")
     assert stepped.value.__suppress_context__
     with pytest.raises(Unsupported, match="shape inference"):
-        with types.serving():
+        with typing.serving():
             assert types.shape("r") is None  # returned normally: steps aside all the same
 
 
@@ -1049,12 +1050,12 @@ def test_forward_pass_waits_when_placeholders_read_declared_names():
               [list(n.output) for n in nodes])
 
     def table(read):
-        return common.ForwardTypes(model, default_registry(), nodes, *fields, set(), set(), read)
+        return common.forward_types(model, default_registry(), nodes, *fields, set(), read=read)[0]
 
     waiting, at_once = table(["x"]), table(["x", "y0"])
-    assert waiting._pending is not None and at_once._pending is None
-    assert waiting.elem_type("x") == F and waiting._pending is not None
-    assert waiting.elem_type("y3") == at_once.elem_type("y3") == F and waiting._pending is None
+    assert waiting.waiting and not at_once.waiting
+    assert waiting.elem_type("x") == F and waiting.waiting
+    assert waiting.elem_type("y3") == at_once.elem_type("y3") == F and not waiting.waiting
 
 
 # -- --target-opset: the byte writer where the conversion moves only the imports ------------
@@ -1490,20 +1491,20 @@ def _loops_of_reducing_ifs(n: int) -> onnx.ModelProto:
 @pytest.mark.parametrize("shape, bulk", [("if_bodies", True), ("loops_of_ifs", True), ("nested", False)])
 def test_target_opset_converting_in_bodies_reads_declarations_at_once(shape, bulk, monkeypatch):
     """A conversion changing nodes in bodies: the declarations are read at once, then every
-    graph is listed (_Types.list_every_graph: the scopes the graph-by-graph pass lists, each
+    graph is listed (_BodyScopes.list_every_graph: the scopes the graph-by-graph pass lists, each
     placeholder's fields as read) for the conversion to splice into; the objects writer's bytes."""
     import scaling_models
 
     model = {"if_bodies": lambda: scaling_models.if_bodies(7, reduce=True), "nested": lambda: _reducing_nested(False),
              "loops_of_ifs": lambda: _loops_of_reducing_ifs(5)}[shape]()
     listed: list[list] = []
-    list_every_graph = bodies._Types.list_every_graph
+    list_every_graph = bodies._BodyScopes.list_every_graph
 
     def spy(self, *args):
         list_every_graph(self, *args)
         listed.append([(s.path, s.custom, s.size, s.dirty, s.fields is not None, _subs(s)) for s in self.scopes])
 
-    monkeypatch.setattr(bodies._Types, "list_every_graph", spy)
+    monkeypatch.setattr(bodies._BodyScopes, "list_every_graph", spy)
     ran = _bulk_spy(monkeypatch)
     _converted_by_bytes(model)
     if not bulk:  # not of the form _declared_bulk reads: graph by graph, every graph listed by that pass
@@ -1516,7 +1517,7 @@ def test_target_opset_converting_in_bodies_reads_declarations_at_once(shape, bul
     from operator import attrgetter
 
     holders = [i for i, n in enumerate(nodes) if any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)]
-    one_by_one = bodies._Types(model, default_registry(), body_splice.Scope(model.graph, ()),
+    one_by_one = bodies._BodyScopes(model, default_registry(), body_splice.Scope(model.graph, ()),
                                    list(map(attrgetter("domain"), nodes)), list(map(attrgetter("op_type"), nodes)),
                                    holders, forward=False, data=data, spans=None)
     assert [(*row[:4], row[5]) for row in listed[0][1:]] == [(s.path, s.custom, s.size, s.dirty, _subs(s))
@@ -1727,10 +1728,10 @@ def test_bodies_input_checked_before_the_type_table(monkeypatch):
     """As in the main graph's writer, the checker runs on the input before the bodies' writer
     reads every node (test_input_checked_before_the_lowering_lists), and once only."""
     calls = []
-    check, types = common.input_refused, bodies._Types
+    check, types = common.input_refused, bodies._BodyScopes
     for module in (bodies, common):  # where the writer calls it, and where check_parts does
         monkeypatch.setattr(module, "input_refused", lambda *a: (calls.append("check"), check(*a))[1])
-    monkeypatch.setattr(bodies, "_Types", lambda *a, **k: (calls.append("types"), types(*a, **k))[1])
+    monkeypatch.setattr(bodies, "_BodyScopes", lambda *a, **k: (calls.append("types"), types(*a, **k))[1])
     _, report, _ = _by_parts(_scaling("if_bodies", 20), monkeypatch)
     assert report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS), report.writer_reason
     assert calls[:2] == ["check", "types"] and calls.count("check") == 2  # the input, the replacements
@@ -2179,7 +2180,7 @@ def test_target_opset_converting_random_models_agree(rng, opset, target):
     assert out == slow.SerializeToString() and _without_writer(report) == _without_writer(slow_report)
 
 
-# -- the bodies' declarations read at once (_Types._declared_bulk) or graph by graph --------
+# -- the bodies' declarations read at once (_BodyScopes._declared_bulk) or graph by graph --------
 
 def _loop_bodies_rich(n: int, *, outer_value_info: bool = False, initializer: bool = False,
                       outer_output: bool = False) -> onnx.ModelProto:
@@ -2233,10 +2234,10 @@ def _scan_bodies(n: int) -> onnx.ModelProto:
 
 
 def _bulk_spy(monkeypatch) -> list:
-    """Records, per run of _Types._declared_bulk, whether it read the declarations (True) or
+    """Records, per run of _BodyScopes._declared_bulk, whether it read the declarations (True) or
     left them to the graph-by-graph pass (False)."""
     ran = []
-    bulk = bodies._Types._declared_bulk
+    bulk = bodies._BodyScopes._declared_bulk
 
     def spy(self, *args):
         try:
@@ -2246,7 +2247,7 @@ def _bulk_spy(monkeypatch) -> list:
             raise
         ran.append(True)
 
-    monkeypatch.setattr(bodies._Types, "_declared_bulk", spy)
+    monkeypatch.setattr(bodies._BodyScopes, "_declared_bulk", spy)
     return ran
 
 
@@ -2319,7 +2320,7 @@ def test_bodies_read_at_once_shapes_of_names_declared_twice(lookups, monkeypatch
     there or the table made past _LOOKUPS names): the last declaration, as the objects
     writer's table has it, for the check and for the writer's bytes; the wrong one last gives
     the objects writer's error."""
-    monkeypatch.setattr(bodies._Types, "_LOOKUPS", lookups)
+    monkeypatch.setattr(TypeTable, "LOOKUPS", lookups)
     ran = _bulk_spy(monkeypatch)
     for lowering in (Lowering.NATIVE, Lowering.DECOMPOSE):  # the check reads the shape; the decomposition too
         _same_bytes(_deform_in_branches(4), lowering=lowering)
@@ -2390,7 +2391,7 @@ def test_bodies_writer_from_threads(monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["if_bodies", "loop_bodies", "loop_rich", "scan"])
-def test_bodies_read_at_once_give_the_graph_by_graph_table(case):
+def test_bodies_read_at_once_give_the_graph_by_graph_table(case, monkeypatch):
     """The declarations read at once leave the type table the graph-by-graph pass leaves:
     element types, TypeProtos (made when first asked for), names left untyped, op counts,
     the scopes holding placeholders (paths and placeholder indices)."""
@@ -2406,24 +2407,25 @@ def test_bodies_read_at_once_give_the_graph_by_graph_table(case):
     starts, ends, _ = wire.node_entries(data, g0, g1)
     domains, op_types = list(map(attrgetter("domain"), nodes)), list(map(attrgetter("op_type"), nodes))
     holders = [i for i, n in enumerate(nodes) if any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)]
-    tables = [bodies._Types(model, default_registry(), body_splice.Scope(model.graph, ()), domains, op_types,
+    tables = [bodies._BodyScopes(model, default_registry(), body_splice.Scope(model.graph, ()), domains, op_types,
                                 holders, forward=False, data=data, spans=spans) for spans in ((starts, ends), None)]
     bulk, one_by_one = tables
     assert bulk.bulk and not one_by_one.bulk
     # a TypeProto asked for before the table is made is found in what is pending (the last
-    # declaration of its name), then remembered; past _LOOKUPS names the table is made
-    asked = [*one_by_one._types, "no such name"]
-    bulk._LOOKUPS = len(asked) + 1
+    # declaration of its name), then remembered; past LOOKUPS names the table is made
+    table, want_table = bulk.table, one_by_one.table
+    asked = [*want_table._types, "no such name"]
+    monkeypatch.setattr(TypeTable, "LOOKUPS", len(asked) + 1)
     for name in asked * 2:
-        got, want = bulk._type(name), one_by_one._type(name)
+        got, want = table._type(name), want_table._type(name)
         assert (got and got.SerializeToString()) == (want and want.SerializeToString()), name
-    assert bulk._types_pending is not None
-    bulk._LOOKUPS = 1
-    assert bulk._type("not asked yet") is None
-    assert bulk._types_pending is None  # made at once now
-    assert bulk._elem == one_by_one._elem and bulk._defined == one_by_one._defined
-    assert {k: v.SerializeToString() for k, v in bulk._types.items()} == {
-        k: v.SerializeToString() for k, v in one_by_one._types.items()}
+    assert table._types_pending is not None
+    monkeypatch.setattr(TypeTable, "LOOKUPS", 1)
+    assert table._type("not asked yet") is None
+    assert table._types_pending is None  # made at once now
+    assert table._elem == want_table._elem and table._defined == want_table._defined
+    assert {k: v.SerializeToString() for k, v in table._types.items()} == {
+        k: v.SerializeToString() for k, v in want_table._types.items()}
     assert +bulk.counts == +one_by_one.counts
     assert [(s.path, s.custom) for s in bulk.scopes] == [(s.path, s.custom) for s in one_by_one.scopes if s.custom
                                                           or not s.path]

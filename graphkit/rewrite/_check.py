@@ -12,7 +12,7 @@ from onnx import helper
 from graphkit.errors import ValidationError
 from graphkit.ops import OpRegistry
 from graphkit.rewrite.graph.walk import graphs, walk
-from graphkit.rewrite.lowering.builder import TypeTable
+from graphkit.rewrite.graph.types import TypeTable
 
 __all__ = ["check_context", "check_model", "check_replacement", "check_scan", "bytes_check"]
 

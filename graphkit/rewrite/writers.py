@@ -32,7 +32,7 @@ every built-in op's exports); docs/benchmarks.md says what each saves, on which 
   writer ("objects" or "bytes"), ``report.writer_reason`` why it ran.
 * A byte writer raises :class:`Unsupported` (naming the precondition) where it does not handle
   the model, before any of the op's code runs or once the plan returns (never through the
-  op's code: ``bytes.common.ForwardTypes.serving``); the main graph's raises :class:`InBodies`
+  op's code: ``bytes.common.WriterTyping.serving``); the main graph's raises :class:`InBodies`
   where the placeholders are the bodies writer's. An error while lowering is the plan's,
   raised as it is: every writer reports it in the same words.
 

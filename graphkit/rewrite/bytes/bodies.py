@@ -38,13 +38,13 @@ The result is the objects writer's, byte for byte (tests/test_fastpath.py's corp
   names they read are in the bytes searched), else with every name of the model, as the
   engine's (``bytes.common.name_seed``); it is asked in the lowering's order, the bytes
   written afterwards.
-* Element types: the engine's ``TypeTable`` (``bytes.common.ForwardTypes`` over the main
+* Element types: the engine's ``TypeTable`` (``bytes.common.forward_types`` over the main
   graph, subgraphs through TypeTable's own pass), whose pass also lists the scopes
-  (``_Types``). Where every placeholder input is declared with a type (or is an output
+  (``_BodyScopes``, the pass's watch). Where every placeholder input is declared with a type (or is an output
   of a main-graph If/Loop/Scan whose body output is), the declarations alone give the
   whole pass's answer for them (a forward rule never changes a declared name's type) and
   the nodes are not typed; those are read from the serialized subgraphs at once where
-  every name a subgraph defines or declares is its own (``_Types._declared_bulk`` lists
+  every name a subgraph defines or declares is its own (``_BodyScopes._declared_bulk`` lists
   the conditions), else graph by graph. Otherwise the whole pass runs. Where sibling
   subgraphs define one name (the engine then keeps a table per scope) or a placeholder
   input stays unknown (the engine would run ONNX shape inference), the objects writer runs.
@@ -100,13 +100,15 @@ from graphkit.rewrite.bytes import conversions
 from graphkit.rewrite.bytes import wire
 from graphkit.rewrite.bytes import body_splice
 from graphkit.rewrite.bytes.body_splice import Scope, graph_bytes, holder_entries
-from graphkit.rewrite.bytes.common import (CHECKED_BY_PARTS, BoundWriter, ForwardTypes, TemplateWriter, assemble,
-                                          check_parts, conversion_steps, count_after, input_refused, seed_names)
+from graphkit.rewrite.bytes.common import (CHECKED_BY_PARTS, BoundWriter, TemplateWriter, assemble, check_parts,
+                                          conversion_steps, count_after, forward_types, input_refused, lower_first,
+                                          seed_names, writer_types)
 from graphkit.rewrite import engine as _engine
 from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite.graph.walk import AI_ONNX, count_ops
 from graphkit.rewrite.bytes.wire import Unsupported
-from graphkit.rewrite.lowering.builder import NameGenerator, TypeTable
+from graphkit.rewrite.graph.types import TypeTable
+from graphkit.rewrite.lowering.builder import NameGenerator
 from graphkit.rewrite.engine import RewriteReport
 from graphkit.rewrite.lowering.plan import Lowered, Lowering, LoweringPlan, LoweringScope, Template
 from graphkit.rewrite.writers import Pieces, Request
@@ -119,7 +121,7 @@ _GRAPH = onnx.AttributeProto.GRAPH
 _GRAPHS = onnx.AttributeProto.GRAPHS
 _NAME, _TYPE, _ELEM = attrgetter("name"), attrgetter("type"), attrgetter("tensor_type.elem_type")
 _MAX_DEPTH = 64  # nested graphs deeper than this go to the objects writer (recursion here)
-_BULK_DEPTH = 8  # _Types._declared_bulk reads graphs nested this deep; deeper ones go graph by graph
+_BULK_DEPTH = 8  # _BodyScopes._declared_bulk reads graphs nested this deep; deeper ones go graph by graph
 _CONTROL_FLOW_BODY = {"If": "then_branch", "Loop": "body", "Scan": "body"}
 _EVERYTHING = itemgetter(slice(None))  # a repeated field's values as a list, in one call
 _CHAIN, _REPEAT = itertools.chain.from_iterable, itertools.repeat
@@ -229,15 +231,17 @@ class _Undeclared(Exception):
 
 
 class _NotBulk(Exception):
-    """The subgraphs' declarations are not of the form _Types._declared_bulk reads at once: the
+    """The subgraphs' declarations are not of the form _BodyScopes._declared_bulk reads at once: the
     pass goes graph by graph."""
 
 
-class _Types(ForwardTypes):
-    """The engine's type table (``bytes.common.ForwardTypes`` over every node of the main graph,
-    subgraphs through TypeTable's own pass) whose pass through the subgraphs also lists the
-    graphs holding placeholders: ``scopes`` in ModelIndex's order (the order the pass enters
-    them), ``counts`` every node's (domain, op type).
+class _BodyScopes:
+    """The bodies' pass over the model: the engine's type table (graph.types.TypeTable, the
+    byte writers' policy ``bytes.common.WriterTyping``) typed as the engine's pass types it,
+    every node of the main graph read in bulk, subgraphs through TypeTable's own pass, which
+    tells this watch (graph.types.Watch) where it goes: it lists the graphs holding
+    placeholders, ``scopes`` in ModelIndex's order (the order the pass enters them), and
+    counts every node's (domain, op type), ``counts``.
 
     Without ``forward``, the pass only declares (every graph's inputs, outputs, value_info and
     initializers, in the pass's order) and lists the scopes. That is the whole pass's answer
@@ -247,7 +251,8 @@ class _Types(ForwardTypes):
     only. The main graph's If/Loop/Scan outputs take their body outputs' declared types
     (_declared_control_flow). The caller asks it only for names so typed, else runs the
     whole pass. Where every subgraph's names are its own (_declared_bulk), the declarations
-    are read a field of every subgraph at a time; else graph by graph."""
+    are read a field of every subgraph at a time (``TypeTable.take_declarations``); else
+    graph by graph."""
 
     def __init__(self, model: onnx.ModelProto, registry: OpRegistry, main: Scope, domains: list[str],
                  op_types: list[str], holders: list[int], forward: bool = True, data: bytes = b"",
@@ -261,24 +266,28 @@ class _Types(ForwardTypes):
         self._frames: list[tuple[Scope, int, Iterator[tuple[int, int]], list]] = []
         self._at: tuple[Scope, int] | None = None
         self._forwarding = forward
+        self._graphs: tuple[list[tuple[int, ...]], list[int]] | None = None  # _declared_bulk's, for list_every_graph
         nodes = model.graph.node
         if forward:
             everything = itemgetter(slice(None))
-            super().__init__(model, registry, nodes, domains, op_types,
-                             list(map(everything, map(attrgetter("input"), nodes))),
-                             list(map(everything, map(attrgetter("output"), nodes))), set(holders), set())
+            self.table, self.typing = forward_types(model, registry, nodes, domains, op_types,
+                                                    list(map(everything, map(attrgetter("input"), nodes))),
+                                                    list(map(everything, map(attrgetter("output"), nodes))),
+                                                    set(holders), watch=self)
+            self.table.set_watch(None)  # the pass is over (and no cycle keeps the table alive)
             return
-        TypeTable.__init__(self, model, registry)
-        self._made = collections.Counter(itertools.chain.from_iterable(map(attrgetter("output"), nodes)))
-        self._main_outputs = self._made.keys()
-        self._avoid: set[str] = set()
-        self.lowering = True
-        self.inference_model = None
-        self._declare(model.graph)
-        if "" in self._elem:
-            raise Unsupported("a declared tensor without a name")
-        self._state = "forward"
-        self._pending = None
+        self.made = collections.Counter(itertools.chain.from_iterable(map(attrgetter("output"), nodes)))
+        self._main_outputs = self.made.keys()
+        self.table, self.typing = table, _ = writer_types(model, registry, watch=self)
+        try:
+            self._declarations_only(table, nodes, domains, holders, data, spans)
+        finally:
+            table.set_watch(None)  # the pass is over (and no cycle keeps the table alive)
+
+    def _declarations_only(self, table: TypeTable, nodes: Any, domains: list[str], holders: list[int], data: bytes,
+                           spans: tuple[Any, Any] | None) -> None:
+        """The declarations-only pass: read at once where it can be (_declared_bulk), else graph by graph."""
+        table.declarations_only()
         if spans is not None:
             try:
                 self._declared_bulk(data, spans, domains, holders)
@@ -288,22 +297,24 @@ class _Types(ForwardTypes):
             except _NotBulk:
                 self.prefixes = set()
         for index in holders:
-            self._forward_subgraphs(nodes[index], domains[index])
+            self.holder(table, nodes[index], domains[index])
 
-    def _forward_subgraphs(self, node: onnx.NodeProto, domain: str) -> None:
+    def holder(self, table: TypeTable, node: onnx.NodeProto, domain: str) -> None:
+        """The pass reaches ``node``, holding graphs: TypeTable.forward_subgraphs, the graphs
+        listed as they are entered (:meth:`graph`), or, declarations only, _declared_holder."""
         parent, index = (self._main, next(self._main_holders)) if self._at is None else self._at
         if not self._forwarding and domain != PLACEHOLDER_DOMAIN:
             return self._declared_holder(node, domain, parent, index)
         positions = [(a, k) for a, attr in enumerate(node.attribute) if attr.type in (_GRAPH, _GRAPHS)
                      for k in range(1 if attr.type == _GRAPH else len(attr.graphs))]
         if not positions:
-            return super()._forward_subgraphs(node, domain)
+            return table.forward_subgraphs(node, domain)
         if domain == PLACEHOLDER_DOMAIN:
             raise Unsupported("a custom node with a subgraph")
         made: list[tuple[int, int, Scope]] = []
         self._frames.append((parent, index, iter(positions), made))
         at, self._at = self._at, None
-        super()._forward_subgraphs(node, domain)
+        table.forward_subgraphs(node, domain)
         self._at = at
         self._frames.pop()
         held: dict[int, list[tuple[int, Scope]]] = {}
@@ -314,6 +325,34 @@ class _Types(ForwardTypes):
         parent.subs.append((index, len(attributes), dirty,
                             [(a, 6 if attributes[a].type == _GRAPH else 11, subs) for a, subs in held.items()]))
         parent.dirty = parent.dirty or dirty
+
+    def graph(self, table: TypeTable, graph: onnx.GraphProto) -> None:
+        """TypeTable.forward_graph, listing the graph as a scope (the whole pass; _declared_body
+        is the declarations-only one)."""
+        parent, index, positions, made = self._frames[-1]
+        a, k = next(positions)
+        path = (*parent.path, index, a, k)
+        if len(path) > 3 * _MAX_DEPTH:
+            raise Unsupported(f"graphs nested more than {_MAX_DEPTH} deep")
+        scope = Scope(graph, path)
+        self.scopes.append(scope)
+        made.append((a, k, scope))
+        table.declare(graph)
+        nodes = graph.node
+        domains = list(map(attrgetter("domain"), nodes))
+        op_types = list(map(attrgetter("op_type"), nodes))
+        scope.size = len(domains)
+        self.counts.update(zip(domains, op_types))
+        if PLACEHOLDER_DOMAIN in domains:
+            scope.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
+            scope.dirty = True
+        forward_node = table.forward_node
+        for i, node in enumerate(nodes):
+            forward_node(node, domains[i], op_types[i])
+            if node.attribute:
+                self._at = (scope, i)
+                self.holder(table, node, domains[i])
+                self._at = None
 
     def _declared_holder(self, node: onnx.NodeProto, domain: str, parent: Scope, index: int) -> None:
         """The declarations-only pass through the graphs ``node`` (node ``index`` of ``parent``)
@@ -351,25 +390,22 @@ class _Types(ForwardTypes):
         parent.dirty = parent.dirty or dirty
 
     def _declared_body(self, graph: onnx.GraphProto, path: tuple[int, ...]) -> Scope:
-        """One subgraph, declarations only, listed as a scope (``_forward_graph``'s): TypeTable's
-        ``_define`` before it and ``_defined_untyped`` after (the names it defines that no
+        """One subgraph, declarations only, listed as a scope (:meth:`graph`'s): TypeTable's
+        ``define`` before it and ``defined_untyped`` after (the names it defines that no
         declaration types are left untyped: the union the check looks in is the same as the
         whole pass's). A name the main graph's nodes make too (a model the checker refuses),
         or a placeholder input not declared so far, is left to the whole pass (_Undeclared)."""
+        table = self.table
         nodes = graph.node
         outputs = list(map(attrgetter("output"), nodes))
-        # TypeTable._define: the names it defines; one typed or defined untyped already is another graph's
-        names = [name for name in itertools.chain(map(_NAME, graph.input), map(_NAME, graph.initializer),
-                                                  itertools.chain.from_iterable(outputs)) if name]
-        elem, types, untyped = self._elem, self._types, self._defined
-        for name in names:
-            if name in elem or name in types or name in untyped:
-                self._sibling_reuse(name)
+        names = table.define(graph, [name for name in itertools.chain(
+            map(_NAME, graph.input), map(_NAME, graph.initializer), itertools.chain.from_iterable(outputs)) if name])
         if not self._main_outputs.isdisjoint(names):
             raise _Undeclared
         scope = Scope(graph, path)
         self.scopes.append(scope)
-        self._declare(graph)
+        table.declare(graph)
+        elem = table.elem_types
         domains = list(map(attrgetter("domain"), nodes))
         op_types = list(map(attrgetter("op_type"), nodes))
         scope.size = len(domains)
@@ -382,44 +418,28 @@ class _Types(ForwardTypes):
         for i, attributes in enumerate(map(attrgetter("attribute"), nodes)):
             if attributes:
                 self._at = (scope, i)
-                self._forward_subgraphs(nodes[i], domains[i])
+                self.holder(table, nodes[i], domains[i])
                 self._at = None
-        for name in names:  # TypeTable._defined_untyped
-            if name not in elem:
-                untyped.add(name)
+        table.defined_untyped(names)
         return scope
 
     def _declared_control_flow(self, node: onnx.NodeProto, bodies: dict[str, onnx.GraphProto]) -> None:
-        """TypeTable._forward_control_flow for a node of the main graph, declarations only: an
+        """TypeTable's control-flow rule for a node of the main graph, declarations only: an
         output takes its body output's type where that is declared by now (the whole pass
         has the same type for it then: a forward rule never changes a declared name's) and
         no other node makes the output (else its forward type might come first); anything
         else is left to the whole pass."""
-        body = bodies.get({"If": "then_branch", "Loop": "body", "Scan": "body"}.get(node.op_type, ""))
+        body = bodies.get(_CONTROL_FLOW_BODY.get(node.op_type, ""))
         if body is None:
             return
-        elem = self._elem
+        elem = self.table.elem_types
         outs = list(body.output)[1:] if node.op_type == "Loop" else list(body.output)
         for out, body_out in zip(node.output, outs):
             if out:
                 t = elem.get(body_out.name)
-                if t is None or self._made[out] != 1:
+                if t is None or self.made[out] != 1:
                     raise _Undeclared
                 elem.setdefault(out, t)
-
-    def _declare(self, graph: onnx.GraphProto) -> None:
-        """TypeTable._declare, each list read in bulk: the same TypeTable.set calls in order (a
-        TypeProto's ``tensor_type.elem_type`` reads 0 where it holds another type)."""
-        types, elem = self._types, self._elem
-        for vis in (graph.input, graph.output, graph.value_info):
-            if vis:
-                tps = list(map(_TYPE, vis))
-                names = list(map(_NAME, vis))
-                types.update(zip(names, tps))
-                elem.update(filter(itemgetter(1), zip(names, map(_ELEM, tps))))
-        if graph.initializer:
-            for t in graph.initializer:
-                self.set(t.name, onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims)))
 
     def _declared_bulk(self, data: bytes, spans: tuple[Any, Any], domains: list[str], holders: list[int]) -> None:
         """The declarations-only pass over every subgraph, read from the serialized model
@@ -440,35 +460,19 @@ class _Types(ForwardTypes):
           holds one, no message field is given twice.
 
         Then the declarations are the same TypeTable.set calls, each graph's in its order
-        (equal TypeProto bytes parsed once); the names left untyped are those no declaration
-        types; the control-flow outputs are typed as _declared_control_flow types them. The
-        scopes listed hold their placeholders serialized (``Scope.nodes``)."""
+        (equal TypeProto bytes parsed once): the table takes them (TypeTable.take_declarations,
+        the TypeProtos, for shapes, made only where asked for: most lowerings read element
+        types alone); the names left untyped are those no declaration types; the control-flow
+        outputs are typed as _declared_control_flow types them. The scopes listed hold their
+        placeholders serialized (``Scope.nodes``)."""
         read = _BulkRead(self, data, spans, domains, holders)
         read.run()
         # Nothing was changed so far: now the pass's result.
-        # the subgraphs' element types, then the main graph's (no name in both): one dict update
-        read.body_elem.update(self._elem)
-        self._elem = elem = read.body_elem
-        # The TypeProtos (shapes) only where asked for (_type, set, _infer: a shape-dependent
-        # decomposition, the check of a replacement): most lowerings read element types alone.
-        self._types_pending = read.declared
-        for out, (t, _) in read.flow.items():
-            elem.setdefault(out, t)
-        self._defined.update(read.untyped)
+        self.table.take_declarations(read.body_elem, read.declared, read.untyped,
+                                     [(out, t) for out, (t, _) in read.flow.items()])
         self.counts.update(read.counts)
         self.scopes += read.found
         self._graphs = (read.paths, read.graph_sizes)  # for list_every_graph
-
-    _types_pending: list | None = None
-
-    def _materialize(self) -> None:
-        """The TypeProtos _declared_bulk left pending put in the table, in their order."""
-        pending, self._types_pending = self._types_pending, None
-        self.__dict__.pop("_found", None)
-        for names, tps in pending or ():
-            self._types.update(zip(names, tps))
-
-    _graphs: tuple[list[tuple[int, ...]], list[int]] | None = None
 
     def list_every_graph(self, nodes: Any, holders: list[int]) -> None:
         """After _declared_bulk (which lists the graphs holding placeholders alone, their
@@ -525,87 +529,20 @@ class _Types(ForwardTypes):
                 scope.dirty = scope.dirty or any(d for _, _, d, _ in subs)
         self.bulk = False
 
-    _LOOKUPS = 64  # names looked up in what is pending before it is all put in the table
-
-    def _type(self, name: str) -> onnx.TypeProto | None:
-        pending = self._types_pending
-        if pending is not None:
-            # A few names are asked for (the checks' shapes): each found in the pending lists,
-            # its last declaration as the table would hold it, not a million put in the table.
-            found = self.__dict__.setdefault("_found", {})
-            if name in found:
-                return found[name] or super()._type(name)
-            if len(found) >= self._LOOKUPS:
-                self._materialize()
-                return super()._type(name)
-            tp = None
-            for names, tps in reversed(pending):
-                if name in names:
-                    at = names.index(name)
-                    try:
-                        while True:
-                            at = names.index(name, at + 1)
-                    except ValueError:
-                        pass
-                    tp = tps[at]
-                    break
-            found[name] = tp
-            if tp is not None:
-                return tp
-        return super()._type(name)
-
-    def set(self, name: str, tp: onnx.TypeProto) -> None:
-        if self._types_pending is not None:
-            self._materialize()
-        super().set(name, tp)
-
-    def _infer(self) -> None:
-        if self._types_pending is not None:
-            self._materialize()
-        super()._infer()
-
-    def _forward_graph(self, graph: onnx.GraphProto) -> None:
-        """TypeTable._forward_graph, listing the graph as a scope (the whole pass; _declared_body
-        is the declarations-only one)."""
-        parent, index, positions, made = self._frames[-1]
-        a, k = next(positions)
-        path = (*parent.path, index, a, k)
-        if len(path) > 3 * _MAX_DEPTH:
-            raise Unsupported(f"graphs nested more than {_MAX_DEPTH} deep")
-        scope = Scope(graph, path)
-        self.scopes.append(scope)
-        made.append((a, k, scope))
-        self._declare(graph)
-        nodes = graph.node
-        domains = list(map(attrgetter("domain"), nodes))
-        op_types = list(map(attrgetter("op_type"), nodes))
-        scope.size = len(domains)
-        self.counts.update(zip(domains, op_types))
-        if PLACEHOLDER_DOMAIN in domains:
-            scope.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
-            scope.dirty = True
-        forward_node = self._forward_node
-        for i, node in enumerate(nodes):
-            forward_node(node, domains[i], op_types[i])
-            if node.attribute:
-                self._at = (scope, i)
-                self._forward_subgraphs(node, domains[i])
-                self._at = None
-
 
 class _BulkRead:
-    """_Types._declared_bulk's read of every subgraph, a level of nesting at a time and in each
+    """_BodyScopes._declared_bulk's read of every subgraph, a level of nesting at a time and in each
     level a block of body_splice.BLOCK graphs at a time, each block's steps a method, in
     :meth:`read_block`'s order. It changes nothing of the table (_declared_bulk then does):
     where a condition does not hold, _NotBulk leaves the table as it was."""
 
-    def __init__(self, types: _Types, data: bytes, spans: tuple[Any, Any], domains: list[str],
+    def __init__(self, listing: _BodyScopes, data: bytes, spans: tuple[Any, Any], domains: list[str],
                  holders: list[int]) -> None:
-        self.types = types
+        self.listing = listing
         self.sk = wire.Skeletons.load()
         self.data = data
         self.starts, self.ends = spans
-        self.elem0 = types._elem
+        self.elem0 = listing.table.elem_types
         self.paths: list[tuple[int, ...]] = []  # every subgraph's, in the order read (level by level)
         self.graph_sizes: list[int] = []  # and its node count
         self.owners: list[dict[str, int]] = []  # per block, each name its graphs define -> that graph
@@ -616,7 +553,7 @@ class _BulkRead:
         self.body_elem: dict[str, int] = {}
         self.untyped: set[str] = set()
         # every name of the main graph (made, declared, typed, defined untyped): none a subgraph's
-        self.main_names = set(types._made).union(types._types.keys(), self.elem0.keys(), types._defined)
+        self.main_names = set(listing.made).union(listing.table.names())
         self.flow: dict[str, tuple[int, int]] = {}  # a main-graph If/Loop/Scan output -> its type, the node
         self.found: list[Scope] = []
         self.counts: collections.Counter = collections.Counter()
@@ -818,7 +755,7 @@ class _BulkRead:
                            block_elem: dict[str, int], first: int) -> None:
         """Each output of a main-graph If/Loop/Scan takes its body output's type (a Loop's after
         the condition), every output made once (else the graph-by-graph pass finds which way)."""
-        made, elem0 = self.types._made, self.elem0
+        made, elem0 = self.listing.made, self.elem0
         for field, names, by, tps, elems in block_declared:
             if field != "output":
                 continue
@@ -886,7 +823,7 @@ class _BulkRead:
         del all_outputs, n_outputs, output_at
         op_types = list(map(sys.intern, map(node_columns["op_type"].__getitem__, at_custom)))  # kept: one each
         prefixes = [name or op for name, op in zip(map(node_columns["name"].__getitem__, at_custom), op_types)]
-        self.types.prefixes.update(prefixes)
+        self.listing.prefixes.update(prefixes)
         keys = [b""] * len(at_custom)
         node_attributes, n_node_attributes = node_columns["attribute"]
         if node_attributes:
@@ -1187,8 +1124,8 @@ class _Bodies:
         if len(starts) != len(nodes):
             raise Unsupported("node entries do not match the parsed graph")
         self.starts, self.ends, self.others = starts, ends, others
-        types, main = self._types(nodes, domains, op_types, custom, holders, True)
-        report = self.report = RewriteReport(ops_before=types.counts)
+        listing, main = self._listing(nodes, domains, op_types, custom, holders, True)
+        report = self.report = RewriteReport(ops_before=listing.counts)
         placeholders = self.placeholders = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
         if len(placeholders) > 1 and (placeholders - {PLACEHOLDER_DOMAIN}) & {d for d, _ in report.ops_before}:
             raise Unsupported("placeholders in op domains other than 'custom'")
@@ -1201,11 +1138,11 @@ class _Bodies:
         self.converting = target is not None and target != current
         self.changed = changed = conversion_steps(model, report.ops_before, collections.Counter(), current, target,
                                                   bodies=True) if self.converting else None
-        if changed is not None and types.bulk:  # the conversion splices into every graph: their scopes listed
-            types.list_every_graph(nodes, holders)
-        types.counts = collections.Counter()
-        self.types, self.main = types, main
-        self.lists = [s for s in types.scopes if s.custom]
+        if changed is not None and listing.bulk:  # the conversion splices into every graph: their scopes listed
+            listing.list_every_graph(nodes, holders)
+        listing.counts = collections.Counter()
+        self.listing, self.types, self.typing, self.main = listing, listing.table, listing.typing, main
+        self.lists = [s for s in listing.scopes if s.custom]
         if not self.lists:
             if self.converting:
                 raise Unsupported("--target-opset with nothing to lower (the objects writer moves the imports)")
@@ -1213,33 +1150,33 @@ class _Bodies:
             return False
         return True
 
-    def _types(self, nodes: Any, domains: list[str], op_types: list[str], custom: list[int], holders: list[int],
-               bulk: bool) -> tuple[_Types, Scope]:
-        """The table and the main graph's scope; ``bulk``: the subgraphs' declarations may be read
+    def _listing(self, nodes: Any, domains: list[str], op_types: list[str], custom: list[int], holders: list[int],
+                 bulk: bool) -> tuple[_BodyScopes, Scope]:
+        """The pass (its type table, the scopes it lists) and the main graph's scope; ``bulk``: the subgraphs' declarations may be read
         at once (where a placeholder reads a name no graph declares with a type, the whole pass)."""
         model = self.model
         main = Scope(model.graph, (), list(custom))
         main.size, main.dirty = len(nodes), bool(custom)
         try:
-            types = _Types(model, self.registry, main, domains, op_types, holders, forward=False, data=self.data,
-                           spans=(self.starts, self.ends) if bulk else None)
+            listing = _BodyScopes(model, self.registry, main, domains, op_types, holders, forward=False,
+                                  data=self.data, spans=(self.starts, self.ends) if bulk else None)
             # A subgraph's placeholders were checked as the pass reached them (types are only
             # added to): the main graph's are left.
-            declared = types.elem_types.keys()
+            declared = listing.table.elem_types.keys()
             if not all(x in declared for i in custom for x in nodes[i].input if x):
                 raise _Undeclared
         except _Undeclared:  # a placeholder reads a name no graph declares with a type: the forward rules'
             main = Scope(model.graph, (), list(custom))
             main.size, main.dirty = len(nodes), bool(custom)
-            types = _Types(model, self.registry, main, domains, op_types, holders)
-        return types, main
+            listing = _BodyScopes(model, self.registry, main, domains, op_types, holders)
+        return listing, main
 
     def seed_and_convert(self) -> None:
         """The names the generator starts with (the placeholders' prefixes: those the bulk read
         kept, the others read now), the conversion spliced into every graph (before the
         lowering, as in the objects writer), and the lowering plan."""
         data, model, request = self.data, self.model, self.request
-        prefixes: set[str] = set(self.types.prefixes)  # those _declared_bulk read
+        prefixes: set[str] = set(self.listing.prefixes)  # those _declared_bulk read
         unread = [s for s in self.lists if s.fields is None]
         block = body_splice.BLOCK
         for at in range(0, len(unread), block):
@@ -1471,8 +1408,7 @@ class _Bodies:
             entries = None
             if first is None:
                 lscope = lscope or LoweringScope(types)
-                with types.serving():  # the plan runs the op's code: see ForwardTypes.serving
-                    lowered = plan.lower(_real(node), lscope)
+                lowered = lower_first(plan, _real(node), lscope, self.typing)
                 kinds[kind] = lowered
             elif first.how is Lowering.DECOMPOSE:  # what LoweringPlan._decompose does, in bytes
                 key = first.key
@@ -1520,8 +1456,7 @@ class _Bodies:
                     mode = ("adopt", kind, id(made.nodes))
                 else:
                     lscope = lscope or LoweringScope(types)
-                    with types.serving():  # the plan runs the op's code: see ForwardTypes.serving
-                        lowered = plan.lower(_real(node), lscope)
+                    lowered = lower_first(plan, _real(node), lscope, self.typing)
             elif len(first.nodes) == 1:  # bound: the node with the first one's domain and attributes
                 writer = self.bound.get(kind)
                 if writer is None:
@@ -1532,8 +1467,7 @@ class _Bodies:
                 mode = ("bound", kind)
             else:
                 lscope = lscope or LoweringScope(types)
-                with types.serving():  # the plan runs the op's code: see ForwardTypes.serving
-                    lowered = plan.lower(_real(node), lscope)
+                lowered = lower_first(plan, _real(node), lscope, self.typing)
             if mode is None:
                 made_here[j] = entries = b"".join(wire.entry(r.SerializeToString()) for r in lowered.nodes)
                 self.checked.append([(*scope.path, i), entries, inputs, outputs])
@@ -1570,9 +1504,9 @@ class _Bodies:
         data, slots, spliced, starts, ends = self.data, self.slots, self.spliced, self.starts, self.ends
         g0, g1 = self.graph_span
         if spliced is not None:  # the converted nodes spliced like the replacements
-            spliced.merge(self.types.scopes, slots)
+            spliced.merge(self.listing.scopes, slots)
             self.checked += spliced.checked
-        if not self.types.bulk:  # every graph listed, the graphs in each (scope.subs): spliced in place, nested
+        if not self.listing.bulk:  # every graph listed, the graphs in each (scope.subs): spliced in place, nested
             graph = graph_bytes(data, self.main, g0, g1, slots, (starts, ends), joined=False)  # pieces
             if spliced is not None:
                 graph = spliced.insert(graph, data, g1)
@@ -1603,8 +1537,8 @@ class _Bodies:
         freed before it runs): each replacement the plan built, then the ONNX checker's verdict,
         by parts where bytes.main_graph's conditions hold, else on the whole output."""
         request, data, model, registry, report = self.request, self.data, self.model, self.registry, self.report
-        plan, types, checked, header, import_entries = (self.plan, self.types, self.checked, self.header,
-                                                        self.import_entries)
+        plan, typing, types, checked = self.plan, self.typing, self.types, self.checked
+        header, import_entries = self.header, self.import_entries
         same_schemas = frozenset(AI_ONNX) if self.converting else frozenset()
         refused, path = self.input_refused, request.path
 
@@ -1616,8 +1550,7 @@ class _Bodies:
                     out_model.append(onnx.load_model_from_string(out.join()))
                 return out_model[0]
 
-            types.lowering = False
-            types.inference_model = output_model
+            typing.checking(output_model)
             opset_imports = onnx.ModelProto.FromString(import_entries).opset_import
             for r in plan.replacements:
                 _engine.check_replacement(r.original, r.nodes, types, opset_imports, registry, r.rule, path)

@@ -8,11 +8,12 @@ name generator starts with, the output assembled around its graph, and the check
   returned as ``Template.instantiate`` would (same renaming, same names), written as
   serialized nodes by :class:`TemplateWriter`; a bound node reuses the first one's domain and
   attributes (:class:`BoundWriter`).
-* Element types: :class:`ForwardTypes`, TypeTable's forward pass (same declarations, rules
-  and order) over fields read in bulk, stopped at the last placeholder. What it cannot
-  answer as the engine's would is :class:`~graphkit.rewrite.writers.Unsupported` where the
-  writer's own code asked, None within :meth:`ForwardTypes.serving` (the plan running the
-  op's code), the writer stepping aside when that block ends.
+* Element types: the engine's TypeTable (graph.types) with :class:`WriterTyping` as its
+  policy, its forward pass over fields read in bulk and stopped at the last placeholder
+  (:func:`forward_types`). What it cannot answer as the engine's would is
+  :class:`~graphkit.rewrite.writers.Unsupported` where the writer's own code asked, None
+  within :meth:`WriterTyping.serving` (the plan running the op's code: :func:`lower_first`),
+  the writer stepping aside when that block ends.
 * Names: :func:`name_seed`: the generator starts empty where no name of the model starts
   with a placeholder's ``<prefix>/`` (every generated name does), else with every name.
 * Output: :func:`assemble`, the model's top-level fields as they were around the new graph,
@@ -44,14 +45,14 @@ from graphkit.rewrite.bytes import wire
 from graphkit.rewrite import engine as _engine
 from graphkit.rewrite._memory import release_freed_memory
 from graphkit.rewrite.graph.walk import AI_ONNX
-from graphkit.rewrite.lowering.builder import FIXED_TYPES, SAME_AS_INPUT0, TypeTable
+from graphkit.rewrite.graph.types import TypeTable, Watch
 from graphkit.rewrite.engine import RewriteReport
-from graphkit.rewrite.lowering.plan import LoweringPlan, Template
+from graphkit.rewrite.lowering.plan import Lowered, LoweringPlan, LoweringScope, Template
 from graphkit.rewrite.writers import InBodies, Pieces, Unsupported
 
-__all__ = ["ADAPTERS", "CHECKED_BY_PARTS", "IMPORTS_ONLY", "NO_NODE_CHANGES", "BoundWriter", "ForwardTypes",
-           "TemplateWriter", "assemble", "check_parts", "conversion_steps", "count_after", "input_refused",
-           "name_seed", "node_names", "seed_names"]
+__all__ = ["ADAPTERS", "CHECKED_BY_PARTS", "IMPORTS_ONLY", "NO_NODE_CHANGES", "BoundWriter", "TemplateWriter",
+           "WriterTyping", "assemble", "check_parts", "conversion_steps", "count_after", "forward_types",
+           "input_refused", "lower_first", "name_seed", "node_names", "seed_names", "writer_types"]
 
 # Above this many (slash, prefix length) pairs, seed the name generator instead of probing.
 _PROBE_BUDGET = 2_000_000
@@ -265,112 +266,55 @@ class BoundWriter:
 
 # -- element types ------------------------------------------------------------------------
 
-class _OpRule:
-    """TypeTable's rule for a registry op: outputs take the type bound to their type variable."""
+class WriterTyping:
+    """The byte writers' policy for the engine's type table (graph.types.TypePolicy): the
+    table answers only what the engine's would, the same way.
 
-    def __init__(self, opdef: Any) -> None:
-        self.in_vars = [p.type for p in opdef.inputs]
-        self.out_vars = [p.type for p in opdef.outputs]
-        # One type variable for every input and the single output: the output takes the
-        # type of the first typed input.
-        self.first_input = len(self.out_vars) == 1 and set(self.in_vars) == set(self.out_vars)
+    A name in ``avoid`` (declared or made in a subgraph the writer does not read: the pass may
+    redeclare it), two sibling graphs defining one name (the engine's table goes per scope),
+    a name left unknown while lowering (a later producer types it, or the engine would run
+    ONNX shape inference): the object path runs instead. While checking (:meth:`checking`),
+    the engine's inference runs over the rewritten model, as the engine's would.
 
-    def outputs(self, in_types: tuple) -> list:
-        bound: dict[str, int] = {}
-        for var, t in zip(self.in_vars, in_types):
-            if t is not None:
-                bound.setdefault(var, t)
-        return [bound.get(var) for var in self.out_vars]
-
-
-_SAME, _FIRST_INPUT, _NONE, _OP, _GENERAL, _HOLDER = range(6)  # the first two: typed as input 0
-
-
-class ForwardTypes(TypeTable):
-    """TypeTable whose forward pass runs on pre-read node fields and stops at the last placeholder.
-
-    Same declarations, rules and order as ``TypeTable._forward_graph`` (subgraphs go
-    through it), so a name typed here has the type the engine gives it; the nodes after
-    the last placeholder only type names no placeholder reads typed. Names declared or
-    made in subgraphs are left to the object path (the pass may redeclare them). A name
-    left unknown is, while lowering, left to the object path too (a later producer types
-    it, or the engine would run ONNX shape inference); while checking, the engine's
-    inference runs over the rewritten model as the engine's would.
-
-    What this table cannot answer as the engine's would is an ``Unsupported`` (the object
+    What the table cannot answer as the engine's would is an ``Unsupported`` (the object
     path runs instead) only where the writer's own code asked. The plan asks from inside
     code that is not the writer's (decompositions, the kernels' binding, the selection
     that takes what they raise for the op's error): it asks within :meth:`serving`, where
     such a query answers None and the block ends in ``Unsupported``.
     """
 
-    _serving = False
-    _declined: str | None = None  # why a query in serving() went unanswered (the first)
-
-    def __init__(self, model: onnx.ModelProto, registry: OpRegistry, nodes: Sequence[onnx.NodeProto],
-                 domains: list[str], op_types: list[str], ins: list[Any], outs: list[Any],
-                 holders: set[int], avoid: set[str], read: Iterable[str] = ()) -> None:
-        super().__init__(model, registry)
-        self._avoid = avoid
+    def __init__(self, avoid: set[str] | frozenset[str] = frozenset()) -> None:
+        self.avoid = avoid
         self.lowering = True
         # While checking: the model the engine's inference would run on (the rewritten one),
         # or one with the same inferred types for every name the check asks about.
-        self.inference_model: Callable[[], onnx.ModelProto] | None = None
-        self._declare(model.graph)
-        if "" in self._elem:
-            raise Unsupported("a declared tensor without a name")
-        self._state = "forward"
-        # The pass only adds types (setdefault), so a declared name's type is final: where
-        # every name the placeholders read is declared (fan-out from a graph input), the
-        # pass waits until a name that is not is asked for, and then reads the nodes'
-        # inputs and outputs again (holding every node's lists until then costs more
-        # memory than the lowering itself).
-        if holders or avoid or not self._elem.keys() >= set(read) - {""}:
-            self._pending: tuple | None = (nodes, domains, op_types, ins, outs, holders)
-            self._run_pending()
-        else:
-            self._pending = (nodes, domains, op_types, None, None, holders)
-        for name in avoid & self._elem.keys():
-            del self._elem[name]
+        self._inference_model: Callable[[], onnx.ModelProto] | None = None
+        self._serving = False
+        self._declined: str | None = None  # why a query in serving() went unanswered (the first)
 
-    @property
-    def elem_types(self) -> dict[str, int]:
-        """The element types found so far, by name: what ``elem_type`` answers without running
-        the pass further (it only adds types, so a name's type here is final)."""
-        return self._elem
+    def checking(self, inference_model: Callable[[], onnx.ModelProto]) -> None:
+        """From now on the writer checks its output: inference runs on ``inference_model()``."""
+        self.lowering = False
+        self._inference_model = inference_model
 
-    def _sibling_reuse(self, name: str) -> None:
+    def ask(self, query: Callable[..., Any], name: str, *args: Any) -> Any:
+        try:
+            if self.avoid and name in self.avoid:
+                raise Unsupported(f"'{name}' is declared or produced in a subgraph")
+            return query(name, *args)
+        except Unsupported as exc:
+            return self._unanswered(exc)
+
+    def sibling_reuse(self, name: str) -> None:
         raise Unsupported(f"sibling subgraphs both define '{name}'")
 
-    def _run_pending(self) -> None:
-        if self._pending is not None:
-            (nodes, domains, op_types, ins, outs, holders), self._pending = self._pending, None
-            if ins is None:
-                ins, outs = node_names(nodes, len(domains))
-            self._run(nodes, domains, op_types, ins, outs, holders)
-
-    def elem_type(self, name: str) -> int | None:
-        try:
-            if self._avoid and name in self._avoid:
-                raise Unsupported(f"'{name}' is declared or produced in a subgraph")
-            elem = self._elem.get(name)
-            if elem is None and self._pending is not None:
-                self._run_pending()
-                elem = self._elem.get(name)
-            return elem if elem is not None else super().elem_type(name)
-        except Unsupported as exc:
-            return self._unanswered(exc)
-
-    def shape(self, name: str, *, infer: bool = True) -> list[Any] | None:
-        try:
-            if self._avoid and name in self._avoid:
-                raise Unsupported(f"'{name}' is declared or produced in a subgraph")
-            return super().shape(name, infer=infer)
-        except Unsupported as exc:
-            return self._unanswered(exc)
+    def inference_model(self) -> onnx.ModelProto:
+        if self.lowering:
+            raise Unsupported("an element type or shape needs ONNX shape inference")
+        return self._inference_model()
 
     def _unanswered(self, exc: Unsupported) -> None:
-        """A query this table cannot answer as the engine's would: ``exc`` raised where the
+        """A query the table cannot answer as the engine's would: ``exc`` raised where the
         writer's own code asked; in :meth:`serving`, None, the reason kept for the block's end."""
         if not self._serving:
             raise exc
@@ -380,11 +324,11 @@ class ForwardTypes(TypeTable):
 
     @contextlib.contextmanager
     def serving(self) -> Iterator[None]:
-        """Around a call that runs code besides the writer's own and may ask this table (the
+        """Around a call that runs code besides the writer's own and may ask the table (the
         plan lowering a node: decompositions, the kernels' binding). An Unsupported raised
         there would pass through that code (which may catch it, or take it for its own
         error: the selection reads it as a bug in the op's decomposition); instead a query
-        this table cannot answer answers None, and when the block ends, whatever it
+        the table cannot answer answers None, and when the block ends, whatever it
         returned or raised, the writer steps aside here: Unsupported, naming the query."""
         self._serving = True
         try:
@@ -398,63 +342,39 @@ class ForwardTypes(TypeTable):
         if self._declined is not None:
             raise Unsupported(self._declined)
 
-    def _infer(self) -> None:
-        self._run_pending()
-        if self.lowering:
-            raise Unsupported("an element type or shape needs ONNX shape inference")
-        self._model = self.inference_model()
-        super()._infer()
 
-    def _code(self, domain: str, op: str) -> tuple[int, Any]:
-        std = domain in AI_ONNX
-        if std and op in SAME_AS_INPUT0:
-            return _SAME, None
-        if std and (op in FIXED_TYPES or op in ("Cast", "Constant", "ConstantOfShape", "CastLike", "Where")):
-            return _GENERAL, None
-        if self._registry is not None:
-            opdef = self._registry.lookup(domain, op)
-            if opdef:
-                rule = _OpRule(opdef)
-                return (_FIRST_INPUT if rule.first_input else _OP), rule
-        return _NONE, None
+def writer_types(model: onnx.ModelProto, registry: OpRegistry, avoid: set[str] | frozenset[str] = frozenset(),
+                 watch: Watch | None = None) -> tuple[TypeTable, WriterTyping]:
+    """The engine's type table for a byte writer (its policy: :class:`WriterTyping`), the main
+    graph declared; the caller runs the forward pass (``TypeTable.forward_fields``) or not."""
+    typing = WriterTyping(avoid)
+    table = TypeTable(model, registry, policy=typing, watch=watch)
+    table.declare(model.graph)
+    if "" in table.elem_types:
+        raise Unsupported("a declared tensor without a name")
+    return table, typing
 
-    def _run(self, nodes: Sequence[onnx.NodeProto], domains: list[str], op_types: list[str], ins: list[Any],
-             outs: list[Any], holders: set[int]) -> None:
-        """TypeTable._forward_graph's node loop; the common cases on each node's first input and output."""
-        elem = self._elem
-        get, setdefault = elem.get, elem.setdefault
-        table = {pair: self._code(*pair) for pair in set(zip(domains, op_types))}
-        codes = list(map(dict(zip(table, map(itemgetter(0), table.values()))).__getitem__, zip(domains, op_types)))
-        in_lens = list(map(len, ins))
-        out_lens = list(map(len, outs))
-        first_in = list(map(itemgetter(0), ins)) if 0 not in in_lens else [i[0] if i else None for i in ins]
-        first_out = list(map(itemgetter(0), outs)) if 0 not in out_lens else [o[0] if o else None for o in outs]
-        if out_lens.count(1) != len(out_lens):
-            for p, n in enumerate(out_lens):
-                if n != 1 and codes[p] <= _FIRST_INPUT:
-                    codes[p] = _GENERAL if codes[p] == _SAME else _OP
-        for p in holders:
-            if p < len(codes):
-                codes[p] = _HOLDER
-        for p, code, x, o in zip(itertools.count(), codes, first_in, first_out):
-            if code <= _FIRST_INPUT:  # one output, typed as input 0 (an op's: when that is typed)
-                t = get(x)
-                if t is not None:
-                    setdefault(o, t)
-                    continue
-                if code == _SAME:
-                    continue
-            elif code == _NONE:
-                continue
-            if code <= _OP:  # a registry op's outputs: the types bound to their variables
-                rule = table[(domains[p], op_types[p])][1]
-                for out, t in zip(outs[p], rule.outputs(tuple(map(get, ins[p])))):
-                    if t is not None:
-                        setdefault(out, t)
-            else:  # _GENERAL, _HOLDER: TypeTable's rules on the node, then its subgraphs
-                self._forward_node(nodes[p], domains[p], op_types[p])
-                if code == _HOLDER:
-                    self._forward_subgraphs(nodes[p], domains[p])
+
+def forward_types(model: onnx.ModelProto, registry: OpRegistry, nodes: Sequence[onnx.NodeProto],
+                  domains: list[str], op_types: list[str], ins: list[Any], outs: list[Any], holders: set[int],
+                  avoid: set[str] | frozenset[str] = frozenset(), read: Iterable[str] = (),
+                  watch: Watch | None = None) -> tuple[TypeTable, WriterTyping]:
+    """:func:`writer_types` with the engine's forward pass over the main graph's fields read in
+    bulk (up to the last placeholder: the nodes after it only type names no placeholder reads),
+    the same declarations, rules and order, so a name typed here has the type the engine gives
+    it. It waits where the placeholders ``read`` only declared names (TypeTable.forward_fields);
+    the names in ``avoid`` are left to the object path."""
+    table, typing = writer_types(model, registry, avoid, watch)
+    table.forward_fields(nodes, domains, op_types, ins, outs, holders, None if avoid else read)
+    if avoid:
+        table.forget(avoid & table.elem_types.keys())
+    return table, typing
+
+
+def lower_first(plan: LoweringPlan, node: onnx.NodeProto, scope: LoweringScope, typing: WriterTyping) -> Lowered:
+    """``plan.lower(node, scope)``, where the plan runs the op's code: see WriterTyping.serving."""
+    with typing.serving():
+        return plan.lower(node, scope)
 
 
 def node_names(nodes: Sequence[onnx.NodeProto], count: int) -> tuple[list[list[str]], list[list[str]]]:

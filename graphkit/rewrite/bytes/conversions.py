@@ -50,7 +50,8 @@ import onnx
 from graphkit.rewrite.convert import opset
 from graphkit.rewrite.bytes import wire
 from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex, graphs, subgraphs
-from graphkit.rewrite.lowering.builder import SAME_AS_INPUT0, NameGenerator
+from graphkit.rewrite.graph.types import SAME_AS_INPUT0
+from graphkit.rewrite.lowering.builder import NameGenerator
 
 __all__ = ["InSubgraphs", "NotSpliced", "ScopedSplice", "Spliced", "plan", "splice", "splice_scopes"]
 

@@ -29,7 +29,7 @@ The result is the objects writer's, field for field (tests/test_fastpath.py comp
   prefixes cannot meet, so template instances are written kind by kind, their names made
   by the generator's own rule (see ``_grouped``).
 * Element types: ``TypeTable``'s forward pass (same declarations, rules and order), run
-  over pre-read fields and stopped at the last placeholder (``bytes.common.ForwardTypes``).
+  over pre-read fields and stopped at the last placeholder (``bytes.common.forward_types``).
 * Check: ``check_replacement`` per replacement built, then the ONNX checker's verdict on
   the output (``check_model`` on the parsed output where the engine's needs more: small
   models, subgraphs, shapeless graph inputs or outputs, external data). Otherwise that
@@ -67,7 +67,7 @@ functions or training info, every placeholder input typed by the forward pass (e
 engine would run ONNX shape inference), every type or shape a decomposition or a kernel's
 binding asks for known without ONNX shape inference (asked inside the plan, that one is
 found when the plan returns: the writer steps aside there, never through the op's code;
-``ForwardTypes.serving``), and with a target opset other than the model's, a
+``WriterTyping.serving``), and with a target opset other than the model's, a
 conversion that moves only the imports (no standard op of the model has a new version
 between the two opsets) or converts by steps on the nodes' own fields, nodes converted in
 the main graph only (graphkit.rewrite.bytes.conversions: converted nodes are spliced like
@@ -99,9 +99,9 @@ from graphkit.ops._opdef import PLACEHOLDER_DOMAIN
 from graphkit.rewrite.bytes import conversions
 from graphkit.rewrite.bytes import wire
 from graphkit.rewrite import engine as _engine
-from graphkit.rewrite.bytes.common import (CHECKED_BY_PARTS, BoundWriter, ForwardTypes, TemplateWriter, assemble,
-                                          check_parts, conversion_steps, count_after, input_refused, node_names,
-                                          seed_names)
+from graphkit.rewrite.bytes.common import (CHECKED_BY_PARTS, BoundWriter, TemplateWriter, assemble, check_parts,
+                                          conversion_steps, count_after, forward_types, input_refused, lower_first,
+                                          node_names, seed_names)
 from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite.graph.walk import AI_ONNX
 from graphkit.rewrite.lowering.builder import NameGenerator
@@ -434,8 +434,9 @@ class _MainGraph:
         names = list(map(attrgetter("name"), map(nodes.__getitem__, custom)))
         custom_ops = self.custom_ops = list(map(op_types.__getitem__, custom))
         self.prefixes = [name or op for name, op in zip(names, custom_ops)]
-        self.types = ForwardTypes(self.model, self.registry, nodes, self.domains[:listed], op_types[:listed], ins,
-                                  outs, self.holders, self.sub_names, itertools.chain.from_iterable(inputs_of))
+        self.types, self.typing = forward_types(self.model, self.registry, nodes, self.domains[:listed],
+                                                op_types[:listed], ins, outs, self.holders, self.sub_names,
+                                                itertools.chain.from_iterable(inputs_of))
         del ins, outs
         sub_names = self.sub_names
         if sub_names and any(not sub_names.isdisjoint(i) for i in inputs_of):
@@ -530,8 +531,7 @@ class _MainGraph:
                 continue
             # The first node of its kind (or of a kind the plan lowers each time), by the plan.
             planned.append(k)
-            with types.serving():  # the plan runs the op's code: see ForwardTypes.serving
-                lowered = plan.lower(node_at(custom[k]), scope)
+            lowered = lower_first(plan, node_at(custom[k]), scope, self.typing)
             slots[k] = b"".join(wire.entry(r.SerializeToString()) for r in lowered.nodes)
             if key in kinds:
                 continue
@@ -654,7 +654,8 @@ class _MainGraph:
             replaced = [part for _, part in sorted(zip(at, replaced + spliced.checked), key=itemgetter(0))]
         del slots, values_of, n_inputs, custom, spliced, chosen
         request, data, model, registry, report = self.request, self.data, self.model, self.registry, self.report
-        plan, types, holders, header, import_entries = self.plan, self.types, self.holders, self.header, self.import_entries
+        plan, typing, types, holders = self.plan, self.typing, self.types, self.holders
+        header, import_entries = self.header, self.import_entries
         same_schemas = frozenset(AI_ONNX) if self.converting else frozenset()
         refused, path = self.input_refused, request.path
 
@@ -676,8 +677,7 @@ class _MainGraph:
                     asked.update(i for n in r.nodes for i in n.input if i and i not in produced)
                 return _inference_prefix(onnx.load_model_from_string(out.join()), asked)
 
-            types.lowering = False
-            types.inference_model = inference_model
+            typing.checking(inference_model)
             opset_imports = onnx.ModelProto.FromString(import_entries).opset_import
             for r in plan.replacements:
                 _engine.check_replacement(r.original, r.nodes, types, opset_imports, registry, r.rule, path)

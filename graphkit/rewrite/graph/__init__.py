@@ -1,4 +1,5 @@
 """The model as the rewrite sees it: every graph, subgraph and function body (walk.py), the
-scopes rules and passes rewrite (scopes.py), an index of one node list (view.py) and the
-edits rules and passes share (edit.py).
+one type table of its tensors, whatever asks (types.py: TypeTable), the scopes rules and
+passes rewrite (scopes.py), an index of one node list (view.py) and the edits rules and
+passes share (edit.py).
 """

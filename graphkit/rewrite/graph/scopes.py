@@ -21,7 +21,7 @@ from graphkit.errors import RewriteError
 from graphkit.rewrite.graph.edit import outer_names
 from graphkit.rewrite.graph.view import GraphView
 from graphkit.rewrite.graph.walk import AI_ONNX, graphs, subgraphs, walk
-from graphkit.rewrite.lowering.builder import TypeTable
+from graphkit.rewrite.graph.types import TypeTable
 
 __all__ = ["Scope", "model_scopes"]
 
@@ -271,7 +271,7 @@ def model_scopes(model: onnx.ModelProto, types: TypeTable, make_builder: Callabl
                 made = _scope(graph, [], model_opset, types, make_builder, base_dir)
             else:
                 up = out[parent]
-                made = _scope(graph, up.initializers, model_opset, _ScopeTypes(up.types, graph), make_builder,
+                made = _scope(graph, up.initializers, model_opset, up.types.scope(graph, lazy=True), make_builder,
                               base_dir)
             made.ops = ops
             out.append(made)
@@ -306,23 +306,7 @@ def _walk_scopes(out: list[Scope], root: onnx.GraphProto | onnx.FunctionProto, o
         if up is None:
             made = _scope(v.graph, [], opset, tt if v.parent is None else TypeTable(), make_builder, base_dir)
         else:
-            made = _scope(v.graph, up.initializers, opset, _ScopeTypes(up.types, v.graph), make_builder, base_dir)
+            made = _scope(v.graph, up.initializers, opset, up.types.scope(v.graph, lazy=True), make_builder, base_dir)
         v.data = made
         out.append(made)
 
-
-class _ScopeTypes:
-    """``table.scope(graph)``, looked up the first time a rule asks a subgraph's types: the
-    forward typing pass that telling scopes apart needs runs then, or not at all (a rule
-    that reads no type costs no typing of the model)."""
-
-    __slots__ = ("_graph", "_scope", "_table")
-
-    def __init__(self, table: TypeTable, graph: onnx.GraphProto) -> None:
-        self._table, self._graph, self._scope = table, graph, None
-
-    def __getattr__(self, name: str) -> Any:
-        scope = self._scope
-        if scope is None:
-            scope = self._scope = self._table.scope(self._graph)
-        return getattr(scope, name)

@@ -25,7 +25,8 @@ from graphkit.ops import AttrType, OpDef, OpRegistry
 from graphkit.ops._encoding import F16_TAG, decode_kernel_attr, encode_kernel_attr, encode_kernel_attrs, kernel_attr_type
 from graphkit.ops.tensor_types import type_string
 from graphkit.rewrite.graph.walk import ModelIndex, ScopedTypes, elem_types
-from graphkit.rewrite.lowering.builder import Builder, NameGenerator, TypeTable
+from graphkit.rewrite.graph.types import TypeTable
+from graphkit.rewrite.lowering.builder import Builder, NameGenerator
 
 __all__ = ["PythonNode", "bind_node", "bind_python_nodes", "kernel_attribute"]
 

@@ -28,7 +28,8 @@ from graphkit.ops.tensor_types import type_string
 from graphkit.rewrite.lowering.selection import Probe, Selection
 from graphkit.rewrite.lowering.binding import bind_node
 from graphkit.rewrite.lowering.standard_ops import as_placeholder, attribute_values, label
-from graphkit.rewrite.lowering.builder import Builder, NameGenerator, TypeTable
+from graphkit.rewrite.graph.types import TypeTable
+from graphkit.rewrite.lowering.builder import Builder, NameGenerator
 
 __all__ = ["Lowered", "Lowering", "LoweringPlan", "LoweringScope", "Template", "node_attrs", "unknown_op_hint"]
 

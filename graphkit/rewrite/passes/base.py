@@ -14,7 +14,8 @@ import onnx
 
 from graphkit.ops import OpRegistry
 from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex
-from graphkit.rewrite.lowering.builder import NameGenerator, TypeTable
+from graphkit.rewrite.graph.types import TypeTable
+from graphkit.rewrite.lowering.builder import NameGenerator
 from graphkit.rewrite.lowering.plan import Lowering, LoweringPlan
 from graphkit.rewrite.rules.ruleset import RuleReport, RuleSet
 

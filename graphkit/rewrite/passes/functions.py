@@ -13,7 +13,8 @@ from graphkit.errors import GraphkitError, RewriteError, UnsupportedOpError
 from graphkit.ops import OpDef, OpRegistry
 from graphkit.ops._opdef import PLACEHOLDER_DOMAIN
 from graphkit.rewrite.graph.walk import ModelIndex, graphs, scopes
-from graphkit.rewrite.lowering.builder import Builder, NameGenerator, TypeTable
+from graphkit.rewrite.graph.types import TypeTable
+from graphkit.rewrite.lowering.builder import Builder, NameGenerator
 from graphkit.rewrite.lowering.plan import node_attrs, unknown_op_hint
 from graphkit.rewrite.passes.base import PassResult, RewriteContext
 

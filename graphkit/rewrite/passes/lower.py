@@ -9,7 +9,7 @@ from collections.abc import Callable
 import onnx
 
 from graphkit.rewrite.graph.walk import graph_node_lists, node_lists
-from graphkit.rewrite.lowering.builder import TypeTable
+from graphkit.rewrite.graph.types import TypeTable
 from graphkit.rewrite.lowering.plan import LoweringScope
 from graphkit.rewrite.passes.base import PassResult, RewriteContext
 

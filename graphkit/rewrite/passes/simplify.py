@@ -6,7 +6,8 @@ from __future__ import annotations
 import onnx
 
 from graphkit.rewrite.graph.walk import ModelIndex
-from graphkit.rewrite.lowering.builder import Builder, NameGenerator, TypeTable
+from graphkit.rewrite.graph.types import TypeTable
+from graphkit.rewrite.lowering.builder import Builder, NameGenerator
 from graphkit.rewrite.passes.base import PassResult, RewriteContext
 from graphkit.rewrite.rules.ruleset import RuleSet, apply_rule_set
 

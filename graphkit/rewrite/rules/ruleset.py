@@ -47,7 +47,7 @@ from graphkit.rewrite.rules.report import MatchResult, OpDelta, RuleReport
 from graphkit.rewrite.graph.scopes import Scope, model_scopes
 from graphkit.rewrite.rules.stamps import UNTRACED, Stamps, report_stamps, stamp_matches
 from graphkit.rewrite.rules.template import Template, trace, traceable
-from graphkit.rewrite.lowering.builder import TypeTable
+from graphkit.rewrite.graph.types import TypeTable
 
 __all__ = ["GraphPass", "MatchContext", "MatchResult", "OpDelta", "Rule", "RuleReport", "RuleSet", "Scope",
            "apply_rule_set"]
