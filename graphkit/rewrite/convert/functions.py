@@ -55,7 +55,8 @@ def expand_functions(model: onnx.ModelProto, target: int, *, path: str | None, t
         if a <= target:
             continue
         found: dict[str, int | None] = {}
-        lists = list(nested_node_lists(root))  # every node list, a graph's before its subgraphs'
+        # every node list, a graph's before its subgraphs'
+        lists = list(nested_node_lists(model.graph if fn is None else fn))
         # Subgraphs' lists first: rebuilding a list copies the subgraphs its nodes hold, which
         # would lose changes made to them after.
         for nodes, graph in reversed(lists):

@@ -56,13 +56,11 @@ from graphkit.rewrite.convert.functions import expand_functions, expandable
 from graphkit.rewrite.convert.state import (Constants, Conversion, find_attr, function_types, nested_node_lists,
                                             roots)
 from graphkit.rewrite.convert.steps import ACTIVE_UP, MEANING_CHANGED, SOFTMAX_LIKE, STEP_KINDS, Step, node_steps, steps
-from graphkit.rewrite.graph.walk import AI_ONNX, ScopedTypes, graphs, subgraphs, value_types
+from graphkit.rewrite.graph.walk import AI_ONNX, ScopedTypes, holds_graphs, value_types, walk
 from graphkit.rewrite.lowering.builder import NameGenerator
 
 __all__ = ["STEP_KINDS", "Converted", "NodeConverter", "convert", "int64_initializer", "node_steps",
            "split_18_runtime_sizes", "split_18_sizes", "steps"]
-
-_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
 
 
 @dataclass
@@ -112,7 +110,7 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, tak
 
     for a, fn, nodes in roots(model):
         if a != target:
-            _collect(nodes, fn, a, target, work, uncovered, types, moves, refused)
+            _collect(model.graph if fn is None else fn, fn, a, target, work, uncovered, types, moves, refused)
     if refused or (moves and (uncovered or any(rank is None for *_, rank in moves))):
         raise _refusal(Conversion(target, path, model, taken, pick=pick, keep=keep), refused, moves, uncovered)
     if uncovered:
@@ -255,10 +253,10 @@ class NodeConverter:
                 for name, values in made]
 
 
-def _collect(root: Any, fn: onnx.FunctionProto | None, a: int, target: int, work: list,
-             uncovered: set[str], types: Callable[[], ScopedTypes], moves: list, refused: list) -> None:
-    """One walk over the node list ``root`` and the subgraphs in it: the standard nodes an
-    adapter changes or checks, with their steps (None: no adapter covers them, onnx's
+def _collect(root: onnx.GraphProto | onnx.FunctionProto, fn: onnx.FunctionProto | None, a: int, target: int,
+             work: list, uncovered: set[str], types: Callable[[], ScopedTypes], moves: list, refused: list) -> None:
+    """One walk over ``root`` (the main graph or function ``fn``) and the subgraphs in it: the
+    standard nodes an adapter changes or checks, with their steps (None: no adapter covers them, onnx's
     converter does the node), function (None: the main graph), subgraph, node list and opset,
     into ``work``;
     the ops no adapter covers that hold subgraphs into ``uncovered``; Softmax-like nodes over
@@ -294,7 +292,7 @@ def _collect(root: Any, fn: onnx.FunctionProto | None, a: int, target: int, work
                 elif found and any(s.kind == "last-axis" for s in found) and last_axis(
                         node, up, fn_types if fn else types() if graph is None else types().scope(graph)) is None:
                     found = None  # not over the last axis: onnx's (a Flatten and a Reshape)
-                if found is None and any(at.type in (_GRAPH, _GRAPHS) for at in node.attribute):
+                if found is None and holds_graphs(node):
                     uncovered.add(f"{op} {a}->{target}")
                 elif found is None:
                     work.append((node, None, fn, up, graph, nodes, a))
@@ -338,11 +336,11 @@ def _drop_unread(model: onnx.ModelProto, conv: Conversion) -> None:
     if not conv.released:
         return
     read: set[str] = set()
-    holders: list[Any] = [*graphs(model.graph)]
-    for fn in model.functions:
-        read.update(fn.output)
-        holders.append(fn)
-        holders.extend(g for node in fn.node for sub in subgraphs(node) for g in graphs(sub))
+    holders: list[Any] = []
+    for _, v in walk(model):
+        if v.graph is None:  # a function's own body
+            read.update(v.function.output)
+        holders.append(v.function if v.graph is None else v.graph)
     for h in holders:
         for node in h.node:
             read.update(node.input)

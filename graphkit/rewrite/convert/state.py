@@ -14,12 +14,10 @@ from typing import Any
 import onnx
 
 from graphkit.errors import RewriteError
-from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex, ScopedTypes, subgraphs, value_types
+from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex, ScopedTypes, value_types, walk
 from graphkit.rewrite.lowering.builder import NameGenerator
 
 __all__ = ["Constants", "Conversion", "find_attr", "function_types", "nested_node_lists", "remove_attr", "roots"]
-
-_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
 
 
 @dataclass
@@ -106,21 +104,13 @@ def roots(model: onnx.ModelProto) -> list[tuple[int, Any, Any]]:
     return out
 
 
-def nested_node_lists(root: Any) -> Iterator[tuple[Any, onnx.GraphProto | None]]:
-    """(node list, the subgraph holding it; None: ``root`` itself) of ``root`` and of every
-    subgraph nested in its nodes: a list before the lists of the subgraphs in it, the last
-    met first. A list's subgraphs are looked up once the caller is done with it."""
-    stack: list[tuple[Any, onnx.GraphProto | None]] = [(root, None)]
-    while stack:
-        nodes, graph = stack.pop()
-        yield nodes, graph
-        for node in nodes:
-            if node.attribute:
-                for attr in node.attribute:
-                    if attr.type == _GRAPH:
-                        stack.append((attr.g.node, attr.g))
-                    elif attr.type == _GRAPHS:
-                        stack.extend((g.node, g) for g in attr.graphs)
+def nested_node_lists(root: onnx.GraphProto | onnx.FunctionProto) -> Iterator[tuple[Any, onnx.GraphProto | None]]:
+    """(node list, the subgraph holding it; None: ``root``'s own) of ``root`` (the main graph or
+    a function) and of every subgraph nested in its nodes: a list before the lists of the
+    subgraphs in it, the last met first. A list's subgraphs are looked up once the caller is
+    done with it."""
+    for _, v in walk(root, reverse=True):
+        yield v.nodes, None if v.parent is None else v.graph
 
 
 def function_types(fn: onnx.FunctionProto) -> dict[str, onnx.TypeProto]:
@@ -154,19 +144,16 @@ class Constants:
                     own[node.output[0]] = (node, nodes)
             self._own[id(holder)] = own
             return
-        stack: list[tuple[Any, int | None]] = [(holder, None)]
-        while stack:
-            g, parent = stack.pop()
+        for _, v in walk(holder, reverse=True):
+            g = v.data = holder if v.parent is None else v.graph
             self._graphs.append(g)
-            self._parent[id(g)] = parent
-            own: dict[str, tuple[Any, Any]] = {}
+            self._parent[id(g)] = None if v.parent is None else id(v.parent.data)
+            own = {}
             if isinstance(g, onnx.GraphProto):
                 _own_initializers(g, own, overridable)
             for node in g.node:
                 if node.op_type == "Constant" and node.domain in AI_ONNX and len(node.output) == 1:
                     own[node.output[0]] = (node, g.node)
-                elif node.attribute:
-                    stack.extend((sub, id(g)) for sub in subgraphs(node))
             if own:
                 self._own[id(g)] = own
 
