@@ -9,7 +9,7 @@ import hashlib
 import numpy as np
 import onnx
 
-from graphkit.rewrite.graph.walk import AI_ONNX, subgraphs
+from graphkit.rewrite.graph.walk import AI_ONNX, graphs, subgraphs, walk
 from graphkit.rewrite.simplify._context import SimplifyContext
 from graphkit.rewrite.simplify._evaluate import NONDETERMINISTIC
 from graphkit.rewrite.graph.view import constant_node_value
@@ -293,13 +293,10 @@ def eliminate_dead(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
 def _calls(model: onnx.ModelProto) -> dict[tuple[str, str], list[onnx.NodeProto]]:
     calls: dict[tuple[str, str], list[onnx.NodeProto]] = {}
     local = {(f.domain, f.name) for f in model.functions}
-    stack = [model.graph.node, *(f.node for f in model.functions)]
-    while stack:
-        for node in stack.pop():
+    for _, v in walk(model):
+        for node in v.nodes:
             if (node.domain, node.op_type) in local:
                 calls.setdefault((node.domain, node.op_type), []).append(node)
-            for sub in subgraphs(node):
-                stack.append(sub.node)
     return calls
 
 
@@ -337,16 +334,12 @@ def _unused_function_inputs(ctx: SimplifyContext, model: onnx.ModelProto) -> int
 
 
 def _drop_stale_value_info(model: onnx.ModelProto) -> None:
-    stack = [model.graph]
-    while stack:
-        g = stack.pop()
+    for g in graphs(model.graph):
         names = {o for n in g.node for o in n.output} | {i.name for i in g.input} | {t.name for t in g.initializer}
         if any(vi.name not in names for vi in g.value_info):
             keep = [vi for vi in g.value_info if vi.name in names]
             del g.value_info[:]
             g.value_info.extend(keep)
-        for node in g.node:
-            stack.extend(subgraphs(node))
 
 
 def _scalar_like(scope: Scope, name: str, rank: int) -> bool:
