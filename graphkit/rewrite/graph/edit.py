@@ -6,7 +6,7 @@ from __future__ import annotations
 import onnx
 
 from graphkit.rewrite.graph.view import GraphView
-from graphkit.rewrite.graph.walk import graphs, subgraphs
+from graphkit.rewrite.graph.walk import graphs, subgraphs, walk
 
 __all__ = ["dead_producers", "outer_names", "prune_initializers", "referenced", "rename_inputs", "same_nodes",
            "toposort"]
@@ -114,16 +114,9 @@ def prune_initializers(model: onnx.ModelProto, released: set[str]) -> None:
 def referenced(model: onnx.ModelProto) -> set[str]:
     """Every tensor name read anywhere in the model (node inputs, graph outputs)."""
     names: set[str] = set()
-    for g in graphs(model.graph):
-        names.update(o.name for o in g.output)
-        for n in g.node:
+    for _, v in walk(model):
+        if v.graph is not None:  # a function body's outputs are its callers'
+            names.update(o.name for o in v.graph.output)
+        for n in v.nodes:
             names.update(n.input)
-    for fn in model.functions:
-        for n in fn.node:
-            names.update(n.input)
-            for sub in subgraphs(n):
-                for g in graphs(sub):
-                    names.update(o.name for o in g.output)
-                    for m in g.node:
-                        names.update(m.input)
     return names
