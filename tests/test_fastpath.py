@@ -19,7 +19,9 @@ from graphkit.errors import GraphkitError, RewriteError, ValidationError
 from graphkit.ops import Decomposition, NativeKernels, OpDef, OpPackage, OpRegistry, Param, default_registry
 from graphkit.rewrite import Lowering, rewrite_model
 from graphkit.rewrite.bytes import bodies
+from graphkit.rewrite.bytes import body_scopes
 from graphkit.rewrite.bytes import body_splice
+from graphkit.rewrite.bytes import columns
 from graphkit.rewrite.bytes import common
 from graphkit.rewrite.bytes import main_graph
 from graphkit.rewrite.bytes import wire
@@ -839,8 +841,8 @@ def _by_parts(model: onnx.ModelProto, monkeypatch, registry: OpRegistry | None =
 
     monkeypatch.setattr(engine, "FULL_CHECK_NODES", 0)
     whole = []
-    check_bytes = main_graph._check_bytes
-    monkeypatch.setattr(main_graph, "_check_bytes", lambda *a: (whole.append(a), check_bytes(*a)))
+    check_bytes = common._check_bytes
+    monkeypatch.setattr(common, "_check_bytes", lambda *a: (whole.append(a), check_bytes(*a)))
     out, report = lower_bytes(model.SerializeToString(), model, registry=registry or default_registry(),
                               prefer=DEFAULT_PREFERENCE, **options)
     return out, report, whole
@@ -860,7 +862,7 @@ def test_input_checked_before_the_lowering_lists(monkeypatch):
         monkeypatch.setattr(common, name, spy)
     model = _bench_model(30)
     _, report = lower_bytes(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE)
-    assert report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS)
+    assert report.writer_reason.endswith(common.CHECKED_BY_PARTS)
     assert calls == ["input_refused", "node_names", "input_refused"]  # the input, then the replacements
     calls.clear()
     lower_bytes(model.SerializeToString(), model, registry=default_registry(), prefer=DEFAULT_PREFERENCE, check=False)
@@ -925,7 +927,7 @@ def test_freed_memory_release_does_nothing_without_malloc_trim(platform_name, li
 def test_big_output_checked_by_parts(model, monkeypatch):
     """Over FULL_CHECK_NODES a valid output is checked by parts, never whole; the report says so."""
     out, report, whole = _by_parts(model, monkeypatch)
-    assert not whole and report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS)
+    assert not whole and report.writer_reason.endswith(common.CHECKED_BY_PARTS)
     onnx.checker.check_model(out)  # what the parts stood for
 
 
@@ -1093,7 +1095,7 @@ def test_target_opset_down_from_18():
 def test_target_opset_checked_by_parts(monkeypatch):
     """An imports-only conversion keeps every kept node's meaning: the parts still decide."""
     out, report, whole = _by_parts(_unnamed("my_add", 30, False), monkeypatch, target_opset=18)
-    assert not whole and report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS)
+    assert not whole and report.writer_reason.endswith(common.CHECKED_BY_PARTS)
     onnx.checker.check_model(out)
 
 
@@ -1230,7 +1232,7 @@ def test_target_opset_converting_non_canonical_nodes_empty_inputs_and_non_ascii_
 def test_target_opset_converting_checked_by_parts(monkeypatch):
     """A converted node of each kind is a part: the parts still decide."""
     out, report, whole = _by_parts(_converting(6), monkeypatch, target_opset=18)
-    assert not whole and report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS), report.writer_reason
+    assert not whole and report.writer_reason.endswith(common.CHECKED_BY_PARTS), report.writer_reason
     onnx.checker.check_model(out)
 
 
@@ -1345,7 +1347,7 @@ def test_target_opset_converting_down_numerics_and_by_parts(monkeypatch):
     x = np.array([[0.75]], np.float32)
     np.testing.assert_allclose(open_session(out).run({"x": x})["s2"], 27 * x, rtol=1e-6)
     out, report, whole = _by_parts(model, monkeypatch, target_opset=13)
-    assert not whole and report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS), report.writer_reason
+    assert not whole and report.writer_reason.endswith(common.CHECKED_BY_PARTS), report.writer_reason
 
 
 def test_target_opset_converting_down_refusals_reported_alike():
@@ -1491,20 +1493,20 @@ def _loops_of_reducing_ifs(n: int) -> onnx.ModelProto:
 @pytest.mark.parametrize("shape, bulk", [("if_bodies", True), ("loops_of_ifs", True), ("nested", False)])
 def test_target_opset_converting_in_bodies_reads_declarations_at_once(shape, bulk, monkeypatch):
     """A conversion changing nodes in bodies: the declarations are read at once, then every
-    graph is listed (_BodyScopes.list_every_graph: the scopes the graph-by-graph pass lists, each
+    graph is listed (BodyScopes.list_every_graph: the scopes the graph-by-graph pass lists, each
     placeholder's fields as read) for the conversion to splice into; the objects writer's bytes."""
     import scaling_models
 
     model = {"if_bodies": lambda: scaling_models.if_bodies(7, reduce=True), "nested": lambda: _reducing_nested(False),
              "loops_of_ifs": lambda: _loops_of_reducing_ifs(5)}[shape]()
     listed: list[list] = []
-    list_every_graph = bodies._BodyScopes.list_every_graph
+    list_every_graph = body_scopes.BodyScopes.list_every_graph
 
     def spy(self, *args):
         list_every_graph(self, *args)
         listed.append([(s.path, s.custom, s.size, s.dirty, s.fields is not None, _subs(s)) for s in self.scopes])
 
-    monkeypatch.setattr(bodies._BodyScopes, "list_every_graph", spy)
+    monkeypatch.setattr(body_scopes.BodyScopes, "list_every_graph", spy)
     ran = _bulk_spy(monkeypatch)
     _converted_by_bytes(model)
     if not bulk:  # not of the form _declared_bulk reads: graph by graph, every graph listed by that pass
@@ -1517,7 +1519,7 @@ def test_target_opset_converting_in_bodies_reads_declarations_at_once(shape, bul
     from operator import attrgetter
 
     holders = [i for i, n in enumerate(nodes) if any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)]
-    one_by_one = bodies._BodyScopes(model, default_registry(), body_splice.Scope(model.graph, ()),
+    one_by_one = body_scopes.BodyScopes(model, default_registry(), body_splice.Scope(model.graph, ()),
                                    list(map(attrgetter("domain"), nodes)), list(map(attrgetter("op_type"), nodes)),
                                    holders, forward=False, data=data, spans=None)
     assert [(*row[:4], row[5]) for row in listed[0][1:]] == [(s.path, s.custom, s.size, s.dirty, _subs(s))
@@ -1539,7 +1541,7 @@ def test_target_opset_converting_in_bodies_numerics():
 
 def test_target_opset_converting_in_bodies_checked_by_parts(monkeypatch):
     out, report, whole = _by_parts(_reducing_nested(True), monkeypatch, target_opset=18)
-    assert report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS), report.writer_reason
+    assert report.writer_reason.endswith(common.CHECKED_BY_PARTS), report.writer_reason
     onnx.checker.check_model(out)
 
 
@@ -1720,7 +1722,7 @@ def test_bodies_checked_by_parts(shape, monkeypatch):
     """Over FULL_CHECK_NODES, bodies are checked by parts like the main graph."""
     model = _nested_model(True) if shape == "nested" else _scaling(shape, 20)
     out, report, whole = _by_parts(model, monkeypatch)
-    assert report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS), report.writer_reason
+    assert report.writer_reason.endswith(common.CHECKED_BY_PARTS), report.writer_reason
     onnx.checker.check_model(out)
 
 
@@ -1728,12 +1730,12 @@ def test_bodies_input_checked_before_the_type_table(monkeypatch):
     """As in the main graph's writer, the checker runs on the input before the bodies' writer
     reads every node (test_input_checked_before_the_lowering_lists), and once only."""
     calls = []
-    check, types = common.input_refused, bodies._BodyScopes
+    check, types = common.input_refused, body_scopes.BodyScopes
     for module in (bodies, common):  # where the writer calls it, and where check_parts does
         monkeypatch.setattr(module, "input_refused", lambda *a: (calls.append("check"), check(*a))[1])
-    monkeypatch.setattr(bodies, "_BodyScopes", lambda *a, **k: (calls.append("types"), types(*a, **k))[1])
+    monkeypatch.setattr(bodies, "BodyScopes", lambda *a, **k: (calls.append("types"), types(*a, **k))[1])
     _, report, _ = _by_parts(_scaling("if_bodies", 20), monkeypatch)
-    assert report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS), report.writer_reason
+    assert report.writer_reason.endswith(common.CHECKED_BY_PARTS), report.writer_reason
     assert calls[:2] == ["check", "types"] and calls.count("check") == 2  # the input, the replacements
 
 
@@ -2180,7 +2182,7 @@ def test_target_opset_converting_random_models_agree(rng, opset, target):
     assert out == slow.SerializeToString() and _without_writer(report) == _without_writer(slow_report)
 
 
-# -- the bodies' declarations read at once (_BodyScopes._declared_bulk) or graph by graph --------
+# -- the bodies' declarations read at once (BodyScopes._declared_bulk) or graph by graph --------
 
 def _loop_bodies_rich(n: int, *, outer_value_info: bool = False, initializer: bool = False,
                       outer_output: bool = False) -> onnx.ModelProto:
@@ -2234,20 +2236,20 @@ def _scan_bodies(n: int) -> onnx.ModelProto:
 
 
 def _bulk_spy(monkeypatch) -> list:
-    """Records, per run of _BodyScopes._declared_bulk, whether it read the declarations (True) or
+    """Records, per run of BodyScopes._declared_bulk, whether it read the declarations (True) or
     left them to the graph-by-graph pass (False)."""
     ran = []
-    bulk = bodies._BodyScopes._declared_bulk
+    bulk = body_scopes.BodyScopes._declared_bulk
 
     def spy(self, *args):
         try:
             bulk(self, *args)
-        except bodies._NotBulk:
+        except columns.NotBulk:
             ran.append(False)
             raise
         ran.append(True)
 
-    monkeypatch.setattr(bodies._BodyScopes, "_declared_bulk", spy)
+    monkeypatch.setattr(body_scopes.BodyScopes, "_declared_bulk", spy)
     return ran
 
 
@@ -2407,7 +2409,7 @@ def test_bodies_read_at_once_give_the_graph_by_graph_table(case, monkeypatch):
     starts, ends, _ = wire.node_entries(data, g0, g1)
     domains, op_types = list(map(attrgetter("domain"), nodes)), list(map(attrgetter("op_type"), nodes))
     holders = [i for i, n in enumerate(nodes) if any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)]
-    tables = [bodies._BodyScopes(model, default_registry(), body_splice.Scope(model.graph, ()), domains, op_types,
+    tables = [body_scopes.BodyScopes(model, default_registry(), body_splice.Scope(model.graph, ()), domains, op_types,
                                 holders, forward=False, data=data, spans=spans) for spans in ((starts, ends), None)]
     bulk, one_by_one = tables
     assert bulk.bulk and not one_by_one.bulk

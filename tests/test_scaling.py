@@ -71,7 +71,7 @@ def test_file_rewrite_cost_grows_linearly(shape, n, tmp_path, monkeypatch):
     """`graphkit rewrite`'s one entry point (rewrite_file: read, lower, check, atomic write), at
     n and 8n both over FULL_CHECK_NODES, so both sizes take the check by parts."""
     from graphkit.rewrite import engine, rewrite_file
-    from graphkit.rewrite.bytes import main_graph
+    from graphkit.rewrite.bytes import common
 
     monkeypatch.setattr(engine, "FULL_CHECK_NODES", 0)
 
@@ -81,7 +81,7 @@ def test_file_rewrite_cost_grows_linearly(shape, n, tmp_path, monkeypatch):
             start = time.process_time()
             report = rewrite_file(src, tmp_path / "out.onnx").report
             best = min(best, time.process_time() - start)
-        assert report.writer == "bytes" and report.writer_reason.endswith(main_graph.CHECKED_BY_PARTS)
+        assert report.writer == "bytes" and report.writer_reason.endswith(common.CHECKED_BY_PARTS)
         return best
 
     small, big = tmp_path / "small.onnx", tmp_path / "big.onnx"

@@ -41,7 +41,7 @@ class Scope:
         self.graph = graph
         self.path = path  # (node, attribute, graph) indices down from the main graph: tuples sort in output order
         self.custom: list[int] = [] if custom is None else custom
-        self.nodes = nodes  # its placeholders serialized (bodies._BodyScopes._declared_bulk), or None: graph.node[i] for i in custom
+        self.nodes = nodes  # its placeholders serialized (body_scopes.BodyScopes._declared_bulk), or None: graph.node[i] for i in custom
         # per placeholder, as _declared_bulk read them: (inputs, outputs, name or op type, op type,
         # its attributes' bytes); None: read again from ``nodes`` where the lowering needs them
         self.fields = fields

@@ -1,7 +1,13 @@
 """What the two byte writers share (graphkit.rewrite.bytes.main_graph, the main graph's, and
-graphkit.rewrite.bytes.bodies, the bodies'): how a lowering the plan made is repeated as bytes,
-the element types the engine's type table gives without ONNX shape inference, the names the
-name generator starts with, the output assembled around its graph, and the check by parts.
+graphkit.rewrite.bytes.bodies, the bodies'): the steps both take, how a lowering the plan made
+is repeated as bytes, the element types the engine's type table gives without ONNX shape
+inference, the names the name generator starts with, the output assembled around its graph,
+and the check by parts. A change to one of these is made here, once.
+
+* Steps: :func:`run_writer` (a writer's side of the writers' interface), :func:`read_top`,
+  :func:`placeholder_domains`, :func:`conversion`, :func:`nothing_to_lower`,
+  :func:`spliced_conversion`, :func:`lowering_plan`, :func:`progress_of`, :func:`lower_first`
+  (the plan lowering a kind's first node), :func:`check_output` (the output's check).
 
 * Repeats: the plan (``LoweringPlan.lower``, where a placeholder becomes standard ops) lowers
   the first node of each kind; a later node of the same kind repeats the ``Template`` it
@@ -39,16 +45,20 @@ from typing import Any
 
 import onnx
 
+from graphkit.errors import ValidationError
 from graphkit.ops import OpRegistry
+from graphkit.ops._opdef import PLACEHOLDER_DOMAIN
 from graphkit.rewrite.bytes import conversions
 from graphkit.rewrite.bytes import wire
 from graphkit.rewrite import engine as _engine
+from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite._memory import release_freed_memory
 from graphkit.rewrite.graph.walk import AI_ONNX
 from graphkit.rewrite.graph.types import TypeTable, Watch
 from graphkit.rewrite.engine import RewriteReport
 from graphkit.rewrite.lowering.plan import Lowered, LoweringPlan, LoweringScope, Template
-from graphkit.rewrite.writers import InBodies, Pieces, Unsupported
+from graphkit.rewrite.lowering.builder import NameGenerator
+from graphkit.rewrite.writers import InBodies, Pieces, Request, Unsupported
 
 __all__ = ["ADAPTERS", "CHECKED_BY_PARTS", "IMPORTS_ONLY", "NO_NODE_CHANGES", "BoundWriter", "TemplateWriter",
            "WriterTyping", "assemble", "check_parts", "conversion_steps", "count_after", "forward_types",
@@ -103,6 +113,154 @@ def _imports_only(ops: collections.Counter, current: int | None, target: int) ->
     if standard and not _engine.same_schemas(standard, current, target):
         raise Unsupported(f"--target-opset {target} needs the version converter (a standard op of the model "
                           f"has a new version between opsets {current} and {target})")
+
+
+# -- the steps both writers take ----------------------------------------------------------
+
+def run_writer(make: Callable[[Request], Any], request: Request) -> tuple[Pieces, RewriteReport]:
+    """A byte writer's side of graphkit.rewrite.writers' interface: ``make(request).run()``
+    (the output, and the check to run on it or None), the output checked once the rest of the
+    rewrite is freed; the output as pieces and the report."""
+    with gc_paused():
+        rewrite = make(request)
+        out, run_check = rewrite.run()
+        report = rewrite.report
+        del rewrite  # what the check does not read
+        if run_check is not None:
+            run_check()
+        # the rewrite's lists (held by the check) freed while the collector is paused: once it
+        # runs again, its first pass walks every object made in the pause that is still alive
+        del run_check
+    return out, report
+
+
+def read_top(data: bytes) -> tuple[list, tuple[int, int]]:
+    """The model's top-level entries and where its graph's value is; Unsupported where the
+    graph is not there exactly once, or there are model-local functions or training info."""
+    top = wire.entries(data, 0, len(data))
+    fields = [e[0] for e in top]
+    if fields.count(wire.MODEL_GRAPH) != 1:
+        raise Unsupported("graph field not present exactly once")
+    if wire.MODEL_FUNCTIONS in fields or wire.MODEL_TRAINING_INFO in fields:
+        raise Unsupported("model-local functions or training info")
+    _, _, g0, g1 = top[fields.index(wire.MODEL_GRAPH)]
+    return top, (g0, g1)
+
+
+def placeholder_domains(registry: OpRegistry, ops: collections.Counter, keep: bool = False) -> set[str]:
+    """The placeholder domains (``custom`` and the registry's); Unsupported where the model's ops
+    (``ops``: (domain, op type) counts) have placeholders in another or, unless ``keep``,
+    standard ops the registry lowers as its own."""
+    placeholders = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
+    if len(placeholders) > 1 and (placeholders - {PLACEHOLDER_DOMAIN}) & {d for d, _ in ops}:
+        raise Unsupported("placeholders in op domains other than 'custom'")
+    standard = registry.standard_op_types()
+    if standard and not keep and not standard.isdisjoint(ops):
+        raise Unsupported("standard ops lowered as graphkit ops (" + ", ".join(
+            sorted({o for d, o in standard & set(ops)})) + ")")
+    return placeholders
+
+
+def conversion(request: Request, ops: collections.Counter, sub_counts: collections.Counter,
+               bodies: bool = False) -> tuple[int | None, bool, conversions.Steps | None]:
+    """The model's ai.onnx opset, whether --target-opset converts, and the steps of the nodes
+    graphkit's adapters convert (None: the imports only, or no conversion; :func:`conversion_steps`)."""
+    target = request.target_opset
+    current = _engine.ai_onnx_opset(request.model)
+    converting = target is not None and target != current
+    changed = conversion_steps(request.model, ops, sub_counts, current, target, bodies) if converting else None
+    return current, converting, changed
+
+
+def nothing_to_lower(report: RewriteReport, converting: bool) -> None:
+    """No placeholder to lower: the counts after are the counts before (a conversion alone is
+    the objects writer's)."""
+    if converting:
+        raise Unsupported("--target-opset with nothing to lower (the objects writer moves the imports)")
+    report.ops_after = report.ops_before.copy()
+
+
+@contextlib.contextmanager
+def spliced_conversion(target: int) -> Iterator[None]:
+    """Around splicing a conversion (graphkit.rewrite.bytes.conversions): what it cannot splice
+    is the objects writer's conversion (Unsupported)."""
+    try:
+        yield
+    except conversions.NotSpliced as exc:
+        raise Unsupported(f"--target-opset {target} needs the objects writer's conversion: {exc}") from exc
+
+
+def lowering_plan(request: Request, current: int | None, seed: set[str] | None) -> tuple[int, LoweringPlan]:
+    """The opset the replacements are made at (the target's, else the model's) and the lowering
+    plan every writer uses, its name generator starting with ``seed`` (see :func:`name_seed`)."""
+    target = request.target_opset
+    opset = target if target is not None else current or _engine.DEFAULT_OPSET
+    return opset, LoweringPlan(request.registry, request.prefer, opset, path=request.path,
+                               names=NameGenerator(seed or ()))
+
+
+def progress_of(request: Request, total: int) -> tuple[Callable[[str, int, int], None] | None, int]:
+    """The request's progress callback (None for a model too small to report on) and its step."""
+    progress = request.progress
+    if progress is not None and total <= getattr(_engine, "PROGRESS_MIN_NODES", 10_000):
+        progress = None
+    return progress, max(1, getattr(_engine, "PROGRESS_STEP", 2_000))
+
+
+def check_output(out: Pieces, request: Request, report: RewriteReport, plan: LoweringPlan, types: TypeTable,
+                 typing: WriterTyping, *, header: bytes, import_entries: bytes, refused: bool | None,
+                 converting: bool, whole: Callable[[bool], bool], replaced: Callable[[], list],
+                 inference_model: Callable[[Callable[[], onnx.ModelProto]], Callable[[], onnx.ModelProto]] | None = None,
+                 whole_bytes: bool = False) -> None:
+    """The check of a byte writer's output ``out``: ``check_replacement`` on each replacement the
+    plan built (the table's inference, where needed, on ``inference_model(output_model)``, by
+    default the output itself), then the ONNX checker's verdict on the output: on the whole
+    output where ``whole(full)``, else found from parts (:func:`check_parts` on ``replaced()``;
+    ``refused``: the checker's verdict on the input where it ran already), the whole output
+    again where the parts cannot tell (``whole_bytes``: the checker on its bytes, without full
+    inference). The report's writer_reason says which check ran."""
+    registry, path = request.registry, request.path
+    out_model: list[onnx.ModelProto] = []
+
+    def output_model() -> onnx.ModelProto:
+        if not out_model:
+            out_model.append(onnx.load_model_from_string(out.join()))
+        return out_model[0]
+
+    typing.checking(output_model if inference_model is None else inference_model(output_model))
+    opset_imports = onnx.ModelProto.FromString(import_entries).opset_import
+    for r in plan.replacements:
+        _engine.check_replacement(r.original, r.nodes, types, opset_imports, registry, r.rule, path)
+    applied = ", ".join(sorted({how for _, how in plan.actions}))
+    context, hint = _engine.check_context(applied, report.conversions)
+    full = request.full_check or sum(report.ops_after.values()) <= _engine.FULL_CHECK_NODES
+    if whole(full):
+        _engine.check_model(output_model(), registry, path=path, context=context, full=full, hint=hint)
+        return
+    same_schemas = frozenset(AI_ONNX) if converting else frozenset()
+    why = check_parts(request.data, request.model, header, replaced(), {d for d, _ in report.ops_after}, registry,
+                      same_schemas, refused)
+    if why is None:
+        report.writer_reason += f"; {CHECKED_BY_PARTS}"
+        return
+    # the checker's verdict on the whole output, in its own words (graph inputs or outputs without a
+    # shape, in any scope, refuse the input's part: the engine's check gives them an empty one)
+    report.writer_reason += f"; checked whole ({why})"
+    if whole_bytes:
+        _check_bytes(out.join(), registry, path, context, hint)
+    else:
+        _engine.check_model(output_model(), registry, path=path, context=context, full=False, hint=hint)
+
+
+def _check_bytes(out: bytes, registry: OpRegistry, path: str | None, context: str,
+                 hint: str = "fix the input model, or skip the check with --no-check") -> None:
+    """engine.check_model without full inference, on the serialized model."""
+    with registry.onnx_schemas():
+        try:
+            onnx.checker.check_model(out)
+        except onnx.checker.ValidationError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValidationError(f"invalid model{context}: {first}", path=path, hint=hint) from exc
 
 
 # -- lowerings repeated -------------------------------------------------------------------

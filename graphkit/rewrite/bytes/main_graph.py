@@ -82,6 +82,7 @@ it is: every writer reports it in the same words.
 from __future__ import annotations
 
 import collections
+import functools
 import heapq
 import itertools
 import operator
@@ -93,20 +94,16 @@ from typing import Any
 
 import onnx
 
-from graphkit.errors import ValidationError
-from graphkit.ops import OpRegistry
 from graphkit.ops._opdef import PLACEHOLDER_DOMAIN
 from graphkit.rewrite.bytes import conversions
 from graphkit.rewrite.bytes import wire
 from graphkit.rewrite import engine as _engine
-from graphkit.rewrite.bytes.common import (CHECKED_BY_PARTS, BoundWriter, TemplateWriter, assemble, check_parts,
-                                          conversion_steps, count_after, forward_types, input_refused, lower_first,
-                                          node_names, seed_names)
-from graphkit.rewrite._gcpause import gc_paused
-from graphkit.rewrite.graph.walk import AI_ONNX
-from graphkit.rewrite.lowering.builder import NameGenerator
+from graphkit.rewrite.bytes.common import (BoundWriter, TemplateWriter, assemble, check_output, conversion,
+                                          count_after, forward_types, input_refused, lower_first, lowering_plan,
+                                          node_names, nothing_to_lower, placeholder_domains, progress_of, read_top,
+                                          run_writer, seed_names, spliced_conversion)
 from graphkit.rewrite.engine import RewriteReport
-from graphkit.rewrite.lowering.plan import Lowering, LoweringPlan, LoweringScope
+from graphkit.rewrite.lowering.plan import Lowering, LoweringScope
 from graphkit.rewrite.writers import InBodies, Pieces, Request, Unsupported
 
 __all__ = ["WHY", "write"]
@@ -201,17 +198,6 @@ def _whole_check(request: Request, holders: set[int], full: bool) -> bool:
     shapeless = any(vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")
                     for vi in (*graph.input, *graph.output))
     return full or bool(holders) or shapeless or request.has_external_data()
-
-
-def _check_bytes(out: bytes, registry: OpRegistry, path: str | None, context: str,
-                 hint: str = "fix the input model, or skip the check with --no-check") -> None:
-    """engine.check_model without full inference, on the serialized model."""
-    with registry.onnx_schemas():
-        try:
-            onnx.checker.check_model(out)
-        except onnx.checker.ValidationError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ValidationError(f"invalid model{context}: {first}", path=path, hint=hint) from exc
 
 
 def _inference_prefix(model: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
@@ -326,17 +312,7 @@ def write(request: Request) -> tuple[Pieces, RewriteReport]:
     ``rewrite_model`` gives for the same input and options. Unsupported where the objects
     writer must do it; InBodies where the placeholders (or the nodes a conversion changes)
     are inside subgraphs. A ``target_opset`` is already validated."""
-    with gc_paused():
-        rewrite = _MainGraph(request)
-        out, run_check = rewrite.run()
-        report = rewrite.report
-        del rewrite  # what the check does not read
-        if run_check is not None:
-            run_check()
-        # the rewrite's lists (held by the check) freed while the collector is paused: once it
-        # runs again, its first pass walks every object made in the pause that is still alive
-        del run_check
-    return out, report
+    return run_writer(_MainGraph, request)
 
 
 class _MainGraph:
@@ -368,13 +344,7 @@ class _MainGraph:
         """The model's top-level entries, the main graph's node entries and the fields of every
         node, the report's counts before, and the preconditions. False: nothing to lower."""
         data, model, registry, request = self.data, self.model, self.registry, self.request
-        top = wire.entries(data, 0, len(data))
-        fields = [e[0] for e in top]
-        if fields.count(wire.MODEL_GRAPH) != 1:
-            raise Unsupported("graph field not present exactly once")
-        if wire.MODEL_FUNCTIONS in fields or wire.MODEL_TRAINING_INFO in fields:
-            raise Unsupported("model-local functions or training info")
-        _, _, g0, g1 = top[fields.index(wire.MODEL_GRAPH)]
+        top, (g0, g1) = read_top(data)
         starts, ends, others = wire.node_entries(data, g0, g1)
         # Node fields are read a field of every node at a time, straight from the parsed graph:
         # a list of the nodes would keep a Python object per node, and per field read (several
@@ -388,26 +358,13 @@ class _MainGraph:
         op_types = list(map(sys.intern, map(attrgetter("op_type"), nodes)))
         sub_counts, self.sub_names, self.holders = _subgraph_info(nodes, data, g0, g1, request.canonical)
         report = self.report = RewriteReport(ops_before=collections.Counter(zip(domains, op_types)) + sub_counts)
-        placeholders = self.placeholders = registry.placeholder_domains() | {PLACEHOLDER_DOMAIN}
-        if len(placeholders) > 1 and (placeholders - {PLACEHOLDER_DOMAIN}) & (
-                set(domains) | {d for d, _ in sub_counts}):
-            raise Unsupported("placeholders in op domains other than 'custom'")
         keep = request.prefer == (Lowering.KEEP,)
-        standard = registry.standard_op_types()
-        if standard and not keep and not standard.isdisjoint(report.ops_before):
-            raise Unsupported("standard ops lowered as graphkit ops (" + ", ".join(
-                sorted({o for d, o in standard & set(report.ops_before)})) + ")")
-        target = request.target_opset
-        current = self.current = _engine.ai_onnx_opset(model)
-        self.converting = target is not None and target != current
-        self.changed = conversion_steps(model, report.ops_before, sub_counts, current, target) \
-            if self.converting else None
+        self.placeholders = placeholder_domains(registry, report.ops_before, keep)
+        self.current, self.converting, self.changed = conversion(request, report.ops_before, sub_counts)
         custom = array("q", itertools.compress(range(len(domains)), map(operator.eq, domains,
                                                                          itertools.repeat(PLACEHOLDER_DOMAIN))))
         if not custom or keep:
-            if self.converting:
-                raise Unsupported("--target-opset with nothing to lower (the objects writer moves the imports)")
-            report.ops_after = report.ops_before.copy()
+            nothing_to_lower(report, self.converting)
             return False
         self.top, self.graph_span, self.starts, self.ends, self.others = top, (g0, g1), starts, ends, others
         self.nodes, self.domains, self.op_types, self.custom = nodes, domains, op_types, custom
@@ -448,23 +405,19 @@ class _MainGraph:
         the objects writer), and the lowering plan."""
         request, data, model = self.request, self.data, self.model
         target = request.target_opset
-        self.opset = target if target is not None else self.current or _engine.DEFAULT_OPSET
         seed = self.seed = seed_names(data, model, self.top, self.others, self.starts, self.ends, self.graph_span,
                                       set(self.prefixes))
         self.spliced = None
         if self.changed is not None:
-            try:
+            with spliced_conversion(target):
                 self.spliced = conversions.splice(data, model, self.domains, self.op_types, self.starts, self.ends,
                                                     self.changed, target, request.path, up=target > self.current,
                                                     holders=sorted(self.holders))
-            except conversions.NotSpliced as exc:
-                raise Unsupported(f"--target-opset {target} needs the objects writer's conversion: {exc}") from exc
             if seed is not None:  # the engine lowers after the conversion, its constants' names taken
                 seed.update(self.spliced.made)
             # else no name of the model starts with a '<prefix>/', nor does any constant's (each
             # is a node's name or output, '_<what>' and a number added): the lowering makes only those
-        self.plan = LoweringPlan(self.registry, request.prefer, self.opset, path=request.path,
-                                 names=NameGenerator(seed or ()))
+        self.opset, self.plan = lowering_plan(request, self.current, seed)
 
     def sort_into_kinds(self) -> None:
         """Each placeholder's kind: op, attributes, arity, aliasing among its inputs and outputs,
@@ -506,11 +459,9 @@ class _MainGraph:
         kinds = self.kinds = {}  # kind -> TemplateWriter, BoundWriter, or None: the plan lowers each node
         planned = self.planned = []  # the placeholders the plan lowered (the others repeat one of them)
         slots = self.slots = [None] * len(custom)  # each placeholder's replacement entries
-        progress, total = self.request.progress, len(self.nodes)
-        if progress is not None and total <= getattr(_engine, "PROGRESS_MIN_NODES", 10_000):
-            progress = None
+        total = len(self.nodes)
+        progress, step = progress_of(self.request, total)
         self.progress = progress
-        step = max(1, getattr(_engine, "PROGRESS_STEP", 2_000))
         next_report = 0
         groups = _groups(kind_keys) if batched and progress is None else None
         order: Any = range(len(custom)) if groups is None else _Positions(g[0] for g in groups.values())
@@ -653,21 +604,10 @@ class _MainGraph:
             at += [spliced.positions[k] for k in spliced.checked_at]
             replaced = [part for _, part in sorted(zip(at, replaced + spliced.checked), key=itemgetter(0))]
         del slots, values_of, n_inputs, custom, spliced, chosen
-        request, data, model, registry, report = self.request, self.data, self.model, self.registry, self.report
-        plan, typing, types, holders = self.plan, self.typing, self.types, self.holders
-        header, import_entries = self.header, self.import_entries
-        same_schemas = frozenset(AI_ONNX) if self.converting else frozenset()
-        refused, path = self.input_refused, request.path
+        request, plan, holders = self.request, self.plan, self.holders
 
-        def run_check() -> None:
-            out_model: list[onnx.ModelProto] = []
-
-            def output_model() -> onnx.ModelProto:
-                if not out_model:
-                    out_model.append(onnx.load_model_from_string(out.join()))
-                return out_model[0]
-
-            def inference_model() -> onnx.ModelProto:
+        def inference_model(output_model: Callable[[], onnx.ModelProto]) -> Callable[[], onnx.ModelProto]:
+            def cut() -> onnx.ModelProto:
                 """The rewritten model, cut where the names the check asks about are all made."""
                 if holders:
                     return output_model()
@@ -677,22 +617,9 @@ class _MainGraph:
                     asked.update(i for n in r.nodes for i in n.input if i and i not in produced)
                 return _inference_prefix(onnx.load_model_from_string(out.join()), asked)
 
-            typing.checking(inference_model)
-            opset_imports = onnx.ModelProto.FromString(import_entries).opset_import
-            for r in plan.replacements:
-                _engine.check_replacement(r.original, r.nodes, types, opset_imports, registry, r.rule, path)
-            applied = ", ".join(sorted({how for _, how in plan.actions}))
-            context, hint = _engine.check_context(applied, report.conversions)
-            full = request.full_check or sum(report.ops_after.values()) <= _engine.FULL_CHECK_NODES
-            if _whole_check(request, holders, full):
-                _engine.check_model(output_model(), registry, path=path, context=context, full=full, hint=hint)
-                return
-            why = check_parts(data, model, header, replaced, {d for d, _ in report.ops_after}, registry, same_schemas,
-                              refused)
-            if why is None:
-                report.writer_reason += f"; {CHECKED_BY_PARTS}"
-            else:  # the whole output: the checker's own verdict, in its words
-                report.writer_reason += f"; checked whole ({why})"
-                _check_bytes(out.join(), registry, path, context, hint)
+            return cut
 
-        return run_check
+        return functools.partial(check_output, out, request, self.report, plan, self.types, self.typing,
+                                 header=self.header, import_entries=self.import_entries, refused=self.input_refused,
+                                 converting=self.converting, whole=lambda full: _whole_check(request, holders, full),
+                                 replaced=lambda: replaced, inference_model=inference_model, whole_bytes=True)

@@ -1,0 +1,694 @@
+"""The bodies' byte writer's pass over the model: the scopes it lists, the types it gives.
+
+:class:`BodyScopes` types the model with the engine's type table (graph.types.TypeTable,
+the byte writers' policy bytes.common.WriterTyping), the table's pass telling it (its
+watch) where it goes: it lists the graphs holding placeholders (body_splice.Scope, in
+ModelIndex's order) and counts every node's op. Where the placeholders read only declared
+names, the pass only declares, and where every subgraph's names are its own the
+declarations are read from the serialized model a field of a block of graphs at a time
+(:class:`_BulkRead`, with bytes.columns), else graph by graph.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import operator
+import sys
+from collections.abc import Iterator
+from operator import attrgetter, itemgetter
+from typing import Any
+
+import onnx
+
+from graphkit.ops import OpRegistry
+from graphkit.ops._opdef import PLACEHOLDER_DOMAIN
+from graphkit.rewrite.bytes import body_splice
+from graphkit.rewrite.bytes import wire
+from graphkit.rewrite.bytes.body_splice import Scope
+from graphkit.rewrite.bytes.columns import (ATTRIBUTE_FIELDS, ATTRIBUTE_TYPE, HOLDER_FIELDS, NODE_FIELDS, NotBulk,
+                                           graph_columns, read_columns)
+from graphkit.rewrite.bytes.common import forward_types, writer_types
+from graphkit.rewrite.graph.types import TypeTable
+from graphkit.rewrite.graph.walk import AI_ONNX
+from graphkit.rewrite.writers import Unsupported
+
+__all__ = ["MAX_DEPTH", "BodyScopes", "Undeclared"]
+
+_GRAPH = onnx.AttributeProto.GRAPH
+_GRAPHS = onnx.AttributeProto.GRAPHS
+_NAME, _TYPE, _ELEM = attrgetter("name"), attrgetter("type"), attrgetter("tensor_type.elem_type")
+MAX_DEPTH = 64  # nested graphs deeper than this go to the objects writer (recursion in the writer)
+_BULK_DEPTH = 8  # BodyScopes._declared_bulk reads graphs nested this deep; deeper ones go graph by graph
+_CONTROL_FLOW_BODY = {"If": "then_branch", "Loop": "body", "Scan": "body"}
+_EVERYTHING = itemgetter(slice(None))  # a repeated field's values as a list, in one call
+_CHAIN, _REPEAT = itertools.chain.from_iterable, itertools.repeat
+
+
+def _vi_sizes(names: list[str], types: list[bytes]) -> list[int]:
+    """The size of each ValueInfoProto holding just a name of ``names`` and a type of ``types``."""
+    name_sizes = list(map(len, map(str.encode, names)))
+    type_sizes = list(map(len, types))
+    if max(name_sizes, default=0) < 0x80 and max(type_sizes, default=0) < 0x80:  # one-byte lengths
+        return list(map(operator.add, map(operator.add, name_sizes, type_sizes), itertools.repeat(4)))
+    return list(map(_field_sizes, name_sizes, type_sizes))
+
+
+def _field_sizes(a: int, b: int) -> int:
+    """The size of two length-delimited fields with one-byte keys, of values ``a`` and ``b`` bytes long."""
+    return 2 + len(wire.LENGTHS[a]) + a + len(wire.LENGTHS[b]) + b
+
+
+class Undeclared(Exception):
+    """A placeholder reads a name not declared (so far): the types need the whole pass."""
+
+
+class BodyScopes:
+    """The bodies' pass over the model: the engine's type table (graph.types.TypeTable, the
+    byte writers' policy ``bytes.common.WriterTyping``) typed as the engine's pass types it,
+    every node of the main graph read in bulk, subgraphs through TypeTable's own pass, which
+    tells this watch (graph.types.Watch) where it goes: it lists the graphs holding
+    placeholders, ``scopes`` in ModelIndex's order (the order the pass enters them), and
+    counts every node's (domain, op type), ``counts``.
+
+    Without ``forward``, the pass only declares (every graph's inputs, outputs, value_info and
+    initializers, in the pass's order) and lists the scopes. That is the whole pass's answer
+    for every name declared with an element type: a declaration overwrites, the forward
+    rules only fill in names not typed yet (TypeTable.set, setdefault), so a declared name
+    ends with its last declaration's type, whatever the nodes do; shapes are declarations
+    only. The main graph's If/Loop/Scan outputs take their body outputs' declared types
+    (_declared_control_flow). The caller asks it only for names so typed, else runs the
+    whole pass. Where every subgraph's names are its own (_declared_bulk), the declarations
+    are read a field of every subgraph at a time (``TypeTable.take_declarations``); else
+    graph by graph."""
+
+    def __init__(self, model: onnx.ModelProto, registry: OpRegistry, main: Scope, domains: list[str],
+                 op_types: list[str], holders: list[int], forward: bool = True, data: bytes = b"",
+                 spans: tuple[Any, Any] | None = None) -> None:
+        self.scopes = [main]
+        self.counts = collections.Counter(zip(domains, op_types))
+        self.bulk = False  # the declarations read at once (_declared_bulk): only graphs holding placeholders listed
+        self.prefixes: set[str] = set()  # where bulk: the subgraphs' placeholders' names (their op types where unnamed)
+        self._main = main
+        self._main_holders = iter(holders)  # the pass reaches the main graph's holders in order
+        self._frames: list[tuple[Scope, int, Iterator[tuple[int, int]], list]] = []
+        self._at: tuple[Scope, int] | None = None
+        self._forwarding = forward
+        self._graphs: tuple[list[tuple[int, ...]], list[int]] | None = None  # _declared_bulk's, for list_every_graph
+        nodes = model.graph.node
+        if forward:
+            everything = itemgetter(slice(None))
+            self.table, self.typing = forward_types(model, registry, nodes, domains, op_types,
+                                                    list(map(everything, map(attrgetter("input"), nodes))),
+                                                    list(map(everything, map(attrgetter("output"), nodes))),
+                                                    set(holders), watch=self)
+            self.table.set_watch(None)  # the pass is over (and no cycle keeps the table alive)
+            return
+        self.made = collections.Counter(itertools.chain.from_iterable(map(attrgetter("output"), nodes)))
+        self._main_outputs = self.made.keys()
+        self.table, self.typing = table, _ = writer_types(model, registry, watch=self)
+        try:
+            self._declarations_only(table, nodes, domains, holders, data, spans)
+        finally:
+            table.set_watch(None)  # the pass is over (and no cycle keeps the table alive)
+
+    def _declarations_only(self, table: TypeTable, nodes: Any, domains: list[str], holders: list[int], data: bytes,
+                           spans: tuple[Any, Any] | None) -> None:
+        """The declarations-only pass: read at once where it can be (_declared_bulk), else graph by graph."""
+        table.declarations_only()
+        if spans is not None:
+            try:
+                self._declared_bulk(data, spans, domains, holders)
+                self.bulk = True
+                self.scopes.sort(key=attrgetter("path"))  # the pass's order (each graph before those in it)
+                return
+            except NotBulk:
+                self.prefixes = set()
+        for index in holders:
+            self.holder(table, nodes[index], domains[index])
+
+    def holder(self, table: TypeTable, node: onnx.NodeProto, domain: str) -> None:
+        """The pass reaches ``node``, holding graphs: TypeTable.forward_subgraphs, the graphs
+        listed as they are entered (:meth:`graph`), or, declarations only, _declared_holder."""
+        parent, index = (self._main, next(self._main_holders)) if self._at is None else self._at
+        if not self._forwarding and domain != PLACEHOLDER_DOMAIN:
+            return self._declared_holder(node, domain, parent, index)
+        positions = [(a, k) for a, attr in enumerate(node.attribute) if attr.type in (_GRAPH, _GRAPHS)
+                     for k in range(1 if attr.type == _GRAPH else len(attr.graphs))]
+        if not positions:
+            return table.forward_subgraphs(node, domain)
+        if domain == PLACEHOLDER_DOMAIN:
+            raise Unsupported("a custom node with a subgraph")
+        made: list[tuple[int, int, Scope]] = []
+        self._frames.append((parent, index, iter(positions), made))
+        at, self._at = self._at, None
+        table.forward_subgraphs(node, domain)
+        self._at = at
+        self._frames.pop()
+        held: dict[int, list[tuple[int, Scope]]] = {}
+        for a, k, scope in made:
+            held.setdefault(a, []).append((k, scope))
+        attributes = node.attribute
+        dirty = any(scope.dirty for _, _, scope in made)
+        parent.subs.append((index, len(attributes), dirty,
+                            [(a, 6 if attributes[a].type == _GRAPH else 11, subs) for a, subs in held.items()]))
+        parent.dirty = parent.dirty or dirty
+
+    def graph(self, table: TypeTable, graph: onnx.GraphProto) -> None:
+        """TypeTable.forward_graph, listing the graph as a scope (the whole pass; _declared_body
+        is the declarations-only one)."""
+        parent, index, positions, made = self._frames[-1]
+        a, k = next(positions)
+        path = (*parent.path, index, a, k)
+        if len(path) > 3 * MAX_DEPTH:
+            raise Unsupported(f"graphs nested more than {MAX_DEPTH} deep")
+        scope = Scope(graph, path)
+        self.scopes.append(scope)
+        made.append((a, k, scope))
+        table.declare(graph)
+        nodes = graph.node
+        domains = list(map(attrgetter("domain"), nodes))
+        op_types = list(map(attrgetter("op_type"), nodes))
+        scope.size = len(domains)
+        self.counts.update(zip(domains, op_types))
+        if PLACEHOLDER_DOMAIN in domains:
+            scope.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
+            scope.dirty = True
+        forward_node = table.forward_node
+        for i, node in enumerate(nodes):
+            forward_node(node, domains[i], op_types[i])
+            if node.attribute:
+                self._at = (scope, i)
+                self.holder(table, node, domains[i])
+                self._at = None
+
+    def _declared_holder(self, node: onnx.NodeProto, domain: str, parent: Scope, index: int) -> None:
+        """The declarations-only pass through the graphs ``node`` (node ``index`` of ``parent``)
+        holds: per graph, _declared_body; the main graph's If/Loop/Scan outputs then take their
+        bodies' declared types (_declared_control_flow)."""
+        attributes = node.attribute
+        held = []
+        bodies = {}
+        dirty = False
+        base = (*parent.path, index)
+        deep = len(base) + 2 > 3 * MAX_DEPTH
+        for a, attr in enumerate(attributes):
+            t = attr.type
+            if deep and (t == _GRAPH or t == _GRAPHS and attr.graphs):
+                raise Unsupported(f"graphs nested more than {MAX_DEPTH} deep")
+            if t == _GRAPH:
+                g = attr.g
+                scope = self._declared_body(g, (*base, a, 0))
+                bodies[attr.name] = g
+                held.append((a, 6, [(0, scope)]))
+                dirty = dirty or scope.dirty
+            elif t == _GRAPHS:
+                subs = []
+                for k, g in enumerate(attr.graphs):
+                    scope = self._declared_body(g, (*base, a, k))
+                    subs.append((k, scope))
+                    dirty = dirty or scope.dirty
+                if subs:
+                    held.append((a, 11, subs))
+        if not held:  # no graph after all (an empty ``graphs``): TypeTable's pass does nothing either
+            return
+        if parent is self._main and bodies and domain in AI_ONNX:
+            self._declared_control_flow(node, bodies)
+        parent.subs.append((index, len(attributes), dirty, held))
+        parent.dirty = parent.dirty or dirty
+
+    def _declared_body(self, graph: onnx.GraphProto, path: tuple[int, ...]) -> Scope:
+        """One subgraph, declarations only, listed as a scope (:meth:`graph`'s): TypeTable's
+        ``define`` before it and ``defined_untyped`` after (the names it defines that no
+        declaration types are left untyped: the union the check looks in is the same as the
+        whole pass's). A name the main graph's nodes make too (a model the checker refuses),
+        or a placeholder input not declared so far, is left to the whole pass (Undeclared)."""
+        table = self.table
+        nodes = graph.node
+        outputs = list(map(attrgetter("output"), nodes))
+        names = table.define(graph, [name for name in itertools.chain(
+            map(_NAME, graph.input), map(_NAME, graph.initializer), itertools.chain.from_iterable(outputs)) if name])
+        if not self._main_outputs.isdisjoint(names):
+            raise Undeclared
+        scope = Scope(graph, path)
+        self.scopes.append(scope)
+        table.declare(graph)
+        elem = table.elem_types
+        domains = list(map(attrgetter("domain"), nodes))
+        op_types = list(map(attrgetter("op_type"), nodes))
+        scope.size = len(domains)
+        self.counts.update(zip(domains, op_types))
+        if PLACEHOLDER_DOMAIN in domains:
+            scope.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
+            scope.dirty = True
+            if not all(x in elem for i in scope.custom for x in nodes[i].input if x):
+                raise Undeclared  # not declared so far: the whole pass will be needed (If outputs, say)
+        for i, attributes in enumerate(map(attrgetter("attribute"), nodes)):
+            if attributes:
+                self._at = (scope, i)
+                self.holder(table, nodes[i], domains[i])
+                self._at = None
+        table.defined_untyped(names)
+        return scope
+
+    def _declared_control_flow(self, node: onnx.NodeProto, bodies: dict[str, onnx.GraphProto]) -> None:
+        """TypeTable's control-flow rule for a node of the main graph, declarations only: an
+        output takes its body output's type where that is declared by now (the whole pass
+        has the same type for it then: a forward rule never changes a declared name's) and
+        no other node makes the output (else its forward type might come first); anything
+        else is left to the whole pass."""
+        body = bodies.get(_CONTROL_FLOW_BODY.get(node.op_type, ""))
+        if body is None:
+            return
+        elem = self.table.elem_types
+        outs = list(body.output)[1:] if node.op_type == "Loop" else list(body.output)
+        for out, body_out in zip(node.output, outs):
+            if out:
+                t = elem.get(body_out.name)
+                if t is None or self.made[out] != 1:
+                    raise Undeclared
+                elem.setdefault(out, t)
+
+    def _declared_bulk(self, data: bytes, spans: tuple[Any, Any], domains: list[str], holders: list[int]) -> None:
+        """The declarations-only pass over every subgraph, read from the serialized model
+        (``data``; ``spans``: the main graph's node entries' starts and ends) as wire.Skeletons, a
+        field of body_splice.BLOCK graphs at a time (:class:`_BulkRead`), where its result does not
+        depend on the order the graph-by-graph pass goes in (else NotBulk, before anything is
+        changed; that pass then runs):
+
+        * every name a subgraph defines (inputs, node outputs) is defined once in the whole
+          model: by no other subgraph, not by the main graph, not declared there (so
+          TypeTable's sibling check never fires and no graph redefines another's name);
+        * every name a subgraph declares (inputs, outputs, value_info) is one it defines
+          itself (so each name's declarations are its own graph's, in that graph's order);
+        * every placeholder input is typed when the pass reaches its graph: declared in the main
+          graph, an output of an earlier main-graph If/Loop/Scan typed by its body, or declared
+          by a graph defining it that the pass entered before (read so far);
+        * no subgraph has initializers, graphs nest at most _BULK_DEPTH deep, no custom node
+          holds one, no message field is given twice.
+
+        Then the declarations are the same TypeTable.set calls, each graph's in its order
+        (equal TypeProto bytes parsed once): the table takes them (TypeTable.take_declarations,
+        the TypeProtos, for shapes, made only where asked for: most lowerings read element
+        types alone); the names left untyped are those no declaration types; the control-flow
+        outputs are typed as _declared_control_flow types them. The scopes listed hold their
+        placeholders serialized (``Scope.nodes``)."""
+        read = _BulkRead(self, data, spans, domains, holders)
+        read.run()
+        # Nothing was changed so far: now the pass's result.
+        self.table.take_declarations(read.body_elem, read.declared, read.untyped,
+                                     [(out, t) for out, (t, _) in read.flow.items()])
+        self.counts.update(read.counts)
+        self.scopes += read.found
+        self._graphs = (read.paths, read.graph_sizes)  # for list_every_graph
+
+    def list_every_graph(self, nodes: Any, holders: list[int]) -> None:
+        """After _declared_bulk (which lists the graphs holding placeholders alone, their
+        placeholders read): every graph listed as a scope, the graphs nested in each in its
+        ``subs``, as the declarations-only pass lists them, each placeholder's fields as read;
+        the table stays as it is (the whole pass's: _declared_bulk's conditions). What a
+        conversion splicing into every graph needs (conversions.splice_scopes), the graphs
+        then written again by graph_bytes (``bulk`` no longer). Where the graphs are and
+        their sizes are _declared_bulk's (``_graphs``): only the nodes holding them are read."""
+        read = {scope.path: scope for scope in self.scopes[1:]}
+        paths, sizes = self._graphs
+        size_of = dict(zip(paths, sizes))
+        below: dict[tuple[int, ...], list[tuple[int, ...]]] = {}  # a graph's path -> its graphs' paths
+        for path in sorted(paths):  # each graph before those in it (the pass's order)
+            below.setdefault(path[:-3], []).append(path)
+        main = self._main
+        main.subs, main.dirty = [], bool(main.custom)
+        scopes = self.scopes = [main]
+        stack = [(main, nodes)]
+        while stack:
+            parent, parent_nodes = stack.pop()
+            inner = below.get(parent.path)
+            if not inner:
+                continue
+            made: list[tuple[Scope, Any]] = []
+            for index, group in itertools.groupby(inner, key=itemgetter(-3)):
+                attributes = parent_nodes[index].attribute
+                held: list[tuple[int, int, list[tuple[int, Scope]]]] = []
+                for a, in_attribute in itertools.groupby(group, key=itemgetter(-2)):
+                    attr = attributes[a]
+                    one = attr.type == _GRAPH
+                    subs = []
+                    for path in in_attribute:
+                        graph = attr.g if one else attr.graphs[path[-1]]
+                        listed = read.get(path)
+                        scope = Scope(graph, path, None if listed is None else listed.custom,
+                                       None if listed is None else listed.nodes,
+                                       None if listed is None else listed.fields)
+                        scope.size, scope.dirty = size_of[path], listed is not None
+                        scopes.append(scope)
+                        if path in below:  # its nodes read only where it holds graphs
+                            made.append((scope, graph.node))
+                        subs.append((path[-1], scope))
+                    held.append((a, 6 if one else 11, subs))
+                parent.subs.append((index, len(attributes), False, held))
+            stack.extend(made)
+        scopes.sort(key=attrgetter("path"))  # the pass's order: each graph, then those in it
+        # dirty: a graph holding placeholders or one holding such a graph, found from the deepest up
+        for scope in reversed(scopes):
+            if scope.subs:
+                subs = [(index, n, any(s.dirty for _, _, held_subs in held for _, s in held_subs), held)
+                        for index, n, _, held in scope.subs]
+                scope.subs = subs
+                scope.dirty = scope.dirty or any(d for _, _, d, _ in subs)
+        self.bulk = False
+
+
+class _BulkRead:
+    """BodyScopes._declared_bulk's read of every subgraph, a level of nesting at a time and in each
+    level a block of body_splice.BLOCK graphs at a time, each block's steps a method, in
+    :meth:`read_block`'s order. It changes nothing of the table (_declared_bulk then does):
+    where a condition does not hold, NotBulk leaves the table as it was."""
+
+    def __init__(self, listing: BodyScopes, data: bytes, spans: tuple[Any, Any], domains: list[str],
+                 holders: list[int]) -> None:
+        self.listing = listing
+        self.sk = wire.Skeletons.load()
+        self.data = data
+        self.starts, self.ends = spans
+        self.elem0 = listing.table.elem_types
+        self.paths: list[tuple[int, ...]] = []  # every subgraph's, in the order read (level by level)
+        self.graph_sizes: list[int] = []  # and its node count
+        self.owners: list[dict[str, int]] = []  # per block, each name its graphs define -> that graph
+        self.declared: list[tuple[list[str], list]] = []  # per block and field: names, types
+        self.parsed: dict[bytes, tuple[onnx.TypeProto, int]] = {}  # a TypeProto's bytes -> it, its element type
+        # The names subgraphs define, each once in the model: typed by their graph's declarations
+        # (-> element type) or left untyped (a graph declares only names it defines: checked)
+        self.body_elem: dict[str, int] = {}
+        self.untyped: set[str] = set()
+        # every name of the main graph (made, declared, typed, defined untyped): none a subgraph's
+        self.main_names = set(listing.made).union(listing.table.names())
+        self.flow: dict[str, tuple[int, int]] = {}  # a main-graph If/Loop/Scan output -> its type, the node
+        self.found: list[Scope] = []
+        self.counts: collections.Counter = collections.Counter()
+        # (serialized holder node, its path, its domain), level by level
+        self.level: list[tuple[bytes, tuple[int, ...], str]] = list(zip(
+            map(self._value, holders), zip(holders), map(domains.__getitem__, holders)))
+
+    def _value(self, index: int) -> bytes:
+        """The serialized main-graph node ``index`` (its entry's value)."""
+        data, start = self.data, self.starts[index]
+        return data[start + 2 if data[start + 1] < 0x80 else wire.read_varint(data, start + 1)[1]:self.ends[index]]
+
+    def _typed_before(self, x: str, g: int) -> bool:
+        """Whether placeholder input ``x`` of subgraph ``g`` is typed when the pass reaches ``g``."""
+        if x in self.elem0:
+            return True
+        if x in self.flow:
+            return self.flow[x][1] < self.paths[g][0]
+        o = next((own[x] for own in self.owners if x in own), None)
+        return o is not None and x in self.body_elem and (o == g or self.paths[o] <= self.paths[g])
+
+    def run(self) -> None:
+        """Every level of nesting, each a block of graphs at a time."""
+        level = self.level
+        depth = 0
+        while level:
+            depth += 1
+            if depth > _BULK_DEPTH:
+                raise NotBulk
+            below: list[tuple[bytes, tuple[int, ...], str]] = []
+            for at in range(0, len(level), body_splice.BLOCK):
+                below += self.read_block(level[at:at + body_splice.BLOCK], depth)
+            level = below
+
+    def read_block(self, block: list[tuple[bytes, tuple[int, ...], str]], depth: int) -> list:
+        """The graphs a block of holder nodes hold (``block``: each one's bytes, path, domain):
+        their nodes counted, their declarations, the names they define, the main graph's
+        control-flow outputs they type, their placeholders listed; returns the next level's
+        holders (the nodes of these graphs holding graphs)."""
+        first = len(self.paths)
+        graph_bytes, control_flow = self.held_graphs(block, depth)
+        these = graph_columns(graph_bytes)
+        del graph_bytes
+        ids = range(first, len(self.paths))
+        if these["initializer"][0]:
+            raise NotBulk
+        flat_bytes, sizes = these["node"]
+        self.graph_sizes += sizes
+        node_columns = read_columns(self.sk.nodes, flat_bytes, NODE_FIELDS)
+        owner_of_node = list(_CHAIN(map(_REPEAT, ids, sizes)))
+        flat_domains = node_columns["domain"]
+        self.counts.update(zip(flat_domains, node_columns["op_type"]))
+        names_made, n_made = node_columns["output"]
+        made_by = list(_CHAIN(map(_REPEAT, owner_of_node, n_made)))
+        del n_made
+        block_declared = self.declarations(these, ids, names_made, made_by)
+        block_owner, block_elem = self.own_names(names_made, made_by, block_declared)
+        del names_made, made_by
+        if control_flow:
+            self.control_flow_types(control_flow, block_declared, these["output"][1], block_elem, first)
+        del block_declared
+        offsets = list(itertools.accumulate(sizes, initial=0))
+        self.placeholders(node_columns, flat_bytes, flat_domains, owner_of_node, offsets, first, block_owner,
+                          block_elem)
+        return self.next_level(node_columns, flat_bytes, flat_domains, owner_of_node, offsets, first)
+
+    def held_graphs(self, block: list[tuple[bytes, tuple[int, ...], str]], depth: int) -> tuple[list[bytes], list]:
+        """The graphs the block's nodes hold, serialized, their paths listed; and per main-graph
+        If/Loop/Scan (``depth`` 1): (its index, op type, outputs, its body's place in ``paths``)."""
+        paths = self.paths
+        raws, bases, holder_domains = zip(*block)
+        if PLACEHOLDER_DOMAIN in holder_domains:
+            raise NotBulk  # a custom node holding a graph: the graph-by-graph pass says so
+        held = read_columns(self.sk.nodes, raws, HOLDER_FIELDS)
+        del raws
+        attributes, n_attributes = held["attribute"]
+        attrs = read_columns(self.sk.attributes, attributes, ATTRIBUTE_FIELDS)
+        del attributes
+        a_types, a_names = attrs["type"], attrs["name"]
+        g_values, g_counts = attrs["g"]
+        gs_values, gs_counts = attrs["graphs"]
+        g_at = list(itertools.accumulate(g_counts, initial=0))
+        gs_at = list(itertools.accumulate(gs_counts, initial=0))
+        holder_of = list(_CHAIN(map(_REPEAT, range(len(block)), n_attributes)))
+        index_of = list(_CHAIN(map(range, n_attributes)))
+        # If/Loop/Scan of the main graph: the attribute naming their body (the last, as a dict keeps it)
+        wanted = [_CONTROL_FLOW_BODY.get(op, "") if depth == 1 and d in AI_ONNX else ""
+                  for op, d in zip(held["op_type"], holder_domains)]
+        bodies: dict[int, int] = {}
+        graph_bytes: list[bytes] = []
+        single = list(itertools.compress(range(len(a_types)), map(_GRAPH.__eq__, a_types)))
+        if _GRAPHS not in a_types and all(map(operator.eq, map(g_counts.__getitem__, single), _REPEAT(1))):
+            # every graph an attribute's one (If, Loop, Scan): their paths and bytes at once
+            holder_at = list(map(holder_of.__getitem__, single))
+            graph_bytes = list(map(g_values.__getitem__, map(g_at.__getitem__, single)))
+            base_paths = len(paths)
+            paths += map(operator.add, map(bases.__getitem__, holder_at),
+                         zip(map(index_of.__getitem__, single), _REPEAT(0)))
+            named = list(map(wanted.__getitem__, holder_at))
+            if any(named):  # If/Loop/Scan of the main graph: the attribute naming their body (the last)
+                chosen = list(map(operator.and_, map(bool, named),
+                                  map(operator.eq, map(a_names.__getitem__, single), named)))
+                bodies = dict(zip(itertools.compress(holder_at, chosen),
+                                  itertools.compress(range(base_paths, len(paths)), chosen)))
+            single = None
+        for j in () if single is None else itertools.compress(range(len(a_types)), map(
+                operator.or_, map(_GRAPH.__eq__, a_types), map(_GRAPHS.__eq__, a_types))):
+            h = holder_of[j]
+            base, a = bases[h], index_of[j]
+            if a_types[j] == _GRAPH:
+                if g_counts[j] != 1:
+                    raise NotBulk
+                graph_bytes.append(g_values[g_at[j]])
+                paths.append((*base, a, 0))
+                if wanted[h] and a_names[j] == wanted[h]:
+                    bodies[h] = len(paths) - 1
+            else:
+                for k in range(gs_counts[j]):
+                    graph_bytes.append(gs_values[gs_at[j] + k])
+                    paths.append((*base, a, k))
+        del attrs, a_types, a_names, g_values, gs_values, holder_of, index_of
+        outputs, n_outputs = held["output"]
+        output_at = list(itertools.accumulate(n_outputs, initial=0))
+        control_flow = [(bases[h][0], held["op_type"][h], outputs[output_at[h]:output_at[h + 1]], body)
+                        for h, body in bodies.items()]
+        return graph_bytes, control_flow
+
+    def declarations(self, these: dict, ids: range, names_made: list[str], made_by: list[int]) -> list[tuple]:
+        """Per field (input, output, value_info) of the block's graphs: (field, names, the graph
+        declaring each, their TypeProtos, their element types). The inputs' names are added to
+        ``names_made`` and ``made_by`` (a graph defines its inputs)."""
+        parsed, vi_from = self.parsed, self.sk.value_info.FromString
+        block_declared = []
+        for field in ("input", "output", "value_info"):
+            vis, counts_of = these[field]
+            # Their names and types at once: the ValueInfoProtos one after the other parse as
+            # one ValueInfoColumns, each field's values in order. Where each holds exactly one
+            # name and one type (its size is theirs), they are its own; else one by one.
+            columns = self.sk.value_infos.FromString(b"".join(vis))
+            names = columns.name[:]
+            raw_types = columns.type[:]
+            if len(names) != len(vis) or len(raw_types) != len(vis) or columns.doc_string or \
+                    columns.metadata_props or list(map(len, vis)) != _vi_sizes(names, raw_types):
+                vis = list(map(vi_from, vis))
+                names = list(map(_NAME, vis))
+                tps = list(map(_EVERYTHING, map(_TYPE, vis)))
+                if not all(map(operator.le, map(len, tps), _REPEAT(1))):
+                    raise NotBulk
+                raw_types = [t[0] if t else b"" for t in tps]
+                del tps
+            del vis, columns
+            for b in set(raw_types).difference(parsed):
+                tp = onnx.TypeProto.FromString(b)
+                parsed[b] = (tp, tp.tensor_type.elem_type)
+            pairs = list(map(parsed.__getitem__, raw_types))
+            del raw_types
+            by = list(_CHAIN(map(_REPEAT, ids, counts_of)))
+            block_declared.append((field, names, by, list(map(itemgetter(0), pairs)),
+                                   list(map(itemgetter(1), pairs))))
+            if field == "input":
+                names_made += names
+                made_by += by
+        return block_declared
+
+    def own_names(self, names_made: list[str], made_by: list[int], block_declared: list[tuple]) -> tuple[dict, dict]:
+        """The names the block's graphs define (each once in the model, none the main graph's, each
+        declared only by its own graph): each one's graph, and the element types declared for
+        them (the others left untyped); the declarations kept, in order."""
+        if "" in names_made:
+            keep = list(map(bool, names_made))
+            names_made = list(itertools.compress(names_made, keep))
+            made_by = list(itertools.compress(made_by, keep))
+        # (looked up in the block's own dicts first: the model's are big, slow to look in)
+        block_owner = dict(zip(names_made, made_by))
+        if len(block_owner) != len(names_made) or not self.main_names.isdisjoint(names_made):
+            raise NotBulk
+        self.owners.append(block_owner)
+        get_owner = block_owner.get
+        block_elem: dict[str, int] = {}
+        for field, names, by, tps, elems in block_declared:
+            if not all(map(operator.eq, map(get_owner, names), by)):
+                raise NotBulk  # a graph declares a name it does not define
+            block_elem.update(filter(itemgetter(1), zip(names, elems)))
+            self.declared.append((names, tps))
+        # a name is typed by its own graph's declarations or not at all (checked just above):
+        # the names defined here are block_elem's and block_untyped, none defined before
+        block_untyped = list(itertools.filterfalse(block_elem.__contains__, names_made))
+        body_elem, untyped = self.body_elem, self.untyped
+        typed_size, untyped_size = len(body_elem), len(untyped)
+        body_elem.update(block_elem)
+        untyped.update(block_untyped)
+        if len(body_elem) != typed_size + len(block_elem) or len(untyped) != untyped_size + len(
+                block_untyped) or not untyped.isdisjoint(block_elem) or not body_elem.keys().isdisjoint(
+                block_untyped):
+            raise NotBulk
+        return block_owner, block_elem
+
+    def control_flow_types(self, control_flow: list, block_declared: list[tuple], n_outputs: list[int],
+                           block_elem: dict[str, int], first: int) -> None:
+        """Each output of a main-graph If/Loop/Scan takes its body output's type (a Loop's after
+        the condition), every output made once (else the graph-by-graph pass finds which way)."""
+        made, elem0 = self.listing.made, self.elem0
+        for field, names, by, tps, elems in block_declared:
+            if field != "output":
+                continue
+            at_output = list(itertools.accumulate(n_outputs, initial=0))
+            indices, op_types, node_outputs, bodies_at = zip(*control_flow)
+            skip = list(map(int, map(operator.eq, op_types, _REPEAT("Loop"))))
+            body_outputs = map(names.__getitem__, map(slice, map(operator.add, map(
+                at_output.__getitem__, map(operator.sub, bodies_at, _REPEAT(first))), skip),
+                map(at_output.__getitem__, map(operator.add, map(operator.sub, bodies_at, _REPEAT(first)),
+                                                _REPEAT(1)))))
+            pairs = list(map(list, map(zip, node_outputs, body_outputs)))
+            outs = list(map(itemgetter(0), _CHAIN(pairs)))
+            ts = list(map(block_elem.get, map(itemgetter(1), _CHAIN(pairs))))
+            at = list(_CHAIN(map(_REPEAT, indices, map(len, pairs))))
+            del pairs
+            if "" in outs:
+                keep = list(map(bool, outs))
+                outs, ts, at = (list(itertools.compress(c, keep)) for c in (outs, ts, at))
+            if None in ts or not all(map(operator.eq, map(made.__getitem__, outs), _REPEAT(1))):
+                raise NotBulk  # the graph-by-graph pass finds which way (Undeclared)
+            new = list(map(operator.not_, map(elem0.__contains__, outs)))
+            self.flow.update(zip(itertools.compress(outs, new), zip(itertools.compress(ts, new),
+                                                                     itertools.compress(at, new))))
+
+    def placeholders(self, node_columns: dict, flat_bytes: list[bytes], flat_domains: list[str],
+                     owner_of_node: list[int], offsets: list[int], first: int, block_owner: dict[str, int],
+                     block_elem: dict[str, int]) -> None:
+        """The block's placeholders, each input typed when the pass reaches its graph (else
+        NotBulk); the graphs holding them listed as scopes, with what the lowering reads of each
+        placeholder (``Scope.fields``: not parsed again there)."""
+        at_custom = list(itertools.compress(range(len(flat_bytes)), map(operator.eq, flat_domains,
+                                                                       _REPEAT(PLACEHOLDER_DOMAIN))))
+        if not at_custom:
+            return
+        paths, elem0 = self.paths, self.elem0
+        owner_of = list(map(owner_of_node.__getitem__, at_custom))
+        all_inputs, n_inputs = node_columns["input"]
+        input_at = list(itertools.accumulate(n_inputs, initial=0))
+        inputs = list(map(all_inputs.__getitem__, map(slice, map(input_at.__getitem__, at_custom),
+                                                      map(input_at.__getitem__, map(operator.add, at_custom,
+                                                                                    _REPEAT(1))))))
+        del all_inputs, n_inputs, input_at
+        xs = list(_CHAIN(inputs))
+        xg = list(_CHAIN(map(_REPEAT, owner_of, map(len, inputs))))
+        # most are typed in the main graph or by their own graph; the others one by one
+        quick = list(map(operator.or_, map(operator.or_, map(operator.not_, xs), map(elem0.__contains__, xs)),
+                         map(operator.and_, map(operator.eq, map(block_owner.get, xs), xg),
+                             map(block_elem.__contains__, xs))))
+        if not all(quick):  # outputs of earlier If/Loop/Scan nodes of the main graph, most likely
+            slow = list(map(operator.not_, quick))
+            xs, xg = list(itertools.compress(xs, slow)), list(itertools.compress(xg, slow))
+            made_at = list(map(self.flow.get, xs, _REPEAT((None, len(self.starts)))))
+            quick = list(map(operator.lt, map(itemgetter(1), made_at),
+                             map(itemgetter(0), map(paths.__getitem__, xg))))
+            if not all(quick):
+                slow = list(map(operator.not_, quick))
+                if not all(map(self._typed_before, itertools.compress(xs, slow), itertools.compress(xg, slow))):
+                    raise NotBulk
+        del xs, xg, quick
+        # what the lowering reads of each, kept (Scope.fields): not parsed again there
+        all_outputs, n_outputs = node_columns["output"]  # (input names appended after: not reached)
+        output_at = list(itertools.accumulate(n_outputs, initial=0))
+        outputs = list(map(all_outputs.__getitem__, map(slice, map(output_at.__getitem__, at_custom), map(
+            output_at.__getitem__, map(operator.add, at_custom, _REPEAT(1))))))
+        del all_outputs, n_outputs, output_at
+        op_types = list(map(sys.intern, map(node_columns["op_type"].__getitem__, at_custom)))  # kept: one each
+        prefixes = [name or op for name, op in zip(map(node_columns["name"].__getitem__, at_custom), op_types)]
+        self.listing.prefixes.update(prefixes)
+        keys = [b""] * len(at_custom)
+        node_attributes, n_node_attributes = node_columns["attribute"]
+        if node_attributes:
+            attribute_at = list(itertools.accumulate(n_node_attributes, initial=0))
+            keys = [b"".join(node_attributes[attribute_at[p]:attribute_at[p + 1]]) if
+                    n_node_attributes[p] else b"" for p in at_custom]
+        fields = list(zip(inputs, outputs, prefixes, op_types, keys))
+        del inputs, outputs, op_types, prefixes, keys
+        index_in = list(map(operator.sub, at_custom, map(offsets.__getitem__, map(
+            operator.sub, owner_of, _REPEAT(first)))))
+        if len(set(owner_of)) == len(owner_of):  # one placeholder a graph
+            self.found += map(Scope, _REPEAT(None), map(paths.__getitem__, owner_of), map(list, zip(index_in)),
+                              map(list, zip(map(flat_bytes.__getitem__, at_custom))), map(list, zip(fields)))
+        else:
+            by_graph: dict[int, tuple[list[int], list[bytes], list[tuple]]] = {}
+            for g, i, p, f in zip(owner_of, index_in, at_custom, fields):
+                place = by_graph.get(g)
+                if place is None:
+                    place = by_graph[g] = ([], [], [])
+                place[0].append(i)
+                place[1].append(flat_bytes[p])
+                place[2].append(f)
+            self.found += [Scope(None, paths[g], custom, placeholders, graph_fields)
+                           for g, (custom, placeholders, graph_fields) in by_graph.items()]
+
+    def next_level(self, node_columns: dict, flat_bytes: list[bytes], flat_domains: list[str],
+                   owner_of_node: list[int], offsets: list[int], first: int) -> list:
+        """The next level: the nodes of the block's graphs holding graphs (bytes, path, domain), in order."""
+        below = []
+        node_attributes, n_node_attributes = node_columns["attribute"]
+        if node_attributes:  # their types a column: the nodes with a graph attribute, in order
+            a_types = read_columns(self.sk.attributes, node_attributes, ATTRIBUTE_TYPE)["type"]
+            with_graph = list(map(operator.or_, map(_GRAPH.__eq__, a_types), map(_GRAPHS.__eq__, a_types)))
+            if any(with_graph):
+                of_node = list(_CHAIN(map(_REPEAT, range(len(flat_bytes)), n_node_attributes)))
+                paths = self.paths
+                for p in dict.fromkeys(itertools.compress(of_node, with_graph)):
+                    g = owner_of_node[p]
+                    below.append((flat_bytes[p], (*paths[g], p - offsets[g - first]), flat_domains[p]))
+        return below
