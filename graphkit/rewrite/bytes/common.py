@@ -53,7 +53,7 @@ from graphkit.rewrite.bytes import wire
 from graphkit.rewrite import engine as _engine
 from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite._memory import release_freed_memory
-from graphkit.rewrite.graph.walk import AI_ONNX
+from graphkit.rewrite.graph.walk import AI_ONNX, holds_graphs
 from graphkit.rewrite.graph.types import TypeTable, Watch
 from graphkit.rewrite.engine import RewriteReport
 from graphkit.rewrite.lowering.plan import Lowered, LoweringPlan, LoweringScope, Template
@@ -67,8 +67,6 @@ __all__ = ["ADAPTERS", "CHECKED_BY_PARTS", "IMPORTS_ONLY", "NO_NODE_CHANGES", "B
 # Above this many (slash, prefix length) pairs, seed the name generator instead of probing.
 _PROBE_BUDGET = 2_000_000
 _PROBE_TAILS = 64  # at most this many distinct prefix endings are searched for one by one
-_GRAPH = onnx.AttributeProto.GRAPH
-_GRAPHS = onnx.AttributeProto.GRAPHS
 
 # Added to it where --target-opset moved only the imports.
 IMPORTS_ONLY = ("--target-opset: imports only (no standard op of the model has a new version between "
@@ -656,7 +654,7 @@ def check_parts(data: bytes, model: onnx.ModelProto, header: bytes,
         nodes = onnx.GraphProto.FromString(entries).node
         own = set(inputs)
         for node in nodes:
-            if any(a.type in (_GRAPH, _GRAPHS) for a in node.attribute):
+            if holds_graphs(node):
                 return "a replacement with a subgraph"  # it sees the names around it
             for name in node.input:
                 if name and name not in made:
