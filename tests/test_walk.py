@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from graphkit.rewrite.graph.walk import (ENTER, EXIT, NODE, ModelIndex, held_graphs, elem_types, graph_tree, scopes,
+from graphkit.rewrite.graph.walk import (ENTER, EXIT, NODE, ModelIndex, elem_types, graph_tree, graphs, held_graphs, scopes,
                                          value_types, walk)
 
 
@@ -183,6 +183,8 @@ def test_walk_enters_and_exits_every_graph_and_function_body_in_order():
     # without functions, the main graph's tree only; reversed: a node's graphs last first
     assert [v.path for _, v in walk(model, functions=False)] == [p for e, p, _ in events if e == ENTER][:7]
     assert [v.graph.name for _, v in walk(model.graph, reverse=True)] == [
+        "main", "b1", "b0", "loop_body", "then", "else", "scan_body"]
+    assert [g.name for g in graphs(model.graph, reverse=True)] == [
         "main", "b1", "b0", "loop_body", "then", "else", "scan_body"]
 
 

@@ -264,9 +264,10 @@ def _node_walk(roots: list[Visit], exits: bool, reverse: bool) -> Iterator[tuple
                 yield EXIT, v
 
 
-def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """``graph`` and every subgraph nested in its nodes' attributes (depth first, in order)."""
-    for _, v in walk(graph):
+def graphs(graph: onnx.GraphProto, *, reverse: bool = False) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph nested in its nodes' attributes (depth first, in order;
+    a graph's nested graphs last first where ``reverse``)."""
+    for _, v in walk(graph, reverse=reverse):
         yield v.graph
 
 

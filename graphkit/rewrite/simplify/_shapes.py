@@ -22,6 +22,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphkit.ops import OpRegistry
+from graphkit.rewrite.graph.walk import graphs
 
 __all__ = ["Types", "infer_types", "skeleton"]
 
@@ -101,21 +102,13 @@ def infer_types(model: onnx.ModelProto, registry: OpRegistry) -> Types:
     except Exception:  # noqa: BLE001 - inference is an aid here: fall back to what is declared
         inferred = skeleton_model
     table: dict[str, tuple[int, list[Any] | None]] = {}
-    stack = [inferred.graph]
-    while stack:
-        g = stack.pop()
+    for g in graphs(inferred.graph, reverse=True):  # a name's last writer: the first graph met in order
         for vi in (*g.input, *g.output, *g.value_info):
             if vi.type.HasField("tensor_type"):
                 tt = vi.type.tensor_type
                 table[vi.name] = (tt.elem_type, _dims(tt, vi.name))
         for t in g.initializer:
             table[t.name] = (t.data_type, [int(d) for d in t.dims])
-        for node in g.node:
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    stack.append(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    stack.extend(a.graphs)
     for t in model.graph.initializer:
         table[t.name] = (t.data_type, [int(d) for d in t.dims])
     _refine(inferred.graph, table)
