@@ -655,3 +655,43 @@ def test_shared_inner_unsqueezes_merge_into_each_reader_and_true_and_is_a_no_op(
         got = ort.InferenceSession(out.SerializeToString()).run(None, feeds)
         for w, g in zip(want, got):
             np.testing.assert_array_equal(g, w)
+
+
+def _qkv_block(rng):
+    """Three projections of one input (an attention block's query, key and value) and their sum."""
+    h = 8
+    inits = [numpy_helper.from_array(rng.standard_normal((h, h)).astype(np.float32), f"w{c}") for c in "qkv"]
+    inits += [numpy_helper.from_array(rng.standard_normal(h).astype(np.float32), f"b{c}") for c in "qkv"]
+    nodes = []
+    for c in "qkv":
+        nodes += [helper.make_node("MatMul", ["x", f"w{c}"], [f"m{c}"]), helper.make_node("Add", [f"m{c}", f"b{c}"], [c])]
+    nodes += [helper.make_node("Add", ["q", "k"], ["qk"]), helper.make_node("Add", ["qk", "v"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, h])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, h])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
+def test_simplify_leaves_qkv_packing_out_unless_fuse_names_it(tmp_path):
+    """The packed QKV MatMul and its Split cost ONNX Runtime latency (docs/simplify.md), so
+    simplify's fuse pass leaves it out by default; ``--fuse all`` (or qkv) applies it, with
+    the same values; an unknown fusion name is a usage error."""
+    from graphkit.rewrite import fusions
+    from tests.conftest import run_ort
+
+    model = _qkv_block(np.random.default_rng(3))
+    default, _ = simplify_model(model)
+    assert [n.op_type for n in default.graph.node].count("MatMul") == 3
+    packed, _ = simplify_model(model, options=simplify_options(fusions=tuple(fusions.LIBRARY.select("all"))))
+    ops = [n.op_type for n in packed.graph.node]
+    assert ops.count("MatMul") == 1 and ops.count("Split") == 1
+    x = {"x": np.random.default_rng(4).standard_normal((2, 4, 8)).astype(np.float32)}
+    np.testing.assert_allclose(run_ort(packed, x)[0], run_ort(model, x)[0], rtol=1e-5, atol=1e-5)
+
+    src, dst = tmp_path / "m.onnx", tmp_path / "o.onnx"
+    onnx.save(model, src)
+    run_cli("simplify", src, dst, check_rc=0)
+    assert [n.op_type for n in onnx.load(dst).graph.node].count("Split") == 0
+    run_cli("simplify", src, dst, "--fuse", "qkv", check_rc=0)
+    assert [n.op_type for n in onnx.load(dst).graph.node].count("Split") == 1
+    bad = run_cli("simplify", src, dst, "--fuse", "packing", check_rc=2)
+    assert "unknown fusion 'packing'" in bad.stderr and "qkv" in bad.stderr

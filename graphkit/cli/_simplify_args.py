@@ -38,4 +38,9 @@ def simplify_options(args: argparse.Namespace):
     from graphkit.rewrite.simplify import simplify_options as make
 
     skip = frozenset(s.strip() for s in args.skip.split(",") if s.strip())
-    return make(size_limit=parse_size(args.size_limit), skip=skip)
+    options = {}
+    if getattr(args, "simplify_fuse", None) is not None:
+        from graphkit.rewrite import fusions
+
+        options["fusions"] = tuple(fusions.LIBRARY.select(args.simplify_fuse))
+    return make(size_limit=parse_size(args.size_limit), skip=skip, **options)

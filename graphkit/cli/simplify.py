@@ -12,7 +12,11 @@ from graphkit.cli._simplify_args import add_simplify_arguments
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", metavar="IN.onnx", help="ONNX model to read (never modified)")
     add_output_model_argument(p, help="where to write the simplified model (written atomically)")
-    add_simplify_arguments(p)
+    group = add_simplify_arguments(p)
+    group.add_argument("--fuse", dest="simplify_fuse", metavar="NAME,...|all",
+                       help="the fusions the fuse pass applies (default: every one but qkv, whose packed MatMul "
+                            "and Split cost ONNX Runtime 1-5%% on one thread; the names `graphkit rewrite --help` "
+                            "lists under --fuse). For example --fuse all")
     add_model_output_arguments(
         p, explain="print what each pass did and why nodes with constant inputs were kept "
                    "(--explain=all lists every one)")

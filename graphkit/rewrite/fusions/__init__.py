@@ -13,7 +13,8 @@ gemm           MatMul + Add -> Gemm (2-D inputs, bias broadcasting to [M, N])
 =============  =================================================================
 
 ``LIBRARY`` holds them in that order (the order ``all`` applies them in); nothing
-registers itself on import::
+registers itself on import. ``graphkit simplify`` applies those with ``in_simplify`` (all but
+qkv) unless its ``--fuse`` names others::
 
     from graphkit.rewrite import fusions, rewrite_model, Lowering
     fused, report = rewrite_model(model, rules=fusions.rule_set("layernorm,gelu"),
@@ -44,6 +45,8 @@ class Fusion:
     summary: str
     rules: tuple[Any, ...]
     min_opset: int | None = None
+    #: whether ``graphkit simplify``'s fuse pass applies it by default (``--fuse`` chooses)
+    in_simplify: bool = True
 
     def rule_set(self) -> RuleSet:
         """This fusion's rules as a RuleSet for ``rewrite_model(rules=...)``."""
@@ -97,8 +100,11 @@ LIBRARY = _FusionLibrary([
     Fusion("conv_bn", "fold an inference BatchNormalization into the Conv before it", _conv_bn.RULES),
     Fusion("layernorm", "elementary-op LayerNorm -> LayerNormalization (opset >= 17)", _layernorm.RULES, 17),
     Fusion("gelu", "erf and tanh GELU -> Gelu (opset >= 20)", _gelu.RULES, 20),
+    # Not in simplify's default set: the packed MatMul and its Split cost ONNX Runtime 1-5% on
+    # one thread at BERT's sizes (the Split copies; its graph optimizer fuses less), which the
+    # node it saves per layer does not repay (docs/simplify.md).
     Fusion("qkv", "three MatMul (+ Add) projections of one input -> one packed MatMul (+ Add) and a Split",
-           _qkv.RULES),
+           _qkv.RULES, in_simplify=False),
     Fusion("gemm", "MatMul + Add -> Gemm (2-D inputs, bias broadcasting to [M, N])", _gemm.RULES),
 ])
 

@@ -45,9 +45,10 @@ PASS_NAMES: tuple[str, ...] = (*(p.name for p in SIMPLIFY_PASSES), FUSE)
 
 
 def simplify_options(**overrides: Any) -> SimplifyOptions:
-    """SimplifyOptions with graphkit's whole fusion library (each fusion where the model's
-    opset has its ops); ``overrides`` set the other fields. An unknown pass in ``skip`` is a
-    UsageError naming the passes."""
+    """SimplifyOptions with graphkit's fusions meant for simplify (each where the model's opset
+    has its ops: every fusion but qkv, see graphkit.rewrite.fusions); ``overrides`` set the
+    other fields (``fusions=fusions.LIBRARY.select("all")`` for every one). An unknown pass in
+    ``skip`` is a UsageError naming the passes."""
     from graphkit.errors import UsageError
     from graphkit.rewrite import fusions
 
@@ -56,7 +57,7 @@ def simplify_options(**overrides: Any) -> SimplifyOptions:
     if unknown:
         raise UsageError(f"unknown simplify pass(es) {unknown}; the passes are: {', '.join(PASS_NAMES)}",
                          hint="for example --skip fuse,eliminate-common")
-    base = SimplifyOptions(fusions=tuple(fusions.LIBRARY))
+    base = SimplifyOptions(fusions=tuple(f for f in fusions.LIBRARY if f.in_simplify))
     return dataclasses.replace(base, **{**overrides, "skip": skip})
 
 
