@@ -1036,8 +1036,8 @@ def test_unnamed_repeats_with_long_value_names(size, fan_out, monkeypatch):
     for vi in model.graph.output:
         vi.name += "v" * size
     calls = []
-    emit_all = common.TemplateWriter.emit_all
-    monkeypatch.setattr(common.TemplateWriter, "emit_all", lambda *a: calls.append(1) or emit_all(*a))
+    emit_all = common.LoweringTemplateWriter.emit_all
+    monkeypatch.setattr(common.LoweringTemplateWriter, "emit_all", lambda *a: calls.append(1) or emit_all(*a))
     same(model)
     assert bool(calls) == (size > 125)  # names y<i> + size "v"s
 
@@ -1519,7 +1519,7 @@ def test_target_opset_converting_in_bodies_reads_declarations_at_once(shape, bul
     from operator import attrgetter
 
     holders = [i for i, n in enumerate(nodes) if any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)]
-    one_by_one = body_scopes.BodyScopes(model, default_registry(), body_splice.Scope(model.graph, ()),
+    one_by_one = body_scopes.BodyScopes(model, default_registry(), body_splice.SpliceGraph(model.graph, ()),
                                    list(map(attrgetter("domain"), nodes)), list(map(attrgetter("op_type"), nodes)),
                                    holders, forward=False, data=data, spans=None)
     assert [(*row[:4], row[5]) for row in listed[0][1:]] == [(s.path, s.custom, s.size, s.dirty, _subs(s))
@@ -2409,7 +2409,7 @@ def test_bodies_read_at_once_give_the_graph_by_graph_table(case, monkeypatch):
     starts, ends, _ = wire.node_entries(data, g0, g1)
     domains, op_types = list(map(attrgetter("domain"), nodes)), list(map(attrgetter("op_type"), nodes))
     holders = [i for i, n in enumerate(nodes) if any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)]
-    tables = [body_scopes.BodyScopes(model, default_registry(), body_splice.Scope(model.graph, ()), domains, op_types,
+    tables = [body_scopes.BodyScopes(model, default_registry(), body_splice.SpliceGraph(model.graph, ()), domains, op_types,
                                 holders, forward=False, data=data, spans=spans) for spans in ((starts, ends), None)]
     bulk, one_by_one = tables
     assert bulk.bulk and not one_by_one.bulk

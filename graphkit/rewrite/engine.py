@@ -7,7 +7,7 @@ opset imports, check. Each pass states its precondition (``applies``) and return
 :class:`PassResult`, recorded in the report. Works on the protobuf directly: untouched
 nodes keep their order, names and fields, and every scope (subgraphs of If/Loop/Scan,
 model-local functions) is visited. The passes are in :mod:`graphkit.rewrite.passes`, one
-module per kind, with what they share (:class:`RewriteContext`, :class:`PassResult`).
+module per kind, with what they share (:class:`PassContext`, :class:`PassResult`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from graphkit.rewrite._gcpause import gc_paused
 from graphkit.rewrite.graph.walk import ModelIndex, count_ops
 from graphkit.rewrite.lowering.plan import Lowering
 from graphkit.rewrite.lowering.selection import check_target_opset
-from graphkit.rewrite.passes.base import (ANALYSES, DEFAULT_OPSET, Pass, PassResult, RewriteContext, RewriteReport,
+from graphkit.rewrite.passes.base import (ANALYSES, DEFAULT_OPSET, Pass, PassResult, PassContext, RewriteReport,
                                           ai_onnx_opset)
 from graphkit.rewrite.passes.convert import convert_pass, recognise_pass, same_schemas
 from graphkit.rewrite.passes.finish import check_pass, fix_opset_imports, imports_pass
@@ -39,18 +39,18 @@ from graphkit.rewrite.rules.graphsurgeon import GraphSurgeonRule
 from graphkit.rewrite.rules.ruleset import GraphPass, Rule, RuleSet
 from graphkit.rewrite.writers import Pieces, Request
 
-__all__ = ["ANALYSES", "DEFAULT_OPSET", "DEFAULT_PREFERENCE", "PASSES", "Lowering", "Pass", "PassResult", "RewriteContext",
+__all__ = ["ANALYSES", "DEFAULT_OPSET", "DEFAULT_PREFERENCE", "PASSES", "Lowering", "Pass", "PassResult", "PassContext",
            "RewriteReport", "ai_onnx_opset", "check_context", "check_model", "check_replacement", "fix_opset_imports",
            "rewrite_model", "same_schemas", "write"]
 
-# Read by the passes through RewriteContext (and by the byte writers here) when a rewrite starts.
+# Read by the passes through PassContext (and by the byte writers here) when a rewrite starts.
 FULL_CHECK_NODES = 20_000
 PROGRESS_MIN_NODES = 10_000  # smaller models finish before a progress bar would help
 PROGRESS_STEP = 2_000
 DEFAULT_PREFERENCE = (Lowering.DECOMPOSE, Lowering.NATIVE, Lowering.PYTHON)
 
 
-def _ops_after(ctx: RewriteContext, model: onnx.ModelProto) -> collections.Counter:
+def _ops_after(ctx: PassContext, model: onnx.ModelProto) -> collections.Counter:
     report = ctx.report
     if ctx.simplified:
         return count_ops(model)
@@ -184,7 +184,7 @@ def _passes(model: onnx.ModelProto, *, registry: OpRegistry | None, lowering: Lo
     if bad is not None:
         raise ModelLoadError(f"the name {bad[:60]!r} is not valid UTF-8 text", path=path,
                              hint="re-export the model; ONNX names are UTF-8")
-    ctx = RewriteContext(registry, prefer, rules if isinstance(rules, RuleSet) else RuleSet(rules or ()),
+    ctx = PassContext(registry, prefer, rules if isinstance(rules, RuleSet) else RuleSet(rules or ()),
                          target_opset, as_functions, check, full_check, path, progress,
                          RewriteReport(ops_before=index.op_counts), placeholders, defer_check=defer_check,
                          full_check_nodes=FULL_CHECK_NODES, progress_min_nodes=PROGRESS_MIN_NODES,

@@ -31,7 +31,7 @@ The result is the objects writer's, byte for byte (tests/test_fastpath.py's corp
 * Lowering: one ``LoweringPlan`` with one ``LoweringScope`` per node list, as the pass
   has. The first node of each kind is lowered by ``LoweringPlan.lower``. A later node of
   the kind, in a scope holding the kind's template (``LoweringScope.templates``),
-  repeats it (``bytes.common.TemplateWriter``, with the names the template reads from its scope,
+  repeats it (``bytes.common.LoweringTemplateWriter``, with the names the template reads from its scope,
   an adopted template's constants, as slots); in a scope without one, where the plan
   would adopt another scope's template, ``LoweringPlan.adopt`` does (its constants made
   in this scope) and the instance is written from it, or, for a body whose one
@@ -107,7 +107,7 @@ from graphkit.rewrite.bytes import wire
 from graphkit.rewrite.bytes import body_splice
 from graphkit.rewrite.bytes.body_repeats import Adoption, Emitter, Layout, bound, bound_all
 from graphkit.rewrite.bytes.body_scopes import BodyScopes, Undeclared
-from graphkit.rewrite.bytes.body_splice import Scope, graph_bytes, holder_entries
+from graphkit.rewrite.bytes.body_splice import SpliceGraph, graph_bytes, holder_entries
 from graphkit.rewrite.bytes.columns import PLACEHOLDER_FIELDS, PREFIX_FIELDS, read_columns, split
 from graphkit.rewrite.bytes.common import (BoundWriter, assemble, check_output, conversion, count_after,
                                           input_refused, lower_first, lowering_plan, nothing_to_lower,
@@ -117,7 +117,7 @@ from graphkit.rewrite import engine as _engine
 from graphkit.rewrite.graph.walk import count_ops
 from graphkit.rewrite.bytes.wire import Unsupported
 from graphkit.rewrite.engine import RewriteReport
-from graphkit.rewrite.lowering.plan import Lowered, Lowering, LoweringScope, Template
+from graphkit.rewrite.lowering.plan import Lowered, Lowering, LoweringScope, LoweringTemplate
 from graphkit.rewrite.writers import Pieces, Request
 
 __all__ = ["WHY", "write"]
@@ -128,7 +128,7 @@ _GRAPH = onnx.AttributeProto.GRAPH
 _GRAPHS = onnx.AttributeProto.GRAPHS
 
 
-def _serialized(scopes: list[Scope]) -> Iterator[bytes]:
+def _serialized(scopes: list[SpliceGraph]) -> Iterator[bytes]:
     """The placeholders of ``scopes``, in order, serialized."""
     for s in scopes:
         yield from s.nodes if s.nodes is not None else map(onnx.NodeProto.SerializeToString,
@@ -241,11 +241,11 @@ class _Bodies:
         return True
 
     def _listing(self, nodes: Any, domains: list[str], op_types: list[str], custom: list[int], holders: list[int],
-                 bulk: bool) -> tuple[BodyScopes, Scope]:
+                 bulk: bool) -> tuple[BodyScopes, SpliceGraph]:
         """The pass (its type table, the scopes it lists) and the main graph's scope; ``bulk``: the subgraphs' declarations may be read
         at once (where a placeholder reads a name no graph declares with a type, the whole pass)."""
         model = self.model
-        main = Scope(model.graph, (), list(custom))
+        main = SpliceGraph(model.graph, (), list(custom))
         main.size, main.dirty = len(nodes), bool(custom)
         try:
             listing = BodyScopes(model, self.registry, main, domains, op_types, holders, forward=False,
@@ -256,7 +256,7 @@ class _Bodies:
             if not all(x in declared for i in custom for x in nodes[i].input if x):
                 raise Undeclared
         except Undeclared:  # a placeholder reads a name no graph declares with a type: the forward rules'
-            main = Scope(model.graph, (), list(custom))
+            main = SpliceGraph(model.graph, (), list(custom))
             main.size, main.dirty = len(nodes), bool(custom)
             listing = BodyScopes(model, self.registry, main, domains, op_types, holders)
         return listing, main
@@ -301,7 +301,8 @@ class _Bodies:
         # (Layout): per layout, each one's values, the names the generator gave it (asked in
         # the order the one-by-one writer asks), and where its entries go.
         self.rows: dict[int, tuple[Layout, list, list, list]] = {}
-        self.layouts: dict[int, tuple[Any, Layout]] = {}  # id(TemplateWriter) -> it (kept: ids stay its), its layout
+        # id(LoweringTemplateWriter) -> it (kept: ids stay its), its layout
+        self.layouts: dict[int, tuple[Any, Layout]] = {}
         # kind number -> what writes a body's one placeholder of that kind, adopted (while its rows are kept)
         self.alone_rows: dict[int, tuple] = {}
         self.pending = 0
@@ -314,7 +315,7 @@ class _Bodies:
         self.next_report = 0
         self.done_scopes = 0
 
-    def emitter(self, template: Template) -> Emitter:
+    def emitter(self, template: LoweringTemplate) -> Emitter:
         """The writer of ``template`` for any scope (one per template's nodes and constants read)."""
         made = self.emitters.get(id(template.nodes))
         if made is None or list(template.constants) != made.reads:
@@ -343,7 +344,7 @@ class _Bodies:
         self.rows.clear()
         self.pending = 0
 
-    def read_block(self, block: list[Scope]) -> _Block:
+    def read_block(self, block: list[SpliceGraph]) -> _Block:
         """The block's placeholders (serialized) and a field of all of them at a time: inputs,
         outputs, prefixes, op types, values, and each one's kind (op, attributes, arity,
         aliasing among inputs and outputs, input types) as a number."""
@@ -383,7 +384,7 @@ class _Bodies:
                                                                map(len, outs_of), in_types), self.numbers))
         return _Block(block, ph, ins_of, outs_of, prefixes, ops_of, values_of, kinds_of)
 
-    def lower_block(self, scopes: list[Scope]) -> None:
+    def lower_block(self, scopes: list[SpliceGraph]) -> None:
         """Every placeholder of a block of graphs, in order: a run of bodies whose one placeholder
         is of a kind bound or adopted before, all at once (:meth:`bound_run`, :meth:`adopted_run`);
         any other graph's placeholders one by one (:meth:`lower_scope`)."""
@@ -415,7 +416,7 @@ class _Bodies:
                 continue
             k = self.lower_scope(b, scope, k)
 
-    def bound_run(self, b: _Block, run: list[Scope], first_k: int, kind: int) -> None:
+    def bound_run(self, b: _Block, run: list[SpliceGraph], first_k: int, kind: int) -> None:
         """Bodies (``run``, from the block's placeholder ``first_k`` on) whose one placeholder is of
         a kind bound before: each the node with the bound one's domain and attributes."""
         n = len(run)
@@ -434,7 +435,7 @@ class _Bodies:
                     self.checked.append([(*run[j].path, run[j].custom[0]), written[j], b.ins_of[first_k + j],
                                          b.outs_of[first_k + j]])
 
-    def adopted_run(self, b: _Block, run: list[Scope], first_k: int, kind: int) -> None:
+    def adopted_run(self, b: _Block, run: list[SpliceGraph], first_k: int, kind: int) -> None:
         """Bodies whose one placeholder is of a kind adopted before (another scope's template, its
         constants made in each body): their rows added to that adoption's layout, the names asked
         of the generator a grid at a time."""
@@ -472,7 +473,7 @@ class _Bodies:
         targets += zip(heres, itertools.repeat(0), checks)
         self.pending += n
 
-    def lower_scope(self, b: _Block, scope: Scope, k: int) -> int:
+    def lower_scope(self, b: _Block, scope: SpliceGraph, k: int) -> int:
         """The placeholders of one graph, one by one (``k``: the block's placeholder before its
         first; returns its last): what LoweringPlan.lower does for each, in bytes where a kind's
         first node was lowered before (a repeat of this scope's template, an adoption of
@@ -637,7 +638,7 @@ class _Block:
 
     __slots__ = ("scopes", "ph", "ins_of", "outs_of", "prefixes", "ops_of", "values_of", "kinds_of")
 
-    def __init__(self, scopes: list[Scope], ph: list[bytes], ins_of: list, outs_of: list, prefixes: list[str],
+    def __init__(self, scopes: list[SpliceGraph], ph: list[bytes], ins_of: list, outs_of: list, prefixes: list[str],
                  ops_of: list[str], values_of: list, kinds_of: list[int]) -> None:
         self.scopes, self.ph, self.ins_of, self.outs_of = scopes, ph, ins_of, outs_of
         self.prefixes, self.ops_of, self.values_of, self.kinds_of = prefixes, ops_of, values_of, kinds_of

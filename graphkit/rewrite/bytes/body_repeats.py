@@ -1,7 +1,7 @@
 """The bodies' byte writer's repeats, many placeholders at a time.
 
 A lowering the plan made for the first node of a kind, repeated on the others as bytes
-(bytes.common has the one-at-a-time writers, TemplateWriter and BoundWriter): a bound
+(bytes.common has the one-at-a-time writers, LoweringTemplateWriter and BoundWriter): a bound
 node's fields for many nodes at once (:func:`bound_all`), a template written for many
 placeholders a field of all of them at once (:class:`Layout`), in any scope
 (:class:`Emitter`: the names it reads from its scope as slots), and an adoption of another
@@ -18,8 +18,8 @@ from typing import Any
 import onnx
 
 from graphkit.rewrite.bytes import wire
-from graphkit.rewrite.bytes.common import BoundWriter, TemplateWriter
-from graphkit.rewrite.lowering.plan import LoweringPlan, Template
+from graphkit.rewrite.bytes.common import BoundWriter, LoweringTemplateWriter
+from graphkit.rewrite.lowering.plan import LoweringPlan, LoweringTemplate
 from graphkit.rewrite.writers import Unsupported
 
 __all__ = ["Adoption", "Emitter", "Layout", "bound", "bound_all"]
@@ -57,11 +57,11 @@ def bound_all(writer: BoundWriter, nodes: list[bytes]) -> list[bytes]:
 class Layout:
     """A template's nodes (after an adoption's constants) written for many placeholders at a
     time, a field of all of them at once: ``emit(values, asked)`` is, per placeholder, the
-    entries ``TemplateWriter.emit`` (and ``Adoption.emit``) write, from its values (the
+    entries ``LoweringTemplateWriter.emit`` (and ``Adoption.emit``) write, from its values (the
     template's inputs padded, the constants it reads, its outputs) and the names the
     generator gave it (``asks``: per template node, its name, then the names it generates)."""
 
-    def __init__(self, written: TemplateWriter, tails: list[bytes], n_inputs: int) -> None:
+    def __init__(self, written: LoweringTemplateWriter, tails: list[bytes], n_inputs: int) -> None:
         self.plan = written._plan
         self.tails = tails  # per constant made first: its node's fields after output and name
         self.n_inputs = n_inputs  # constants are the values after the inputs
@@ -128,14 +128,14 @@ class Emitter:
     """A plan template written as serialized nodes for any scope: the names it reads from its
     scope (an adopted template's constants) are slots after its inputs."""
 
-    def __init__(self, template: Template) -> None:
+    def __init__(self, template: LoweringTemplate) -> None:
         self.nodes = template.nodes  # kept: emitters are found by the identity of this list
         self.reads = list(template.constants)
         self.n_inputs = len(template.inputs)
-        view = Template(template.nodes, [*template.inputs, *self.reads], template.outputs, template.prefix)
-        self.written = TemplateWriter(view)
+        view = LoweringTemplate(template.nodes, [*template.inputs, *self.reads], template.outputs, template.prefix)
+        self.written = LoweringTemplateWriter(view)
 
-    def emit(self, template: Template, inputs: list[str], outputs: list[str], prefix: str,
+    def emit(self, template: LoweringTemplate, inputs: list[str], outputs: list[str], prefix: str,
              fresh: Callable[[str], str]) -> bytes:
         """``template.instantiate(inputs, outputs, prefix, fresh)``, serialized."""
         return self.written.emit([*inputs, *[""] * (self.n_inputs - len(inputs)),
@@ -159,7 +159,7 @@ class Adoption:
             rest.ClearField("output")
             rest.ClearField("name")
             self.tails.append(rest.SerializeToString())  # the fields after output (2) and name (3)
-        self.emitter = Emitter(Template(template.nodes, template.inputs, template.outputs, template.prefix,
+        self.emitter = Emitter(LoweringTemplate(template.nodes, template.inputs, template.outputs, template.prefix,
                                          {name: name for name, _ in reads}))
         self.template = template
         self.constants = [const for _, const in reads]  # what count() counts of each adoption

@@ -2,7 +2,7 @@
 
 :class:`BodyScopes` types the model with the engine's type table (graph.types.TypeTable,
 the byte writers' policy bytes.common.WriterTyping), the table's pass telling it (its
-watch) where it goes: it lists the graphs holding placeholders (body_splice.Scope, in
+watch) where it goes: it lists the graphs holding placeholders (body_splice.SpliceGraph, in
 ModelIndex's order) and counts every node's op. Where the placeholders read only declared
 names, the pass only declares, and where every subgraph's names are its own the
 declarations are read from the serialized model a field of a block of graphs at a time
@@ -25,7 +25,7 @@ from graphkit.ops import OpRegistry
 from graphkit.ops._opdef import PLACEHOLDER_DOMAIN
 from graphkit.rewrite.bytes import body_splice
 from graphkit.rewrite.bytes import wire
-from graphkit.rewrite.bytes.body_splice import Scope
+from graphkit.rewrite.bytes.body_splice import SpliceGraph
 from graphkit.rewrite.bytes.columns import (ATTRIBUTE_FIELDS, ATTRIBUTE_TYPE, HOLDER_FIELDS, NODE_FIELDS, NotBulk,
                                            graph_columns, read_columns)
 from graphkit.rewrite.bytes.common import forward_types, writer_types
@@ -82,7 +82,7 @@ class BodyScopes:
     are read a field of every subgraph at a time (``TypeTable.take_declarations``); else
     graph by graph."""
 
-    def __init__(self, model: onnx.ModelProto, registry: OpRegistry, main: Scope, domains: list[str],
+    def __init__(self, model: onnx.ModelProto, registry: OpRegistry, main: SpliceGraph, domains: list[str],
                  op_types: list[str], holders: list[int], forward: bool = True, data: bytes = b"",
                  spans: tuple[Any, Any] | None = None) -> None:
         self.scopes = [main]
@@ -91,8 +91,8 @@ class BodyScopes:
         self.prefixes: set[str] = set()  # where bulk: the subgraphs' placeholders' names (their op types where unnamed)
         self._main = main
         self._main_holders = iter(holders)  # the pass reaches the main graph's holders in order
-        self._frames: list[tuple[Scope, int, Iterator[tuple[int, int]], list]] = []
-        self._at: tuple[Scope, int] | None = None
+        self._frames: list[tuple[SpliceGraph, int, Iterator[tuple[int, int]], list]] = []
+        self._at: tuple[SpliceGraph, int] | None = None
         self._forwarding = forward
         self._graphs: tuple[list[tuple[int, ...]], list[int]] | None = None  # _declared_bulk's, for list_every_graph
         nodes = model.graph.node
@@ -139,13 +139,13 @@ class BodyScopes:
             return table.forward_subgraphs(node, domain)
         if domain == PLACEHOLDER_DOMAIN:
             raise Unsupported("a custom node with a subgraph")
-        made: list[tuple[int, int, Scope]] = []
+        made: list[tuple[int, int, SpliceGraph]] = []
         self._frames.append((parent, index, iter(positions), made))
         at, self._at = self._at, None
         table.forward_subgraphs(node, domain)
         self._at = at
         self._frames.pop()
-        held: dict[int, list[tuple[int, Scope]]] = {}
+        held: dict[int, list[tuple[int, SpliceGraph]]] = {}
         for a, k, scope in made:
             held.setdefault(a, []).append((k, scope))
         attributes = node.attribute
@@ -162,7 +162,7 @@ class BodyScopes:
         path = (*parent.path, index, a, k)
         if len(path) > 3 * MAX_DEPTH:
             raise Unsupported(f"graphs nested more than {MAX_DEPTH} deep")
-        scope = Scope(graph, path)
+        scope = SpliceGraph(graph, path)
         self.scopes.append(scope)
         made.append((a, k, scope))
         table.declare(graph)
@@ -182,7 +182,7 @@ class BodyScopes:
                 self.holder(table, node, domains[i])
                 self._at = None
 
-    def _declared_holder(self, node: onnx.NodeProto, domain: str, parent: Scope, index: int) -> None:
+    def _declared_holder(self, node: onnx.NodeProto, domain: str, parent: SpliceGraph, index: int) -> None:
         """The declarations-only pass through the graphs ``node`` (node ``index`` of ``parent``)
         holds: per graph, _declared_body; the main graph's If/Loop/Scan outputs then take their
         bodies' declared types (_declared_control_flow)."""
@@ -217,7 +217,7 @@ class BodyScopes:
         parent.subs.append((index, len(attributes), dirty, held))
         parent.dirty = parent.dirty or dirty
 
-    def _declared_body(self, graph: onnx.GraphProto, path: tuple[int, ...]) -> Scope:
+    def _declared_body(self, graph: onnx.GraphProto, path: tuple[int, ...]) -> SpliceGraph:
         """One subgraph, declarations only, listed as a scope (:meth:`graph`'s): TypeTable's
         ``define`` before it and ``defined_untyped`` after (the names it defines that no
         declaration types are left untyped: the union the check looks in is the same as the
@@ -230,7 +230,7 @@ class BodyScopes:
             map(_NAME, graph.input), map(_NAME, graph.initializer), itertools.chain.from_iterable(outputs)) if name])
         if not self._main_outputs.isdisjoint(names):
             raise Undeclared
-        scope = Scope(graph, path)
+        scope = SpliceGraph(graph, path)
         self.scopes.append(scope)
         table.declare(graph)
         elem = table.elem_types
@@ -292,7 +292,7 @@ class BodyScopes:
         the TypeProtos, for shapes, made only where asked for: most lowerings read element
         types alone); the names left untyped are those no declaration types; the control-flow
         outputs are typed as _declared_control_flow types them. The scopes listed hold their
-        placeholders serialized (``Scope.nodes``)."""
+        placeholders serialized (``SpliceGraph.nodes``)."""
         read = _BulkRead(self, data, spans, domains, holders)
         read.run()
         # Nothing was changed so far: now the pass's result.
@@ -325,10 +325,10 @@ class BodyScopes:
             inner = below.get(parent.path)
             if not inner:
                 continue
-            made: list[tuple[Scope, Any]] = []
+            made: list[tuple[SpliceGraph, Any]] = []
             for index, group in itertools.groupby(inner, key=itemgetter(-3)):
                 attributes = parent_nodes[index].attribute
-                held: list[tuple[int, int, list[tuple[int, Scope]]]] = []
+                held: list[tuple[int, int, list[tuple[int, SpliceGraph]]]] = []
                 for a, in_attribute in itertools.groupby(group, key=itemgetter(-2)):
                     attr = attributes[a]
                     one = attr.type == _GRAPH
@@ -336,7 +336,7 @@ class BodyScopes:
                     for path in in_attribute:
                         graph = attr.g if one else attr.graphs[path[-1]]
                         listed = read.get(path)
-                        scope = Scope(graph, path, None if listed is None else listed.custom,
+                        scope = SpliceGraph(graph, path, None if listed is None else listed.custom,
                                        None if listed is None else listed.nodes,
                                        None if listed is None else listed.fields)
                         scope.size, scope.dirty = size_of[path], listed is not None
@@ -383,7 +383,7 @@ class _BulkRead:
         # every name of the main graph (made, declared, typed, defined untyped): none a subgraph's
         self.main_names = set(listing.made).union(listing.table.names())
         self.flow: dict[str, tuple[int, int]] = {}  # a main-graph If/Loop/Scan output -> its type, the node
-        self.found: list[Scope] = []
+        self.found: list[SpliceGraph] = []
         self.counts: collections.Counter = collections.Counter()
         # (serialized holder node, its path, its domain), level by level
         self.level: list[tuple[bytes, tuple[int, ...], str]] = list(zip(
@@ -613,7 +613,7 @@ class _BulkRead:
                      block_elem: dict[str, int]) -> None:
         """The block's placeholders, each input typed when the pass reaches its graph (else
         NotBulk); the graphs holding them listed as scopes, with what the lowering reads of each
-        placeholder (``Scope.fields``: not parsed again there)."""
+        placeholder (``SpliceGraph.fields``: not parsed again there)."""
         at_custom = list(itertools.compress(range(len(flat_bytes)), map(operator.eq, flat_domains,
                                                                        _REPEAT(PLACEHOLDER_DOMAIN))))
         if not at_custom:
@@ -643,7 +643,7 @@ class _BulkRead:
                 if not all(map(self._typed_before, itertools.compress(xs, slow), itertools.compress(xg, slow))):
                     raise NotBulk
         del xs, xg, quick
-        # what the lowering reads of each, kept (Scope.fields): not parsed again there
+        # what the lowering reads of each, kept (SpliceGraph.fields): not parsed again there
         all_outputs, n_outputs = node_columns["output"]  # (input names appended after: not reached)
         output_at = list(itertools.accumulate(n_outputs, initial=0))
         outputs = list(map(all_outputs.__getitem__, map(slice, map(output_at.__getitem__, at_custom), map(
@@ -663,7 +663,7 @@ class _BulkRead:
         index_in = list(map(operator.sub, at_custom, map(offsets.__getitem__, map(
             operator.sub, owner_of, _REPEAT(first)))))
         if len(set(owner_of)) == len(owner_of):  # one placeholder a graph
-            self.found += map(Scope, _REPEAT(None), map(paths.__getitem__, owner_of), map(list, zip(index_in)),
+            self.found += map(SpliceGraph, _REPEAT(None), map(paths.__getitem__, owner_of), map(list, zip(index_in)),
                               map(list, zip(map(flat_bytes.__getitem__, at_custom))), map(list, zip(fields)))
         else:
             by_graph: dict[int, tuple[list[int], list[bytes], list[tuple]]] = {}
@@ -674,7 +674,7 @@ class _BulkRead:
                 place[0].append(i)
                 place[1].append(flat_bytes[p])
                 place[2].append(f)
-            self.found += [Scope(None, paths[g], custom, placeholders, graph_fields)
+            self.found += [SpliceGraph(None, paths[g], custom, placeholders, graph_fields)
                            for g, (custom, placeholders, graph_fields) in by_graph.items()]
 
     def next_level(self, node_columns: dict, flat_bytes: list[bytes], flat_domains: list[str],

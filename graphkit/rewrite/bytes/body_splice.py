@@ -23,16 +23,16 @@ import onnx
 from graphkit.rewrite.bytes import wire
 from graphkit.rewrite.bytes.wire import Unsupported
 
-__all__ = ["BLOCK", "Scope", "graph_bytes", "holder_entries"]
+__all__ = ["BLOCK", "SpliceGraph", "graph_bytes", "holder_entries"]
 
 _GRAPH = onnx.AttributeProto.GRAPH
 BLOCK = 1 << 14  # graphs (and placeholders written a field at a time) the lowering holds the lists of at once
 
 
-class Scope:
+class SpliceGraph:
     """One graph: its parsed message, its path from the main graph, the placeholders' indices
     and the nested graphs (``subs``: per node holding graphs, (node index, [(attribute index,
-    [(position among the attribute's graphs, Scope)])]))."""
+    [(position among the attribute's graphs, SpliceGraph)])]))."""
 
     __slots__ = ("graph", "path", "size", "custom", "subs", "dirty", "nodes", "fields")
 
@@ -47,12 +47,12 @@ class Scope:
         self.fields = fields
         self.size = 0  # nodes
         # per node holding graphs: (node index, its attribute count, whether a graph it holds is dirty,
-        # [(attribute index, its graphs' field number, [(position among them, Scope)])])
-        self.subs: list[tuple[int, int, bool, list[tuple[int, int, list[tuple[int, Scope]]]]]] = []
+        # [(attribute index, its graphs' field number, [(position among them, SpliceGraph)])])
+        self.subs: list[tuple[int, int, bool, list[tuple[int, int, list[tuple[int, SpliceGraph]]]]]] = []
         self.dirty = False  # it or a graph nested in it holds a placeholder
 
 
-def graph_bytes(data: bytes, scope: Scope, v0: int, v1: int, slots: dict[int, list[bytes]],
+def graph_bytes(data: bytes, scope: SpliceGraph, v0: int, v1: int, slots: dict[int, list[bytes]],
                  entries: tuple[list[int], list[int]] | None = None, joined: bool = True) -> Any:
     """The value of ``scope``'s graph (at ``data[v0:v1]``; ``entries``: its node entries' starts
     and ends where known) with its placeholders replaced (``slots``: by scope id, in the
@@ -169,7 +169,7 @@ class _Edits:
         return graph.SerializeToString()
 
 
-def holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[Scope],
+def holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[SpliceGraph],
                     slots: dict[int, list[bytes]]) -> list[tuple[int, bytes]]:
     """(index, new node entry) of each main-graph node holding graphs with placeholders, in
     index order: its bytes with every placeholder replaced, each message around them written
@@ -237,14 +237,14 @@ def _offsets(values: Any) -> Any:
     return np.asarray(values, np.int64)
 
 
-def _shallow_node(value: bytes, held: list[Scope], slots: dict[int, list[bytes]]) -> bytes:
+def _shallow_node(value: bytes, held: list[SpliceGraph], slots: dict[int, list[bytes]]) -> bytes:
     """``_Edits.node`` for a node whose graphs with placeholders are its own (``held``: their
     scopes, paths (node, attribute, graph)), without the tree: the same messages parsed,
     edited and serialized in the same order."""
     sk = wire.Skeletons.load()
     node = sk.node.FromString(value)
     attributes = node.attribute
-    by_attribute: dict[int, list[Scope]] = {}
+    by_attribute: dict[int, list[SpliceGraph]] = {}
     for scope in held:
         by_attribute.setdefault(scope.path[1], []).append(scope)
     graph_from, serialize = sk.graph.FromString, sk.graph.SerializeToString
@@ -389,7 +389,7 @@ def _lookup(owner: Any, nth: Any, hits: _Hits) -> tuple[Any, Any]:
     return (order[at] if len(keys) else at), there
 
 
-def _spliced_holders(data: bytes, buf: Any, v0: Any, v1: Any, scopes: list[Scope], own: Any,
+def _spliced_holders(data: bytes, buf: Any, v0: Any, v1: Any, scopes: list[SpliceGraph], own: Any,
                      slots: dict[int, list[bytes]]) -> list[bytes | None]:
     """Per main-graph node (its value at ``data[v0[j]:v1[j]]``) whose graphs with placeholders
     are its own (``scopes``, node ``own[i]`` holding ``scopes[i]``), its new entry as

@@ -10,9 +10,9 @@ and the check by parts. A change to one of these is made here, once.
   (the plan lowering a kind's first node), :func:`check_output` (the output's check).
 
 * Repeats: the plan (``LoweringPlan.lower``, where a placeholder becomes standard ops) lowers
-  the first node of each kind; a later node of the same kind repeats the ``Template`` it
-  returned as ``Template.instantiate`` would (same renaming, same names), written as
-  serialized nodes by :class:`TemplateWriter`; a bound node reuses the first one's domain and
+  the first node of each kind; a later node of the same kind repeats the ``LoweringTemplate`` it
+  returned as ``LoweringTemplate.instantiate`` would (same renaming, same names), written as
+  serialized nodes by :class:`LoweringTemplateWriter`; a bound node reuses the first one's domain and
   attributes (:class:`BoundWriter`).
 * Element types: the engine's TypeTable (graph.types) with :class:`WriterTyping` as its
   policy, its forward pass over fields read in bulk and stopped at the last placeholder
@@ -56,11 +56,11 @@ from graphkit.rewrite._memory import release_freed_memory
 from graphkit.rewrite.graph.walk import AI_ONNX, holds_graphs
 from graphkit.rewrite.graph.types import TypeTable, Watch
 from graphkit.rewrite.engine import RewriteReport
-from graphkit.rewrite.lowering.plan import Lowered, LoweringPlan, LoweringScope, Template
+from graphkit.rewrite.lowering.plan import Lowered, LoweringPlan, LoweringScope, LoweringTemplate
 from graphkit.rewrite.lowering.builder import NameGenerator
 from graphkit.rewrite.writers import InBodies, Pieces, Request, Unsupported
 
-__all__ = ["ADAPTERS", "CHECKED_BY_PARTS", "IMPORTS_ONLY", "NO_NODE_CHANGES", "BoundWriter", "TemplateWriter",
+__all__ = ["ADAPTERS", "CHECKED_BY_PARTS", "IMPORTS_ONLY", "NO_NODE_CHANGES", "BoundWriter", "LoweringTemplateWriter",
            "WriterTyping", "assemble", "check_parts", "conversion_steps", "count_after", "forward_types",
            "input_refused", "lower_first", "name_seed", "node_names", "seed_names", "writer_types"]
 
@@ -263,8 +263,8 @@ def _check_bytes(out: bytes, registry: OpRegistry, path: str | None, context: st
 
 # -- lowerings repeated -------------------------------------------------------------------
 
-class TemplateWriter:
-    """A plan ``Template`` that writes serialized nodes.
+class LoweringTemplateWriter:
+    """A plan ``LoweringTemplate`` that writes serialized nodes.
 
     ``emit(values, prefix, fresh)`` is ``template.instantiate(inputs, outputs, prefix,
     fresh)`` with ``values = inputs + outputs`` (inputs padded as the engine pads them):
@@ -281,7 +281,7 @@ class TemplateWriter:
     (the values first, then the generated names).
     """
 
-    def __init__(self, template: Template) -> None:
+    def __init__(self, template: LoweringTemplate) -> None:
         if template.constants:
             raise Unsupported("a template adopted from another scope")
         tpl_nodes, tpl_inputs, tpl_outputs, tpl_prefix = (template.nodes, template.inputs, template.outputs,

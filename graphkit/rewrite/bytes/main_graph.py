@@ -17,8 +17,8 @@ The result is the objects writer's, field for field (tests/test_fastpath.py comp
   come from the public plan every writer uses: ``LoweringPlan.lower`` (graphkit.rewrite.lowering.plan)
   lowers the first node of each kind. A later node of the same kind (op, attributes,
   arity, input/output aliasing, input types: finer than the plan's template key) repeats
-  the ``Template`` it returned as ``Template.instantiate`` would (same renaming, same
-  names), compiled to code that writes the serialized nodes (``bytes.common.TemplateWriter``);
+  the ``LoweringTemplate`` it returned as ``LoweringTemplate.instantiate`` would (same renaming, same
+  names), compiled to code that writes the serialized nodes (``bytes.common.LoweringTemplateWriter``);
   a bound node reuses the first one's attributes (``bytes.common.BoundWriter``);
   ``LoweringPlan.count`` counts the repeats.
 * Generated names: the engine makes them unique against every name of the model, and
@@ -98,7 +98,7 @@ from graphkit.ops._opdef import PLACEHOLDER_DOMAIN
 from graphkit.rewrite.bytes import conversions
 from graphkit.rewrite.bytes import wire
 from graphkit.rewrite import engine as _engine
-from graphkit.rewrite.bytes.common import (BoundWriter, TemplateWriter, assemble, check_output, conversion,
+from graphkit.rewrite.bytes.common import (BoundWriter, LoweringTemplateWriter, assemble, check_output, conversion,
                                           count_after, forward_types, input_refused, lower_first, lowering_plan,
                                           node_names, nothing_to_lower, placeholder_domains, progress_of, read_top,
                                           run_writer, seed_names, spliced_conversion)
@@ -250,11 +250,11 @@ def _tails(prefixes: list[str]) -> list[str]:
 
 def _repeater(lowered: Any, n_given: int, batched: bool) -> Any:
     """What repeats a lowering the plan made for the first node of a kind (``n_given``
-    inputs): a TemplateWriter, a BoundWriter, or None where the plan lowers each node of the kind."""
+    inputs): a LoweringTemplateWriter, a BoundWriter, or None where the plan lowers each node of the kind."""
     if lowered.how is Lowering.DECOMPOSE:
         if lowered.template is None:
             return None  # shape-dependent: the plan lowers every such node
-        made: Any = TemplateWriter(lowered.template)
+        made: Any = LoweringTemplateWriter(lowered.template)
         made.pad = _padding(n_given, made.n_inputs)
         if batched and not made.scoped:
             raise Unsupported("a decomposition makes names with '/' of its own")
@@ -423,7 +423,7 @@ class _MainGraph:
         """Each placeholder's kind: op, attributes, arity, aliasing among its inputs and outputs,
         input types (the forward pass's, as the engine asks for them). Kinds are finer than the
         plan's template keys, so every node of a kind is lowered the same way: the first by the
-        plan, the others by repeating that (TemplateWriter, BoundWriter)."""
+        plan, the others by repeating that (LoweringTemplateWriter, BoundWriter)."""
         custom, node_at = self.custom, self.nodes.__getitem__
         inputs_of, outputs_of = self.inputs_of, self.outputs_of
         attr_keys = [b""] * len(custom)
@@ -456,7 +456,7 @@ class _MainGraph:
         plan, types = self.plan, self.types
         scope = LoweringScope(types)
         fresh = plan.names.fresh
-        kinds = self.kinds = {}  # kind -> TemplateWriter, BoundWriter, or None: the plan lowers each node
+        kinds = self.kinds = {}  # kind -> LoweringTemplateWriter, BoundWriter, or None: the plan lowers each node
         planned = self.planned = []  # the placeholders the plan lowered (the others repeat one of them)
         slots = self.slots = [None] * len(custom)  # each placeholder's replacement entries
         total = len(self.nodes)

@@ -5,7 +5,7 @@ A :class:`LoweringPlan` is made once per rewrite (registry, preference order, op
 name generator). Each node list it lowers is a :class:`LoweringScope` (its own type table,
 constants and templates). :meth:`LoweringPlan.lower` turns one placeholder into its
 replacement and says how (:class:`Lowered`): the action taken, and the
-:class:`Template` later nodes of the same kind repeat. Every writer (graphkit.rewrite.writers)
+:class:`LoweringTemplate` later nodes of the same kind repeat. Every writer (graphkit.rewrite.writers)
 uses this one interface: the objects writer (``rewrite_model``'s lower pass) and the byte
 writers (graphkit.rewrite.bytes.main_graph, bytes.bodies), which repeat templates on serialized nodes.
 """
@@ -31,7 +31,7 @@ from graphkit.rewrite.lowering.standard_ops import as_placeholder, attribute_val
 from graphkit.rewrite.graph.types import TypeTable
 from graphkit.rewrite.lowering.builder import Builder, NameGenerator
 
-__all__ = ["Lowered", "Lowering", "LoweringPlan", "LoweringScope", "Template", "node_attrs", "unknown_op_hint"]
+__all__ = ["Lowered", "Lowering", "LoweringPlan", "LoweringScope", "LoweringTemplate", "node_attrs", "unknown_op_hint"]
 
 
 
@@ -69,7 +69,7 @@ def node_attrs(op: OpDef, node: onnx.NodeProto, path: str | None) -> dict[str, A
 
 
 @dataclass
-class Template:
+class LoweringTemplate:
     """A replacement later nodes of the same kind repeat with their own names.
 
     ``nodes`` were made for the node whose ``inputs``/``outputs`` (inputs padded to the
@@ -133,7 +133,7 @@ class LoweringScope:
 
     types: TypeTable
     constants: dict = field(default_factory=dict)   # (dtype, shape, bytes) -> constant name
-    templates: dict = field(default_factory=dict)   # kind key -> Template
+    templates: dict = field(default_factory=dict)   # kind key -> LoweringTemplate
     constant_nodes: dict = field(default_factory=dict)  # constant name -> its Constant node
 
 
@@ -151,7 +151,7 @@ class Lowered:
     how: Lowering
     action: tuple[str, str]
     nodes: list[onnx.NodeProto]
-    template: Template | None = None
+    template: LoweringTemplate | None = None
     # Set where ``nodes`` are these constants then ``template``'s instance (what count() needs).
     constants: list[onnx.NodeProto] | None = None
     # A decomposition's template key: in one scope, nodes of one key share one template.
@@ -393,7 +393,7 @@ class LoweringPlan:
             # Later nodes with the same op, input types and attributes reuse this replacement
             # with their own names; constants made here are shared by value in this scope.
             reused = [n for n in nodes if not (n.op_type == "Constant" and n.output[0] not in shared)]
-            template = scope.templates[key] = Template(reused, inputs, list(node.output), prefix)
+            template = scope.templates[key] = LoweringTemplate(reused, inputs, list(node.output), prefix)
             self._keep_portable(key, template, nodes, scope)
         # One strict check per distinct replacement, in any scope (shape-dependent ones each).
         if builder.used_shapes or key not in self._checked:
@@ -402,7 +402,8 @@ class LoweringPlan:
                                                  f"{op.qualified_name}", scope.types))
         return Lowered(op, Lowering.DECOMPOSE, action, nodes, template, key=key)
 
-    def _keep_portable(self, key: tuple, template: Template, nodes: list[onnx.NodeProto], scope: LoweringScope) -> None:
+    def _keep_portable(self, key: tuple, template: LoweringTemplate, nodes: list[onnx.NodeProto],
+                       scope: LoweringScope) -> None:
         """Remember ``template`` for other scopes when the only names it reads from its scope
         are constants (whose nodes another scope can make for itself)."""
         for n in nodes:
@@ -421,7 +422,7 @@ class LoweringPlan:
         """Whether a scope without a template of ``key`` adopts another scope's (:meth:`adopt`)."""
         return key in self._portable
 
-    def adoption(self, key: tuple) -> tuple[Template, list[tuple[str, onnx.NodeProto]]]:
+    def adoption(self, key: tuple) -> tuple[LoweringTemplate, list[tuple[str, onnx.NodeProto]]]:
         """What :meth:`adopt` adopts for ``key`` (needs :meth:`adoptable`): the template and the
         constants it reads from its scope, (name, Constant node), in the order adopt() goes
         through them. In a scope with no constants, adopt() makes each: a copy of the node
@@ -429,7 +430,7 @@ class LoweringPlan:
         template, reads = self._portable[key]
         return template, [(name, const) for name, (_, const) in reads.items()]
 
-    def adopt(self, key: tuple, prefix: str, scope: LoweringScope) -> tuple[Template, list[onnx.NodeProto]]:
+    def adopt(self, key: tuple, prefix: str, scope: LoweringScope) -> tuple[LoweringTemplate, list[onnx.NodeProto]]:
         """Another scope's template of ``key`` for ``scope`` (what :meth:`lower` does for the
         first node of that key there): its constants found in ``scope`` by value or made
         here (returned, to go before the first instance). Needs :meth:`adoptable`."""
@@ -450,7 +451,7 @@ class LoweringPlan:
             rename[name] = local
         if template._compiled is None:
             template._compiled = template._compile()
-        adopted = scope.templates[key] = Template(template.nodes, template.inputs, template.outputs,
+        adopted = scope.templates[key] = LoweringTemplate(template.nodes, template.inputs, template.outputs,
                                                   template.prefix, rename, template._compiled)
         return adopted, made
 

@@ -1,7 +1,7 @@
 """The passes of the rewrite, one module per kind; their order is
 :data:`graphkit.rewrite.engine.PASSES`.
 
-- ``base.py``: what every pass is given and gives back (``RewriteContext``, ``Pass``,
+- ``base.py``: what every pass is given and gives back (``PassContext``, ``Pass``,
   ``PassResult``, ``ANALYSES``, ``RewriteReport``);
 - ``convert.py``: recognise-standard-ops and convert-opset (``--target-opset``);
 - ``rules.py``: rules (pattern rules, graph passes) and graphsurgeon-rules;

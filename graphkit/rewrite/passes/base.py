@@ -1,4 +1,4 @@
-"""What every pass of the rewrite is given and gives back: :class:`RewriteContext` (the
+"""What every pass of the rewrite is given and gives back: :class:`PassContext` (the
 options, the lowering plan, the analyses still true of the model, the report being filled),
 :class:`Pass` (a named step and its precondition), :class:`PassResult`, :data:`ANALYSES`,
 and :class:`RewriteReport`. The sequence of passes is :data:`graphkit.rewrite.engine.PASSES`."""
@@ -19,7 +19,7 @@ from graphkit.rewrite.lowering.builder import NameGenerator
 from graphkit.rewrite.lowering.plan import Lowering, LoweringPlan
 from graphkit.rewrite.rules.ruleset import RuleReport, RuleSet
 
-__all__ = ["ANALYSES", "DEFAULT_OPSET", "Pass", "PassResult", "RewriteContext", "RewriteReport", "ai_onnx_opset"]
+__all__ = ["ANALYSES", "DEFAULT_OPSET", "Pass", "PassResult", "PassContext", "RewriteReport", "ai_onnx_opset"]
 
 
 # Opset written into models that hold no ai.onnx import before a decomposition adds one.
@@ -101,7 +101,7 @@ ANALYSES = frozenset({"index", "counts"})
 
 
 @dataclass
-class RewriteContext:
+class PassContext:
     """Everything the passes share: the options, the plan, the main graph's types, the report."""
 
     registry: OpRegistry
@@ -158,7 +158,7 @@ class Pass:
     """
 
     name: str
-    applies: Callable[[RewriteContext, onnx.ModelProto], bool]
-    run: Callable[[RewriteContext, onnx.ModelProto], PassResult]
+    applies: Callable[[PassContext, onnx.ModelProto], bool]
+    run: Callable[[PassContext, onnx.ModelProto], PassResult]
     requires: frozenset[str] = frozenset()
     keeps: frozenset[str] = frozenset()

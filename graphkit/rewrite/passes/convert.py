@@ -13,7 +13,7 @@ from graphkit.errors import RewriteError
 from graphkit.rewrite.convert.opset import convert as convert_by_adapters
 from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex, count_ops
 from graphkit.rewrite.lowering.standard_ops import recognise
-from graphkit.rewrite.passes.base import PassResult, RewriteContext, ai_onnx_opset
+from graphkit.rewrite.passes.base import PassResult, PassContext, ai_onnx_opset
 
 __all__ = ["convert_opset", "convert_pass", "recognise_pass", "same_schemas"]
 
@@ -71,14 +71,14 @@ def same_schemas(ops: set[str], a: int, b: int) -> bool:
     return True
 
 
-def recognise_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+def recognise_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
     """Standard nodes an op computes become its placeholders before the version converter
     sees them (it has no adapter for DeformConv across opset 19, nor for one under 19)."""
     made = recognise(model, ctx.registry, ctx.path, ctx.target_opset)
     return PassResult(model, bool(made), ", ".join(f"{n} {what}" for what, n in sorted(made.items())))
 
 
-def convert_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+def convert_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
     before = ai_onnx_opset(model)
     indexed = ctx.holds("index")
     taken = ctx.index.names if indexed else None  # extended in place with the names made

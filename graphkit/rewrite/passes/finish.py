@@ -12,7 +12,7 @@ from onnx import helper
 from graphkit.ops._opdef import PLACEHOLDER_DOMAIN
 from graphkit.rewrite._check import bytes_check, check_context, check_model, check_replacement, check_scan
 from graphkit.rewrite.graph.walk import AI_ONNX
-from graphkit.rewrite.passes.base import PassResult, RewriteContext
+from graphkit.rewrite.passes.base import PassResult, PassContext
 
 __all__ = ["check_pass", "fix_opset_imports", "imports_pass"]
 
@@ -40,14 +40,14 @@ def fix_opset_imports(model: onnx.ModelProto, opset: int, used: set[str],
     _fix_imports(model.opset_import, used, opset, placeholders)
 
 
-def imports_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+def imports_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
     before = [(i.domain, i.version) for i in model.opset_import]
     fix_opset_imports(model, ctx.plan.opset, {d for d, _ in ctx.report.ops_after}, ctx.placeholders)
     after = [(i.domain, i.version) for i in model.opset_import]
     return PassResult(model, before != after, f"opset imports {after}")
 
 
-def check_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+def check_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
     for r in ctx.plan.replacements:
         check_replacement(r.original, r.nodes, r.types, model.opset_import, ctx.registry, r.rule, ctx.path)
     applied = ", ".join(sorted({how for _, how in ctx.plan.actions} | set(ctx.report.rules.applied)))

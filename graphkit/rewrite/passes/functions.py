@@ -16,7 +16,7 @@ from graphkit.rewrite.graph.walk import ModelIndex, graphs, scopes
 from graphkit.rewrite.graph.types import TypeTable
 from graphkit.rewrite.lowering.builder import Builder, NameGenerator
 from graphkit.rewrite.lowering.plan import node_attrs, unknown_op_hint
-from graphkit.rewrite.passes.base import PassResult, RewriteContext
+from graphkit.rewrite.passes.base import PassResult, PassContext
 
 __all__ = ["attach_functions", "function_attrs", "functions_pass"]
 
@@ -114,7 +114,7 @@ def attach_functions(model: onnx.ModelProto, registry: OpRegistry, opset: int, p
     return actions, counts
 
 
-def functions_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+def functions_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
     # The index's placeholder nodes are the model's where no pass changed a node since (rules
     # may overwrite nodes where they are and keep the index valid).
     index = ctx.index if ctx.holds("index") and ctx.index.collect and not ctx.report.rules.applied else None

@@ -11,12 +11,12 @@ import onnx
 from graphkit.rewrite.graph.walk import graph_node_lists, node_lists
 from graphkit.rewrite.graph.types import TypeTable
 from graphkit.rewrite.lowering.plan import LoweringScope
-from graphkit.rewrite.passes.base import PassResult, RewriteContext
+from graphkit.rewrite.passes.base import PassResult, PassContext
 
 __all__ = ["lower_pass"]
 
 
-def lower_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+def lower_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
     plan = ctx.plan
     total = sum(ctx.report.ops_before.values())
     progress = ctx.progress if total > ctx.progress_min_nodes else None

@@ -7,14 +7,14 @@ import onnx
 
 from graphkit.rewrite.graph.walk import ModelIndex
 from graphkit.rewrite.lowering.builder import Builder
-from graphkit.rewrite.passes.base import PassResult, RewriteContext
+from graphkit.rewrite.passes.base import PassResult, PassContext
 from graphkit.rewrite.rules.graphsurgeon import GraphSurgeonRule, apply_graphsurgeon_rules
 from graphkit.rewrite.rules.ruleset import OpDelta, apply_rule_set
 
 __all__ = ["graphsurgeon_pass", "rules_pass"]
 
 
-def rules_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+def rules_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
     plan, types = ctx.plan, ctx.types
 
     def make_builder(node: onnx.NodeProto, rule_name: str) -> Builder:
@@ -39,7 +39,7 @@ def rules_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
     return PassResult(model, total > 0, f"{total} rewrites", broken)
 
 
-def graphsurgeon_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+def graphsurgeon_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
     gs_rules = [r for r in ctx.rules if isinstance(r, GraphSurgeonRule)]
     out = apply_graphsurgeon_rules(model, gs_rules, ctx.report.rules, ctx.path)
     if out is model:

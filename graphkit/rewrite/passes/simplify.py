@@ -8,13 +8,13 @@ import onnx
 from graphkit.rewrite.graph.walk import ModelIndex
 from graphkit.rewrite.graph.types import TypeTable
 from graphkit.rewrite.lowering.builder import Builder, NameGenerator
-from graphkit.rewrite.passes.base import PassResult, RewriteContext
+from graphkit.rewrite.passes.base import PassResult, PassContext
 from graphkit.rewrite.rules.ruleset import RuleSet, apply_rule_set
 
 __all__ = ["simplify_pass"]
 
 
-def simplify_pass(ctx: RewriteContext, model: onnx.ModelProto) -> PassResult:
+def simplify_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
     """graphkit.rewrite.simplify's passes, with the fusions its options hold as rules."""
     from graphkit.rewrite.simplify._run import describe, run_simplify
 

@@ -46,7 +46,7 @@ from graphkit.rewrite.rules.pattern import Either, Many, Out, PatternOps, PNode,
 from graphkit.rewrite.rules.report import MatchResult, OpDelta, RuleReport
 from graphkit.rewrite.graph.scopes import Scope, model_scopes
 from graphkit.rewrite.rules.stamps import UNTRACED, Stamps, report_stamps, stamp_matches
-from graphkit.rewrite.rules.template import Template, trace, traceable
+from graphkit.rewrite.rules.template import TracedReplacement, trace, traceable
 from graphkit.rewrite.graph.types import TypeTable
 
 __all__ = ["GraphPass", "MatchContext", "MatchResult", "OpDelta", "Rule", "RuleReport", "RuleSet", "Scope",
@@ -430,7 +430,7 @@ class _RuleRun:
         self.builder: Any = None
         self.restart: Callable[[str, str], None] | None = None
         # Count of *xs inputs (-1: none) -> the traced replacement, None where rewrite runs per match.
-        self.templates: dict[int, Template | None] = {}
+        self.templates: dict[int, TracedReplacement | None] = {}
         self.fresh: Callable[[str], str] | None = None  # the Builder's name generator, for templates
         self.stamps = Stamps(delta, rule._patterns[0].anchor[1])  # told to the OpDelta at the end
         # One flat pattern (one node of distinct variables) without check: its matches are
@@ -444,7 +444,7 @@ class _RuleRun:
             and len(rule._patterns) == 1 and matcher.flat is not None and matcher.flat[2] is None and rule._simple()
         self.anchor = rule._patterns[0].anchor
 
-    def template(self, extra: int) -> Template | None:
+    def template(self, extra: int) -> TracedReplacement | None:
         """The traced replacement for matches binding ``extra`` inputs to ``*xs`` (-1: no
         ``*xs``), traced the first time it is asked for (the matcher's plan is flat)."""
         template = self.templates.get(extra, UNTRACED)

@@ -13,7 +13,7 @@ from graphkit.rewrite.graph.view import GraphView
 from graphkit.rewrite.graph.walk import holds_graphs
 from graphkit.rewrite.rules.matcher import Matcher
 from graphkit.rewrite.rules.report import OpDelta, RuleReport
-from graphkit.rewrite.rules.template import Template
+from graphkit.rewrite.rules.template import TracedReplacement
 
 __all__ = ["UNTRACED", "Stamps", "report_stamps", "stamp_matches"]
 
@@ -88,17 +88,17 @@ class Stamps:
         self.indices: list[int] = []
         self.ops: list[str] = []
         self.domains: dict[str, int] = {}
-        self.made: dict[int, tuple[Template, int]] = {}
+        self.made: dict[int, tuple[TracedReplacement, int]] = {}
         self.holds_graphs = False
 
     @staticmethod
-    def name(fresh: Callable[[str], str], node: onnx.NodeProto, rule: str, template: Template) -> str:
+    def name(fresh: Callable[[str], str], node: onnx.NodeProto, rule: str, template: TracedReplacement) -> str:
         """The names the Builder would give the node and its output (which finish() replaces)."""
         name = fresh(f"{node.name or rule}/{template.op_type}")
         fresh(f"{name}_out")
         return name
 
-    def write(self, index: int, node: onnx.NodeProto, template: Template, name: str, inputs: Any, output: str,
+    def write(self, index: int, node: onnx.NodeProto, template: TracedReplacement, name: str, inputs: Any, output: str,
               domain: str) -> None:
         """Overwrite ``node`` (at ``index``) with the template's node, so named and wired."""
         if node.attribute and not self.holds_graphs:

@@ -46,7 +46,7 @@ from typing import Any
 import onnx
 from onnx import helper
 
-__all__ = ["Template", "trace", "traceable"]
+__all__ = ["TracedReplacement", "trace", "traceable"]
 
 _MARK = "\x00graphkit-trace:"
 _MARK_BYTES = _MARK.encode()
@@ -155,7 +155,7 @@ class _Tracer:
 
 
 @dataclass(frozen=True, eq=False)
-class Template:
+class TracedReplacement:
     """One traced replacement: ``node``, a NodeProto holding the op type, domain and
     attributes (in the Builder's order) the rewrite gave, no inputs, outputs or name;
     ``positions``: per input, which of the match's inputs it reads (the variables' in the
@@ -200,7 +200,7 @@ def _record(call: Callable[[Any, dict[str, Any]], Any], names: tuple[str, ...], 
 
 
 def trace(call: Callable[[Any, dict[str, Any]], Any], names: tuple[str, ...], many: str | None, extra: int,
-          anchor: tuple[str, str]) -> Template | None:
+          anchor: tuple[str, str]) -> TracedReplacement | None:
     """The template of a single-node rule's ``rewrite`` (``call(op, bindings)``) for matches binding
     the variables ``names`` and ``extra`` inputs to ``*many``; None where it is not provably the
     same for every such match or cannot overwrite the matched node (then ``rewrite`` runs per
@@ -226,7 +226,7 @@ def trace(call: Callable[[Any, dict[str, Any]], Any], names: tuple[str, ...], ma
         if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
             return None  # a node holding subgraphs: new scopes, counted again (per match)
     positions = tuple(wanted.index(ref) if ref in wanted else -1 for ref in inputs)
-    return Template(node, positions, list(inputs) == wanted, op_type, domain)
+    return TracedReplacement(node, positions, list(inputs) == wanted, op_type, domain)
 
 
 # Builtins a traced rewrite may call: each reads a str argument, if at all, through the

@@ -14,7 +14,7 @@ import onnx
 
 from graphkit.rewrite.graph.walk import AI_ONNX
 from graphkit.rewrite.simplify._context import SimplifyContext
-from graphkit.rewrite.simplify._graph import Scope
+from graphkit.rewrite.simplify._graph import SimplifyScope
 
 __all__ = ["absorb_channel_affine"]
 
@@ -30,7 +30,7 @@ def _per_channel(value: np.ndarray, rank: int, axis: int, channels: int) -> np.n
     return np.broadcast_to(value.reshape(-1), (channels,)) if value.size == 1 else value.reshape(-1)
 
 
-def _affine(ctx: SimplifyContext, scope: Scope, follower: onnx.NodeProto, y: str, rank: int, axis: int,
+def _affine(ctx: SimplifyContext, scope: SimplifyScope, follower: onnx.NodeProto, y: str, rank: int, axis: int,
             channels: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray] | None:
     """(scale, shift) per channel that ``follower`` applies to ``y``, or None."""
     op = follower.op_type
@@ -82,7 +82,7 @@ def absorb_channel_affine(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
     return folded
 
 
-def _absorb(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto, op) -> int:
+def _absorb(ctx: SimplifyContext, scope: SimplifyScope, k: int, node: onnx.NodeProto, op) -> int:
     lin = op.channel_linear
     names = [p.name for p in op.inputs]
     wi, bi = names.index(lin.weight), names.index(lin.bias)

@@ -13,7 +13,7 @@ from graphkit.rewrite.graph.walk import AI_ONNX, graphs, subgraphs, walk
 from graphkit.rewrite.simplify._context import SimplifyContext
 from graphkit.rewrite.simplify._evaluate import NONDETERMINISTIC
 from graphkit.rewrite.graph.view import constant_node_value
-from graphkit.rewrite.simplify._graph import Scope, attribute_key
+from graphkit.rewrite.simplify._graph import SimplifyScope, attribute_key
 
 __all__ = ["cancel_reshapes", "eliminate_dead", "eliminate_common", "lift_constants", "merge_constants",
            "remove_no_ops"]
@@ -45,14 +45,14 @@ def lift_constants(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
     return lifted
 
 
-def _is_false(scope: Scope, name: str) -> bool:
+def _is_false(scope: SimplifyScope, name: str) -> bool:
     if not name:
         return True
     value = scope.value(name)
     return value is not None and value.size == 1 and not bool(value.reshape(-1)[0])
 
 
-def _no_op_input(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto) -> str | None:
+def _no_op_input(ctx: SimplifyContext, scope: SimplifyScope, node: onnx.NodeProto) -> str | None:
     """The input ``node`` passes through unchanged, or None."""
     op, types = node.op_type, ctx.types
     if node.domain not in AI_ONNX or not node.input or not node.input[0] or not node.output:
@@ -97,7 +97,7 @@ def _no_op_input(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto) -> st
     return None
 
 
-def _neutral_operand(scope: Scope, types, node: onnx.NodeProto) -> str | None:
+def _neutral_operand(scope: SimplifyScope, types, node: onnx.NodeProto) -> str | None:
     """The input of x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1, x and True, x or False where
     the constant neither widens x by broadcasting nor changes its type (only -0.0 + 0 = +0.0
     differs, a value equal to it)."""
@@ -119,7 +119,7 @@ def _neutral_operand(scope: Scope, types, node: onnx.NodeProto) -> str | None:
     return None
 
 
-def _merge_pair(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto) -> bool:
+def _merge_pair(ctx: SimplifyContext, scope: SimplifyScope, k: int, node: onnx.NodeProto) -> bool:
     """Unsqueeze(Unsqueeze(x)) -> one Unsqueeze, Reshape(Reshape(x)) -> one Reshape: the outer
     node reads x (each reader of a shared inner node does)."""
     if node.domain not in AI_ONNX or node.op_type not in ("Unsqueeze", "Reshape") or len(node.input) < 2:
@@ -194,7 +194,7 @@ def eliminate_common(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
     return merged
 
 
-def _tensor_key(t: onnx.TensorProto, scope: Scope) -> tuple | None:
+def _tensor_key(t: onnx.TensorProto, scope: SimplifyScope) -> tuple | None:
     """(type, dims): tensors that may be equal; their bytes are compared only within a group.
     External weights are never read, but those of the model's own file (inline weights)."""
     if (t.data_location == onnx.TensorProto.EXTERNAL and not scope.in_model_file(t)) or \
@@ -203,13 +203,13 @@ def _tensor_key(t: onnx.TensorProto, scope: Scope) -> tuple | None:
     return t.data_type, tuple(t.dims)
 
 
-def _bytes(t: onnx.TensorProto, scope: Scope) -> bytes | None:
+def _bytes(t: onnx.TensorProto, scope: SimplifyScope) -> bytes | None:
     if t.data_location == onnx.TensorProto.EXTERNAL:
         return scope.raw_bytes(t)
     return t.raw_data if t.HasField("raw_data") else onnx.numpy_helper.to_array(t).tobytes()
 
 
-def _ends(t: onnx.TensorProto, scope: Scope) -> tuple[tuple, bytes | None] | None:
+def _ends(t: onnx.TensorProto, scope: SimplifyScope) -> tuple[tuple, bytes | None] | None:
     """(length, first and last 32 bytes), and the bytes where they were read whole (an
     inline tensor; a weight of the model's file is read whole only if another has its ends)."""
     if t.data_location == onnx.TensorProto.EXTERNAL:
@@ -219,7 +219,7 @@ def _ends(t: onnx.TensorProto, scope: Scope) -> tuple[tuple, bytes | None] | Non
     return (len(data), data[:32], data[-32:]), data
 
 
-def _same_bytes(tensors: list[tuple[str, onnx.TensorProto]], scope: Scope) -> list[list[str]]:
+def _same_bytes(tensors: list[tuple[str, onnx.TensorProto]], scope: SimplifyScope) -> list[list[str]]:
     """Names grouped by equal bytes: ends of each first (weights of one shape rarely share
     them), whole digests only within a group of ends."""
     by_ends: dict[tuple, list[tuple[str, onnx.TensorProto, bytes | None]]] = {}
@@ -316,7 +316,7 @@ def _unused_function_inputs(ctx: SimplifyContext, model: onnx.ModelProto) -> int
     removed = 0
     calls = _calls(model)
     for fn in model.functions:
-        scope = Scope(fn, in_function=True)
+        scope = SimplifyScope(fn, in_function=True)
         unused = [i for i, name in enumerate(fn.input) if not scope.used(name)]
         if not unused:
             continue
@@ -342,12 +342,12 @@ def _drop_stale_value_info(model: onnx.ModelProto) -> None:
             g.value_info.extend(keep)
 
 
-def _scalar_like(scope: Scope, name: str, rank: int) -> bool:
+def _scalar_like(scope: SimplifyScope, name: str, rank: int) -> bool:
     value = scope.value(name, limit=64) if scope.is_constant(name) else None
     return value is not None and value.size == 1 and value.ndim <= rank
 
 
-def _returns_to(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto, dims: list) -> bool:
+def _returns_to(ctx: SimplifyContext, scope: SimplifyScope, node: onnx.NodeProto, dims: list) -> bool:
     """Whether Reshape ``node`` gives back the shape ``dims`` (that of a tensor with as many
     elements as its input)."""
     after = ctx.types.dims(node.output[0])
@@ -389,7 +389,7 @@ def cancel_reshapes(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
     return cancelled
 
 
-def _sandwich(ctx: SimplifyContext, scope: Scope, first: onnx.NodeProto) -> tuple[list[int], list[int]] | None:
+def _sandwich(ctx: SimplifyContext, scope: SimplifyScope, first: onnx.NodeProto) -> tuple[list[int], list[int]] | None:
     """(elementwise nodes, closing Reshapes) between Reshape ``first`` and the Reshapes that
     undo it, where every value in between is read only there; None otherwise."""
     x, y = first.input[0], first.output[0]

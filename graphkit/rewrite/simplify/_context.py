@@ -11,7 +11,7 @@ from typing import Any
 import onnx
 
 from graphkit.ops import OpRegistry
-from graphkit.rewrite.simplify._graph import Scope, base_dir_of, scopes_of
+from graphkit.rewrite.simplify._graph import SimplifyScope, base_dir_of, scopes_of
 from graphkit.rewrite.simplify._shapes import Types, infer_types
 
 __all__ = ["DEFAULT_SIZE_LIMIT", "SimplifyContext", "SimplifyOptions"]
@@ -49,7 +49,7 @@ class SimplifyContext:
     kept: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, op) -> why it was kept
     _taken: set[str] | None = None
 
-    def scopes(self, model: onnx.ModelProto) -> Iterator[Scope]:
+    def scopes(self, model: onnx.ModelProto) -> Iterator[SimplifyScope]:
         """Every scope of ``model``, read afresh (each graph before the graphs it holds)."""
         yield from scopes_of(model, base_dir_of(self.path), os.path.basename(self.path) if self.path else None)
 

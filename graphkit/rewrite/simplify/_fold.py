@@ -17,7 +17,7 @@ import onnx
 from graphkit.rewrite.graph.walk import AI_ONNX
 from graphkit.rewrite.simplify._context import SimplifyContext
 from graphkit.rewrite.simplify._evaluate import NotFoldable, evaluate
-from graphkit.rewrite.simplify._graph import Scope
+from graphkit.rewrite.simplify._graph import SimplifyScope
 
 __all__ = ["fold_constants", "fold_shapes"]
 
@@ -96,7 +96,7 @@ def fold_constants(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
     return folded
 
 
-def _fold_node(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto,
+def _fold_node(ctx: SimplifyContext, scope: SimplifyScope, k: int, node: onnx.NodeProto,
                inputs: list[np.ndarray | None]) -> int:
     try:
         outs = evaluate(node, inputs, ctx.opset, ctx.registry, ctx.placeholder_domains, ctx.path)
@@ -118,7 +118,8 @@ def _fold_node(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto,
     return _replace_by_constants(scope, k, node, named)
 
 
-def _replace_by_constants(scope: Scope, k: int, node: onnx.NodeProto, named: list[tuple[str, np.ndarray]]) -> int:
+def _replace_by_constants(scope: SimplifyScope, k: int, node: onnx.NodeProto,
+                          named: list[tuple[str, np.ndarray]]) -> int:
     placed = [c for o, v in named if (c := scope.add_constant(o, np.asarray(v), like=node)) is not None]
     scope.replace(k, placed)
     return 1
@@ -127,7 +128,7 @@ def _replace_by_constants(scope: Scope, k: int, node: onnx.NodeProto, named: lis
 # -- shape values --------------------------------------------------------------------------
 # A shape value: (scalar?, dims). Dims are ints or symbols (str).
 
-def _shape_value(ctx: SimplifyContext, scope: Scope, name: str) -> tuple[bool, tuple[Any, ...]] | None:
+def _shape_value(ctx: SimplifyContext, scope: SimplifyScope, name: str) -> tuple[bool, tuple[Any, ...]] | None:
     if name in ctx.shape_values:
         return ctx.shape_values[name]
     if ctx.types is not None:  # told by its type, before any value is read
@@ -163,7 +164,7 @@ def _sym(op: str, a: Any, b: Any) -> Any:
     return f"({a}{ {'Add': '+', 'Sub': '-', 'Mul': '*', 'Div': '/'}[op]}{b})"
 
 
-def _propagate(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto) -> tuple[bool, tuple[Any, ...]] | None:
+def _propagate(ctx: SimplifyContext, scope: SimplifyScope, node: onnx.NodeProto) -> tuple[bool, tuple[Any, ...]] | None:
     op = node.op_type
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     if op == "Shape":
@@ -265,7 +266,7 @@ def _propagate(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto) -> tupl
     return None
 
 
-def _fold_shape_value(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto) -> int:
+def _fold_shape_value(ctx: SimplifyContext, scope: SimplifyScope, k: int, node: onnx.NodeProto) -> int:
     """Follow a shape value through ``node``; fold the node where every dim is known."""
     if node.domain not in AI_ONNX or node.op_type not in _SHAPE_OPS or len(node.output) != 1 or not node.output[0]:
         return 0
@@ -307,7 +308,7 @@ def fold_shapes(ctx: SimplifyContext, model: onnx.ModelProto) -> int:
     return done
 
 
-def _constant_expand(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto) -> int:
+def _constant_expand(ctx: SimplifyContext, scope: SimplifyScope, k: int, node: onnx.NodeProto) -> int:
     """Expand to a shape computed from symbolic dims: each dim that is the input's own there
     becomes 1 (broadcasting gives the input's dim back), then the target is constant; where
     every entry is 1 and the input has as many dims, the Expand goes."""
@@ -336,7 +337,7 @@ def _constant_expand(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.Node
     return 1
 
 
-def _reshape_keeps_dims(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto) -> bool:
+def _reshape_keeps_dims(ctx: SimplifyContext, scope: SimplifyScope, node: onnx.NodeProto) -> bool:
     """Whether Reshape ``node``'s target is its input's dims: each entry the input's dim
     there (0 too, where it copies), but for at most one -1 (then the dim left over)."""
     dims = ctx.types.dims(node.input[0]) if ctx.types is not None and scope.is_graph else None
@@ -358,7 +359,7 @@ def _reshape_keeps_dims(ctx: SimplifyContext, scope: Scope, node: onnx.NodeProto
     return free in ([], [-1])
 
 
-def _constant_reshape(ctx: SimplifyContext, scope: Scope, k: int, node: onnx.NodeProto) -> int:
+def _constant_reshape(ctx: SimplifyContext, scope: SimplifyScope, k: int, node: onnx.NodeProto) -> int:
     if any(a.name == "allowzero" and a.i for a in node.attribute):
         return 0
     dims = ctx.types.dims(node.input[0]) if ctx.types is not None else None

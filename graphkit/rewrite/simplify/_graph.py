@@ -1,7 +1,7 @@
 """One scope (a graph, a subgraph or a function body) as the simplify passes edit it.
 
-A :class:`Scope` reads its node list once into a Python list, indexes producers and
-consumers, and writes the list back once when :meth:`Scope.commit` is called: removing a
+A :class:`SimplifyScope` reads its node list once into a Python list, indexes producers and
+consumers, and writes the list back once when :meth:`SimplifyScope.commit` is called: removing a
 node is setting its slot to None, so a pass stays linear however many nodes it removes.
 A node holding subgraphs counts as a consumer of every outer name they read, and renaming
 a value renames it inside those subgraphs too.
@@ -20,7 +20,7 @@ from onnx import helper, numpy_helper
 from graphkit.rewrite.graph.view import constant_node_value
 from graphkit.rewrite.graph.walk import AI_ONNX, subgraphs, walk
 
-__all__ = ["Scope", "outer_reads", "scopes_of"]
+__all__ = ["SimplifyScope", "outer_reads", "scopes_of"]
 
 _EXTERNAL = onnx.TensorProto.EXTERNAL
 _MANY = 16  # inputs past which a node's input positions are indexed
@@ -59,7 +59,7 @@ def _rename_inside(graph: onnx.GraphProto, old: str, new: str) -> None:
                 o.name = new
 
 
-class Scope:
+class SimplifyScope:
     """Nodes, producers, consumers and constants of one graph or function body.
 
     ``outer`` is the enclosing scope (a subgraph reads its constants); ``base_dir`` is where
@@ -68,7 +68,7 @@ class Scope:
     weight left unparsed (graphkit.rewrite.simplify._splice), read as an inline one is.
     """
 
-    def __init__(self, owner: onnx.GraphProto | onnx.FunctionProto, *, outer: Scope | None = None,
+    def __init__(self, owner: onnx.GraphProto | onnx.FunctionProto, *, outer: SimplifyScope | None = None,
                  base_dir: str | None = None, in_function: bool = False, model_file: str | None = None) -> None:
         self.owner = owner
         self.outer = outer
@@ -138,7 +138,7 @@ class Scope:
 
     def is_constant(self, name: str) -> bool:
         """Whether ``name`` has a constant value, told without reading it."""
-        scope: Scope | None = self
+        scope: SimplifyScope | None = self
         while scope is not None:
             if name in scope.values:
                 return True
@@ -157,7 +157,7 @@ class Scope:
         """The constant value of ``name`` (an initializer, a Constant node's output, or a value a
         pass made), looked up in enclosing scopes too; None where it is not constant. External
         weights are read only where ``base_dir`` is set and they hold at most ``limit`` bytes."""
-        scope: Scope | None = self
+        scope: SimplifyScope | None = self
         while scope is not None:
             got = scope._own_value(name, limit)
             if got is not None or scope.defined_here(name):
@@ -347,15 +347,15 @@ def _external_size(tensor: onnx.TensorProto) -> int:
     return count * max(helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize, 1)
 
 
-def scopes_of(model: onnx.ModelProto, base_dir: str | None, model_file: str | None = None) -> list[Scope]:
-    """A Scope per graph, subgraph and function body, each graph before the graphs in it
-    (``model_file``: the model's file name in ``base_dir``, Scope's)."""
-    out: list[Scope] = []
+def scopes_of(model: onnx.ModelProto, base_dir: str | None, model_file: str | None = None) -> list[SimplifyScope]:
+    """A SimplifyScope per graph, subgraph and function body, each graph before the graphs in it
+    (``model_file``: the model's file name in ``base_dir``, SimplifyScope's)."""
+    out: list[SimplifyScope] = []
     for _, v in walk(model):
         if v.graph is None:  # a function's own body
-            v.data = Scope(v.function, base_dir=None, in_function=True)
+            v.data = SimplifyScope(v.function, base_dir=None, in_function=True)
         else:
-            v.data = Scope(v.graph, outer=None if v.parent is None else v.parent.data, base_dir=base_dir,
+            v.data = SimplifyScope(v.graph, outer=None if v.parent is None else v.parent.data, base_dir=base_dir,
                            in_function=v.function is not None, model_file=model_file)
         out.append(v.data)
     return out

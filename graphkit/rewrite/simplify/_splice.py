@@ -3,7 +3,7 @@
 On a model file with inline weights, the main graph's large initializers are read as
 references to their bytes in IN: external data whose file is the model itself (the offset
 and length of each one's raw_data). The simplify passes run on that skeleton; a pass that
-needs a weight's value reads it from IN, as it would read it inline (Scope.in_model_file:
+needs a weight's value reads it from IN, as it would read it inline (SimplifyScope.in_model_file:
 no size limit applies to them). OUT is the passes' output with every such reference made
 inline again, the raw_data field put back where protobuf writes it, its bytes copied from IN
 by the kernel (``os.copy_file_range``) rather than through Python. Initializers a pass made
