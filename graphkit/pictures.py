@@ -24,7 +24,7 @@ import onnx
 
 from graphkit.errors import OutputError, ToolError, UsageError
 from graphkit.publish import atomic_write, write_error
-from graphkit.rewrite.graph.walk import value_types
+from graphkit.rewrite.graph.types import TypeTable
 
 __all__ = ["Region", "diff_regions", "dot_program", "write_diff", "write_graph"]
 
@@ -176,7 +176,7 @@ def _dtype_name(elem_type: int) -> str:
 def _types(model: onnx.ModelProto) -> dict[str, str]:
     """Tensor name -> "float32[2,3]" for every value whose type is known or inferable."""
     out: dict[str, str] = {}
-    for name, tp in value_types(model).items():
+    for name, tp in TypeTable.inferred(model).items():
         t = tp.tensor_type
         dims = ",".join(d.dim_param or str(d.dim_value) if (d.dim_param or d.HasField("dim_value")) else "?"
                         for d in t.shape.dim) if t.HasField("shape") else "..."

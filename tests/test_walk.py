@@ -1,4 +1,5 @@
-"""graphkit.rewrite.graph.walk: the one model walk and the one "value -> type" map built on it."""
+"""graphkit.rewrite.graph.walk: the one model walk; and the type table of ONNX inference built on it
+(graph/types.py: TypeTable.inferred)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from graphkit.rewrite.graph.walk import (ENTER, EXIT, NODE, ModelIndex, elem_types, graph_tree, graphs, held_graphs, scopes,
-                                         value_types, walk)
+from graphkit.rewrite.graph.types import TypeTable
+from graphkit.rewrite.graph.walk import ENTER, EXIT, NODE, ModelIndex, graph_tree, graphs, held_graphs, scopes, walk
 
 
 def _if_model() -> onnx.ModelProto:
@@ -38,18 +39,23 @@ def _branches(node: onnx.NodeProto) -> tuple[onnx.GraphProto, onnx.GraphProto]:
     return attrs["then_branch"], attrs["else_branch"]
 
 
-def test_value_types_reads_subgraphs_and_initializers():
+def _elems(table: TypeTable) -> dict[str, int]:
+    return {name: tp.tensor_type.elem_type for name, tp in table.items()}
+
+
+def test_inferred_types_read_subgraphs_and_initializers():
     model = _if_model()
-    types = value_types(model)
+    types = TypeTable.inferred(model)
     then, other = _branches(model.graph.node[0])
     assert types.scope(then)["t"].tensor_type.elem_type == TensorProto.FLOAT  # inferred inside the If body
+    assert types.scope(then).elem_type("t") == TensorProto.FLOAT and types.shape("w") == [3]
     assert [d.dim_value for d in types["w"].tensor_type.shape.dim] == [3]
     every = {"x": TensorProto.FLOAT, "c": TensorProto.BOOL, "y": TensorProto.FLOAT, "w": TensorProto.INT64,
              "t": TensorProto.FLOAT, "e": TensorProto.FLOAT}
-    elems = elem_types(model)
-    assert not elems.per_scope  # no two graphs define a name: one map serves every scope
-    assert dict(elems) == dict(elems.scope(then)) == dict(elems.scope(other)) == every
-    assert "t" not in value_types(model, infer=False).scope(then)  # what the model states only
+    assert not types.per_scope()  # no two graphs define a name: one map serves every scope
+    assert _elems(types) == _elems(types.scope(then)) == _elems(types.scope(other)) == every
+    assert types.elem_types == every
+    assert "t" not in TypeTable.inferred(model, infer=False).scope(then)  # what the model states only
 
 
 def _siblings_model() -> onnx.ModelProto:
@@ -81,15 +87,23 @@ def test_sibling_graphs_keep_their_own_type_for_a_reused_name():
     then1, else1 = _branches(model.graph.node[0])
     then2, else2 = _branches(model.graph.node[1])
     for infer in (False, True):
-        types = value_types(model, infer=infer)
-        assert types.per_scope and "v" not in types
+        types = TypeTable.inferred(model, infer=infer)
+        assert types.per_scope() and "v" not in types and types.get("v") is None
         assert types.scope(then1)["v"].tensor_type.elem_type == TensorProto.FLOAT
         assert types.scope(else1)["v"].tensor_type.elem_type == TensorProto.FLOAT
         assert types.scope(then2)["v"].tensor_type.elem_type == TensorProto.FLOAT16
         assert types.scope(else2)["h"] is types["h"] and "v" not in types.scope(else2)
+        assert types.scope(then2).elem_type("v") == TensorProto.FLOAT16 and types.scope(then2).elem_type("x") == TensorProto.FLOAT
+        assert _elems(types.scope(else1)) == {"x": TensorProto.FLOAT, "h": TensorProto.FLOAT16, "c": TensorProto.BOOL,
+                                              "f": TensorProto.FLOAT, "g": TensorProto.FLOAT16, "v": TensorProto.FLOAT}
     other = _siblings_model()
+    foreign = other.graph.node[0].attribute[0].g
     with pytest.raises(KeyError, match="not a graph of this model"):
-        value_types(model).scope(other.graph.node[0].attribute[0].g)
+        TypeTable.inferred(model).scope(foreign)
+    seen = TypeTable.inferred(model).scope(foreign, missing_ok=True)  # a graph of a function body: sees nothing
+    assert seen.get("x") is None and seen.elem_type("x") is None and "x" not in seen
+    # one map: any graph sees it
+    assert TypeTable.inferred(_if_model()).scope(foreign)["x"].tensor_type.elem_type == TensorProto.FLOAT
 
 
 class _BrokenSchemas:
@@ -101,8 +115,8 @@ class _BrokenSchemas:
         yield
 
 
-def test_value_types_falls_back_to_the_stated_types_when_inference_fails():
-    assert dict(elem_types(_if_model(), _BrokenSchemas())) == {"x": TensorProto.FLOAT, "c": TensorProto.BOOL,
+def test_inferred_types_fall_back_to_the_stated_types_when_inference_fails():
+    assert _elems(TypeTable.inferred(_if_model(), _BrokenSchemas())) == {"x": TensorProto.FLOAT, "c": TensorProto.BOOL,
                                                          "y": TensorProto.FLOAT, "w": TensorProto.INT64}
 
 
@@ -257,3 +271,12 @@ def test_walk_grows_linearly_with_nesting():
     small, large = _chain(150, 4), _chain(1500, 4)  # 10x the graphs and the nodes
     ratio = _walk_seconds(large) / _walk_seconds(small)
     assert ratio < 40, f"10x the nested bodies took {ratio:.1f}x the time (linear: 10x, quadratic: 100x)"
+
+
+def test_inferred_getter_answers_as_get():
+    model = _siblings_model()
+    then2 = _branches(model.graph.node[1])[0]
+    for table in (TypeTable.inferred(model), TypeTable.inferred(model).scope(then2), TypeTable.inferred(_if_model())):
+        get = table.getter()
+        for name in ("x", "h", "v", "w", "t", "nothing"):
+            assert get(name) is table.get(name)

@@ -44,7 +44,8 @@ import onnx.version_converter
 from graphkit.errors import ExportError, RewriteError
 from graphkit.rewrite.convert.opset import convert as convert_by_adapters
 from graphkit.rewrite.convert.opset import split_18_runtime_sizes, split_18_sizes
-from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex, graph_tree, node_lists, value_types, walk
+from graphkit.rewrite.graph.types import TypeTable
+from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex, graph_tree, node_lists, walk
 from graphkit.rewrite.lowering.builder import NameGenerator
 
 __all__ = ["ConverterError", "convert_down", "drop_default_attributes", "split_without_num_outputs"]
@@ -193,7 +194,7 @@ def split_without_num_outputs(model: onnx.ModelProto, opset: int) -> None:
 
 
 def _split_fix_graphs(model: onnx.ModelProto, names: NameGenerator, opset: int, where: str) -> None:
-    types = value_types(model, infer=False)
+    types = TypeTable.inferred(model, infer=False)
     tree = graph_tree(model.graph)
     constants: dict[int, dict[str, onnx.TensorProto]] = {}
 

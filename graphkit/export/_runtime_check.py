@@ -25,7 +25,8 @@ import onnx
 
 from graphkit.errors import ExportError, KernelError, UnsupportedOpError
 from graphkit.ops import OpRegistry
-from graphkit.rewrite.graph.walk import ScopedTypes, graph_tree, graphs, value_types
+from graphkit.rewrite.graph.types import TypeTable
+from graphkit.rewrite.graph.walk import graph_tree, graphs
 
 __all__ = ["RuntimeCheck", "check_loads"]
 
@@ -101,12 +102,12 @@ def _stand_ins(model: onnx.ModelProto, registry: OpRegistry, cut_ops: set[str]
     if not cut:
         return work, 0, ""
 
-    def missing(types: ScopedTypes) -> list[str]:
+    def missing(types: TypeTable) -> list[str]:
         return [name for g, name in cut if name not in types.scope(g)]
 
-    types = value_types(model, infer=False)
+    types = TypeTable.inferred(model, infer=False)
     if missing(types):
-        types = value_types(model, registry)
+        types = TypeTable.inferred(model, registry)
     if missing(types):
         return None, 0, f"the type of placeholder output '{missing(types)[0]}' is unknown"
     stand_ins: dict[str, onnx.TypeProto] = {}
@@ -227,7 +228,7 @@ def _reader(model: onnx.ModelProto, value: str) -> onnx.NodeProto | None:
 
 
 def _input_types(model: onnx.ModelProto, node: onnx.NodeProto, registry: OpRegistry) -> list[str]:
-    scoped = value_types(model, registry)
+    scoped = TypeTable.inferred(model, registry)
     graph = next((g for g in graphs(model.graph) if any(n is node for n in g.node)), None)
     types = scoped if graph is None else scoped.scope(graph)
     out = []

@@ -56,7 +56,8 @@ from graphkit.rewrite.convert.functions import expand_functions, expandable
 from graphkit.rewrite.convert.state import (Constants, Conversion, find_attr, function_types, nested_node_lists,
                                             roots)
 from graphkit.rewrite.convert.steps import ACTIVE_UP, MEANING_CHANGED, SOFTMAX_LIKE, STEP_KINDS, Step, node_steps, steps
-from graphkit.rewrite.graph.walk import AI_ONNX, ScopedTypes, holds_graphs, value_types, walk
+from graphkit.rewrite.graph.types import TypeTable
+from graphkit.rewrite.graph.walk import AI_ONNX, holds_graphs, walk
 from graphkit.rewrite.lowering.builder import NameGenerator
 
 __all__ = ["STEP_KINDS", "Converted", "NodeConverter", "convert", "int64_initializer", "node_steps",
@@ -99,13 +100,13 @@ def convert(model: onnx.ModelProto, target: int, *, path: str | None = None, tak
         expanded = []
     work: list[tuple] = []
     uncovered: set[str] = set()
-    declared: list[ScopedTypes] = []
+    declared: list[TypeTable] = []
     moves: list[tuple] = []  # (node, fn, graph, nodes, rank or None): a Softmax-like over a middle axis, down below 13
     refused: list[tuple] = []  # (node, fn, graph, (version, why))
 
-    def types() -> ScopedTypes:
+    def types() -> TypeTable:
         if not declared:
-            declared.append(value_types(model, infer=False))
+            declared.append(TypeTable.inferred(model, infer=False))
         return declared[0]
 
     for a, fn, nodes in roots(model):
@@ -222,8 +223,8 @@ class NodeConverter:
         declared element types of its values (None: not a declared tensor) and the constant
         its input 1 names (by identity; None: none). Nodes alike in their fields but names,
         and in this, are converted alike."""
-        if self._declared is None:  # what a main-graph node sees (conv.types' own lookup), read once
-            self._declared = next(self._conv.types.by_graph())[1].get
+        if self._declared is None:  # what a main-graph node sees, read once
+            self._declared = self._conv.types.getter()
         declared, elems = self._declared, []
         for name in (*inputs, *outputs):
             tp = declared(name) if name else None
@@ -254,7 +255,7 @@ class NodeConverter:
 
 
 def _collect(root: onnx.GraphProto | onnx.FunctionProto, fn: onnx.FunctionProto | None, a: int, target: int,
-             work: list, uncovered: set[str], types: Callable[[], ScopedTypes], moves: list, refused: list) -> None:
+             work: list, uncovered: set[str], types: Callable[[], TypeTable], moves: list, refused: list) -> None:
     """One walk over ``root`` (the main graph or function ``fn``) and the subgraphs in it: the
     standard nodes an adapter changes or checks, with their steps (None: no adapter covers them, onnx's
     converter does the node), function (None: the main graph), subgraph, node list and opset,

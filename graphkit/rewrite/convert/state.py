@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -14,7 +14,8 @@ from typing import Any
 import onnx
 
 from graphkit.errors import RewriteError
-from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex, ScopedTypes, value_types, walk
+from graphkit.rewrite.graph.types import TypeTable
+from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex, walk
 from graphkit.rewrite.lowering.builder import NameGenerator
 
 __all__ = ["Constants", "Conversion", "find_attr", "function_types", "nested_node_lists", "remove_attr", "roots"]
@@ -38,7 +39,7 @@ class Conversion:
     pick: str = "pick a --target-opset"  # how a hint asks for another target: "<pick> of at least 13"
     keep: str = "keep the model's opset"  # how a hint asks for none
     _names: NameGenerator | None = None
-    _types: ScopedTypes | None = None
+    _types: TypeTable | None = None
     _constants: dict[int, Constants] = field(default_factory=dict)
     _function_types: dict[int, dict[str, onnx.TypeProto]] = field(default_factory=dict)
     shared: dict[tuple, str] = field(default_factory=dict)  # (namespace, input, values) -> constant made
@@ -61,16 +62,16 @@ class Conversion:
         return self._names
 
     @property
-    def types(self) -> Mapping[str, onnx.TypeProto] | None:
+    def types(self) -> TypeTable | dict[str, onnx.TypeProto]:
         """The declared types of the values the node sees (its subgraph's, then the graphs'
-        around it: sibling subgraphs may each define one name); in a function body, its
-        value_info's."""
+        around it: sibling subgraphs may each define one name; a TypeTable of the stated types,
+        ``TypeTable.inferred(model, infer=False)``); in a function body, its value_info's."""
         if self.function is not None:
             if id(self.function) not in self._function_types:
                 self._function_types[id(self.function)] = function_types(self.function)
             return self._function_types[id(self.function)]
         if self._types is None:
-            self._types = value_types(self.model, infer=False)
+            self._types = TypeTable.inferred(self.model, infer=False)
         return self._types if self.graph is None else self._types.scope(self.graph)
 
     def constant(self, name: str) -> tuple[Any, Any] | None:

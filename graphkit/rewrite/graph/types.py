@@ -7,9 +7,14 @@ Where a type comes from is data, not a subclass:
 * forward rules over the nodes: a node's output types from its inputs' (the common standard
   ops, the registry's ops, If/Loop/Scan from their bodies), run over the parsed nodes, or
   over node fields the caller read in bulk (``forward_fields``: the byte writers);
-* ONNX shape inference, once, for what those leave unknown;
+* ONNX shape inference, once, for what those leave unknown; or that alone, the forward rules
+  not run (``TypeTable.inferred``: what the converter, kernel binding, the export checks and
+  pictures read, each table's scopes made from the inference result, ``_Inferred``);
 * per scope: sibling graphs that define one name get a table each, looking outer names up
   in the tables around them (``scope``; ``scope(graph, lazy=True)`` waits for a first query).
+
+Read by name: ``elem_type``, ``shape``, and the TypeProtos as a mapping would give them
+(``table[name]``, ``get``, ``in``, ``items()``).
 
 Two small strategy objects change how it is asked, never what it answers: a ``policy``
 (:class:`TypePolicy`: which names it may answer, what sibling graphs defining one name mean,
@@ -20,15 +25,17 @@ holding graphs and each graph, the bodies' byte writer lists its scopes there).
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from operator import attrgetter, itemgetter
-from typing import Any, Protocol
+from typing import Any, ContextManager, Protocol
 
 import onnx
 from onnx import helper
 
-from graphkit.rewrite.graph.walk import subgraphs, value_types
+from graphkit.rewrite.graph.walk import graph_tree, subgraphs
 
 __all__ = ["FIXED_TYPES", "SAME_AS_INPUT0", "TypePolicy", "TypeTable", "Watch"]
 
@@ -121,11 +128,14 @@ class TypeTable:
     one map serves every scope; where some do (found by the forward pass), each subgraph
     gets a table of the names it defines that looks the others up in the tables of the
     graphs around it. ``scope(graph)`` is the table a node of ``graph`` sees.
+
+    ``TypeTable.inferred(model)``: a table of ONNX inference's types only (no forward rules),
+    each scope's table made from the inference result when asked for.
     """
 
     # A model with thousands of If/Loop bodies may have a table per body: kept small.
-    __slots__ = ("_defined", "_elem", "_found", "_graph", "_lazy", "_model", "_parent", "_pending", "_policy",
-                 "_registry", "_scoped", "_state", "_top", "_tables", "_types", "_types_pending", "_watch")
+    __slots__ = ("_defined", "_elem", "_found", "_graph", "_inferred", "_lazy", "_model", "_parent", "_pending",
+                 "_policy", "_registry", "_scoped", "_state", "_top", "_tables", "_types", "_types_pending", "_watch")
 
     # TypeProtos given in bulk: names looked up in them before they are all put in the table
     LOOKUPS = 64
@@ -155,6 +165,37 @@ class TypeTable:
         self._types_pending: list | None = None  # take_declarations' TypeProtos, not in _types yet
         self._found: dict[str, Any] | None = None  # names looked up in them
         self._lazy: Any = None  # scope(graph, lazy=True): (the graph, its table once looked up)
+        self._inferred: _Inferred | None = None  # a table of inference only (``inferred``): its scopes
+
+    @classmethod
+    def inferred(cls, model: onnx.ModelProto, registry: Any = None, *, infer: bool = True) -> TypeTable:
+        """The types ONNX shape inference gives ``model``'s values (custom ops typed through
+        ``registry``'s schemas; where inference fails, or without ``infer``, those the model
+        states: initializers, inputs, value_info, outputs), no forward rules. Within one scope
+        the first type stated for a name wins; a subgraph output that is an outer value keeps
+        the outer value's. ``scope(graph)`` of a graph not of the model is a KeyError where
+        sibling graphs define one name (else the one map), or an empty table with ``missing_ok``."""
+        table = cls(None, registry)
+        table._model = model
+        table._inferred = found = _infer_types(model, registry, infer=infer)
+        table._types = found.main
+        table._scoped = found.per_scope
+        return table
+
+    def _inferred_scope(self, graph: onnx.GraphProto, missing_ok: bool) -> TypeTable:
+        """``scope(graph)`` of a table of inference only (the root): a subgraph's table, made
+        when asked for (as a ChainMap of its maps and those around it), not kept: kept, each
+        would be in a cycle with the root, alive until the cyclic collector runs."""
+        found = self._inferred
+        if not found.per_scope or graph is self._model.graph:
+            return self
+        seen = found.scope(graph, missing_ok=missing_ok)
+        table = TypeTable(None, self._registry)
+        table._tables = table._defined = None
+        if seen is None:  # not a graph of the model (missing_ok)
+            return table
+        table._top, table._graph, table._types, table._inferred = self, graph, seen, found
+        return table
 
     @property
     def _root(self) -> TypeTable:
@@ -174,10 +215,73 @@ class TypeTable:
     def elem_type(self, name: str) -> int | None:
         if self._lazy is not None:
             return self._resolve().elem_type(name)
+        if self._inferred is not None:  # TypeProtos only (each a tensor's, its elem_type set)
+            tp = self._types.get(name)
+            return None if tp is None else tp.tensor_type.elem_type
         policy = self._root._policy
         if policy is not None:
             return policy.ask(self._elem_type, name)
         return self._elem_type(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The TypeProto of ``name`` as a node of this scope sees it (``default`` where none is
+        known); like ``shape``, asks ONNX inference for a name not declared."""
+        if self._inferred is not None:  # a table of inference only
+            return self._types.get(name, default)
+        if self._lazy is not None:
+            return self._resolve().get(name, default)
+        root = self._root
+        if root._state == "done" and root._policy is None and self._types_pending is None:
+            tp = self._type(name)
+        elif root._policy is not None:
+            tp = root._policy.ask(self._type_of, name, True)
+        else:
+            tp = self._type_of(name, True)
+        return default if tp is None else tp
+
+    def getter(self) -> Callable[[str], onnx.TypeProto | None]:
+        """``get`` for a loop over many names: in a table of inference only, its map's own
+        ``get`` (no Python call between)."""
+        return self._types.get if self._inferred is not None else self.get
+
+    def __getitem__(self, name: str) -> onnx.TypeProto:
+        if self._inferred is not None:
+            return self._types[name]
+        tp = self.get(name)
+        if tp is None:
+            raise KeyError(name)
+        return tp
+
+    def __contains__(self, name: object) -> bool:
+        if self._inferred is not None:
+            return name in self._types
+        return self.get(name) is not None
+
+    def items(self) -> Iterable[tuple[str, onnx.TypeProto]]:
+        """(name, TypeProto) of every value this scope sees a TypeProto for (after ONNX
+        inference, where the table asks it)."""
+        if self._lazy is not None:
+            return self._resolve().items()
+        root = self._root
+        if root._state == "new":
+            root._forward()
+        if root._state == "forward":
+            root._infer()
+        if self._types_pending is not None:
+            self._materialize()
+        if self._parent is None:
+            return self._types.items()
+        chain, table = [], self
+        while table is not None:
+            chain.append(table._types)
+            table = table._parent
+        return collections.ChainMap(*chain).items()
+
+    def keys(self) -> Iterable[str]:
+        return (name for name, _ in self.items())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
 
     def shape(self, name: str, *, infer: bool = True) -> list[Any] | None:
         """The shape of ``name``; unless ``infer`` is False, ask shape inference when undeclared."""
@@ -192,6 +296,8 @@ class TypeTable:
     def elem_types(self) -> dict[str, int]:
         """The element types this table holds so far, by name (what ``elem_type`` answers
         before running the pass further; the pass only adds types)."""
+        if not self._elem and self._inferred is not None:
+            self._elem.update((name, tp.tensor_type.elem_type) for name, tp in self._types.items())
         return self._elem
 
     def names(self) -> set[str]:
@@ -209,16 +315,19 @@ class TypeTable:
             root._forward()
         return root._scoped
 
-    def scope(self, graph: onnx.GraphProto, *, lazy: bool = False) -> TypeTable:
+    def scope(self, graph: onnx.GraphProto, *, lazy: bool = False, missing_ok: bool = False) -> TypeTable:
         """The table a node of ``graph`` sees: ``graph`` is the model's main graph or one of
-        its subgraphs (a graph no longer in the model is typed on its own, inside this table's).
+        its subgraphs (a graph no longer in the model is typed on its own, inside this table's;
+        in a table of inference only, see ``inferred``; ``missing_ok`` is for those).
         ``lazy``: found when first asked (the forward pass that telling scopes apart needs
         runs then, or not at all: a rule that reads no type costs no typing of the model)."""
         if self._lazy is not None:
             if lazy:
                 return self._root.scope(graph, lazy=True)
-            return self._resolve().scope(graph)
+            return self._resolve().scope(graph, missing_ok=missing_ok)
         root = self._root
+        if self._inferred is not None:
+            return root._inferred_scope(graph, missing_ok)
         if lazy:
             table = TypeTable(None, self._registry)
             table._top, table._lazy = root, [graph, None]
@@ -262,7 +371,7 @@ class TypeTable:
             elem = self._get(name)
         return elem
 
-    def _shape(self, name: str, infer: bool = True) -> list[Any] | None:
+    def _type_of(self, name: str, infer: bool) -> onnx.TypeProto | None:
         root = self._root
         if root._state == "new":
             root._forward()
@@ -270,6 +379,10 @@ class TypeTable:
         if infer and tp is None and root._state == "forward":
             root._infer()
             tp = self._type(name)
+        return tp
+
+    def _shape(self, name: str, infer: bool = True) -> list[Any] | None:
+        tp = self._type_of(name, infer)
         if tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
             return None
         return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
@@ -630,7 +743,7 @@ class TypeTable:
         if self._policy is not None:
             self._model = self._policy.inference_model()
         self._state = "done"
-        types = value_types(self._model, self._registry)
+        types = _infer_types(self._model, self._registry)
         if self._scoped:
             found = [(self.scope(graph), own) for graph, own in types.by_graph()]
         else:  # one map: the first type found for a name
@@ -644,3 +757,126 @@ class TypeTable:
             for name, tp in own.items():
                 if name not in have or not have[name].tensor_type.HasField("shape"):
                     table.set(name, tp)
+
+
+# -- what ONNX shape inference (or the model, without it) states: what tables are built from
+
+
+class _Schemas(Protocol):
+    """What :func:`_infer_types` needs of an OpRegistry (not imported: ops imports graph/walk.py)."""
+
+    def onnx_schemas(self) -> ContextManager[Any]: ...
+
+
+class _Inferred:
+    """Value name -> TypeProto per scope, as ONNX inference (or the model) states them. ONNX's SSA
+    form spans nested graphs (a subgraph may read an outer value but not define that name
+    again), while sibling graphs (then/else branches, different Loop bodies) may each define the
+    same name, with another type. Where some do, each graph has its own names, looked up through
+    the graphs it is nested in; where none do (the common case), one map serves every scope."""
+
+    __slots__ = ("_index", "_main", "_own", "_tree")
+
+    def __init__(self, main: onnx.GraphProto, own: list[dict[str, Any]],
+                 tree: list[tuple[onnx.GraphProto, int]] | None = None) -> None:
+        self._main = main
+        self._own = own
+        self._tree = tree  # None: one map; else the graphs, held (their ids stay theirs), and their parents
+        self._index = {id(g): i for i, (g, _) in enumerate(tree)} if tree is not None else None
+
+    @property
+    def main(self) -> dict[str, Any]:
+        """What the main graph defines (with one map: every value)."""
+        return self._own[0]
+
+    @property
+    def per_scope(self) -> bool:
+        """Whether two sibling graphs define one name (each graph has a map of its own)."""
+        return self._tree is not None
+
+    def scope(self, graph: onnx.GraphProto, *, missing_ok: bool = False) -> Mapping[str, Any] | None:
+        """The values ``graph``'s nodes see: its own, then those of the graphs around it. With
+        maps per scope, a graph not of the model's graph tree (one in a function body) sees
+        None where ``missing_ok``, else is a KeyError."""
+        if self._index is None:
+            return self._own[0]
+        i = self._index.get(id(graph))
+        if i is None or self._tree[i][0] is not graph:
+            if missing_ok:
+                return None
+            raise KeyError(f"graph '{graph.name}' is not a graph of this model")
+        maps = []
+        while i >= 0:
+            maps.append(self._own[i])
+            i = self._tree[i][1]
+        return maps[0] if len(maps) == 1 else collections.ChainMap(*maps)
+
+    def by_graph(self) -> Iterator[tuple[onnx.GraphProto, dict[str, Any]]]:
+        """(graph, the values it defines itself) for every graph, in ``walk.graphs``' order;
+        with one map, (the main graph, every value)."""
+        if self._tree is None:
+            return iter([(self._main, self._own[0])])
+        return ((g, own) for (g, _), own in zip(self._tree, self._own))
+
+
+def _stated(g: onnx.GraphProto, types: dict[str, onnx.TypeProto], outer: Any = ()) -> None:
+    """The tensor types ``g`` states (initializers, inputs, value_info, outputs) into ``types``,
+    the first for a name winning; none for a name in ``outer``."""
+    for init in g.initializer:
+        if init.data_type:
+            types.setdefault(init.name, onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims)))
+    for vi in (*g.input, *g.value_info, *g.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type and vi.name not in outer:
+            types.setdefault(vi.name, vi.type)
+
+
+def _siblings_share_a_name(graphs: Iterable[onnx.GraphProto]) -> bool:
+    """Whether two of ``graphs`` define one name (inputs, initializers, node outputs); in a
+    valid model, none defines an outer graph's."""
+    seen: set[str] = set()
+    for g in graphs:
+        for name in itertools.chain((i.name for i in g.input), (t.name for t in g.initializer),
+                                    (o for n in g.node for o in n.output)):
+            if name:
+                if name in seen:
+                    return True
+                seen.add(name)
+    return False
+
+
+def _infer_types(model: onnx.ModelProto, registry: _Schemas | None = None, *, infer: bool = True) -> _Inferred:
+    """Tensor type of every value of ``model``'s graph and subgraphs whose element type is
+    known: initializers, inputs, value_info and outputs, after ONNX shape inference when
+    ``infer`` (custom ops typed through ``registry``'s schemas), per scope. Best effort: where
+    inference fails, the types the model states. Within one scope, the first type stated for a
+    name wins; a graph output that is an outer value stays the outer value's."""
+    inferred = model
+    if infer:
+        schemas = registry.onnx_schemas() if registry is not None else contextlib.nullcontext()
+        try:
+            with schemas:
+                inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+        except Exception:  # noqa: BLE001 - inference is a best effort, never a requirement
+            inferred = model
+    read = graph_tree(inferred.graph)
+    if not _siblings_share_a_name(g for g, _ in read[1:]):
+        flat: dict[str, onnx.TypeProto] = {}
+        for g, _ in read:
+            _stated(g, flat)
+        return _Inferred(model.graph, [flat])
+    tree = graph_tree(model.graph) if inferred is not model else read
+    own: list[dict[str, onnx.TypeProto]] = []
+    for g, parent in read:
+        types: dict[str, onnx.TypeProto] = {}
+        _stated(g, types, _outer(own, tree, parent))
+        own.append(types)
+    return _Inferred(model.graph, own, tree)
+
+
+def _outer(own: list[dict[str, Any]], tree: list[tuple[onnx.GraphProto, int]], parent: int) -> Any:
+    """The names the graphs around one (``parent`` and up) define."""
+    maps = []
+    while parent >= 0:
+        maps.append(own[parent])
+        parent = tree[parent][1]
+    return collections.ChainMap(*maps)

@@ -24,7 +24,7 @@ from graphkit.errors import GraphkitError, KernelError
 from graphkit.ops import AttrType, OpDef, OpRegistry
 from graphkit.ops._encoding import F16_TAG, decode_kernel_attr, encode_kernel_attr, encode_kernel_attrs, kernel_attr_type
 from graphkit.ops.tensor_types import type_string
-from graphkit.rewrite.graph.walk import ModelIndex, ScopedTypes, elem_types
+from graphkit.rewrite.graph.walk import ModelIndex
 from graphkit.rewrite.graph.types import TypeTable
 from graphkit.rewrite.lowering.builder import Builder, NameGenerator
 
@@ -139,11 +139,11 @@ def _set_attrs(node: onnx.NodeProto, op: OpDef, values: Mapping[str, Any], *, ke
             node.attribute.append(kernel_attribute(op, a.name, values[a.name], python=False))
 
 
-def _f16_vars(op: OpDef, node: onnx.NodeProto, types: Mapping[str, int]) -> list[str]:
+def _f16_vars(op: OpDef, node: onnx.NodeProto, types: TypeTable) -> list[str]:
     bound: dict[str, int] = {}
     for p, name in zip(op.inputs, node.input):
-        if name and name in types:
-            bound.setdefault(p.type, types[name])
+        if name and (elem := types.elem_type(name)) is not None:
+            bound.setdefault(p.type, elem)
     return sorted(v for v, t in bound.items() if t == onnx.TensorProto.FLOAT16)
 
 
@@ -190,12 +190,12 @@ def bind_python_nodes(model: onnx.ModelProto, registry: OpRegistry,
         resolved.append((ref, op, values, original))
         if ref.graph is not None and any(_F16 in op.type_constraints[p.type] for p in op.inputs):
             wants_types = True
-    types: ScopedTypes | None = None
+    types: TypeTable | None = None
     if wants_types:
         # Shape inference wants the attributes in their ONNX types.
         for ref, op, values, _ in resolved:
             _set_attrs(ref.node, op, values, kernel=False)
-        types = elem_types(model, registry)
+        types = TypeTable.inferred(model, registry)
     for ref, op, values, original in resolved:
         _set_attrs(ref.node, op, values, kernel=True)
         if [a.SerializeToString() for a in ref.node.attribute] != original:

@@ -26,7 +26,7 @@ from onnx import helper
 
 from graphkit.errors import GraphkitError, RewriteError, UnsupportedOpError, UsageError
 from graphkit.ops.tensor_types import type_string
-from graphkit.rewrite.graph.walk import elem_types
+from graphkit.rewrite.graph.types import TypeTable
 
 if TYPE_CHECKING:
     from graphkit.ops import Decomposition, OpDef, OpRegistry
@@ -243,8 +243,8 @@ def replacement_problem(nodes: list[onnx.NodeProto], input_types: Mapping[str, i
     probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
     # What inference cannot type is judged with what is known; the strict checks afterwards
     # report a broken replacement.
-    for name, elem_type in elem_types(probe).items():
-        elem.setdefault(name, elem_type)
+    for name, tp in TypeTable.inferred(probe).items():
+        elem.setdefault(name, tp.tensor_type.elem_type)
     for node in nodes:
         problem = table.problem(node, opset, elem)
         if problem is not None:
