@@ -29,6 +29,7 @@ from graphkit.rewrite.bytes.body_splice import SpliceGraph
 from graphkit.rewrite.bytes.columns import (ATTRIBUTE_FIELDS, ATTRIBUTE_TYPE, HOLDER_FIELDS, NODE_FIELDS, NotBulk,
                                            graph_columns, read_columns)
 from graphkit.rewrite.bytes.common import forward_types, writer_types
+from graphkit.rewrite.graph.type_rules import CONTROL_FLOW_BODY
 from graphkit.rewrite.graph.types import TypeTable
 from graphkit.rewrite.graph.walk import AI_ONNX
 from graphkit.rewrite.writers import Unsupported
@@ -40,7 +41,6 @@ _GRAPHS = onnx.AttributeProto.GRAPHS
 _NAME, _TYPE, _ELEM = attrgetter("name"), attrgetter("type"), attrgetter("tensor_type.elem_type")
 MAX_DEPTH = 64  # nested graphs deeper than this go to the objects writer (recursion in the writer)
 _BULK_DEPTH = 8  # BodyScopes._declared_bulk reads graphs nested this deep; deeper ones go graph by graph
-_CONTROL_FLOW_BODY = {"If": "then_branch", "Loop": "body", "Scan": "body"}
 _EVERYTHING = itemgetter(slice(None))  # a repeated field's values as a list, in one call
 _CHAIN, _REPEAT = itertools.chain.from_iterable, itertools.repeat
 
@@ -257,7 +257,7 @@ class BodyScopes:
         has the same type for it then: a forward rule never changes a declared name's) and
         no other node makes the output (else its forward type might come first); anything
         else is left to the whole pass."""
-        body = bodies.get(_CONTROL_FLOW_BODY.get(node.op_type, ""))
+        body = bodies.get(CONTROL_FLOW_BODY.get(node.op_type, ""))
         if body is None:
             return
         elem = self.table.elem_types
@@ -468,7 +468,7 @@ class _BulkRead:
         holder_of = list(_CHAIN(map(_REPEAT, range(len(block)), n_attributes)))
         index_of = list(_CHAIN(map(range, n_attributes)))
         # If/Loop/Scan of the main graph: the attribute naming their body (the last, as a dict keeps it)
-        wanted = [_CONTROL_FLOW_BODY.get(op, "") if depth == 1 and d in AI_ONNX else ""
+        wanted = [CONTROL_FLOW_BODY.get(op, "") if depth == 1 and d in AI_ONNX else ""
                   for op, d in zip(held["op_type"], holder_domains)]
         bodies: dict[int, int] = {}
         graph_bytes: list[bytes] = []

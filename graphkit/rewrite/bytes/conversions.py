@@ -50,7 +50,7 @@ import onnx
 from graphkit.rewrite.convert import opset
 from graphkit.rewrite.bytes import wire
 from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex, graphs, subgraphs
-from graphkit.rewrite.graph.types import SAME_AS_INPUT0
+from graphkit.rewrite.graph.type_rules import SAME_AS_INPUT0
 from graphkit.rewrite.lowering.builder import NameGenerator
 
 __all__ = ["InSubgraphs", "NotSpliced", "ScopedSplice", "Spliced", "plan", "splice", "splice_scopes"]

@@ -5,11 +5,12 @@ Where a type comes from is data, not a subclass:
 * declarations: every graph's inputs, outputs, value_info and initializers (``declare``;
   or given in bulk, their TypeProtos made when first asked for: ``take_declarations``);
 * forward rules over the nodes: a node's output types from its inputs' (the common standard
-  ops, the registry's ops, If/Loop/Scan from their bodies), run over the parsed nodes, or
-  over node fields the caller read in bulk (``forward_fields``: the byte writers);
+  ops, the registry's ops: type_rules.py; If/Loop/Scan from their bodies: here), run over the
+  parsed nodes, or over node fields the caller read in bulk (``forward_fields``: the byte writers);
 * ONNX shape inference, once, for what those leave unknown; or that alone, the forward rules
   not run (``TypeTable.inferred``: what the converter, kernel binding, the export checks and
-  pictures read, each table's scopes made from the inference result, ``_Inferred``);
+  pictures read, each table's scopes made from the inference result: inference.py's
+  ``infer_types``, ``Inferred``);
 * per scope: sibling graphs that define one name get a table each, looking outer names up
   in the tables around them (``scope``; ``scope(graph, lazy=True)`` waits for a first query).
 
@@ -26,45 +27,24 @@ holding graphs and each graph, the bodies' byte writer lists its scopes there).
 from __future__ import annotations
 
 import collections
-import contextlib
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import attrgetter, itemgetter
-from typing import Any, ContextManager, Protocol
+from typing import Any, Protocol
 
 import onnx
 from onnx import helper
 
-from graphkit.rewrite.graph.walk import graph_tree, subgraphs
+from graphkit.rewrite.graph.inference import Inferred, infer_types
+from graphkit.rewrite.graph.type_rules import (CONTROL_FLOW_BODY, FIRST_INPUT, GENERAL, HOLDER, NONE, OP, SAME,
+                                               forward_node, rule_code)
+from graphkit.rewrite.graph.walk import AI_ONNX, subgraphs
 
-__all__ = ["FIXED_TYPES", "SAME_AS_INPUT0", "TypePolicy", "TypeTable", "Watch"]
+__all__ = ["TypePolicy", "TypeTable", "Watch"]
 
-_T = onnx.TensorProto
 _GRAPH = onnx.AttributeProto.GRAPH
 _GRAPHS = onnx.AttributeProto.GRAPHS
 _NAME, _TYPE, _ELEM = attrgetter("name"), attrgetter("type"), attrgetter("tensor_type.elem_type")
-_AI_ONNX = ("", "ai.onnx")
-# Standard ops whose outputs all have the element type of input 0.
-SAME_AS_INPUT0 = frozenset("""
-    Abs Acos Acosh Add AveragePool BatchNormalization Ceil Celu Clip Concat Conv ConvTranspose Cos
-    Cosh CumSum DepthToSpace Div Dropout Einsum Elu Erf Exp Expand Flatten Floor Gather GatherElements
-    GatherND Gelu Gemm GlobalAveragePool GlobalMaxPool HardSigmoid HardSwish Hardmax Identity
-    InstanceNormalization LayerNormalization LeakyRelu Log LogSoftmax LpNormalization MatMul Max MaxPool
-    Mean Min Mish Mod Mul Neg Pad Pow PRelu Reciprocal ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp
-    ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum ReduceSumSquare Relu Reshape Resize Round Selu
-    Shrink Sigmoid Sign Sin Sinh Slice Softmax Softplus Softsign SpaceToDepth Split Sqrt Squeeze Sub Sum
-    Tan Tanh ThresholdedRelu Tile TopK Transpose Trilu Unsqueeze Upsample DeformConv GridSample RoiAlign
-    Asin Asinh Atan Atanh
-""".split())
-FIXED_TYPES = {"Shape": _T.INT64, "Size": _T.INT64, "NonZero": _T.INT64, "ArgMax": _T.INT64, "ArgMin": _T.INT64,
-               "Equal": _T.BOOL, "Less": _T.BOOL, "Greater": _T.BOOL, "LessOrEqual": _T.BOOL,
-               "GreaterOrEqual": _T.BOOL, "Not": _T.BOOL, "And": _T.BOOL, "Or": _T.BOOL, "Xor": _T.BOOL,
-               "IsNaN": _T.BOOL, "IsInf": _T.BOOL}
-# Outputs after the first that have a fixed type.
-_SECOND_OUTPUT = {"TopK": _T.INT64, "MaxPool": _T.INT64, "Dropout": _T.BOOL}
-_CONTROL_FLOW_BODY = {"If": "then_branch", "Loop": "body", "Scan": "body"}
-# forward_fields' rule per (domain, op type); the first two: typed as input 0
-_SAME, _FIRST_INPUT, _NONE, _OP, _GENERAL, _HOLDER = range(6)
 
 
 class TypePolicy(Protocol):
@@ -93,24 +73,6 @@ class Watch(Protocol):
 
 class _SiblingReuse(Exception):
     """Two sibling graphs define one name: the table goes from one map to one per scope."""
-
-
-class _OpRule:
-    """The forward rule for a registry op: outputs take the type bound to their type variable."""
-
-    def __init__(self, opdef: Any) -> None:
-        self.in_vars = [p.type for p in opdef.inputs]
-        self.out_vars = [p.type for p in opdef.outputs]
-        # One type variable for every input and the single output: the output takes the
-        # type of the first typed input.
-        self.first_input = len(self.out_vars) == 1 and set(self.in_vars) == set(self.out_vars)
-
-    def outputs(self, in_types: tuple) -> list:
-        bound: dict[str, int] = {}
-        for var, t in zip(self.in_vars, in_types):
-            if t is not None:
-                bound.setdefault(var, t)
-        return [bound.get(var) for var in self.out_vars]
 
 
 class TypeTable:
@@ -165,7 +127,7 @@ class TypeTable:
         self._types_pending: list | None = None  # take_declarations' TypeProtos, not in _types yet
         self._found: dict[str, Any] | None = None  # names looked up in them
         self._lazy: Any = None  # scope(graph, lazy=True): (the graph, its table once looked up)
-        self._inferred: _Inferred | None = None  # a table of inference only (``inferred``): its scopes
+        self._inferred: Inferred | None = None  # a table of inference only (``inferred``): its scopes
 
     @classmethod
     def inferred(cls, model: onnx.ModelProto, registry: Any = None, *, infer: bool = True) -> TypeTable:
@@ -177,7 +139,7 @@ class TypeTable:
         sibling graphs define one name (else the one map), or an empty table with ``missing_ok``."""
         table = cls(None, registry)
         table._model = model
-        table._inferred = found = _infer_types(model, registry, infer=infer)
+        table._inferred = found = infer_types(model, registry, infer=infer)
         table._types = found.main
         table._scoped = found.per_scope
         return table
@@ -488,42 +450,17 @@ class TypeTable:
 
     def forward_node(self, node: onnx.NodeProto, domain: str, op: str) -> None:
         """The element types of one node's outputs from its inputs' (subgraphs aside)."""
-        elem = self._elem
-        get = elem.get if self._parent is None else self._get
-        std = domain in _AI_ONNX
-        if std and op in SAME_AS_INPUT0 and node.input and (t := get(node.input[0])) is not None:
-            for i, out in enumerate(node.output):
-                elem.setdefault(out, _SECOND_OUTPUT.get(op, t) if i else t)
-        elif std and op in FIXED_TYPES:
-            for out in node.output:
-                elem.setdefault(out, FIXED_TYPES[op])
-        elif std and op in ("Cast", "Constant", "ConstantOfShape"):
-            for a in node.attribute:
-                if a.name == "to":
-                    elem.setdefault(node.output[0], a.i)
-                elif a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                    elem.setdefault(node.output[0], a.t.data_type)
-            if op == "ConstantOfShape":
-                elem.setdefault(node.output[0], _T.FLOAT)
-        elif std and op in ("CastLike", "Where") and len(node.input) > 1 and (t := get(node.input[1])) is not None:
-            elem.setdefault(node.output[0], t)
-        elif self._registry is not None and (opdef := self._registry.lookup(domain, op)):
-            bound = {}
-            for p, name in zip(opdef.inputs, node.input):
-                t = get(name)
-                if t is not None:
-                    bound.setdefault(p.type, t)
-            for p, out in zip(opdef.outputs, node.output):
-                if p.type in bound:
-                    elem.setdefault(out, bound[p.type])
+        forward_node(self._elem, self._elem.get if self._parent is None else self._get, node, domain, op,
+                     self._registry)
 
     def forward_graph(self, graph: onnx.GraphProto) -> None:
         """Declare and forward-type ``graph``, this table's graph, and its subgraphs (in tables of their own)."""
         self.declare(graph)
-        forward_node = self.forward_node
+        elem, registry = self._elem, self._registry
+        get = elem.get if self._parent is None else self._get
         for node in graph.node:
             domain = node.domain
-            forward_node(node, domain, node.op_type)
+            forward_node(elem, get, node, domain, node.op_type, registry)
             if node.attribute:
                 self._forward_subgraphs(node, domain)
 
@@ -556,7 +493,7 @@ class TypeTable:
                     table.forward_graph(g) if watch is None else watch.graph(table, g)
                     if names:
                         self.defined_untyped(names)
-        if bodies and domain in _AI_ONNX:
+        if bodies and domain in AI_ONNX:
             self._forward_control_flow(node, bodies)
 
     def _forward_control_flow(self, node: onnx.NodeProto,
@@ -566,7 +503,7 @@ class TypeTable:
         Without this, every model with control flow fell back to whole-model ONNX shape
         inference, whose cost grows with the square of the number of subgraphs.
         """
-        found = bodies.get(_CONTROL_FLOW_BODY.get(node.op_type, ""))
+        found = bodies.get(CONTROL_FLOW_BODY.get(node.op_type, ""))
         if found is None:
             return
         table, body = found
@@ -681,26 +618,14 @@ class TypeTable:
                 outs = list(map(everything, map(attrgetter("output"), itertools.islice(nodes, count))))
             self._run(nodes, domains, op_types, ins, outs, holders)
 
-    def _code(self, domain: str, op: str) -> tuple[int, Any]:
-        std = domain in _AI_ONNX
-        if std and op in SAME_AS_INPUT0:
-            return _SAME, None
-        if std and (op in FIXED_TYPES or op in ("Cast", "Constant", "ConstantOfShape", "CastLike", "Where")):
-            return _GENERAL, None
-        if self._registry is not None:
-            opdef = self._registry.lookup(domain, op)
-            if opdef:
-                rule = _OpRule(opdef)
-                return (_FIRST_INPUT if rule.first_input else _OP), rule
-        return _NONE, None
-
     def _run(self, nodes: Sequence[onnx.NodeProto], domains: list[str], op_types: list[str], ins: list[Any],
              outs: list[Any], holders: set[int]) -> None:
         """forward_graph's node loop over fields read in bulk; the common cases on each node's
         first input and output."""
         elem = self._elem
         get, setdefault = elem.get, elem.setdefault
-        table = {pair: self._code(*pair) for pair in set(zip(domains, op_types))}
+        registry = self._registry
+        table = {pair: rule_code(*pair, registry) for pair in set(zip(domains, op_types))}
         codes = list(map(dict(zip(table, map(itemgetter(0), table.values()))).__getitem__, zip(domains, op_types)))
         in_lens = list(map(len, ins))
         out_lens = list(map(len, outs))
@@ -708,29 +633,29 @@ class TypeTable:
         first_out = list(map(itemgetter(0), outs)) if 0 not in out_lens else [o[0] if o else None for o in outs]
         if out_lens.count(1) != len(out_lens):
             for p, n in enumerate(out_lens):
-                if n != 1 and codes[p] <= _FIRST_INPUT:
-                    codes[p] = _GENERAL if codes[p] == _SAME else _OP
+                if n != 1 and codes[p] <= FIRST_INPUT:
+                    codes[p] = GENERAL if codes[p] == SAME else OP
         for p in holders:
             if p < len(codes):
-                codes[p] = _HOLDER
+                codes[p] = HOLDER
         for p, code, x, o in zip(itertools.count(), codes, first_in, first_out):
-            if code <= _FIRST_INPUT:  # one output, typed as input 0 (an op's: when that is typed)
+            if code <= FIRST_INPUT:  # one output, typed as input 0 (an op's: when that is typed)
                 t = get(x)
                 if t is not None:
                     setdefault(o, t)
                     continue
-                if code == _SAME:
+                if code == SAME:
                     continue
-            elif code == _NONE:
+            elif code == NONE:
                 continue
-            if code <= _OP:  # a registry op's outputs: the types bound to their variables
+            if code <= OP:  # a registry op's outputs: the types bound to their variables
                 rule = table[(domains[p], op_types[p])][1]
                 for out, t in zip(outs[p], rule.outputs(tuple(map(get, ins[p])))):
                     if t is not None:
                         setdefault(out, t)
-            else:  # _GENERAL, _HOLDER: forward_node's rules on the node, then its subgraphs
+            else:  # GENERAL, HOLDER: forward_node's rules on the node, then its subgraphs
                 self.forward_node(nodes[p], domains[p], op_types[p])
-                if code == _HOLDER:
+                if code == HOLDER:
                     self._forward_subgraphs(nodes[p], domains[p])
 
     # -- ONNX shape inference
@@ -743,7 +668,7 @@ class TypeTable:
         if self._policy is not None:
             self._model = self._policy.inference_model()
         self._state = "done"
-        types = _infer_types(self._model, self._registry)
+        types = infer_types(self._model, self._registry)
         if self._scoped:
             found = [(self.scope(graph), own) for graph, own in types.by_graph()]
         else:  # one map: the first type found for a name
@@ -757,126 +682,3 @@ class TypeTable:
             for name, tp in own.items():
                 if name not in have or not have[name].tensor_type.HasField("shape"):
                     table.set(name, tp)
-
-
-# -- what ONNX shape inference (or the model, without it) states: what tables are built from
-
-
-class _Schemas(Protocol):
-    """What :func:`_infer_types` needs of an OpRegistry (not imported: ops imports graph/walk.py)."""
-
-    def onnx_schemas(self) -> ContextManager[Any]: ...
-
-
-class _Inferred:
-    """Value name -> TypeProto per scope, as ONNX inference (or the model) states them. ONNX's SSA
-    form spans nested graphs (a subgraph may read an outer value but not define that name
-    again), while sibling graphs (then/else branches, different Loop bodies) may each define the
-    same name, with another type. Where some do, each graph has its own names, looked up through
-    the graphs it is nested in; where none do (the common case), one map serves every scope."""
-
-    __slots__ = ("_index", "_main", "_own", "_tree")
-
-    def __init__(self, main: onnx.GraphProto, own: list[dict[str, Any]],
-                 tree: list[tuple[onnx.GraphProto, int]] | None = None) -> None:
-        self._main = main
-        self._own = own
-        self._tree = tree  # None: one map; else the graphs, held (their ids stay theirs), and their parents
-        self._index = {id(g): i for i, (g, _) in enumerate(tree)} if tree is not None else None
-
-    @property
-    def main(self) -> dict[str, Any]:
-        """What the main graph defines (with one map: every value)."""
-        return self._own[0]
-
-    @property
-    def per_scope(self) -> bool:
-        """Whether two sibling graphs define one name (each graph has a map of its own)."""
-        return self._tree is not None
-
-    def scope(self, graph: onnx.GraphProto, *, missing_ok: bool = False) -> Mapping[str, Any] | None:
-        """The values ``graph``'s nodes see: its own, then those of the graphs around it. With
-        maps per scope, a graph not of the model's graph tree (one in a function body) sees
-        None where ``missing_ok``, else is a KeyError."""
-        if self._index is None:
-            return self._own[0]
-        i = self._index.get(id(graph))
-        if i is None or self._tree[i][0] is not graph:
-            if missing_ok:
-                return None
-            raise KeyError(f"graph '{graph.name}' is not a graph of this model")
-        maps = []
-        while i >= 0:
-            maps.append(self._own[i])
-            i = self._tree[i][1]
-        return maps[0] if len(maps) == 1 else collections.ChainMap(*maps)
-
-    def by_graph(self) -> Iterator[tuple[onnx.GraphProto, dict[str, Any]]]:
-        """(graph, the values it defines itself) for every graph, in ``walk.graphs``' order;
-        with one map, (the main graph, every value)."""
-        if self._tree is None:
-            return iter([(self._main, self._own[0])])
-        return ((g, own) for (g, _), own in zip(self._tree, self._own))
-
-
-def _stated(g: onnx.GraphProto, types: dict[str, onnx.TypeProto], outer: Any = ()) -> None:
-    """The tensor types ``g`` states (initializers, inputs, value_info, outputs) into ``types``,
-    the first for a name winning; none for a name in ``outer``."""
-    for init in g.initializer:
-        if init.data_type:
-            types.setdefault(init.name, onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims)))
-    for vi in (*g.input, *g.value_info, *g.output):
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type and vi.name not in outer:
-            types.setdefault(vi.name, vi.type)
-
-
-def _siblings_share_a_name(graphs: Iterable[onnx.GraphProto]) -> bool:
-    """Whether two of ``graphs`` define one name (inputs, initializers, node outputs); in a
-    valid model, none defines an outer graph's."""
-    seen: set[str] = set()
-    for g in graphs:
-        for name in itertools.chain((i.name for i in g.input), (t.name for t in g.initializer),
-                                    (o for n in g.node for o in n.output)):
-            if name:
-                if name in seen:
-                    return True
-                seen.add(name)
-    return False
-
-
-def _infer_types(model: onnx.ModelProto, registry: _Schemas | None = None, *, infer: bool = True) -> _Inferred:
-    """Tensor type of every value of ``model``'s graph and subgraphs whose element type is
-    known: initializers, inputs, value_info and outputs, after ONNX shape inference when
-    ``infer`` (custom ops typed through ``registry``'s schemas), per scope. Best effort: where
-    inference fails, the types the model states. Within one scope, the first type stated for a
-    name wins; a graph output that is an outer value stays the outer value's."""
-    inferred = model
-    if infer:
-        schemas = registry.onnx_schemas() if registry is not None else contextlib.nullcontext()
-        try:
-            with schemas:
-                inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
-        except Exception:  # noqa: BLE001 - inference is a best effort, never a requirement
-            inferred = model
-    read = graph_tree(inferred.graph)
-    if not _siblings_share_a_name(g for g, _ in read[1:]):
-        flat: dict[str, onnx.TypeProto] = {}
-        for g, _ in read:
-            _stated(g, flat)
-        return _Inferred(model.graph, [flat])
-    tree = graph_tree(model.graph) if inferred is not model else read
-    own: list[dict[str, onnx.TypeProto]] = []
-    for g, parent in read:
-        types: dict[str, onnx.TypeProto] = {}
-        _stated(g, types, _outer(own, tree, parent))
-        own.append(types)
-    return _Inferred(model.graph, own, tree)
-
-
-def _outer(own: list[dict[str, Any]], tree: list[tuple[onnx.GraphProto, int]], parent: int) -> Any:
-    """The names the graphs around one (``parent`` and up) define."""
-    maps = []
-    while parent >= 0:
-        maps.append(own[parent])
-        parent = tree[parent][1]
-    return collections.ChainMap(*maps)
