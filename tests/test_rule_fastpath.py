@@ -260,7 +260,7 @@ def test_op_counts_after_rules_are_the_models(names):
     output's: rewrites counted, a graph pass or a node holding subgraphs counted again."""
     steps = [("Sqrt", [0, 0, 0], 0, False), ("my_add", [0, 2, 0], 0, False), ("Relu", [0, 0, 0], 0, False),
              ("if", [0, 0, 0], 0, False)]
-    model = graph_of(steps, False, [0])
+    model = graph_of(steps, False, [0, 1])  # my_add's output an output too: no rule leaves it dead
     for lowering in (Lowering.KEEP, Lowering.DECOMPOSE):
         out, report = rewrite_model(model, rules=RuleSet([BY_NAME[n] for n in names]), lowering=lowering, check=False)
         assert all(report.rules.applied.get(n) for n in names), report.rules.applied
@@ -620,3 +620,24 @@ def test_a_rewrite_run_per_match_reads_types_as_the_rule_found_them():
         outs.append(out.SerializeToString())
     assert outs[0] == outs[1]
     assert [n.op_type for n in out.graph.node] == ["Sum", "Neg"]
+
+
+@pytest.mark.parametrize("steps, extra, rules", [
+    # relu_neg rewrites the If's branches, then if_gone drops the If: the initializer its
+    # branches read is unused, whichever path stamped the Relu nodes
+    ([("Neg", [9335, 2775, 3332], 0, False), ("if", [6410, 3266, 4262], 1, False)], [33], ["if_gone", "relu_neg"]),
+    # the If was the last reader of a Neg (itself stamped from a Relu): both go, and its constant
+    ([("Relu", [8126, 838, 338], 1, False), ("Add", [7469, 6472, 1966], 1, False),
+      ("Relu", [9018, 7682, 572], 1, False), ("if", [8066, 6432, 242], 1, False)], [], ["relu_neg", "if_gone"]),
+])
+@pytest.mark.parametrize("fast", [True, False])
+def test_what_a_removed_nodes_graphs_read_is_released(steps, extra, rules, fast):
+    """Found by the property test above (the fast path kept an initializer the generators
+    pruned): a node holding graphs that a rule removes releases the outer values its graphs
+    read, a producer dead with it releases its inputs, and a stamped node the ones it stops
+    reading."""
+    model = graph_of(steps, False, extra)
+    out, *_ = _rewrite(model, [BY_NAME_INDEX[r] for r in rules], fast)
+    result = onnx.load_from_string(out)
+    read = {name for n in result.graph.node for name in n.input}
+    assert {t.name for t in result.graph.initializer} <= read, [t.name for t in result.graph.initializer]

@@ -38,9 +38,10 @@ import numpy as np
 import onnx
 
 from graphkit.errors import GraphkitError, RewriteError, RuleError
-from graphkit.rewrite.graph.edit import dead_producers, prune_initializers, referenced, rename_inputs, same_nodes, \
-    toposort
+from graphkit.rewrite.graph.edit import dead_producers, outer_names, prune_initializers, referenced, rename_inputs, \
+    same_nodes, toposort
 from graphkit.rewrite.graph.view import GraphView
+from graphkit.rewrite.graph.walk import holds_graphs, subgraphs
 from graphkit.rewrite.rules.matcher import Match, Matcher, deterministic
 from graphkit.rewrite.rules.pattern import Either, Many, Out, PatternOps, PNode, Var, variables
 from graphkit.rewrite.rules.report import MatchResult, OpDelta, RuleReport
@@ -472,6 +473,7 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
             matcher.view, matcher.opset, matcher.commute = view, scope.opset, rule.commute
     stamp = run.stamps
     stamp.indices, stamp.ops = [], []  # this scope's
+    stamp.released = released  # inputs a stamped node stops reading: initializers to prune
     matchers = run.matchers
     if run.lean:  # matches stamped as long as each has a template, in order; the rest below
         candidates = view.by_op.get(matchers[0][0], ())
@@ -528,7 +530,8 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
         if flat_match is not None and (found := flat_match(index)) is not None:
             domain, bound_names, rest, output, _ = found
             template = run.template(-1 if many is None else len(rest))
-            if template is not None and output and fresh is not None:  # (written after the loop: below)
+            if template is not None and output and fresh is not None and not (node.attribute and holds_graphs(node)):
+                # (written after the loop: below; a node holding graphs takes the general path)
                 used.add(index)
                 checked.append((index, node, template, Stamps.name(fresh, node, name, template),
                                 template.inputs(bound_names, rest), output, domain))
@@ -554,7 +557,7 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
                 rest = bound[many] if many is not None else []
                 template = run.template(-1 if many is None else len(rest))
                 output = match.outputs[0]
-                if template is not None and output:
+                if template is not None and output and not (node.attribute and holds_graphs(node)):
                     if fresh is None:
                         b = make_builder(node, name)
                         fresh = run.fresh = getattr(getattr(b, "_names", None), "fresh", None)
@@ -622,11 +625,13 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
         report_stamps(view, stamp, report, name, counted=flat_match is None)
     # Producers that fed only the replaced nodes (constants, typically) die with them.
     gone = removed | set(replacements)
-    orphans = {name for i in gone for name in view.node_inputs(i) if name}
+    orphans = _reads(view, gone)
     released |= orphans
     read = {name for new in replacements.values() for n in new for name in n.input} | set(aliases.values())
     # (a name the new nodes read keeps its producer: only the others are worth a look)
     dead = dead_producers(view, orphans - read, gone, read, scope.protected)
+    if dead:
+        released |= _reads(view, dead)
     if not (removed or dead or aliases or reorder) and all(len(new) == 1 for new in replacements.values()):
         if delta.exact:
             delta.replaced([vnodes[i] for i in replacements], [new[0] for new in replacements.values()])
@@ -652,6 +657,16 @@ def _apply_rule(scope: Scope, view: GraphView, rule: Rule, report: RuleReport, r
     delta.in_place = False
     report.applied[rule.name] = report.applied.get(rule.name, 0) + len(replacements)
     return len(replacements) + stamped, None
+
+
+def _reads(view: GraphView, indices: Iterable[int]) -> set[str]:
+    """What the nodes at ``indices`` read: their inputs, and the outer values their graphs read."""
+    names = {name for i in indices for name in view.node_inputs(i) if name}
+    for i in indices:
+        node = view.nodes[i]
+        if node.attribute and holds_graphs(node):
+            names.update(name for g in subgraphs(node) for name in outer_names(g) if name)
+    return names
 
 
 def _new_builder(make_builder: Callable[[onnx.NodeProto, str], Any], node: onnx.NodeProto, name: str,

@@ -44,13 +44,18 @@ def stamp_matches(view: GraphView, candidates: Any, matcher: Matcher, run: Any, 
             break
         if node is None:
             node = nodes[index]
-        if node.attribute and not stamp.holds_graphs:
-            stamp.holds_graphs = holds_graphs(node)
+        if node.attribute and holds_graphs(node):
+            break  # the values its graphs read go with it: the general path releases them
         op_type = template.op_type
         node_name = fresh(f"{node.name or rule}/{op_type}")
         fresh(f"{node_name}_out")
+        if template.same_inputs and not rest:
+            inputs = names
+        else:
+            inputs = template.inputs(names, rest)
+            stamp.released.update(set(node.input).difference(inputs))
         node.CopyFrom(template.node)
-        node.input.extend(names if template.same_inputs and not rest else template.inputs(names, rest))
+        node.input.extend(inputs)
         node.output.append(output)
         node.name = node_name
         indices.append(index)
@@ -80,8 +85,10 @@ class Stamps:
     would make it: the fields CopyFrom of the per-match replacement gives. Keeps what the
     op counts and the view need (which nodes, of which op now, from which domain)."""
 
-    __slots__ = ("delta", "domains", "holds_graphs", "indices", "made", "op_type", "ops")
-    # indices, ops: the current scope's; domains, made, holds_graphs: every scope's
+    __slots__ = ("delta", "domains", "indices", "made", "op_type", "ops", "released")
+    # indices, ops: the current scope's; domains, made: every scope's. A node holding graphs
+    # is never stamped (callers see to it): the outer values its graphs read are released
+    # by the general path, as unused initializers to prune.
 
     def __init__(self, delta: OpDelta, op_type: str) -> None:
         self.delta, self.op_type = delta, op_type  # op_type: the matched nodes'
@@ -89,7 +96,7 @@ class Stamps:
         self.ops: list[str] = []
         self.domains: dict[str, int] = {}
         self.made: dict[int, tuple[TracedReplacement, int]] = {}
-        self.holds_graphs = False
+        self.released: set[str] = set()  # inputs stamped nodes stopped reading (the rule pass's set)
 
     @staticmethod
     def name(fresh: Callable[[str], str], node: onnx.NodeProto, rule: str, template: TracedReplacement) -> str:
@@ -100,9 +107,9 @@ class Stamps:
 
     def write(self, index: int, node: onnx.NodeProto, template: TracedReplacement, name: str, inputs: Any, output: str,
               domain: str) -> None:
-        """Overwrite ``node`` (at ``index``) with the template's node, so named and wired."""
-        if node.attribute and not self.holds_graphs:
-            self.holds_graphs = holds_graphs(node)
+        """Overwrite ``node`` (at ``index``, holding no graph) with the template's node, so
+        named and wired."""
+        self.released.update(set(node.input).difference(inputs))
         node.CopyFrom(template.node)
         node.input.extend(inputs)
         node.output.append(output)
@@ -116,8 +123,6 @@ class Stamps:
     def count(self) -> None:
         """Tell the OpDelta (once, when done with every scope)."""
         delta = self.delta
-        if self.holds_graphs:
-            delta.exact = False
         if delta.exact:
             for domain, n in self.domains.items():
                 delta.counts[(domain, self.op_type)] -= n
