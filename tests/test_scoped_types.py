@@ -166,3 +166,42 @@ def test_scopes_found_again_after_a_rule_rebuilds_the_main_graph():
     assert report.rules.applied == {"relu_as_max": 1}
     assert _constants_of_my_add(out) == {"then": {F}, "else": {F16}, "loop": {F64}}
     _check_runs(out, run_ort)
+
+
+def test_a_name_declared_twice_reads_the_first_statement():
+    """Which declaration wins where a name is declared twice (simplify's dims read this table,
+    issue 28: TypeTable.inferred, first stated wins): in one graph, initializers, then inputs,
+    value_info, outputs (the model's initializers too where inference runs without the large
+    ones); a subgraph output naming an outer value keeps the outer value's; sibling graphs
+    each their own, the main graph's table none."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    from graphkit.rewrite.graph.types import TypeTable
+
+    rng = np.random.default_rng(0)
+    big = numpy_helper.from_array(rng.standard_normal((64, 3)).astype(np.float32), "W")  # > the skeleton's 1 KiB
+    then = helper.make_graph([helper.make_node("Neg", ["x"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", F, [2, 5]), helper.make_tensor_value_info("x", F, [3, 3])])
+    other = helper.make_graph([helper.make_node("Abs", ["x"], ["t"])], "else", [],
+                              [helper.make_tensor_value_info("t", F, [2, 7]), helper.make_tensor_value_info("x", F, [3, 3])])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y", "z"], then_branch=then, else_branch=other),
+         helper.make_node("MatMul", ["W", "x"], ["m"])], "g",
+        [helper.make_tensor_value_info("x", F, [3, "N"]), helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("W", F, ["K", 3])],
+        [helper.make_tensor_value_info("y", F, None), helper.make_tensor_value_info("z", F, None),
+         helper.make_tensor_value_info("x", F, [3, "M"])], [big],
+        value_info=[helper.make_tensor_value_info("x", F, [3, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    for options in ({}, {"without_weights": True, "data_prop": True}):
+        table = TypeTable.inferred(model, **options)
+        assert table.per_scope()  # then and else both define t
+        assert len(table.dims("m")) == 2  # (inference ran: what it reads of an inconsistent model is its own)
+        assert table.dims("x") == [3, "N"]  # the input, not the value_info nor the output
+        assert table.dims("W") == [64, 3]  # the initializer, not the input
+        assert table.static_shape("W") == [64, 3] and table.static_shape("x") is None
+        scopes = {a.name: table.scope(a.g) for a in model.graph.node[0].attribute}
+        assert scopes["then_branch"].dims("t") == [2, 5] and scopes["else_branch"].dims("t") == [2, 7]
+        assert scopes["then_branch"].dims("x") == [3, "N"]  # the outer value's, not the branch output's
+        assert table.dims("t") is None  # not a main-graph value

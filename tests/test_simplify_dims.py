@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from graphkit.ops import default_registry
 from graphkit.rewrite.simplify import simplify_model, simplify_options
-from graphkit.rewrite.simplify._shapes import infer_types
+from graphkit.rewrite.simplify._shapes import simplify_types
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -43,7 +43,7 @@ COMMON = [ints("i0", 0), ints("i1", 1), ints("i2", 2), ints("i3", 3), ints("ax0"
 
 
 def dims(model, name):
-    return infer_types(model, default_registry()).dims(name)
+    return simplify_types(model, default_registry()).dims(name)
 
 
 def simplified(model):

@@ -1,6 +1,8 @@
 """What ONNX shape inference (or the model, without it) states a model's values are, per
 scope: :func:`infer_types` and its result, :class:`Inferred`, what
-``TypeTable.inferred`` and a table's inference step (``TypeTable._infer``) are built from.
+``TypeTable.inferred`` and a table's inference step (``TypeTable._infer``) are built from;
+:func:`skeleton`, the model inference runs on without its large weights; and dims as
+simplify reads them (:func:`tensor_dims`; refined ones kept in ``Inferred.refined``).
 """
 
 from __future__ import annotations
@@ -8,14 +10,17 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ContextManager, Protocol
 
 import onnx
 
 from graphkit.rewrite.graph.walk import graph_tree
 
-__all__ = ["Inferred", "Schemas", "infer_types"]
+__all__ = ["SMALL_INITIALIZER", "Inferred", "Schemas", "infer_types", "skeleton", "small_initializer", "tensor_dims"]
+
+# initializers up to this many bytes stay for inference on a skeleton (shape inputs); larger ones become inputs
+SMALL_INITIALIZER = 1024
 
 
 class Schemas(Protocol):
@@ -31,7 +36,7 @@ class Inferred:
     same name, with another type. Where some do, each graph has its own names, looked up through
     the graphs it is nested in; where none do (the common case), one map serves every scope."""
 
-    __slots__ = ("_index", "_main", "_own", "_tree")
+    __slots__ = ("_index", "_main", "_own", "_tree", "refined", "resolve")
 
     def __init__(self, main: onnx.GraphProto, own: list[dict[str, Any]],
                  tree: list[tuple[onnx.GraphProto, int]] | None = None) -> None:
@@ -39,6 +44,11 @@ class Inferred:
         self._own = own
         self._tree = tree  # None: one map; else the graphs, held (their ids stay theirs), and their parents
         self._index = {id(g): i for i, (g, _) in enumerate(tree)} if tree is not None else None
+        # dims by name (``TypeTable.dims``): those a refinement step proved, and those read so far
+        # (one map only: with maps per scope, a name's dims depend on the scope); then ``resolve``
+        # maps each dims list through the dims proved equal (None: none)
+        self.refined: dict[str, list[Any] | None] = {}
+        self.resolve: Callable[[list[Any]], list[Any]] | None = None
 
     @property
     def main(self) -> dict[str, Any]:
@@ -78,12 +88,16 @@ class Inferred:
 def _stated(g: onnx.GraphProto, types: dict[str, onnx.TypeProto], outer: Any = ()) -> None:
     """The tensor types ``g`` states (initializers, inputs, value_info, outputs) into ``types``,
     the first for a name winning; none for a name in ``outer``."""
-    for init in g.initializer:
-        if init.data_type:
-            types.setdefault(init.name, onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims)))
+    _stated_initializers(g, types)
     for vi in (*g.input, *g.value_info, *g.output):
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type and vi.name not in outer:
             types.setdefault(vi.name, vi.type)
+
+
+def _stated_initializers(g: onnx.GraphProto, types: dict[str, onnx.TypeProto]) -> None:
+    for init in g.initializer:
+        if init.data_type:
+            types.setdefault(init.name, onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims)))
 
 
 def _siblings_share_a_name(graphs: Iterable[onnx.GraphProto]) -> bool:
@@ -100,33 +114,92 @@ def _siblings_share_a_name(graphs: Iterable[onnx.GraphProto]) -> bool:
     return False
 
 
-def infer_types(model: onnx.ModelProto, registry: Schemas | None = None, *, infer: bool = True) -> Inferred:
+def infer_types(model: onnx.ModelProto, registry: Schemas | None = None, *, infer: bool = True,
+                without_weights: bool = False, data_prop: bool = False) -> Inferred:
     """Tensor type of every value of ``model``'s graph and subgraphs whose element type is
     known: initializers, inputs, value_info and outputs, after ONNX shape inference when
-    ``infer`` (custom ops typed through ``registry``'s schemas), per scope. Best effort: where
-    inference fails, the types the model states. Within one scope, the first type stated for a
-    name wins; a graph output that is an outer value stays the outer value's."""
-    inferred = model
+    ``infer`` (custom ops typed through ``registry``'s schemas; ``data_prop``: ONNX's data
+    propagation, the values of shape arithmetic; ``without_weights``: run on :func:`skeleton`,
+    the model's large initializers typed graph inputs), per scope. Best effort: where
+    inference fails, the types the model states. Within one scope, the first type stated for
+    a name wins (a graph's initializers, inputs, value_info, outputs, in that order; the
+    model's own initializers first); a graph output that is an outer value stays the outer
+    value's."""
+    source = skeleton(model) if without_weights else model
+    inferred = source
     if infer:
         schemas = registry.onnx_schemas() if registry is not None else contextlib.nullcontext()
         try:
             with schemas:
-                inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+                inferred = onnx.shape_inference.infer_shapes(source, check_type=False, strict_mode=False,
+                                                             data_prop=data_prop)
         except Exception:  # noqa: BLE001 - inference is a best effort, never a requirement
-            inferred = model
+            inferred = source
     read = graph_tree(inferred.graph)
+    first: dict[str, onnx.TypeProto] = {}
+    if source is not model:  # the weights left out of the skeleton: their types from the model
+        _stated_initializers(model.graph, first)
     if not _siblings_share_a_name(g for g, _ in read[1:]):
-        flat: dict[str, onnx.TypeProto] = {}
         for g, _ in read:
-            _stated(g, flat)
-        return Inferred(model.graph, [flat])
+            _stated(g, first)
+        return Inferred(model.graph, [first])
     tree = graph_tree(model.graph) if inferred is not model else read
     own: list[dict[str, onnx.TypeProto]] = []
     for g, parent in read:
-        types: dict[str, onnx.TypeProto] = {}
+        types: dict[str, onnx.TypeProto] = first if not own else {}
         _stated(g, types, _outer(own, tree, parent))
         own.append(types)
     return Inferred(model.graph, own, tree)
+
+
+def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model without its large initializers (typed graph inputs instead) nor functions' docs."""
+    g = model.graph
+    small, large = [], []
+    for t in g.initializer:
+        (small if small_initializer(t) else large).append(t)
+    graph = onnx.GraphProto(name=g.name)
+    graph.node.extend(g.node)
+    graph.input.extend(g.input)
+    declared = {i.name for i in g.input}
+    graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                       for t in large if t.name not in declared)
+    graph.output.extend(g.output)
+    graph.value_info.extend(g.value_info)
+    graph.initializer.extend(small)
+    graph.sparse_initializer.extend(g.sparse_initializer)
+    out = onnx.ModelProto(ir_version=model.ir_version, producer_name=model.producer_name)
+    out.opset_import.extend(model.opset_import)
+    out.functions.extend(model.functions)
+    out.graph.CopyFrom(graph)
+    return out
+
+
+def small_initializer(t: onnx.TensorProto) -> bool:
+    """Whether ``t`` stays in :func:`skeleton` (a shape input, not a weight)."""
+    count = 1
+    for d in t.dims:
+        count *= d
+    # (from the dims: reading raw_data would copy the bytes of every weight)
+    return t.data_location != onnx.TensorProto.EXTERNAL and count * 8 <= SMALL_INITIALIZER
+
+
+def tensor_dims(tp: onnx.TypeProto | None, name: str) -> list[Any] | None:
+    """The dims of a tensor type: an int, a symbol (the model's dim_param, or the "unk__N" ONNX
+    inference names a dim it cannot tell, and copies wherever that dim goes: within one
+    inference, one name is one dim), or for a dim with neither, a symbol of its own
+    (``?name#axis``, equal only to itself); None: no tensor type, or no shape."""
+    if tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
+        return None
+    dims: list[Any] = []
+    for axis, d in enumerate(tp.tensor_type.shape.dim):
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param:
+            dims.append(d.dim_param)
+        else:
+            dims.append(f"?{name}#{axis}")
+    return dims
 
 
 def _outer(own: list[dict[str, Any]], tree: list[tuple[onnx.GraphProto, int]], parent: int) -> Any:

@@ -14,7 +14,8 @@ Where a type comes from is data, not a subclass:
 * per scope: sibling graphs that define one name get a table each, looking outer names up
   in the tables around them (``scope``; ``scope(graph, lazy=True)`` waits for a first query).
 
-Read by name: ``elem_type``, ``shape``, and the TypeProtos as a mapping would give them
+Read by name: ``elem_type``, ``shape``, ``dims`` / ``static_shape`` (simplify's reading: symbols,
+refined past inference by ``refine_dims``), and the TypeProtos as a mapping would give them
 (``table[name]``, ``get``, ``in``, ``items()``).
 
 Two small strategy objects change how it is asked, never what it answers: a ``policy``
@@ -35,7 +36,8 @@ from typing import Any, Protocol
 import onnx
 from onnx import helper
 
-from graphkit.rewrite.graph.inference import Inferred, infer_types
+from graphkit.errors import RewriteError
+from graphkit.rewrite.graph.inference import Inferred, infer_types, tensor_dims
 from graphkit.rewrite.graph.type_rules import (CONTROL_FLOW_BODY, FIRST_INPUT, GENERAL, HOLDER, NONE, OP, SAME,
                                                forward_node, rule_code)
 from graphkit.rewrite.graph.walk import AI_ONNX, subgraphs
@@ -130,16 +132,20 @@ class TypeTable:
         self._inferred: Inferred | None = None  # a table of inference only (``inferred``): its scopes
 
     @classmethod
-    def inferred(cls, model: onnx.ModelProto, registry: Any = None, *, infer: bool = True) -> TypeTable:
+    def inferred(cls, model: onnx.ModelProto, registry: Any = None, *, infer: bool = True,
+                 without_weights: bool = False, data_prop: bool = False) -> TypeTable:
         """The types ONNX shape inference gives ``model``'s values (custom ops typed through
         ``registry``'s schemas; where inference fails, or without ``infer``, those the model
-        states: initializers, inputs, value_info, outputs), no forward rules. Within one scope
-        the first type stated for a name wins; a subgraph output that is an outer value keeps
-        the outer value's. ``scope(graph)`` of a graph not of the model is a KeyError where
-        sibling graphs define one name (else the one map), or an empty table with ``missing_ok``."""
+        states: initializers, inputs, value_info, outputs), no forward rules. ``without_weights``:
+        inference runs on a copy without the large initializers; ``data_prop``: with ONNX's data
+        propagation (see ``inference.infer_types``). Within one scope the first type stated for a
+        name wins (initializers, inputs, value_info, outputs); a subgraph output that is an outer
+        value keeps the outer value's. ``scope(graph)`` of a graph not of the model is a KeyError
+        where sibling graphs define one name (else the one map), or an empty table with ``missing_ok``."""
         table = cls(None, registry)
         table._model = model
-        table._inferred = found = infer_types(model, registry, infer=infer)
+        table._inferred = found = infer_types(model, registry, infer=infer, without_weights=without_weights,
+                                              data_prop=data_prop)
         table._types = found.main
         table._scoped = found.per_scope
         return table
@@ -253,6 +259,40 @@ class TypeTable:
         if policy is not None:
             return policy.ask(self._shape, name, infer)
         return self._shape(name, infer)
+
+    def dims(self, name: str) -> list[Any] | None:
+        """The dims of ``name`` as this scope sees it (``inference.tensor_dims``: an int, a symbol,
+        or ``?name#axis`` for a dim with neither; None: no shape known); in a table of inference
+        only, those ``refine_dims`` proved first, each dim read through the dims proved equal."""
+        found = self._inferred
+        if found is None:
+            return tensor_dims(self.get(name), name)
+        refined = found.refined
+        if name in refined:
+            got = refined[name]
+        else:
+            got = tensor_dims(self._types.get(name), name)
+            if not found.per_scope:  # (with maps per scope, only the refined main graph's names are one's)
+                refined[name] = got
+        resolve = found.resolve
+        return got if resolve is None or got is None else resolve(got)
+
+    def static_shape(self, name: str) -> list[int] | None:
+        """The dims of ``name`` where every one is a number (None otherwise)."""
+        dims = self.dims(name)
+        return dims if dims is not None and all(isinstance(d, int) for d in dims) else None
+
+    def refine_dims(self, proved: dict[str, list[Any] | None],
+                    resolve: Callable[[list[Any]], list[Any]] | None = None) -> None:
+        """A table of inference only: ``proved``, dims of main-graph names a refinement step
+        computed past ONNX inference, answered by ``dims`` from now on, in every scope; ``resolve``:
+        each dims list read through the dims proved equal (None: none)."""
+        found = self._inferred
+        if found is None:
+            raise RewriteError("TypeTable.refine_dims: only a table of inference only "
+                               "(TypeTable.inferred) keeps refined dims; build the table with TypeTable.inferred")
+        found.refined.update(proved)
+        found.resolve = resolve
 
     @property
     def elem_types(self) -> dict[str, int]:

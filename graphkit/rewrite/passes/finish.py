@@ -67,7 +67,7 @@ def check_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
             return PassResult(model, False)
     checked = model
     if ctx.simplified:  # its weights are the input's or numpy's: checked without their bytes (copied twice else)
-        from graphkit.rewrite.simplify._shapes import skeleton
+        from graphkit.rewrite.graph.inference import skeleton
 
         checked, scan = skeleton(model), None
     check_model(checked, ctx.registry, path=ctx.path, context=context, full=full, scan=scan, hint=hint)

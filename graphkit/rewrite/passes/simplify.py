@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import onnx
 
+from graphkit.rewrite.graph.inference import skeleton
 from graphkit.rewrite.graph.walk import ModelIndex
 from graphkit.rewrite.graph.types import TypeTable
 from graphkit.rewrite.lowering.builder import Builder, NameGenerator
@@ -22,8 +23,6 @@ def simplify_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
     rules = RuleSet([r for f in options.fusions if (f.min_opset or 0) <= opset for r in f.rules])
 
     def fuse(m: onnx.ModelProto) -> int:
-        from graphkit.rewrite.simplify._shapes import skeleton
-
         names = NameGenerator(ModelIndex(m).names, adopt=True)
         types = TypeTable(skeleton(m), ctx.registry)  # (the rules' types: inferred without the weights)
 

@@ -70,12 +70,12 @@ def _no_op_input(ctx: SimplifyContext, scope: SimplifyScope, node: onnx.NodeProt
         return None
     if op == "Cast":
         to = next((a.i for a in node.attribute if a.name == "to"), None)
-        return src if to is not None and types.elem(src) == to else None
+        return src if to is not None and types.elem_type(src) == to else None
     keeps_dims = op in _REDUCE and not any(a.name == "keepdims" and a.i == 0 for a in node.attribute)
     if op in ("Reshape", "Expand", "Squeeze", "Unsqueeze", "Flatten") or keeps_dims:
         # (a reduction keeping its dims, over axes of size 1, returns its input)
         before, after = types.dims(src), types.dims(out)
-        same_type = types.elem(src) is not None and types.elem(src) == types.elem(out)
+        same_type = types.elem_type(src) is not None and types.elem_type(src) == types.elem_type(out)
         if same_type and before is not None and after is not None and before == after and all(
                 isinstance(d, int) for d in before):
             return src
@@ -90,7 +90,7 @@ def _no_op_input(ctx: SimplifyContext, scope: SimplifyScope, node: onnx.NodeProt
         if cond is not None and cond.size and (np.all(cond) or not np.any(cond)):
             chosen = node.input[1] if np.all(cond) else node.input[2]
             dims, out_dims = types.dims(chosen), types.dims(node.output[0])
-            if dims is not None and dims == out_dims and types.elem(chosen) == types.elem(node.output[0]):
+            if dims is not None and dims == out_dims and types.elem_type(chosen) == types.elem_type(node.output[0]):
                 return chosen
     if op in ("Add", "Sub", "Mul", "Div", "And", "Or") and len(node.input) == 2:
         return _neutral_operand(scope, types, node)
@@ -111,7 +111,7 @@ def _neutral_operand(scope: SimplifyScope, types, node: onnx.NodeProto) -> str |
             if not np.all(value == neutral):
                 continue
             dims = types.dims(x)
-            if dims is None or types.elem(x) != types.elem(node.output[0]) or value.ndim > len(dims):
+            if dims is None or types.elem_type(x) != types.elem_type(node.output[0]) or value.ndim > len(dims):
                 continue
             tail = dims[len(dims) - value.ndim:]
             if all(v == 1 or v == d for v, d in zip(value.shape, tail)):
@@ -394,7 +394,7 @@ def _sandwich(ctx: SimplifyContext, scope: SimplifyScope, first: onnx.NodeProto)
     undo it, where every value in between is read only there; None otherwise."""
     x, y = first.input[0], first.output[0]
     dx, dy = ctx.types.dims(x), ctx.types.dims(y)
-    if dx is None or dy is None or y in scope.output_set or ctx.types.elem(x) != ctx.types.elem(y):
+    if dx is None or dy is None or y in scope.output_set or ctx.types.elem_type(x) != ctx.types.elem_type(y):
         return None
     rank = min(len(dx), len(dy))
     inside, exits, queue = {y}, [], [y]
@@ -417,7 +417,7 @@ def _sandwich(ctx: SimplifyContext, scope: SimplifyScope, first: onnx.NodeProto)
             seen.add(r)
             nodes.append(r)
             out = reader.output[0]
-            if out in scope.output_set or ctx.types.elem(out) != ctx.types.elem(y):
+            if out in scope.output_set or ctx.types.elem_type(out) != ctx.types.elem_type(y):
                 return None
             inside.add(out)
             queue.append(out)

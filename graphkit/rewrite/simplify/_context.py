@@ -12,7 +12,8 @@ import onnx
 
 from graphkit.ops import OpRegistry
 from graphkit.rewrite.simplify._graph import SimplifyScope, base_dir_of, scopes_of
-from graphkit.rewrite.simplify._shapes import Types, infer_types
+from graphkit.rewrite.graph.types import TypeTable
+from graphkit.rewrite.simplify._shapes import simplify_types
 
 __all__ = ["DEFAULT_SIZE_LIMIT", "SimplifyContext", "SimplifyOptions"]
 
@@ -44,7 +45,7 @@ class SimplifyContext:
     placeholder_domains: frozenset[str]
     options: SimplifyOptions = field(default_factory=SimplifyOptions)
     path: str | None = None
-    types: Types | None = None
+    types: TypeTable | None = None
     shape_values: dict[str, tuple[bool, tuple[Any, ...]]] = field(default_factory=dict)
     kept: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, op) -> why it was kept
     _taken: set[str] | None = None
@@ -54,7 +55,7 @@ class SimplifyContext:
         yield from scopes_of(model, base_dir_of(self.path), os.path.basename(self.path) if self.path else None)
 
     def infer(self, model: onnx.ModelProto) -> None:
-        self.types = infer_types(model, self.registry)
+        self.types = simplify_types(model, self.registry)
         self.shape_values = {}
 
     def keep(self, node: onnx.NodeProto, why: str) -> None:

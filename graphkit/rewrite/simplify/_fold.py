@@ -57,7 +57,7 @@ def _too_large(outs: list[np.ndarray], ins: list[np.ndarray | None], limit: int)
 
 def _declared_ok(ctx: SimplifyContext, name: str, value: np.ndarray) -> bool:
     """Whether ``value`` has the element type inference gives ``name`` (where it gives one)."""
-    elem = ctx.types.elem(name) if ctx.types is not None else None
+    elem = ctx.types.elem_type(name) if ctx.types is not None else None
     if elem is None:
         return True
     try:
@@ -133,7 +133,7 @@ def _shape_value(ctx: SimplifyContext, scope: SimplifyScope, name: str) -> tuple
         return ctx.shape_values[name]
     if ctx.types is not None:  # told by its type, before any value is read
         dims = ctx.types.dims(name)
-        if ctx.types.elem(name) not in _INT or dims is None or len(dims) > 1:
+        if ctx.types.elem_type(name) not in _INT or dims is None or len(dims) > 1:
             return None
     value = scope.value(name, limit=1024)
     if value is not None and value.dtype.kind in "iu" and value.ndim <= 1:
@@ -174,7 +174,7 @@ def _propagate(ctx: SimplifyContext, scope: SimplifyScope, node: onnx.NodeProto)
         start, end = attrs.get("start", 0), attrs.get("end")
         return False, tuple(dims[slice(start, end)])
     if op == "Size":
-        dims = ctx.types.static(node.input[0]) if ctx.types is not None else None
+        dims = ctx.types.static_shape(node.input[0]) if ctx.types is not None else None
         return None if dims is None else (True, (int(np.prod(dims, dtype=np.int64)),))
     values = [_shape_value(ctx, scope, i) if i else None for i in node.input]
     first = values[0] if values else None
@@ -276,7 +276,7 @@ def _fold_shape_value(ctx: SimplifyContext, scope: SimplifyScope, k: int, node: 
     out = node.output[0]
     scalar, dims = got
     if all(isinstance(d, int) for d in dims) and not (scalar and len(dims) != 1):
-        elem = ctx.types.elem(out) if ctx.types is not None else None
+        elem = ctx.types.elem_type(out) if ctx.types is not None else None
         if all(isinstance(d, bool) for d in dims):
             dtype = np.bool_
         else:
@@ -341,7 +341,7 @@ def _reshape_keeps_dims(ctx: SimplifyContext, scope: SimplifyScope, node: onnx.N
     """Whether Reshape ``node``'s target is its input's dims: each entry the input's dim
     there (0 too, where it copies), but for at most one -1 (then the dim left over)."""
     dims = ctx.types.dims(node.input[0]) if ctx.types is not None and scope.is_graph else None
-    if dims is None or ctx.types.elem(node.input[0]) != ctx.types.elem(node.output[0]):
+    if dims is None or ctx.types.elem_type(node.input[0]) != ctx.types.elem_type(node.output[0]):
         return False  # (a function body's names are its own: the model's types are not theirs)
     if node.input[1] in ctx.shape_values:
         scalar, target = ctx.shape_values[node.input[1]]

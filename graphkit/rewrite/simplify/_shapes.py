@@ -1,9 +1,11 @@
-"""Tensor types and shapes for the simplify passes: ONNX shape inference, with every custom
-op's shape function (its OpDef's ``infer_shapes``) known, run on a copy of the model without
-its large weights.
+"""Symbolic dims past ONNX inference, for the simplify passes: the model's types and shapes are
+the engine's type table (graph/types.py: ``TypeTable.inferred(model, registry,
+without_weights=True, data_prop=True)``, ONNX shape inference with every custom op's shape
+function known, run on a copy of the model without its large weights), read through
+``TypeTable.dims`` / ``static_shape`` / ``elem_type``; :func:`refine` is the step run on it.
 
 A dim is an int, a symbol (str: the model's dim_param, the "unk__N" ONNX inference gives a
-dim it cannot tell, or a name made here for a dim with no name at all) or None. Two dims with
+dim it cannot tell, or a name made for a dim with no name at all) or None. Two dims with
 the same symbol are equal: dim_params are the model's own statement that two dims agree, as
 ONNX Runtime and every simplifier read them, and inference copies an unk__ name with its dim;
 a dim with no name gets a symbol of its own tensor and axis.
@@ -11,7 +13,7 @@ a dim with no name gets a symbol of its own tensor and axis.
 Where inference makes up an unk__N (out of a Range, a broadcast, a MatMul, an Expand, a
 Reshape's -1, a Concat), the dim is computed again from the inputs' dims and the values of
 the shape arithmetic feeding it, and an unk__N proved equal to another dim is read as that
-dim everywhere (a light symbolic shape inference; see ``_refine``).
+dim everywhere (a light symbolic shape inference; see ``refine``).
 """
 
 from __future__ import annotations
@@ -22,97 +24,19 @@ import onnx
 from onnx import helper, numpy_helper
 
 from graphkit.ops import OpRegistry
-from graphkit.rewrite.graph.walk import graphs
+from graphkit.rewrite.graph.inference import small_initializer
+from graphkit.rewrite.graph.types import TypeTable
 
-__all__ = ["Types", "infer_types", "skeleton"]
-
-Dim = "int | str | None"
-_SMALL = 1024  # initializers up to this many bytes stay for inference (shape inputs); larger ones become inputs
+__all__ = ["refine", "simplify_types"]
 
 
-class Types:
-    """name -> (elem type, dims or None) over the whole model (names are unique across scopes)."""
-
-    def __init__(self, table: dict[str, tuple[int, list[Any] | None]]) -> None:
-        self._table = table
-
-    def elem(self, name: str) -> int | None:
-        got = self._table.get(name)
-        return None if got is None or not got[0] else got[0]
-
-    def dims(self, name: str) -> list[Any] | None:
-        got = self._table.get(name)
-        return None if got is None else got[1]
-
-    def static(self, name: str) -> list[int] | None:
-        dims = self.dims(name)
-        return dims if dims is not None and all(isinstance(d, int) for d in dims) else None
-
-
-def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model without its large initializers (typed graph inputs instead) nor functions' docs."""
-    g = model.graph
-    small, large = [], []
-    for t in g.initializer:
-        count = 1
-        for d in t.dims:
-            count *= d
-        # (from the dims: reading raw_data would copy the bytes of every weight)
-        (large if t.data_location == onnx.TensorProto.EXTERNAL or count * 8 > _SMALL else small).append(t)
-    graph = onnx.GraphProto(name=g.name)
-    graph.node.extend(g.node)
-    graph.input.extend(g.input)
-    declared = {i.name for i in g.input}
-    graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                       for t in large if t.name not in declared)
-    graph.output.extend(g.output)
-    graph.value_info.extend(g.value_info)
-    graph.initializer.extend(small)
-    graph.sparse_initializer.extend(g.sparse_initializer)
-    out = onnx.ModelProto(ir_version=model.ir_version, producer_name=model.producer_name)
-    out.opset_import.extend(model.opset_import)
-    out.functions.extend(model.functions)
-    out.graph.CopyFrom(graph)
-    return out
-
-
-def _dims(tt: onnx.TypeProto.Tensor, name: str) -> list[Any] | None:
-    if not tt.HasField("shape"):
-        return None
-    dims: list[Any] = []
-    for axis, d in enumerate(tt.shape.dim):
-        if d.HasField("dim_value"):
-            dims.append(int(d.dim_value))
-        elif d.HasField("dim_param") and d.dim_param:
-            # (inference names a dim it cannot tell "unk__N" when it makes it, and copies that
-            # name wherever the dim goes: within one inference, one name is one dim)
-            dims.append(d.dim_param)
-        else:
-            dims.append(f"?{name}#{axis}")  # unknown: equal only to itself
-    return dims
-
-
-def infer_types(model: onnx.ModelProto, registry: OpRegistry) -> Types:
-    """Types and shapes of every value of ``model`` that inference can tell (best effort:
-    where inference fails, only what the model declares)."""
-    skeleton_model = skeleton(model)
-    try:
-        with registry.onnx_schemas():
-            inferred = onnx.shape_inference.infer_shapes(skeleton_model, strict_mode=False, data_prop=True)
-    except Exception:  # noqa: BLE001 - inference is an aid here: fall back to what is declared
-        inferred = skeleton_model
-    table: dict[str, tuple[int, list[Any] | None]] = {}
-    for g in graphs(inferred.graph, reverse=True):  # a name's last writer: the first graph met in order
-        for vi in (*g.input, *g.output, *g.value_info):
-            if vi.type.HasField("tensor_type"):
-                tt = vi.type.tensor_type
-                table[vi.name] = (tt.elem_type, _dims(tt, vi.name))
-        for t in g.initializer:
-            table[t.name] = (t.data_type, [int(d) for d in t.dims])
-    for t in model.graph.initializer:
-        table[t.name] = (t.data_type, [int(d) for d in t.dims])
-    _refine(inferred.graph, table)
-    return Types(table)
+def simplify_types(model: onnx.ModelProto, registry: OpRegistry) -> TypeTable:
+    """The table the simplify passes read: ONNX inference on ``model`` without its large
+    weights, with data propagation, then :func:`refine` (best effort: where inference fails,
+    what the model declares)."""
+    types = TypeTable.inferred(model, registry, without_weights=True, data_prop=True)
+    refine(model, types)
+    return types
 
 
 # -- symbolic dims past what ONNX inference tells ------------------------------------------
@@ -215,16 +139,20 @@ def _quotient(total: list[Any], known: list[Any]) -> Any:
     return symbols[0] if len(symbols) == 1 and q == 1 else None
 
 
-def _refine(graph: onnx.GraphProto, table: dict[str, tuple[int, list[Any] | None]]) -> None:
-    """Refine the dims of ``table`` over the nodes of ``graph`` (in their order)."""
+def refine(model: onnx.ModelProto, types: TypeTable) -> None:
+    """Refine the dims ``types`` (a table of inference only) gives the outputs of ``model``'s
+    main graph nodes (in their order); ``types.dims`` answers the refined dims from then on."""
+    graph = model.graph
     eq = _Dims()
     overridable = {i.name for i in graph.input}
-    consts = {t.name: t for t in graph.initializer if t.name not in overridable}
+    consts = {t.name: t for t in graph.initializer if t.name not in overridable and small_initializer(t)}
     values: dict[str, tuple[bool, list[Any]]] = {}  # int tensors of rank <= 1: (scalar?, entries)
+    proved: dict[str, list[Any] | None] = {}
+    known = types.dims
 
     def dims_of(name: str) -> list[Any] | None:
-        got = table.get(name)
-        return None if got is None else (eq.resolve(got[1]) or got[1])
+        got = proved[name] if name in proved else known(name)
+        return None if got is None else (eq.resolve(got) or got)
 
     def value(name: str) -> tuple[bool, list[Any]] | None:
         if name in values:
@@ -248,18 +176,16 @@ def _refine(graph: onnx.GraphProto, table: dict[str, tuple[int, list[Any] | None
                 values[node.output[0]] = got
             if op != "Where":
                 continue
-        proved = _dims_rule(op, node, value, dims_of)
-        if proved is None or not node.output or node.output[0] not in table:
+        found = _dims_rule(op, node, value, dims_of)
+        if found is None or not node.output or node.output[0] not in types:
             continue
-        elem, told = table[node.output[0]]
+        out = node.output[0]
+        told = proved[out] if out in proved else known(out)
         if told is None:
-            table[node.output[0]] = (elem, [f"?{node.output[0]}#{k}" if d is None else d for k, d in enumerate(proved)])
-        elif len(told) == len(proved):
-            table[node.output[0]] = (elem, [eq.learn(t, p) for t, p in zip(told, proved)])
-    if eq.parent:
-        for name, (elem, dims) in table.items():
-            if dims is not None:
-                table[name] = (elem, eq.resolve(dims))
+            proved[out] = [f"?{out}#{k}" if d is None else d for k, d in enumerate(found)]
+        elif len(told) == len(found):
+            proved[out] = [eq.learn(t, p) for t, p in zip(told, found)]
+    types.refine_dims(proved, eq.resolve if eq.parent else None)
 
 
 def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:

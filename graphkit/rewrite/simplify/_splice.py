@@ -211,10 +211,10 @@ def skeleton_of_file(source: _Source, min_bytes: int = MIN_SPLICED) -> tuple[byt
     """The model file's bytes without the raw_data of its main graph's large initializers, and
     for each of those (its index among the initializers, the offset and length of its
     raw_data in the file); None where there is none."""
-    from graphkit.rewrite.simplify._shapes import _SMALL
+    from graphkit.rewrite.graph.inference import SMALL_INITIALIZER
 
     def large(length: int) -> bool:
-        return length >= min_bytes and length > _SMALL  # (and so a "large" initializer to inference)
+        return length >= min_bytes and length > SMALL_INITIALIZER  # (and so a "large" initializer to inference)
 
     top = source.entries(0, source.size)
     graphs = [f for f in top if f[0] == 7]
