@@ -23,6 +23,7 @@ from typing import Any
 
 import onnx
 
+from graphkit.rewrite.bytes.wire import encode_varint
 from graphkit.rewrite.writers import Pieces
 
 __all__ = ["MIN_SPLICED", "SplicedPieces", "simplify_spliced", "skeleton_of_file"]
@@ -46,15 +47,6 @@ _HOLDS: dict[str, dict[int, str]] = {
 
 class _Malformed(Exception):
     """The bytes are not what this module reads: the plain path runs (and reports)."""
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _read_varint(data: Any, pos: int, end: int) -> tuple[int, int]:
@@ -230,7 +222,7 @@ def skeleton_of_file(source: _Source, min_bytes: int = MIN_SPLICED) -> tuple[byt
             got = _without_raw_data(source, value, end, large) if large(end - value) else None
             if got is not None:
                 kept, offset, length = got
-                parts.append(b"\x2a" + _varint(len(kept)) + kept)
+                parts.append(b"\x2a" + encode_varint(len(kept)) + kept)
                 refs.append((index - 1, offset, length))
                 continue
         if parts and isinstance(parts[-1], tuple) and parts[-1][1] == start:
@@ -240,7 +232,7 @@ def skeleton_of_file(source: _Source, min_bytes: int = MIN_SPLICED) -> tuple[byt
     if not refs:
         return None
     graph = b"".join(p if isinstance(p, bytes) else source.read(p[0], p[1] - p[0]) for p in parts)
-    return (source.read(0, g_start) + b"\x3a" + _varint(len(graph)) + graph
+    return (source.read(0, g_start) + b"\x3a" + encode_varint(len(graph)) + graph
             + source.read(g_end, source.size - g_end)), refs
 
 
@@ -344,7 +336,7 @@ def _copy_range(source: _Source, out: int, offset: int, length: int) -> None:
 
 
 def _needle(location: bytes) -> bytes:
-    entry = b"\x0a\x08location\x12" + _varint(len(location)) + location
+    entry = b"\x0a\x08location\x12" + encode_varint(len(location)) + location
     return entry
 
 
@@ -360,7 +352,7 @@ def _restore_tensor(body: bytes, location: bytes) -> tuple[list[Any], int] | Non
     tensor.ClearField("data_location")
     rest = tensor.SerializeToString()
     at = next((f[2] for f in _entries(rest, 0, len(rest)) if f[0] > _RAW_DATA), len(rest))
-    head = rest[:at] + b"\x4a" + _varint(length)
+    head = rest[:at] + b"\x4a" + encode_varint(length)
     return [head, (offset, length), rest[at:]], len(rest) + len(head) - at + length
 
 
@@ -392,7 +384,7 @@ def _restore(data: bytes, start: int, end: int, kind: str, location: bytes, need
         size += e_start - at
         key = data[e_start:_read_varint(data, e_start, e_end)[1]]
         sub_parts, sub_size = got
-        head = key + _varint(sub_size)
+        head = key + encode_varint(sub_size)
         parts.append(head)
         parts.extend(sub_parts)
         size += len(head) + sub_size
