@@ -95,3 +95,16 @@ def test_the_extra_hint_names_the_installed_distribution(found, name, monkeypatc
 
     monkeypatch.setattr(importlib.metadata, "packages_distributions", lambda: {"graphkit": found} if found else {})
     assert _distribution_name() == name
+
+
+def test_pyproject_lists_every_package_of_the_tree():
+    """setuptools installs only the packages pyproject names: a subpackage left out is missing
+    from a wheel (graphkit.rewrite.fusions once was), while an editable checkout still works."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "graphkit").rglob("__init__.py")}
+    found |= {"graphkit_ops" + "".join("." + part for part in p.parent.relative_to(root / "custom_ops").parts)
+              for p in (root / "custom_ops").rglob("__init__.py")}
+    assert found == listed, (sorted(found - listed), sorted(listed - found))
