@@ -99,3 +99,19 @@ def relative_links(page: Path) -> list[str]:
     text = FENCE.sub("", page.read_text())
     text = re.sub(r"`[^`\n]*`", "", text)
     return [t for t in LINK.findall(text) if not re.match(r"[a-z]+:", t)]
+
+
+_STEP = re.compile(r"(?:<!-- file: (?P<path>[^ ]+) -->\n)?```(?P<lang>\w+)\n(?P<body>.*?)```", re.S)
+
+
+def steps(text: str) -> list[tuple[str, str, str]]:
+    """A walk-through page's steps, (kind, target, body) in page order: ("file", path, text)
+    for a block preceded by `<!-- file: PATH -->`, ("sh", "", commands) and ("python", "",
+    code) for the others."""
+    out = []
+    for m in _STEP.finditer(text):
+        if m.group("path"):
+            out.append(("file", m.group("path"), m.group("body")))
+        elif m.group("lang") in ("sh", "python"):
+            out.append((m.group("lang"), "", m.group("body")))
+    return out

@@ -12,27 +12,15 @@ import sys
 import pytest
 
 from conftest import REPO
+from doc_pages import steps as page_steps
 
 pytest.importorskip("torch")
 
 DOC = REPO / "docs" / "deploy.md"
 
 
-def _steps(text: str) -> list[tuple[str, str, str]]:
-    """(kind, target, body) in page order: ("file", path, text) for a block preceded by
-    `<!-- file: PATH -->`, ("sh", "", commands) and ("python", "", code) for the others."""
-    steps = []
-    pattern = re.compile(r"(?:<!-- file: (?P<path>[^ ]+) -->\n)?```(?P<lang>\w+)\n(?P<body>.*?)```", re.S)
-    for m in pattern.finditer(text):
-        if m.group("path"):
-            steps.append(("file", m.group("path"), m.group("body")))
-        elif m.group("lang") in ("sh", "python"):
-            steps.append((m.group("lang"), "", m.group("body")))
-    return steps
-
-
 def test_the_deployment_walk_through_runs_as_written(tmp_path):
-    steps = _steps(DOC.read_text())
+    steps = page_steps(DOC.read_text())
     files = {target: body for kind, target, body in steps if kind == "file"}
     assert set(files) == {"model.py", "run_model.c"}
     assert files["run_model.c"] == (REPO / "samples" / "deploy" / "run_model.c").read_text()

@@ -17,27 +17,15 @@ import onnx
 import pytest
 
 from conftest import REPO
+from doc_pages import steps as page_steps
 
 pytest.importorskip("torch")
 
 DOC = REPO / "docs" / "writing-ops.md"
 
 
-def _steps(text: str) -> list[tuple[str, str, str]]:
-    """(kind, target, body) in document order: ("file", path, text), ("sh", "", commands),
-    ("python", "", code). A block preceded by `<!-- file: PATH -->` is a file to write."""
-    steps = []
-    pattern = re.compile(r"(?:<!-- file: (?P<path>[^ ]+) -->\n)?```(?P<lang>\w+)\n(?P<body>.*?)```", re.S)
-    for m in pattern.finditer(text):
-        if m.group("path"):
-            steps.append(("file", m.group("path"), m.group("body")))
-        elif m.group("lang") in ("sh", "python"):
-            steps.append((m.group("lang"), "", m.group("body")))
-    return steps
-
-
 def test_the_walk_through_runs_as_written(tmp_path):
-    steps = _steps(DOC.read_text())
+    steps = page_steps(DOC.read_text())
     assert [k for k, _, _ in steps].count("file") == 4 and [k for k, _, _ in steps].count("sh") == 2
     site = tmp_path / "site"
     work = tmp_path / "work"
