@@ -167,13 +167,7 @@ class BodyScopes:
         made.append((a, k, scope))
         table.declare(graph)
         nodes = graph.node
-        domains = list(map(attrgetter("domain"), nodes))
-        op_types = list(map(attrgetter("op_type"), nodes))
-        scope.size = len(domains)
-        self.counts.update(zip(domains, op_types))
-        if PLACEHOLDER_DOMAIN in domains:
-            scope.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
-            scope.dirty = True
+        domains, op_types = self._listed(scope, nodes)
         forward_node = table.forward_node
         for i, node in enumerate(nodes):
             forward_node(node, domains[i], op_types[i])
@@ -181,6 +175,17 @@ class BodyScopes:
                 self._at = (scope, i)
                 self.holder(table, node, domains[i])
                 self._at = None
+
+    def _listed(self, scope: SpliceGraph, nodes: Any) -> tuple[list[str], list[str]]:
+        """The domains and op types of ``scope``'s nodes, counted; its placeholders listed."""
+        domains = list(map(attrgetter("domain"), nodes))
+        op_types = list(map(attrgetter("op_type"), nodes))
+        scope.size = len(domains)
+        self.counts.update(zip(domains, op_types))
+        if PLACEHOLDER_DOMAIN in domains:
+            scope.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
+            scope.dirty = True
+        return domains, op_types
 
     def _declared_holder(self, node: onnx.NodeProto, domain: str, parent: SpliceGraph, index: int) -> None:
         """The declarations-only pass through the graphs ``node`` (node ``index`` of ``parent``)
@@ -234,15 +239,9 @@ class BodyScopes:
         self.scopes.append(scope)
         table.declare(graph)
         elem = table.elem_types
-        domains = list(map(attrgetter("domain"), nodes))
-        op_types = list(map(attrgetter("op_type"), nodes))
-        scope.size = len(domains)
-        self.counts.update(zip(domains, op_types))
-        if PLACEHOLDER_DOMAIN in domains:
-            scope.custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN]
-            scope.dirty = True
-            if not all(x in elem for i in scope.custom for x in nodes[i].input if x):
-                raise Undeclared  # not declared so far: the whole pass will be needed (If outputs, say)
+        domains, _ = self._listed(scope, nodes)
+        if scope.custom and not all(x in elem for i in scope.custom for x in nodes[i].input if x):
+            raise Undeclared  # not declared so far: the whole pass will be needed (If outputs, say)
         for i, attributes in enumerate(map(attrgetter("attribute"), nodes)):
             if attributes:
                 self._at = (scope, i)
