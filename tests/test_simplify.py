@@ -12,7 +12,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from graphkit.ops import default_registry
 from graphkit.rewrite.simplify import PASS_NAMES, simplify_model, simplify_options
 from tests.conftest import run_cli
 
@@ -586,7 +585,6 @@ def _random_model(draw_ops: list[tuple[str, int]]):
     """x[b, 4, 6] through a chain of the blocks TorchScript exports are made of, each with
     its constants as Constant nodes; every block's output also feeds a duplicate branch."""
     nodes, inits, prev = [], [], "x"
-    rank = 3
     for i, (kind, seed) in enumerate(draw_ops):
         rng = np.random.default_rng(seed)
         out = f"t{i}"
