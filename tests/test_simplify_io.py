@@ -313,3 +313,21 @@ def test_reduce_max_and_min_fold_in_numpy_as_the_reference_does(op, opset, axes,
         want = _evaluate._reference(node, inputs, opset)
         assert got[0].dtype == want[0].dtype and got[0].shape == want[0].shape
         np.testing.assert_array_equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("data", [b"\x3a\x80", b"\x3a" + b"\xff" * 10 + b"\x01", b"\x3f\x00", b"\x3a\x05ab"],
+                         ids=["truncated varint", "varint over 64 bits", "wire type 7", "truncated field"])
+def test_bytes_the_splice_does_not_read_are_malformed_not_a_crash(tmp_path, data):
+    """The splice reads keys and lengths with bytes/wire.read_varint; what it cannot read is
+    _Malformed (the plain path runs and reports), never an IndexError or wire's Unsupported."""
+    with pytest.raises(_splice._Malformed):
+        _splice._entries(data, 0, len(data))
+    src = tmp_path / "bad.onnx"
+    src.write_bytes(data)
+    source = _splice._Source(str(src))
+    try:
+        with pytest.raises(_splice._Malformed):
+            source.entries(0, source.size)
+    finally:
+        source.close()
+    assert _splice.simplify_spliced(str(src), None, registry=None, options=simplify_options()) is None

@@ -23,8 +23,8 @@ from typing import Any
 
 import onnx
 
-from graphkit.rewrite.bytes.wire import encode_varint
-from graphkit.rewrite.writers import Pieces
+from graphkit.rewrite.bytes.wire import encode_varint, read_varint
+from graphkit.rewrite.writers import Pieces, Unsupported
 
 __all__ = ["MIN_SPLICED", "SplicedPieces", "simplify_spliced", "skeleton_of_file"]
 
@@ -49,43 +49,31 @@ class _Malformed(Exception):
     """The bytes are not what this module reads: the plain path runs (and reports)."""
 
 
-def _read_varint(data: Any, pos: int, end: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= end:
-            raise _Malformed("truncated varint")
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise _Malformed("malformed varint")
-
-
 def _entries(data: Any, pos: int, end: int) -> list[tuple[int, int, int, int, int]]:
     """(field, wire type, entry start, value start, entry end) of a message's top-level fields."""
     out = []
-    while pos < end:
-        start = pos
-        key, pos = _read_varint(data, pos, end)
-        number, wire = key >> 3, key & 7
-        value = pos
-        if wire == 0:
-            _, pos = _read_varint(data, pos, end)
-        elif wire == 1:
-            pos += 8
-        elif wire == 2:
-            length, value = _read_varint(data, pos, end)
-            pos = value + length
-        elif wire == 5:
-            pos += 4
-        else:
-            raise _Malformed(f"wire type {wire}")
-        if pos > end:
-            raise _Malformed("truncated field")
-        out.append((number, wire, start, value, pos))
+    try:
+        while pos < end:
+            start = pos
+            key, pos = read_varint(data, pos)
+            number, wire = key >> 3, key & 7
+            value = pos
+            if wire == 0:
+                _, pos = read_varint(data, pos)
+            elif wire == 1:
+                pos += 8
+            elif wire == 2:
+                length, value = read_varint(data, pos)
+                pos = value + length
+            elif wire == 5:
+                pos += 4
+            else:
+                raise _Malformed(f"wire type {wire}")
+            if pos > end:
+                raise _Malformed("truncated field")
+            out.append((number, wire, start, value, pos))
+    except (IndexError, Unsupported) as exc:  # read_varint: past the bytes, or over 64 bits
+        raise _Malformed(f"varint: {exc or 'truncated'}") from None
     return out
 
 
@@ -134,28 +122,31 @@ class _Source:
         """_entries of the message at [pos, end) of the file, reading keys and lengths only
         (the values are skipped over, never read)."""
         out = []
-        while pos < end:
-            buf, i = self._window(pos, min(20, end - pos))
-            start = pos
-            key, j = _read_varint(buf, i, len(buf))
-            number, wire = key >> 3, key & 7
-            value = pos + (j - i)
-            if wire == 0:
-                _, k = _read_varint(buf, j, len(buf))
-                pos = value + (k - j)
-            elif wire == 1:
-                pos = value + 8
-            elif wire == 2:
-                length, k = _read_varint(buf, j, len(buf))
-                value = pos + (k - i)
-                pos = value + length
-            elif wire == 5:
-                pos = value + 4
-            else:
-                raise _Malformed(f"wire type {wire}")
-            if pos > end:
-                raise _Malformed("truncated field")
-            out.append((number, wire, start, value, pos))
+        try:
+            while pos < end:
+                buf, i = self._window(pos, min(20, end - pos))
+                start = pos
+                key, j = read_varint(buf, i)
+                number, wire = key >> 3, key & 7
+                value = pos + (j - i)
+                if wire == 0:
+                    _, k = read_varint(buf, j)
+                    pos = value + (k - j)
+                elif wire == 1:
+                    pos = value + 8
+                elif wire == 2:
+                    length, k = read_varint(buf, j)
+                    value = pos + (k - i)
+                    pos = value + length
+                elif wire == 5:
+                    pos = value + 4
+                else:
+                    raise _Malformed(f"wire type {wire}")
+                if pos > end:
+                    raise _Malformed("truncated field")
+                out.append((number, wire, start, value, pos))
+        except (IndexError, Unsupported) as exc:  # read_varint: past the bytes, or over 64 bits
+            raise _Malformed(f"varint: {exc or 'truncated'}") from None
         return out
 
 
@@ -382,7 +373,7 @@ def _restore(data: bytes, start: int, end: int, kind: str, location: bytes, need
         changed = True
         parts.append(data[at:e_start])
         size += e_start - at
-        key = data[e_start:_read_varint(data, e_start, e_end)[1]]
+        key = data[e_start:read_varint(data, e_start)[1]]
         sub_parts, sub_size = got
         head = key + encode_varint(sub_size)
         parts.append(head)
