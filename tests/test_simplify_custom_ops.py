@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from graphkit.ops import OpDef, OpRegistry, Param, default_registry
-from graphkit.rewrite.simplify import simplify_model, simplify_options
+from graphkit.rewrite.simplify import simplify_model
 from tests.conftest import run_cli
 
 F = TensorProto.FLOAT
