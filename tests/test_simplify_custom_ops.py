@@ -186,3 +186,21 @@ def test_explain_lists_each_node_kept_with_constant_inputs_and_why(tmp_path):
     assert all(f"bad_gather_{i}" in full for i in range(12))
     folded = run_cli("simplify", src, dst, "--explain", "--size-limit", "4MiB", check_rc=0).stdout
     assert "make_big" not in folded and "Expand" not in ops(onnx.load(dst))
+
+
+def test_graphsurgeons_fold_constants_stops_at_a_custom_op():
+    """Why fold-constants is not onnx-graphsurgeon's (docs/simplify.md, "Where the passes come
+    from"): its fold_constants evaluates through ONNX Runtime, which has no kernel for a
+    custom op, so neither the custom node on constants nor the Shape after one folds."""
+    gs = pytest.importorskip("onnx_graphsurgeon")
+    const = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.ones(3, np.float32)))
+    nodes = [helper.make_node("my_add", ["x", "x"], ["m"], domain="custom"), helper.make_node("Shape", ["m"], ["s"]),
+             helper.make_node("Reshape", ["m", "s"], ["y"]), const,
+             helper.make_node("my_add", ["c", "c"], ["k"], domain="custom"), helper.make_node("Add", ["y", "k"], ["z"])]
+    model = model_of(nodes, [vi("x", [2, 3])], [vi("z", [2, 3])], opset=17)
+    graph = gs.import_onnx(model)
+    graph.fold_constants().cleanup()
+    assert ops(gs.export_onnx(graph)) == ["my_add", "Shape", "Reshape", "my_add", "Add"]
+    out, _ = simplify_model(model)
+    assert ops(out) == ["my_add", "Add"]
+    same_values(model, out, [{"x": np.random.default_rng(9).standard_normal((2, 3)).astype(np.float32)}])
