@@ -207,3 +207,22 @@ def test_a_reshape_pair_that_does_not_cancel_stays(change):
     out = only_cancel(model)
     assert ops(out).count("Reshape") == 2, ops(out)
     same_values(model, out, feeds)
+
+
+def _dead_reader_hides_a_reshape_pair():
+    # cancel-reshapes runs before eliminate-dead: only the next round sees the pair cancel
+    model, feeds = _cancel_reshapes()
+    model.graph.node.append(helper.make_node("ReduceSum", ["m"], ["never_read"]))  # (not elementwise)
+    return model, feeds
+
+
+@pytest.mark.parametrize("name", [*PASS_NAMES, "dead-reader"])
+def test_simplify_stops_at_a_fixed_point(name):
+    """The passes and the fusions repeat until none changes the model: simplifying the output
+    again changes nothing (on each pass's model, every pass on)."""
+    model, feeds = CASES[name]() if name in CASES else _dead_reader_hides_a_reshape_pair()
+    once, _ = simplify_model(model)
+    twice, report = simplify_model(once)
+    assert not [p for p, _ in report.passes if p.startswith("simplify")], report.passes
+    assert twice.graph.SerializeToString() == once.graph.SerializeToString()
+    same_values(model, once, feeds)
