@@ -14,7 +14,7 @@ import onnx
 from onnx import TensorProto, helper
 
 __all__ = ["OPSETS", "chain", "fan_out", "functions", "if_bodies", "if_chain_18", "loop_bodies", "multi_output",
-           "root_pairs", "sibling_reuse"]
+           "const_pairs", "root_pairs", "sibling_reuse"]
 
 OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)]
 
@@ -84,6 +84,20 @@ def root_pairs(n: int, *, wide: bool = False) -> onnx.ModelProto:
         nodes.append(helper.make_node("Sum", ends, ["s"]))
         prev = "s"
     return _model(nodes, [prev])
+
+
+def const_pairs(n: int) -> onnx.ModelProto:
+    """``n`` pairs Neg(Add(v, c)), Neg(Add(Exp(v), c)) of one initializer ``c``: the two roots of
+    a pattern joined only through a constant, which all 2n Adds read; each pair's Sum the next v."""
+    nodes, prev = [], "x"
+    for i in range(n):
+        nodes += [helper.make_node("Add", [prev, "c"], [f"a{i}"]), helper.make_node("Neg", [f"a{i}"], [f"na{i}"]),
+                  helper.make_node("Exp", [prev], [f"e{i}"]), helper.make_node("Add", [f"e{i}", "c"], [f"b{i}"]),
+                  helper.make_node("Neg", [f"b{i}"], [f"nb{i}"]), helper.make_node("Sum", [f"na{i}", f"nb{i}"], [f"s{i}"])]
+        prev = f"s{i}"
+    model = _model(nodes, [prev])
+    model.graph.initializer.append(helper.make_tensor("c", TensorProto.FLOAT, [], [1.5]))
+    return model
 
 
 def if_bodies(n: int, *, reduce: bool = False) -> onnx.ModelProto:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import onnx
+from onnx.reference import ReferenceEvaluator
 import pytest
 
 from graphkit.rewrite import Lowering, rewrite_model
-from scaling_models import chain, fan_out, functions, if_bodies, loop_bodies, multi_output, root_pairs, sibling_reuse
+from scaling_models import chain, const_pairs, fan_out, functions, if_bodies, loop_bodies, multi_output, root_pairs, sibling_reuse
 
 
 def _functions(n: int) -> onnx.ModelProto:
@@ -173,6 +175,40 @@ def test_roots_joined_through_an_input_grow_linearly(wide):
     assert report.rules.applied == {"neg_pair": n}
     ratio = seconds(big) / seconds(small)
     assert ratio < 20, f"root_pairs(wide={wide}): 8x the pairs took {ratio:.1f}x the time (linear is ~8x)"
+
+
+@pytest.mark.parametrize("by", ["tensor", "value"])
+def test_roots_joined_through_a_constant_grow_linearly(by):
+    """A two-root pattern whose roots share only a constant (issue 28), bound by a variable (the
+    same tensor) or by const() (its value): all 2n Adds read it, and the second root's
+    candidates, up from those readers, are listed once per round and walked with a cursor."""
+    from graphkit.rewrite import Rule, const
+
+    def rewrite(op, x, y, c):
+        return op.Sub(op.Neg(x), c), op.Sub(op.Neg(y), c)
+
+    if by == "tensor":
+        rule = Rule("const_pair", lambda op, x, y, c: (op.Neg(op.Add(x, c)), op.Neg(op.Add(y, c))), rewrite)
+    else:
+        rule = Rule("const_pair", lambda op, x, y, c: (op.Neg(op.Add(x, const(c))), op.Neg(op.Add(y, const(c)))),
+                    lambda op, x, y, c: rewrite(op, x, y, op.initializer(c)))
+    options = {"rules": [rule], "lowering": Lowering.KEEP}
+
+    def seconds(model: onnx.ModelProto) -> float:
+        return min(_cpu_seconds(model, **options) for _ in range(3))
+
+    few = const_pairs(4)  # (its values stay finite: the pairs alternate the sign)
+    out, report = rewrite_model(few, **options)
+    assert report.rules.applied == {"const_pair": 4}
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)}
+    (want,), (got,) = (ReferenceEvaluator(m).run(None, feeds) for m in (few, out))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    n = 300
+    small, big = const_pairs(n), const_pairs(8 * n)
+    _, report = rewrite_model(small, **options)  # (and warm caches)
+    assert report.rules.applied == {"const_pair": n}
+    ratio = seconds(big) / seconds(small)
+    assert ratio < 20, f"const_pairs ({by}): 8x the pairs took {ratio:.1f}x the time (linear is ~8x)"
 
 
 def test_the_benchmark_times_these_shapes():
