@@ -75,6 +75,36 @@ def test_inner_node_with_other_consumers_is_not_swallowed():
     assert any("has other consumers" in r for r in report.rules.reasons["fuse_my_add"])
 
 
+@pytest.mark.parametrize("read", ["m", "r"])
+def test_a_reader_two_graphs_deep_is_another_consumer(read):
+    """A Neg in the branch of an If nested in an If's branch reads ``read``: the main graph's m
+    (then the Mul has another consumer and stays), or r, which the outer branch makes (no read
+    of the main graph's: the rule applies). ORT gives the model's values either way."""
+    from graphkit.rewrite.graph.view import GraphView
+
+    model = mul_add_model()
+
+    def branch(tag: str, nodes: list, out: str) -> onnx.GraphProto:
+        return helper.make_graph(nodes, tag, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, [3])])
+
+    inner = branch("inner", [helper.make_node("Neg", [read], ["in_n"])], "in_n")
+    inner_else = branch("inner_else", [helper.make_node("Identity", ["x"], ["in_e"])], "in_e")
+    outer = branch("outer", [helper.make_node("Relu", ["x"], ["r"]),
+                             helper.make_node("If", ["c"], ["o_y"], then_branch=inner, else_branch=inner_else)], "o_y")
+    outer_else = branch("outer_else", [helper.make_node("Identity", ["y"], ["o_e"])], "o_e")
+    g = model.graph
+    g.node.append(helper.make_node("If", ["c"], ["w"], then_branch=outer, else_branch=outer_else, name="if"))
+    g.input.append(helper.make_tensor_value_info("c", TensorProto.BOOL, []))
+    g.output.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [3]))
+    reads = GraphView(g.node).consumers
+    assert "r" not in reads and (len(g.node) - 1 in reads["m"]) is (read == "m")
+    out, report = rewrite_model(model, rules=[fuse_rule()])  # (my_add lowered again: ORT runs it)
+    assert report.rules.applied == ({} if read == "m" else {"fuse_my_add": 1})
+    feeds = {"x": np.float32([1, -2, 3]), "y": np.float32([4, 5, -6]), "c": np.array(True)}
+    for got, want in zip(run_ort(out, feeds), run_ort(model, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_check_can_veto_with_reason():
     rule = fuse_rule(check=lambda ctx, x, y: MatchResult().fail("not today"))
     out, report = rewrite_model(mul_add_model(), rules=[rule], lowering=Lowering.KEEP)
