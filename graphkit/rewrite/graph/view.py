@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from graphkit.rewrite.graph.walk import ENTER, holds_graphs, subgraphs, walk
+from graphkit.rewrite.graph.walk import outer_reads, subgraphs
 
 __all__ = ["GraphView", "constant_node_value"]
 
@@ -139,7 +139,7 @@ class GraphView:
                     consumers[name] = [i]
             if node.attribute:
                 for g in subgraphs(node):  # outer-scope uses from subgraphs count as consumers
-                    for name in _outer_refs(g):
+                    for name in outer_reads(g):
                         consumers.setdefault(name, []).append(i)
                         outer_used.add(name)
         consumers.pop("", None)
@@ -171,41 +171,6 @@ class GraphView:
         if name in self.protected:
             return True
         return any(i != node_index for i in self.consumers.get(name, ()))
-
-
-def _outer_refs(graph: onnx.GraphProto) -> set[str]:
-    """Names a subgraph (and the graphs nested in it) reads from enclosing scopes."""
-    if not any(map(holds_graphs, graph.node)):  # (most bodies: no walk needed)
-        local = _defined(graph)
-        return _reads(graph, local, set())
-    found: set[str] = set()
-    for event, v in walk(graph, exits=True):
-        if event == ENTER:  # (what it defines, what it and the graphs in it read from outside it)
-            v.data = (_defined(v.graph), set())
-            continue
-        local, refs = v.data
-        _reads(v.graph, local, refs)
-        if v.parent is None:
-            found = refs
-        else:
-            outer_local, outer_refs = v.parent.data
-            outer_refs.update(n for n in refs if n not in outer_local)
-    return found
-
-
-def _defined(graph: onnx.GraphProto) -> set[str]:
-    local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    for node in graph.node:
-        local.update(node.output)
-    return local
-
-
-def _reads(graph: onnx.GraphProto, local: set[str], refs: set[str]) -> set[str]:
-    """``refs`` with what ``graph``'s own nodes and outputs read that is not in ``local``."""
-    for node in graph.node:
-        refs.update(n for n in node.input if n and n not in local)
-    refs.update(o.name for o in graph.output if o.name not in local)
-    return refs
 
 
 def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:

@@ -33,7 +33,7 @@ from typing import Any
 import onnx
 
 __all__ = ["AI_ONNX", "ENTER", "EXIT", "NODE", "graph_node_lists", "graph_tree", "graphs", "held_graphs", "holds_graphs",
-           "node_lists", "scopes", "subgraphs", "walk", "ModelIndex", "Visit"]
+           "node_lists", "outer_reads", "scopes", "subgraphs", "walk", "ModelIndex", "Visit"]
 
 # The two spellings of the standard ONNX domain in opset imports and nodes.
 AI_ONNX = ("", "ai.onnx")
@@ -260,6 +260,41 @@ def _node_walk(roots: list[Visit], exits: bool, reverse: bool) -> Iterator[tuple
             stack.pop()
             if exits:
                 yield EXIT, v
+
+
+def outer_reads(graph: onnx.GraphProto) -> set[str]:
+    """The names ``graph`` (a subgraph) and the graphs nested in it read from enclosing scopes."""
+    if not any(map(holds_graphs, graph.node)):  # (most bodies: no walk needed)
+        local = _defined(graph)
+        return _reads(graph, local, set())
+    found: set[str] = set()
+    for event, v in walk(graph, exits=True):
+        if event == ENTER:  # (what it defines, what it and the graphs in it read from outside it)
+            v.data = (_defined(v.graph), set())
+            continue
+        local, refs = v.data
+        _reads(v.graph, local, refs)
+        if v.parent is None:
+            found = refs
+        else:
+            outer_local, outer_refs = v.parent.data
+            outer_refs.update(n for n in refs if n not in outer_local)
+    return found
+
+
+def _defined(graph: onnx.GraphProto) -> set[str]:
+    local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    for node in graph.node:
+        local.update(node.output)
+    return local
+
+
+def _reads(graph: onnx.GraphProto, local: set[str], refs: set[str]) -> set[str]:
+    """``refs`` with what ``graph``'s own nodes and outputs read that is not in ``local``."""
+    for node in graph.node:
+        refs.update(n for n in node.input if n and n not in local)
+    refs.update(o.name for o in graph.output if o.name not in local)
+    return refs
 
 
 def graphs(graph: onnx.GraphProto, *, reverse: bool = False) -> Iterator[onnx.GraphProto]:
