@@ -113,7 +113,10 @@ def _absorb(ctx: SimplifyContext, scope: SimplifyScope, k: int, node: onnx.NodeP
         scale, shift = got
         shape = [1] * weight.ndim
         shape[lin.weight_axis] = channels
-        new_w = (weight.astype(np.float64) * scale.reshape(shape)).astype(weight.dtype)
+        # Products in float64, rounded once to the weight's type as astype would, without a
+        # float64 copy of the weight: the ufunc casts through its small buffers.
+        new_w = np.multiply(weight, scale.reshape(shape), out=np.empty_like(weight, order="C"),
+                            dtype=np.float64, casting="unsafe")
         base = np.zeros(channels) if bias is None else bias.astype(np.float64)
         new_b = (base * scale + shift).astype(weight.dtype)
         w_name = ctx.fresh(f"{weight_name}_folded")

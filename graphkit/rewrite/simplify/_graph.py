@@ -10,6 +10,7 @@ a value renames it inside those subgraphs too.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +25,9 @@ __all__ = ["SimplifyScope", "outer_reads", "scopes_of"]
 
 _EXTERNAL = onnx.TensorProto.EXTERNAL
 _MANY = 16  # inputs past which a node's input positions are indexed
+_PLAIN = {t: helper.np_dtype_to_tensor_dtype(np.dtype(t)) for t in (
+    np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+    np.uint64, np.bool_)}  # numpy types whose from_array is their raw bytes
 
 
 def outer_reads(graph: onnx.GraphProto) -> set[str]:
@@ -304,8 +308,10 @@ class SimplifyScope:
         self.values[name] = value
         value = value if value.flags.c_contiguous else value.copy(order="C")  # (np.ascontiguousarray makes 0-d 1-d)
         if self.is_graph and name not in self.output_set:
-            self.new_initializers.append(numpy_helper.from_array(value, name))
-            self.initializers[name] = self.new_initializers[-1]
+            tensor = self.owner.initializer.add()  # (made where it stays: a large weight is not copied again)
+            _fill_tensor(tensor, value, name)
+            self.new_initializers.append(tensor)
+            self.initializers[name] = tensor
             self.producer.pop(name, None)
             return None
         node = helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value),
@@ -327,13 +333,23 @@ class SimplifyScope:
             kept = [n for n in self.nodes if n is not None]
         del owner.node[:]
         owner.node.extend(kept)
-        if self.is_graph and (self.new_initializers or self.dropped_initializers):
-            if self.dropped_initializers:  # deleted where they are: the others' bytes are never copied
-                drop = self.dropped_initializers
-                for i in [i for i, t in enumerate(owner.initializer) if t.name in drop][::-1]:
-                    del owner.initializer[i]
-            owner.initializer.extend(self.new_initializers)
+        if self.is_graph and self.dropped_initializers:  # (new ones are in place: add_constant made them there)
+            drop = self.dropped_initializers  # deleted where they are: the others' bytes are never copied
+            for i in [i for i, t in enumerate(owner.initializer) if t.name in drop][::-1]:
+                del owner.initializer[i]
         return True
+
+
+def _fill_tensor(tensor: onnx.TensorProto, value: np.ndarray, name: str) -> None:
+    """``tensor`` becomes ``numpy_helper.from_array(value, name)``, a plain numeric type's
+    bytes copied once (not into a tensor first and then into the graph)."""
+    if value.dtype.type in _PLAIN and value.dtype.isnative and sys.byteorder == "little":
+        tensor.dims.extend(value.shape)
+        tensor.name = name
+        tensor.data_type = _PLAIN[value.dtype.type]
+        tensor.raw_data = value.tobytes()
+    else:
+        tensor.CopyFrom(numpy_helper.from_array(value, name))
 
 
 def _external_size(tensor: onnx.TensorProto) -> int:

@@ -276,20 +276,14 @@ class SplicedPieces(Pieces):
 
     def write_fd(self, out: int) -> None:
         """Write the model to the file descriptor ``out`` (at its position)."""
-        pending: list[bytes] = []
         for p in self._parts:
             if isinstance(p, bytes):
-                pending.append(p)
+                _write_all(out, p)  # (not joined first: a part may be a weight a pass made)
                 continue
-            if pending:
-                _write_all(out, b"".join(pending))
-                pending = []
             try:
                 _copy_range(self._source, out, *p)
             except _Malformed:  # the input is shorter than it was
                 raise _changed(self._source.path) from None
-        if pending:
-            _write_all(out, b"".join(pending))
 
 
 def _changed(path: str) -> Exception:
@@ -351,13 +345,17 @@ def _restore(data: bytes, start: int, end: int, kind: str, location: bytes, need
              found: list[int]) -> tuple[list[Any], int] | None:
     """The message at data[start:end] (of ``kind``) with its references made inline again:
     (pieces, size); None where it holds none."""
-    if data.find(needle, start, end) < 0:
-        return None
     if kind == "tensor":
+        # A reference is in the tensor's external_data (field 13): its raw_data, perhaps a
+        # large weight a pass made, is not searched.
+        if not any(f[0] == 13 and data.find(needle, f[3], f[4]) >= 0 for f in _entries(data, start, end)):
+            return None
         got = _restore_tensor(data[start:end], location)
         if got is not None:
             found[0] += 1
         return got
+    if data.find(needle, start, end) < 0:
+        return None
     holds = _HOLDS[kind]
     parts: list[Any] = []
     size = 0
@@ -385,6 +383,18 @@ def _restore(data: bytes, start: int, end: int, kind: str, location: bytes, need
     parts.append(data[at:end])
     size += end - at
     return parts, size
+
+
+def _holds(parts: list[Any], needle: bytes) -> bool:
+    """Whether the bytes parts of ``parts``, joined, hold ``needle`` (without joining them)."""
+    n = len(needle) - 1
+    tail = b""  # the last n bytes before the part: a needle may cross parts
+    for p in parts:
+        if isinstance(p, bytes):
+            if needle in p or needle in tail + p[:n]:
+                return True
+            tail = (tail + p[-n:])[-n:]
+    return False
 
 
 def restore(data: bytes, location: bytes) -> tuple[list[Any], int]:
@@ -474,7 +484,7 @@ def _simplify(source: _Source, src: str, dst: str | None, *, registry: Any, opti
     serialized = out.join()
     del out, request
     parts, restored = restore(serialized, location)
-    if _needle(location) in b"".join(p for p in parts if isinstance(p, bytes)):
+    if _holds(parts, _needle(location)):
         parts, restored = [_materialized(serialized, source)], 0  # a reference where restore does not look
     pieces = SplicedPieces(parts, source)
     report.writer_reason = (f"simplify: {restored} of the input's {count} large initializers copied from it "
