@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from graphkit.rewrite import GraphPass, Lowering, MatchResult, Rule, RuleSet, const, either, optional, rewrite_model
-from graphkit.rewrite.rules import ruleset
+from graphkit.rewrite.rules import apply, ruleset
 from graphkit.rewrite.graph.view import GraphView
 from graphkit.rewrite.rules.matcher import Matcher, _same, deterministic
 from graphkit.rewrite.graph.walk import count_ops
@@ -176,12 +176,12 @@ def test_the_first_rules_are_the_deterministic_ones():
 
 
 def _rewrite(model, rules, fast: bool, lowering=Lowering.KEEP):
-    saved, ruleset._FIRST = ruleset._FIRST, fast
+    saved, apply._FIRST = apply._FIRST, fast
     try:
         out, report = rewrite_model(model, rules=RuleSet([RULES[i] for i in rules], max_rounds=4),
                                     lowering=lowering, check=False)
     finally:
-        ruleset._FIRST = saved
+        apply._FIRST = saved
     assert report.ops_after == count_ops(out)  # derived from what the rules changed, not counted
     return out.SerializeToString(), report.rules.applied, report.rules.matched, report.rules.reasons, \
         {k: dict(v) for k, v in report.rules.failures.items()}
@@ -300,13 +300,13 @@ TEMPLATED = {"relu_as_neg", "swapped", "attrs", "scale_checked", "pair_as_neg", 
 
 
 def _rewrite_templates(model, picks, templates: bool, lowering=Lowering.KEEP):
-    saved, ruleset._TEMPLATES = ruleset._TEMPLATES, templates
+    saved, apply._TEMPLATES = apply._TEMPLATES, templates
     try:
         rules = template_rules()
         out, report = rewrite_model(model, rules=RuleSet([rules[i] for i in picks], max_rounds=4),
                                     lowering=lowering, check=False)
     finally:
-        ruleset._TEMPLATES = saved
+        apply._TEMPLATES = saved
     assert report.ops_after == count_ops(out)
     return out.SerializeToString(), report.rules.applied, report.rules.matched, report.rules.reasons, \
         {k: dict(v) for k, v in report.rules.failures.items()}
@@ -336,9 +336,9 @@ def test_the_trace_templates_only_what_it_can_prove():
         if matcher.flat is None:
             continue
         _, names, many = matcher.flat
-        made = trace(ruleset._caller(rule.rewrite), names, many, 2 if many else 0, rule.anchor)
+        made = trace(apply._caller(rule.rewrite), names, many, 2 if many else 0, rule.anchor)
         assert (made is not None) == (rule.name in TEMPLATED), rule.name
-    made = trace(ruleset._caller(lambda op, x0, x1: op.Sub(x1, x0)), ("x0", "x1"), None, 0, ("custom", "my_add"))
+    made = trace(apply._caller(lambda op, x0, x1: op.Sub(x1, x0)), ("x0", "x1"), None, 0, ("custom", "my_add"))
     assert made.op_type == "Sub" and made.inputs(("a", "b"), []) == ("b", "a") and not made.same_inputs
 
 
@@ -364,7 +364,7 @@ def test_the_trace_templates_only_what_it_can_prove():
 def test_a_rewrite_that_reads_the_match_is_never_templated(rewrite):
     from graphkit.rewrite.rules.template import trace
 
-    assert trace(ruleset._caller(rewrite), ("x0",), None, 0, ("", "Sqrt")) is None
+    assert trace(apply._caller(rewrite), ("x0",), None, 0, ("", "Sqrt")) is None
 
 
 def _relu_chain(n: int, names: bool = False) -> onnx.ModelProto:
@@ -414,7 +414,7 @@ def test_a_stateful_rewrite_is_not_templated():
     from graphkit.rewrite.rules.template import trace
 
     count[0] = 0  # traced all the same, the second trace differs from the first
-    assert trace(ruleset._caller(rewrite), ("x0",), None, 0, ("", "Relu")) is None and count[0] == 2
+    assert trace(apply._caller(rewrite), ("x0",), None, 0, ("", "Relu")) is None and count[0] == 2
 
 
 def test_templated_names_avoid_the_models_and_each_other():
@@ -425,12 +425,12 @@ def test_templated_names_avoid_the_models_and_each_other():
     model.graph.output.extend([helper.make_tensor_value_info(t, F, [2]) for t in taken[2:]])
     outs = []
     for templates in (True, False):
-        saved, ruleset._TEMPLATES = ruleset._TEMPLATES, templates
+        saved, apply._TEMPLATES = apply._TEMPLATES, templates
         try:
             out, _ = rewrite_model(model, rules=[Rule.node("r", "Relu", lambda op, x0: op.Neg(x0))],
                                    lowering=Lowering.KEEP)
         finally:
-            ruleset._TEMPLATES = saved
+            apply._TEMPLATES = saved
         outs.append(out.SerializeToString())
     assert outs[0] == outs[1]
     names = [n.name for n in out.graph.node]
@@ -459,7 +459,7 @@ def test_nothing_of_a_rewrite_outlives_it_in_a_reference_cycle():
     try:
         out, report = rewrite_model(model, rules=rules, lowering=Lowering.KEEP)
         assert report.rules.applied == {"relu_as_neg": 3, "my_add_as_add": 1}
-        left = [o for o in gc.get_objects() if type(o) in (ruleset.Scope, View, TypeTable, ruleset._RuleRun)]
+        left = [o for o in gc.get_objects() if type(o) in (ruleset.Scope, View, TypeTable, apply._RuleRun)]
     finally:
         if was:
             gc.enable()
@@ -478,12 +478,12 @@ def test_stamping_stops_at_a_node_without_a_match_and_goes_on_in_order():
                               opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("t", 1)], ir_version=10)
     runs = []
     for templates in (True, False):
-        saved, ruleset._TEMPLATES = ruleset._TEMPLATES, templates
+        saved, apply._TEMPLATES = apply._TEMPLATES, templates
         try:
             out, report = rewrite_model(model, rules=[Rule.node("neg", "pair", lambda op, x0: op.Neg(x0), domain="t")],
                                         lowering=Lowering.KEEP, check=False)
         finally:
-            ruleset._TEMPLATES = saved
+            apply._TEMPLATES = saved
         runs.append((out.SerializeToString(), report.rules.applied, report.rules.matched, report.rules.reasons))
     assert runs[0] == runs[1]
     assert [n.op_type for n in out.graph.node] == ["Neg", "pair", "Neg", "Add"]
@@ -505,11 +505,11 @@ def _prefixed_chain() -> onnx.ModelProto:
 def _on_and_off(model, rule):
     outs = []
     for templates in (True, False):
-        saved, ruleset._TEMPLATES = ruleset._TEMPLATES, templates
+        saved, apply._TEMPLATES = apply._TEMPLATES, templates
         try:
             out, report = rewrite_model(model, rules=[rule], lowering=Lowering.KEEP, check=False)
         finally:
-            ruleset._TEMPLATES = saved
+            apply._TEMPLATES = saved
         outs.append((out.SerializeToString(), report.rules.applied))
     return outs
 
@@ -611,12 +611,12 @@ def test_a_rewrite_run_per_match_reads_types_as_the_rule_found_them():
 
     outs = []
     for templates in (True, False):
-        saved, ruleset._TEMPLATES = ruleset._TEMPLATES, templates
+        saved, apply._TEMPLATES = apply._TEMPLATES, templates
         try:
             out, _ = rewrite_model(model, rules=[Rule("cat", lambda op, *xs: op.Concat(*xs, axis=0), rewrite)],
                                    lowering=Lowering.KEEP, check=False)
         finally:
-            ruleset._TEMPLATES = saved
+            apply._TEMPLATES = saved
         outs.append(out.SerializeToString())
     assert outs[0] == outs[1]
     assert [n.op_type for n in out.graph.node] == ["Sum", "Neg"]

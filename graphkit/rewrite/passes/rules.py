@@ -9,7 +9,8 @@ from graphkit.rewrite.graph.walk import ModelIndex
 from graphkit.rewrite.lowering.builder import Builder
 from graphkit.rewrite.passes.base import PassResult, PassContext
 from graphkit.rewrite.rules.graphsurgeon import GraphSurgeonRule, apply_graphsurgeon_rules
-from graphkit.rewrite.rules.ruleset import OpDelta, apply_rule_set
+from graphkit.rewrite.rules.apply import apply_rule_set
+from graphkit.rewrite.rules.ruleset import OpDelta
 
 __all__ = ["graphsurgeon_pass", "rules_pass"]
 

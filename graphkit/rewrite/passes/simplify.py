@@ -10,7 +10,8 @@ from graphkit.rewrite.graph.walk import ModelIndex
 from graphkit.rewrite.graph.types import TypeTable
 from graphkit.rewrite.lowering.builder import Builder, NameGenerator
 from graphkit.rewrite.passes.base import PassResult, PassContext
-from graphkit.rewrite.rules.ruleset import RuleSet, apply_rule_set
+from graphkit.rewrite.rules.apply import apply_rule_set
+from graphkit.rewrite.rules.ruleset import RuleSet
 
 __all__ = ["simplify_pass"]
 
