@@ -107,11 +107,21 @@ def conv_bn():
     return model_of(nodes, [vi("x", ["n", c, 8, 8])], [vi("y", ["n", m, 8, 8])], inits)
 
 
+def folded_conv_bn():
+    """conv_bn whose Conv weight is a Transpose of a large one: fold-constants makes the
+    weight (held as an array by the splice) that the fusion library's conv_bn then reads."""
+    model = conv_bn()
+    w = next(t for t in model.graph.initializer if t.name == "w")
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w).transpose(1, 0, 2, 3).copy(), "w0"))
+    model.graph.node.insert(0, helper.make_node("Transpose", ["w0"], ["w"], perm=[1, 0, 2, 3]))
+    return model
+
+
 def feeds_for(name):
     rng = np.random.default_rng(7)
     if name == "dcn":
         return [{"x": rng.standard_normal((1, 32, 32, 32)).astype(np.float32)}]
-    if name == "conv_bn":
+    if name in ("conv_bn", "folded_conv_bn"):
         return [{"x": rng.standard_normal((n, 64, 8, 8)).astype(np.float32)} for n in (1, 2)]
     feeds = [{"x": rng.standard_normal((n, ROWS)).astype(np.float32)} for n in (1, 3)]
     if name == "with_subgraphs":
@@ -119,7 +129,8 @@ def feeds_for(name):
     return feeds
 
 
-MODELS = {"mlp": mlp, "with_subgraphs": with_subgraphs, "dcn": dcn, "conv_bn": conv_bn}
+MODELS = {"mlp": mlp, "with_subgraphs": with_subgraphs, "dcn": dcn, "conv_bn": conv_bn,
+          "folded_conv_bn": folded_conv_bn}
 
 
 def run(path, feeds):
@@ -183,6 +194,45 @@ def test_a_fusion_reads_a_large_weight_of_the_model_file(tmp_path):
     src, spliced, _, fast, _ = spliced_and_plain(tmp_path, conv_bn())
     assert "simplify:fuse" in dict(fast.report.passes)
     assert [n.op_type for n in onnx.load(spliced).graph.node] == ["Conv"]
+
+
+@pytest.mark.parametrize("name", ["dcn", "mlp", "folded_conv_bn"])
+def test_large_weights_a_pass_made_are_written_from_their_arrays(tmp_path, name):
+    """A weight folded (the DCN's BatchNormalization into its weight, the mlp's Transpose) is
+    held as an array (graphkit.rewrite.graph.held), written from it and never serialized:
+    a memoryview among the output's pieces, the bytes the plain path's. In folded_conv_bn the
+    fusion library's conv_bn reads the held weight fold-constants made (its own new weight is
+    inline: no memoryview); reading none, it would not fuse."""
+    src, _, plain, _, _ = spliced_and_plain(tmp_path, MODELS[name]())
+    report, sizes, pieces = _splice.simplify_spliced(str(src), None, registry=None, options=simplify_options())
+    held = [p for p in pieces._parts if isinstance(p, memoryview)]
+    assert pieces.join() == plain.read_bytes() and sizes["bytes_after"] == len(pieces)
+    if name == "folded_conv_bn":
+        assert "simplify:fold-constants" in dict(report.passes) and "simplify:fuse" in dict(report.passes)
+        assert [n.op_type for n in onnx.load(plain).graph.node] == ["Conv"] and not held
+    else:
+        assert held and all(len(p) >= _splice.MIN_SPLICED for p in held)
+
+
+def test_a_held_weight_where_restore_does_not_look_is_materialized(tmp_path):
+    """_materialized (restore's fallback) writes a held weight's bytes into its raw_data: the
+    tensor numpy_helper.from_array makes."""
+    from graphkit.rewrite.graph.held import HeldWeights
+
+    src = tmp_path / "m.onnx"
+    onnx.save(mlp(), src)
+    value = np.random.default_rng(8).standard_normal((ROWS, COLS)).astype(np.float32)
+    model = onnx.load(src)
+    weights = HeldWeights("m.onnx", os.path.getsize(src), _splice.MIN_SPLICED)
+    assert weights.hold(model.graph.initializer.add(), value, "made")
+    assert not weights.hold(onnx.TensorProto(), value[:2], "small")
+    want = onnx.load(src)
+    want.graph.initializer.append(numpy_helper.from_array(value, "made"))
+    source = _splice._Source(str(src))
+    try:
+        assert _splice._materialized(model.SerializeToString(), source, weights) == want.SerializeToString()
+    finally:
+        source.close()
 
 
 def test_the_weights_are_not_read_into_python_where_no_pass_needs_them(tmp_path, monkeypatch):

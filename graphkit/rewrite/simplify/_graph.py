@@ -10,7 +10,6 @@ a value renames it inside those subgraphs too.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from graphkit.rewrite.graph.held import PLAIN_TYPES, held, held_value, plain
 from graphkit.rewrite.graph.view import constant_node_value
 from graphkit.rewrite.graph.walk import AI_ONNX, subgraphs, walk
 
@@ -25,9 +25,6 @@ __all__ = ["SimplifyScope", "outer_reads", "scopes_of"]
 
 _EXTERNAL = onnx.TensorProto.EXTERNAL
 _MANY = 16  # inputs past which a node's input positions are indexed
-_PLAIN = {t: helper.np_dtype_to_tensor_dtype(np.dtype(t)) for t in (
-    np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
-    np.uint64, np.bool_)}  # numpy types whose from_array is their raw bytes
 
 
 def outer_reads(graph: onnx.GraphProto) -> set[str]:
@@ -179,6 +176,8 @@ class SimplifyScope:
                 return None  # overridable: not a constant
             if tensor.data_location != _EXTERNAL:
                 value = numpy_helper.to_array(tensor)
+            elif (value := held_value(tensor)) is not None:
+                pass  # a weight a pass made, held by the splice
             elif self.base_dir is not None and (limit is None or self.in_model_file(tensor)
                                                 or _external_size(tensor) <= limit):
                 try:
@@ -206,6 +205,10 @@ class SimplifyScope:
     def raw_bytes(self, tensor: onnx.TensorProto, *, ends: int = 0) -> Any:
         """The raw bytes of a tensor stored in the model's own file (None: unreadable);
         ``ends``: only its first and last ``ends`` bytes, a pair."""
+        got = held_value(tensor)
+        if got is not None:
+            data = memoryview(got).cast("B")
+            return (bytes(data[:ends]), bytes(data[-ends:])) if ends else data
         info = {e.key: e.value for e in tensor.external_data}
         try:
             offset, length = int(info.get("offset", 0)), int(info["length"])
@@ -309,7 +312,9 @@ class SimplifyScope:
         value = value if value.flags.c_contiguous else value.copy(order="C")  # (np.ascontiguousarray makes 0-d 1-d)
         if self.is_graph and name not in self.output_set:
             tensor = self.owner.initializer.add()  # (made where it stays: a large weight is not copied again)
-            _fill_tensor(tensor, value, name)
+            weights = held()
+            if weights is None or not weights.hold(tensor, value, name):
+                _fill_tensor(tensor, value, name)
             self.new_initializers.append(tensor)
             self.initializers[name] = tensor
             self.producer.pop(name, None)
@@ -343,10 +348,10 @@ class SimplifyScope:
 def _fill_tensor(tensor: onnx.TensorProto, value: np.ndarray, name: str) -> None:
     """``tensor`` becomes ``numpy_helper.from_array(value, name)``, a plain numeric type's
     bytes copied once (not into a tensor first and then into the graph)."""
-    if value.dtype.type in _PLAIN and value.dtype.isnative and sys.byteorder == "little":
+    if plain(value):
         tensor.dims.extend(value.shape)
         tensor.name = name
-        tensor.data_type = _PLAIN[value.dtype.type]
+        tensor.data_type = PLAIN_TYPES[value.dtype.type]
         tensor.raw_data = value.tobytes()
     else:
         tensor.CopyFrom(numpy_helper.from_array(value, name))

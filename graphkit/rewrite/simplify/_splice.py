@@ -6,8 +6,9 @@ and length of each one's raw_data). The simplify passes run on that skeleton; a 
 needs a weight's value reads it from IN, as it would read it inline (SimplifyScope.in_model_file:
 no size limit applies to them). OUT is the passes' output with every such reference made
 inline again, the raw_data field put back where protobuf writes it, its bytes copied from IN
-by the kernel (``os.copy_file_range``) rather than through Python. Initializers a pass made
-or changed are the passes' own (serialized as always), and those removed are not copied.
+by the kernel (``os.copy_file_range``) rather than through Python. A large initializer a
+pass made is held as its array (graphkit.rewrite.graph.held), referred to past IN's end, and
+written from it; smaller ones are serialized as always; those removed are not copied.
 
 The output is the plain path's, byte for byte (tests/test_simplify_io.py compares them). A
 model this does not apply to (external data of its own, a symlink, nothing large, an
@@ -24,6 +25,7 @@ from typing import Any
 import onnx
 
 from graphkit.rewrite.bytes.wire import encode_varint, read_varint
+from graphkit.rewrite.graph.held import HeldWeights, holding
 from graphkit.rewrite.writers import Pieces, Unsupported
 
 __all__ = ["MIN_SPLICED", "SplicedPieces", "simplify_spliced", "skeleton_of_file"]
@@ -240,14 +242,15 @@ def refer(model: onnx.ModelProto, refs: list[tuple[int, int, int]], location: st
 
 
 class SplicedPieces(Pieces):
-    """A serialized model as bytes and (offset, length) ranges of the input file: written
+    """A serialized model as bytes, (offset, length) ranges of the input file and memoryviews
+    of the large weights the passes made (graphkit.rewrite.graph.held): written
     with the ranges copied file to file (``write_fd``); ``join`` reads them from the input
     again (for --diff and the API), refusing an input that changed since."""
 
     def __init__(self, parts: list[Any], source: _Source) -> None:
         self._parts = parts
         self._source = source
-        self.size = sum(len(p) if isinstance(p, bytes) else p[1] for p in parts)
+        self.size = sum(p[1] if isinstance(p, tuple) else len(p) for p in parts)
 
     def join(self) -> bytes:
         source = self._source
@@ -266,7 +269,7 @@ class SplicedPieces(Pieces):
 
     def _joined(self, source: _Source) -> bytes:
         try:
-            return b"".join(p if isinstance(p, bytes) else source.read(*p) for p in self._parts)
+            return b"".join(source.read(*p) if isinstance(p, tuple) else p for p in self._parts)
         except _Malformed:
             raise _changed(source.path) from None
 
@@ -277,8 +280,8 @@ class SplicedPieces(Pieces):
     def write_fd(self, out: int) -> None:
         """Write the model to the file descriptor ``out`` (at its position)."""
         for p in self._parts:
-            if isinstance(p, bytes):
-                _write_all(out, p)  # (not joined first: a part may be a weight a pass made)
+            if not isinstance(p, tuple):
+                _write_all(out, p)  # (bytes, or a memoryview of a weight a pass made: not joined first)
                 continue
             try:
                 _copy_range(self._source, out, *p)
@@ -409,7 +412,7 @@ def restore(data: bytes, location: bytes) -> tuple[list[Any], int]:
     return parts, found[0]
 
 
-def _materialized(data: bytes, source: _Source) -> bytes:
+def _materialized(data: bytes, source: _Source, weights: HeldWeights | None = None) -> bytes:
     """The serialized model ``data`` with every tensor referring into the model file read
     into its raw_data (parsed and serialized whole: what restore does without either)."""
     from graphkit.external_data import external_tensors
@@ -419,7 +422,8 @@ def _materialized(data: bytes, source: _Source) -> bytes:
         if tensor.data_location != _EXTERNAL:
             continue  # (listed once per scope that sees it: made inline already)
         info = {e.key: e.value for e in tensor.external_data}
-        tensor.raw_data = source.read(int(info["offset"]), int(info["length"]))
+        got = None if weights is None else weights.array(tensor)
+        tensor.raw_data = source.read(int(info["offset"]), int(info["length"])) if got is None else got.tobytes()
         tensor.ClearField("external_data")
         tensor.ClearField("data_location")
     return model.SerializeToString()
@@ -480,12 +484,15 @@ def _simplify(source: _Source, src: str, dst: str | None, *, registry: Any, opti
                       prefer=(Lowering.KEEP,), check=check, full_check=full_check, path=src, progress=progress,
                       owned=True, options={"simplify": options})
     del model, data
-    out, report = engine.write(request)
+    with holding(HeldWeights(name, source.size, MIN_SPLICED)) as weights:
+        out, report = engine.write(request)
     serialized = out.join()
     del out, request
-    parts, restored = restore(serialized, location)
-    if _holds(parts, _needle(location)):
-        parts, restored = [_materialized(serialized, source)], 0  # a reference where restore does not look
+    parts, _ = restore(serialized, location)
+    parts = [weights.data(*p) if isinstance(p, tuple) and p[0] >= source.size else p for p in parts]
+    restored = sum(isinstance(p, tuple) for p in parts)
+    if _holds(parts, _needle(location)) or any(p is None for p in parts):
+        parts, restored = [_materialized(serialized, source, weights)], 0  # a reference where restore does not look
     pieces = SplicedPieces(parts, source)
     report.writer_reason = (f"simplify: {restored} of the input's {count} large initializers copied from it "
                             "unparsed (graphkit.rewrite.simplify._splice)")
