@@ -12,7 +12,9 @@ writer runs. The layout:
 - graph/: walking every graph, subgraph and function body; scopes; a node-list index;
 - convert/: ai.onnx opset conversion (``--target-opset``);
 - bytes/: the byte writers, spliced into the serialized model;
-- fusions/: the fusion library (``--fuse``); simplify/: ``graphkit simplify``'s passes.
+- fusions/: the fusion library (``--fuse``);
+- simplify/: ``graphkit simplify``, above the engine: its entry points, and its passes, which the
+  engine runs through the SimplifyOptions it is handed.
 """
 
 from graphkit.rewrite.rules.graphsurgeon import GraphSurgeonRule

@@ -67,7 +67,8 @@ def _ops_after(ctx: PassContext, model: onnx.ModelProto) -> collections.Counter:
 
 
 # The rewrite, in order. The last two run only when an earlier pass changed the model.
-# "simplify" runs graphkit.rewrite.simplify's passes (SIMPLIFY_PASSES) until none changes the model.
+# "simplify" runs the passes of the SimplifyOptions handed in (graphkit.rewrite.simplify's, through
+# passes/base.py's Simplifier) until none changes the model.
 _INDEX, _BOTH = frozenset({"index"}), ANALYSES
 PASSES: tuple[Pass, ...] = (
     Pass("recognise-standard-ops", lambda ctx, m: ctx.converting and ctx.has_standard and
@@ -112,8 +113,8 @@ def rewrite_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None,
     half rewritten). A model where nothing applies comes back unchanged field for field. ``check`` runs the ONNX checker on the result and strict
     shape inference on each distinct replacement, and on the whole model when it has at
     most FULL_CHECK_NODES nodes or ``full_check`` is set. ``simplify`` (a
-    :class:`graphkit.rewrite.simplify.SimplifyOptions`) runs the simplify passes after
-    lowering. The passes run are :data:`PASSES`.
+    :class:`graphkit.rewrite.simplify.SimplifyOptions`: a
+    :class:`~graphkit.rewrite.passes.base.Simplifier`) runs the simplify passes after lowering. The passes run are :data:`PASSES`.
     """
     return _rewrite(model, registry=registry, lowering=lowering, rules=rules, target_opset=target_opset,
                     as_functions=as_functions, check=check, full_check=full_check, path=path, progress=progress,

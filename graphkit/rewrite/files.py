@@ -130,11 +130,9 @@ def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None
     if dst is not None:
         check_output_path(dst, src)
     if fast and options.get("simplify") is not None and _only_simplifies(lowering, options):
-        from graphkit.rewrite.simplify._splice import simplify_spliced
-
-        done = simplify_spliced(src, dst, registry=registry, options=options["simplify"],
-                                check=options.get("check", True), full_check=options.get("full_check", False),
-                                progress=options.get("progress"), before_write=before_write)
+        done = options["simplify"].write_file(src, dst, registry=registry, check=options.get("check", True),
+                                              full_check=options.get("full_check", False),
+                                              progress=options.get("progress"), before_write=before_write)
         if done is not None:  # (None: the splice does not apply; nothing was written)
             return FileRewrite(*done)
     data = read_model_bytes(src)
@@ -175,7 +173,7 @@ def rewrite_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None
 
 def _only_simplifies(lowering: Lowering | Sequence[Lowering], options: dict[str, Any]) -> bool:
     """Whether the rewrite asked is ``graphkit simplify``'s (custom ops kept, no rules,
-    functions or conversion): graphkit.rewrite.simplify._splice writes it, the input's
+    functions or conversion): the options' write_file (graphkit.rewrite.simplify._splice) writes it, the input's
     large weights copied unparsed."""
     keep = lowering == Lowering.KEEP or (not isinstance(lowering, Lowering) and tuple(lowering) == (Lowering.KEEP,))
     return keep and set(options) <= {"simplify", "check", "full_check", "progress", "rules", "as_functions",

@@ -7,6 +7,6 @@
 - ``rules.py``: rules (pattern rules, graph passes) and graphsurgeon-rules;
 - ``lower.py``: lower (placeholders replaced by their lowerings);
 - ``functions.py``: attach-functions (``--as-functions``);
-- ``simplify.py``: simplify (graphkit.rewrite.simplify's passes after lowering);
+- ``simplify.py``: simplify (the passes of the SimplifyOptions it is handed, after lowering);
 - ``finish.py``: fix-imports and check, run only when a pass changed the model.
 """

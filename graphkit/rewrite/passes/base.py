@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import onnx
 
@@ -19,7 +19,28 @@ from graphkit.rewrite.lowering.builder import NameGenerator
 from graphkit.rewrite.lowering.plan import Lowering, LoweringPlan
 from graphkit.rewrite.rules.ruleset import RuleReport, RuleSet
 
-__all__ = ["ANALYSES", "DEFAULT_OPSET", "Pass", "PassResult", "PassContext", "RewriteReport", "ai_onnx_opset"]
+__all__ = ["ANALYSES", "DEFAULT_OPSET", "Pass", "PassResult", "PassContext", "RewriteReport", "Simplifier",
+           "ai_onnx_opset"]
+
+
+class Simplifier(Protocol):
+    """What the simplify pass is handed (``rewrite_model(simplify=...)``): graphkit.rewrite.simplify's
+    SimplifyOptions. ``fusions``: objects with ``rules`` and ``min_opset``, applied as rules when
+    ``fuse``; ``run`` simplifies a model in place, calling ``fuse(model)`` (how many rules applied)
+    each round, and returns what it did: ``changes`` (a Counter by pass), ``rounds``, ``kept``
+    ((node, op) -> why its constant inputs did not fold) and ``describe()`` ((pass, what) rows).
+    ``write_file`` is ``rewrite_file``'s simplify-only path (the file's large weights copied
+    unparsed): (report, sizes, output pieces), or None where the plain path must run."""
+
+    fusions: tuple[Any, ...]
+    fuse: bool
+
+    def run(self, model: onnx.ModelProto, registry: OpRegistry, *, opset: int, placeholder_domains: frozenset[str],
+            path: str | None = None, fuse: Callable[[onnx.ModelProto], int] | None = None) -> Any: ...
+
+    def write_file(self, src: str, dst: str | None, *, registry: OpRegistry | None, check: bool = True,
+                   full_check: bool = False, progress: Callable[[str, int, int], None] | None = None,
+                   before_write: Callable[[Any, dict[str, int]], None] | None = None) -> Any: ...
 
 
 # Opset written into models that hold no ai.onnx import before a decomposition adds one.
@@ -128,7 +149,7 @@ class PassContext:
     counts: collections.Counter | None = None  # op counts after the rules pass: read where "counts" holds
     valid: set[str] = field(default_factory=lambda: {"index"})  # the ANALYSES that hold
     attached: collections.Counter = field(default_factory=collections.Counter)  # the attached functions' ops
-    simplify: Any = None             # SimplifyOptions: run the simplify passes after lowering
+    simplify: Simplifier | None = None  # run the simplify passes after lowering
     simplified: bool = False         # they changed the model (its op counts are counted again)
     # engine's FULL_CHECK_NODES, PROGRESS_MIN_NODES and PROGRESS_STEP when the rewrite started
     full_check_nodes: int = field(kw_only=True)  # whole-model shape inference up to this many nodes

@@ -1,5 +1,7 @@
-"""The simplify pass: graphkit.rewrite.simplify's passes after lowering, with the fusions
-its options hold as rules."""
+"""The simplify pass: the simplify passes the context's ``simplify`` options carry (graphkit.rewrite.simplify's
+SimplifyOptions, a :class:`~graphkit.rewrite.passes.base.Simplifier`) after lowering, with the fusions
+they hold as rules. Nothing of graphkit.rewrite.simplify is imported here: it sits above the engine
+and hands its passes in."""
 
 from __future__ import annotations
 
@@ -17,9 +19,7 @@ __all__ = ["simplify_pass"]
 
 
 def simplify_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
-    """graphkit.rewrite.simplify's passes, with the fusions its options hold as rules."""
-    from graphkit.rewrite.simplify._run import describe, run_simplify
-
+    """The simplify passes ``ctx.simplify`` runs, with the fusions it holds as rules."""
     options, opset = ctx.simplify, ctx.plan.opset
     rules = RuleSet([r for f in options.fusions if (f.min_opset or 0) <= opset for r in f.rules])
 
@@ -32,11 +32,11 @@ def simplify_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
                            node_name=node.name, op_name=rule_name)
         return apply_rule_set(m, rules, make_builder=make_builder, types=types,
                               report=ctx.report.rules, path=ctx.path)
-    result = run_simplify(model, ctx.registry, opset=opset, placeholder_domains=ctx.placeholders, options=options,
-                          path=ctx.path, fuse=fuse if options.fuse and len(rules) else None)
+    result = options.run(model, ctx.registry, opset=opset, placeholder_domains=ctx.placeholders, path=ctx.path,
+                         fuse=fuse if options.fuse and len(rules) else None)
     ctx.report.kept.update((f"{op} {node}", why) for (node, op), why in result.kept.items())
     if not result.changes:
         return PassResult(model, False)
     ctx.simplified = True
-    ctx.report.passes.extend(describe(result))
+    ctx.report.passes.extend(result.describe())
     return PassResult(model, True, f"{sum(result.changes.values())} changes in {result.rounds} rounds")

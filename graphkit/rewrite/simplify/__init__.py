@@ -20,7 +20,11 @@ fuse                    graphkit's fusion library (graphkit.rewrite.fusions)
 ======================  ===================================================================
 
 Shapes and types come from ONNX shape inference with every known custom op's shape
-function. Graph inputs, outputs and their names never change. ::
+function. Graph inputs, outputs and their names never change.
+
+This package sits above the engine: its entry points call ``rewrite_model`` / ``rewrite_file``
+with a :class:`SimplifyOptions`, whose ``run`` the engine's simplify pass
+(graphkit.rewrite.passes.simplify) calls; nothing below imports it. ::
 
     from graphkit.rewrite.simplify import simplify_model
     smaller, report = simplify_model(model)
@@ -35,9 +39,12 @@ from typing import Any
 
 import onnx
 
+from graphkit.errors import UsageError
 from graphkit.ops import OpRegistry
-from graphkit.rewrite.simplify._context import SimplifyOptions
-from graphkit.rewrite.simplify._run import FUSE, NAMES, SIMPLIFY_PASSES
+from graphkit.rewrite import fusions
+from graphkit.rewrite.engine import Lowering, rewrite_model
+from graphkit.rewrite.files import FileRewrite, rewrite_file
+from graphkit.rewrite.simplify._run import FUSE, NAMES, SIMPLIFY_PASSES, SimplifyOptions
 
 __all__ = ["PASS_NAMES", "SimplifyOptions", "simplify_file", "simplify_model", "simplify_options"]
 
@@ -49,9 +56,6 @@ def simplify_options(**overrides: Any) -> SimplifyOptions:
     has its ops: every fusion but qkv, see graphkit.rewrite.fusions); ``overrides`` set the
     other fields (``fusions=fusions.LIBRARY.select("all")`` for every one). An unknown pass in
     ``skip`` is a UsageError naming the passes."""
-    from graphkit.errors import UsageError
-    from graphkit.rewrite import fusions
-
     skip = frozenset(overrides.get("skip", ()))
     unknown = sorted(skip - NAMES)
     if unknown:
@@ -65,19 +69,14 @@ def simplify_model(model: onnx.ModelProto, *, registry: OpRegistry | None = None
                    options: SimplifyOptions | None = None, check: bool = True,
                    path: str | None = None) -> tuple[onnx.ModelProto, Any]:
     """A simplified copy of ``model`` (custom ops kept) and the rewrite report."""
-    from graphkit.rewrite.engine import Lowering, rewrite_model
-
     opts = simplify_options() if options is None else options
     return rewrite_model(model, registry=registry, lowering=Lowering.KEEP, simplify=opts, check=check, path=path)
 
 
 def simplify_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None, *,
                   registry: OpRegistry | None = None, options: SimplifyOptions | None = None,
-                  **kwargs: Any) -> Any:
+                  **kwargs: Any) -> FileRewrite:
     """``rewrite_file`` keeping custom ops and simplifying (``dst`` None: a dry run); returns
     its FileRewrite."""
-    from graphkit.rewrite.engine import Lowering
-    from graphkit.rewrite.files import rewrite_file
-
     opts = simplify_options() if options is None else options
     return rewrite_file(src, dst, registry=registry, lowering=Lowering.KEEP, simplify=opts, **kwargs)

@@ -15,35 +15,19 @@ from graphkit.rewrite.simplify._graph import SimplifyScope, base_dir_of, scopes_
 from graphkit.rewrite.graph.types import TypeTable
 from graphkit.rewrite.simplify._shapes import simplify_types
 
-__all__ = ["DEFAULT_SIZE_LIMIT", "SimplifyContext", "SimplifyOptions"]
+__all__ = ["DEFAULT_SIZE_LIMIT", "SimplifyContext"]
 
 DEFAULT_SIZE_LIMIT = 1 << 20  # bytes a folded output may hold (beyond twice its constant inputs)
 
 
-@dataclass(frozen=True)
-class SimplifyOptions:
-    """How ``graphkit simplify`` (and ``rewrite --simplify``) runs.
-
-    ``size_limit``: the most bytes a folded node's outputs may hold (unless no more than
-    twice its constant inputs); ``fusions``: the fusions the "fuse" pass applies (objects
-    with ``rules`` and ``min_opset``, as graphkit.rewrite.fusions' ``Fusion``; those the
-    model's opset lacks are left out); ``fuse``: run them; ``skip``: names of passes not to
-    run; ``max_rounds``: the passes repeat until nothing changes, at most this many times.
-    """
-
-    size_limit: int = DEFAULT_SIZE_LIMIT
-    fusions: tuple[Any, ...] = ()
-    fuse: bool = True
-    skip: frozenset[str] = frozenset()
-    max_rounds: int = 8
-
-
 @dataclass
 class SimplifyContext:
+    """What one run of the passes shares (made by _run.run_simplify)."""
+
     registry: OpRegistry
     opset: int
     placeholder_domains: frozenset[str]
-    options: SimplifyOptions = field(default_factory=SimplifyOptions)
+    options: Any  # graphkit.rewrite.simplify._run.SimplifyOptions
     path: str | None = None
     types: TypeTable | None = None
     shape_values: dict[str, tuple[bool, tuple[Any, ...]]] = field(default_factory=dict)
