@@ -86,17 +86,20 @@ def root_pairs(n: int, *, wide: bool = False) -> onnx.ModelProto:
     return _model(nodes, [prev])
 
 
-def const_pairs(n: int) -> onnx.ModelProto:
+def const_pairs(n: int, *, separate: bool = False) -> onnx.ModelProto:
     """``n`` pairs Neg(Add(v, c)), Neg(Add(Exp(v), c)) of one initializer ``c``: the two roots of
-    a pattern joined only through a constant, which all 2n Adds read; each pair's Sum the next v."""
-    nodes, prev = [], "x"
+    a pattern joined only through a constant, which all 2n Adds read; each pair's Sum the next v.
+    ``separate``: each Add reads its own initializer (``c{i}a``, ``c{i}b``) of that same value."""
+    nodes, prev, names = [], "x", []
     for i in range(n):
-        nodes += [helper.make_node("Add", [prev, "c"], [f"a{i}"]), helper.make_node("Neg", [f"a{i}"], [f"na{i}"]),
-                  helper.make_node("Exp", [prev], [f"e{i}"]), helper.make_node("Add", [f"e{i}", "c"], [f"b{i}"]),
+        ca, cb = (f"c{i}a", f"c{i}b") if separate else ("c", "c")
+        nodes += [helper.make_node("Add", [prev, ca], [f"a{i}"]), helper.make_node("Neg", [f"a{i}"], [f"na{i}"]),
+                  helper.make_node("Exp", [prev], [f"e{i}"]), helper.make_node("Add", [f"e{i}", cb], [f"b{i}"]),
                   helper.make_node("Neg", [f"b{i}"], [f"nb{i}"]), helper.make_node("Sum", [f"na{i}", f"nb{i}"], [f"s{i}"])]
+        names += [ca, cb] if separate else []
         prev = f"s{i}"
     model = _model(nodes, [prev])
-    model.graph.initializer.append(helper.make_tensor("c", TensorProto.FLOAT, [], [1.5]))
+    model.graph.initializer.extend(helper.make_tensor(c, TensorProto.FLOAT, [], [1.5]) for c in names or ["c"])
     return model
 
 

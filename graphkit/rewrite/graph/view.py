@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from typing import Any
 
@@ -9,7 +10,6 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from graphkit.rewrite.graph.held import held_value
 from graphkit.rewrite.graph.walk import outer_reads, subgraphs
 
 __all__ = ["GraphView", "constant_node_value"]
@@ -49,6 +49,7 @@ class GraphView:
         self._outer_used: set[str] = set()
         self._initializers = {t.name: t for t in initializers}
         self._const_cache: dict[str, np.ndarray | None] = {}
+        self._equal_index: dict[tuple[int, ...], dict[Any, list[str]]] = {}
 
     def __getattr__(self, name: str) -> Any:
         """``domains``, ``inputs``, ``outputs`` and ``producer``, made on first use."""
@@ -155,8 +156,6 @@ class GraphView:
             tensor = self._initializers[name]
             if tensor.data_location != onnx.TensorProto.EXTERNAL:
                 value = numpy_helper.to_array(tensor)
-            elif (value := held_value(tensor)) is not None:
-                pass  # a weight a simplify pass made, held by the splice
             elif self.base_dir is not None:
                 try:
                     value = numpy_helper.to_array(tensor, self.base_dir)  # reads, never modifies
@@ -169,11 +168,52 @@ class GraphView:
         self._const_cache[name] = value
         return value
 
+    def equal_constants(self, name: str) -> list[str]:
+        """The constants of this scope (initializers, Constant outputs) that may equal ``name``'s
+        value, ``name`` among them: same shape and same values as float64, a superset of those
+        np.array_equal accepts (the caller compares). Indexed once per shape; [] for a non-constant."""
+        value = self.constant_value(name)
+        if value is None:
+            return []
+        index = self._equal_index.get(value.shape)
+        if index is None:
+            index = self._equal_index[value.shape] = self._index_constants(value.shape)
+        return index.get(_value_key(value), [])
+
+    def _index_constants(self, shape: tuple[int, ...]) -> dict[Any, list[str]]:
+        """Value key -> the constants of ``shape``, found by their declared dims (a weight of
+        another shape is never decoded)."""
+        names = [n for n, t in self._initializers.items() if tuple(t.dims) == shape]
+        for i in self.by_op.get("Constant", ()):
+            node = self.nodes[i]
+            if node.output and not any(a.name == "value" and tuple(a.t.dims) != shape for a in node.attribute):
+                names.append(node.output[0])
+        index: dict[Any, list[str]] = {}
+        for n in names:
+            value = self.constant_value(n)
+            if value is not None and value.shape == shape:
+                index.setdefault(_value_key(value), []).append(n)
+        return index
+
     def other_uses(self, name: str, node_index: int) -> bool:
         """Is ``name`` used by anything other than node ``node_index`` (or a graph output)?"""
         if name in self.protected:
             return True
         return any(i != node_index for i in self.consumers.get(name, ()))
+
+
+def _value_key(value: np.ndarray) -> Any:
+    """Equal for any two values np.array_equal calls equal (of one shape): their elements as
+    float64, -0.0 as 0.0, digested; values that are no numbers share one key (None)."""
+    if value.dtype.kind == "c":
+        if np.any(value.imag):
+            return None  # equal to no real value; complex ones are compared by the caller
+        value = value.real
+    try:
+        flat = np.asarray(value, dtype=np.float64) + 0.0
+    except (TypeError, ValueError):
+        return None
+    return hashlib.blake2b(flat.tobytes(), digest_size=16).digest()
 
 
 def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:

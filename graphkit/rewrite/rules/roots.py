@@ -12,8 +12,9 @@ A list depends on the graph alone: it is made once per view (and set of taken no
 cursor skips the nodes that earlier matches took, so that n anchors sharing one tensor (a
 wide fan-out) cost n steps, not n squared. A root that shares no tensor is looked for among
 every node of its op type; one that shares only a ``const()`` value, first among the readers
-of the tensor that matched it, then among the others of its op type (equal values in two
-initializers match too).
+of the tensor that matched it, then up from the readers of every other constant of that value
+(equal values in two initializers match too): one list for all of them, made once, so that n
+pairs each holding their own initializer of one value cost n steps too.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ class RootFinder:
         self._lists: dict[tuple, tuple[list[int], Failure | None]] = {}
         self._cursor: dict[tuple, int] = {}
         self._made_for: tuple[Any, Any] = (None, None)  # (view, taken set) the lists hold for
-        self._last: dict[int, tuple[tuple, list[int]]] = {}  # per root: the list candidates() walked last
+        # per root: the key and lists candidates() walked last (the second: other equal constants')
+        self._last: dict[int, tuple[tuple, list[int], list[int]]] = {}
 
     def candidates(self, k: int, bindings: dict[str, Any], nodes: dict[int, int], used: frozenset[int],
                    view: GraphView, taken: set[int]) -> tuple[Iterator[int], Failure | None]:
@@ -106,23 +108,37 @@ class RootFinder:
         if made is None:
             made = self._lists[key] = self._make(k, entries, key, view)
         listed, why = made
+        if best is None and const is not None:
+            others = view.equal_constants(const[1])
+            if len(others) > 1:  # readers of equal values in other tensors too
+                equal = (k, const[0], "=", others[0])  # others[0]: the same for every tensor of the value
+                if equal not in self._lists:
+                    self._lists[equal] = self._climb_all(k, entries[const[0]].path, others, view)
+                also = self._lists[equal][0]
+                if also:
+                    self._last[k] = (key, listed, also)
+                    return self._walk_both(key, listed, equal, also, used, taken), None
         if why is not None and not listed:
             return iter(()), why
-        self._last[k] = (key, listed)
+        self._last[k] = (key, listed, [])
         return self._walk(key, listed, used, taken), None
 
     def why_none(self, k: int, used: frozenset[int], taken: set[int]) -> Failure:
         """Why the candidates() just walked for root ``k`` yielded none: each is in this match
         (then no other node is there) or an earlier one."""
-        key, listed = self._last[k]
+        key, listed, also = self._last[k]
         what = self._what(k)
-        if any(c not in used for c in listed):
+        if any(c not in used for c in listed) or any(c not in used for c in also):
             return f"{what}: every candidate is part of this match or an earlier one", "overlaps an earlier match"
         if len(key) == 1:
             op = self.heads[k].op_type
             return f"{what}: no {op} node here but this match's", f"pattern output {k + 1}: no other {op} node"
         path = self._entries[k][key[1]].path
         op, tensor = path[-1][0].op_type, key[2]
+        if also:
+            return (f"{what}: the {op} readers of '{tensor}' and of the constants equal to it lead to "
+                    f"no {self.heads[k].op_type} outside this match",
+                    f"pattern output {k + 1}: no other {self.heads[k].op_type} up from the shared constant")
         if len(path) == 1:
             return (f"{what}: no other {op} reads '{tensor}'",
                     f"pattern output {k + 1}: no other {op} reads the shared tensor")
@@ -137,6 +153,15 @@ class RootFinder:
         for i in range(start, len(listed)):
             c = listed[i]
             if c not in used and c not in taken:
+                yield c
+
+    def _walk_both(self, key: tuple, listed: list[int], equal: tuple, also: list[int], used: frozenset[int],
+                   taken: set[int]) -> Iterator[int]:
+        """``listed`` (up from the bound tensor), then ``also`` (up from every equal constant) less those."""
+        yield from self._walk(key, listed, used, taken)
+        seen = set(listed)
+        for c in self._walk(equal, also, used, taken):
+            if c not in seen:
                 yield c
 
     @staticmethod
@@ -156,12 +181,15 @@ class RootFinder:
         if len(key) == 1:  # the root shares no tensor with the others
             listed = view.by_op.get(op, [])
             return listed, None if listed else (f"{self._what(k)}: no {op} node here", f"no {op} node")
-        entry = entries[key[1]]
-        listed, why = self._climb(k, entry.path, key[2], view)
-        if entry.kind == "const":
-            found = set(listed)
-            listed = listed + [i for i in view.by_op.get(op, ()) if i not in found]
-        return listed, why
+        return self._climb(k, entries[key[1]].path, key[2], view)
+
+    def _climb_all(self, k: int, path: tuple[tuple[PNode, int], ...], tensors: list[str],
+                   view: GraphView) -> tuple[list[int], Failure | None]:
+        """The nodes reached up ``path`` from the readers of any of ``tensors``, in node order."""
+        found: set[int] = set()
+        for tensor in tensors:
+            found.update(self._climb(k, path, tensor, view)[0])
+        return sorted(found), None
 
     def _climb(self, k: int, path: tuple[tuple[PNode, int], ...], tensor: str,
                view: GraphView) -> tuple[list[int], Failure | None]:
