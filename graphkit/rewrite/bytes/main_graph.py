@@ -239,6 +239,11 @@ def _grouped(prefixes: list[str], kind_keys: list[Any]) -> bool:
 
 def _tails(prefixes: list[str]) -> list[str]:
     """'' for the first node of each prefix, '_<c>' for its c-th repeat."""
+    distinct = len(set(prefixes))
+    if distinct == len(prefixes):  # named nodes: no repeat
+        return [""] * distinct
+    if distinct == 1:  # unnamed nodes of one op
+        return ["", *map("_{}".format, range(1, len(prefixes)))]
     seen: collections.Counter = collections.Counter()
     out = []
     for p in prefixes:
@@ -434,8 +439,12 @@ class _MainGraph:
         aliasing: Any = list(map(operator.eq, map(len, map(set, values_of)), map(len, values_of)))
         if not all(aliasing):
             aliasing = (flag or tuple(map(v.index, v)) for flag, v in zip(aliasing, values_of))
-        in_types_of = map(tuple, map(map, itertools.repeat(self.types.elem_types.get), inputs_of))
         n_inputs = self.n_inputs = list(map(len, inputs_of))
+        # Every input's type in one map, then each node's as a slice of them (no map object a node).
+        all_types = tuple(map(self.types.elem_types.get, itertools.chain.from_iterable(inputs_of)))
+        input_at = list(itertools.accumulate(n_inputs, initial=0))
+        in_types_of = map(all_types.__getitem__, map(slice, input_at, input_at[1:]))
+        del input_at
         # Each kind as a number (the first of its kind's index in a count): small keys, no tuple kept per node.
         kind_numbers: dict[tuple, int] = {}
         self.kind_keys = list(map(kind_numbers.setdefault, zip(self.custom_ops, attr_keys, n_inputs,
