@@ -104,6 +104,16 @@ def test_defaults_unchanged():
         assert (args.inputs, args.seed, args.dim, args.json) == (None, 0, [], False), command
 
 
+@pytest.mark.parametrize("command", ["rewrite", "simplify"])
+def test_fuse_is_one_option_in_both_commands(command):
+    from graphkit.cli import _parser
+    from graphkit.cli._args import chosen_fusions
+
+    args = _parser().parse_args([command, *ARGV[command], "--fuse", "gelu,layernorm"])
+    assert [f.name for f in chosen_fusions(args)] == ["layernorm", "gelu"]  # library order
+    assert chosen_fusions(_parser().parse_args([command, *ARGV[command]])) is None  # the command's default
+
+
 def test_parse_helpers():
     import argparse
 

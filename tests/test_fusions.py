@@ -535,7 +535,7 @@ def test_library_api():
 
 
 def test_cli_help_lists_every_fusion_and_unknown_is_a_usage_error(tmp_path):
-    from graphkit.cli.rewrite import FUSE_HELP
+    from graphkit.cli._args import FUSE_HELP
 
     for name in fusions.names():
         assert re.search(rf"\b{name} \(", FUSE_HELP), name
@@ -547,6 +547,25 @@ def test_cli_help_lists_every_fusion_and_unknown_is_a_usage_error(tmp_path):
     assert "unknown fusion 'bogus'; the fusions are: identity, transpose, conv_bn, layernorm, gelu, qkv, gemm" \
         in proc.stderr
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_cli_fuse_chooses_the_fusions_in_rewrite_and_simplify_alike(tmp_path):
+    """--fuse is one option (graphkit/cli/_args.py): the fusions applied, in `simplify`'s fuse
+    pass and in `rewrite --simplify`'s (it once chose rewrite's rules only, simplify's pass
+    then applying its default set: gemm here whatever --fuse said)."""
+    model = _matmul_add_model([3, 4], [4, 5], [5])
+    src = tmp_path / "m.onnx"
+    onnx.save(model, src)
+    a = {"a": np.random.default_rng(6).standard_normal((3, 4)).astype(np.float32)}
+    (want,) = run_ort(model, a)
+    for command, extra in [("simplify", []), ("rewrite", ["--simplify"])]:
+        for fuse, expected in [([], {"Gemm": 1}), (["--fuse", "identity"], {"MatMul": 1, "Add": 1}),
+                               (["--fuse", "gemm"], {"Gemm": 1})]:
+            dst = tmp_path / f"{command}{len(fuse)}{''.join(fuse)}.onnx"
+            run_cli(command, src, dst, *extra, *fuse, check_rc=0)
+            out = onnx.load(dst)
+            assert ops(out) == expected, (command, fuse)
+            np.testing.assert_allclose(run_ort(out, a)[0], want, rtol=1e-5, atol=1e-5)
 
 
 def test_cli_fuse_all_on_exported_encoder(exported, tmp_path):

@@ -37,10 +37,9 @@ def simplify_options(args: argparse.Namespace):
     """SimplifyOptions from the parsed arguments (a bad size or pass name is a UsageError)."""
     from graphkit.rewrite.simplify import simplify_options as make
 
-    skip = frozenset(s.strip() for s in args.skip.split(",") if s.strip())
-    options = {}
-    if getattr(args, "simplify_fuse", None) is not None:
-        from graphkit.rewrite import fusions
+    from graphkit.cli._args import chosen_fusions
 
-        options["fusions"] = tuple(fusions.LIBRARY.select(args.simplify_fuse))
+    skip = frozenset(s.strip() for s in args.skip.split(",") if s.strip())
+    chosen = chosen_fusions(args)  # --fuse: the fuse pass's fusions (else simplify's default set)
+    options = {} if chosen is None else {"fusions": tuple(chosen)}
     return make(size_limit=parse_size(args.size_limit), skip=skip, **options)

@@ -5,19 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from graphkit.cli._args import add_model_output_arguments, add_output_model_argument, add_target_opset_argument
+from graphkit.cli._args import (add_fuse_argument, add_model_output_arguments, add_output_model_argument,
+                                add_target_opset_argument)
 from graphkit.cli._lowering import add_lowering_arguments, parse_prefer
 from graphkit.cli._simplify_args import add_simplify_arguments, simplify_options
-
-# Spelled out here rather than imported from graphkit.rewrite.fusions (which imports onnx):
-# `--help` stays fast. tests/test_fusions.py checks they agree with fusions.LIBRARY.
-FUSE_HELP = ("apply graphkit's fusions before lowering (comma-separated, or all): "
-             "identity (remove Identity nodes), transpose (cancel inverse Transpose pairs, merge others), "
-             "conv_bn (fold BatchNormalization into Conv), layernorm (-> LayerNormalization, opset >= 17), "
-             "gelu (erf/tanh forms -> Gelu, opset >= 20), qkv (three MatMul (+ Add) projections of one input "
-             "-> one packed MatMul and a Split), gemm (2-D MatMul + Add -> Gemm). "
-             "A fusion whose opset the model lacks says so with --explain; add --target-opset. "
-             "For example --fuse layernorm,gelu --target-opset 20")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rules", action="append", default=[], metavar="FILE.py|MODULE",
                    help="apply the rules defined as `rules = RuleSet([...])` in a Python file or "
                         "module before lowering; repeatable. For example --rules my_rules.py")
-    p.add_argument("--fuse", metavar="NAME,...|all", help=FUSE_HELP)
+    add_fuse_argument(p)
     p.add_argument("--simplify", action="store_true",
                    help="after lowering, simplify as `graphkit simplify` does (its options apply)")
     add_simplify_arguments(p)
@@ -57,13 +48,15 @@ def _preference(args: argparse.Namespace):
     return parse_prefer(args.prefer)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, fuse_first: bool = True) -> int:
+    """``fuse_first``: --fuse's fusions run as rules before lowering (``graphkit simplify``
+    passes False: they run in its fuse pass only)."""
     import sys
     import time
 
     start = time.perf_counter()
 
-    from graphkit.cli._args import op_registry
+    from graphkit.cli._args import chosen_fusions, op_registry
     from graphkit.rewrite import RuleSet, rewrite_file
     from graphkit.rewrite.rules.loader import load_rules
 
@@ -77,11 +70,8 @@ def run(args: argparse.Namespace) -> int:
         from graphkit.cli.show import check_target
 
         check_target(args.diff)
-    fused = []
-    if args.fuse is not None:
-        from graphkit.rewrite import fusions
-
-        fused = list(fusions.rule_set(args.fuse))  # an unknown name fails before any model work
+    chosen = chosen_fusions(args) or []  # an unknown name fails before any model work
+    fused = [rule for fusion in chosen for rule in fusion.rules] if fuse_first else []
     rules = RuleSet([*fused, *(r for source in args.rules for r in load_rules(source))])
     simplify = simplify_options(args) if getattr(args, "simplify", False) else None
     show = args.progress if args.progress is not None else sys.stderr.isatty()

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from graphkit.cli._args import add_model_output_arguments, add_output_model_argument
+from graphkit.cli._args import add_fuse_argument, add_model_output_arguments, add_output_model_argument
 from graphkit.cli._simplify_args import add_simplify_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", metavar="IN.onnx", help="ONNX model to read (never modified)")
     add_output_model_argument(p, help="where to write the simplified model (written atomically)")
-    group = add_simplify_arguments(p)
-    group.add_argument("--fuse", dest="simplify_fuse", metavar="NAME,...|all",
-                       help="the fusions the fuse pass applies (default: every one but qkv, whose packed MatMul "
-                            "and Split cost ONNX Runtime 1-5%% on one thread; the names `graphkit rewrite --help` "
-                            "lists under --fuse). For example --fuse all")
+    add_simplify_arguments(p)
+    add_fuse_argument(p)
     add_model_output_arguments(
         p, explain="print what each pass did and why nodes with constant inputs were kept "
                    "(--explain=all lists every one)")
@@ -25,8 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from graphkit.cli import rewrite
 
-    # `graphkit rewrite --keep-custom --simplify` with no rules: one engine, one report.
+    # `graphkit rewrite --keep-custom --simplify` with no rules: one engine, one report; --fuse's
+    # fusions run in the fuse pass only (rewrite runs them before lowering too).
     for name, value in (("keep_custom", True), ("bind", None), ("prefer", None), ("as_functions", False),
-                        ("target_opset", None), ("rules", []), ("fuse", None), ("simplify", True)):
+                        ("target_opset", None), ("rules", []), ("simplify", True)):
         setattr(args, name, value)
-    return rewrite.run(args)
+    return rewrite.run(args, fuse_first=False)
