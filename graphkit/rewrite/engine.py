@@ -51,15 +51,9 @@ DEFAULT_PREFERENCE = (Lowering.DECOMPOSE, Lowering.NATIVE, Lowering.PYTHON)
 
 
 def _ops_after(ctx: PassContext, model: onnx.ModelProto) -> collections.Counter:
-    report = ctx.report
-    if ctx.simplified:
+    if not ctx.holds("counts"):
         return count_ops(model)
-    if ctx.holds("counts"):  # rules (counted), then lowering or functions
-        after = ctx.counts.copy()
-    elif report.rules.applied or (ctx.converting and not ctx.same_nodes):
-        return count_ops(model)
-    else:  # the input's nodes: derive the counts instead of walking the model
-        after = report.ops_before.copy()
+    after = ctx.counts.copy()  # derived, not walked for: a million nodes are not counted again
     after.subtract(ctx.plan.lowered)
     after.update(ctx.plan.emitted)
     after.update(ctx.attached)
@@ -69,21 +63,23 @@ def _ops_after(ctx: PassContext, model: onnx.ModelProto) -> collections.Counter:
 # The rewrite, in order. The last two run only when an earlier pass changed the model.
 # "simplify" runs the passes of the SimplifyOptions handed in (graphkit.rewrite.simplify's, through
 # passes/base.py's Simplifier) until none changes the model.
-_INDEX, _BOTH = frozenset({"index"}), ANALYSES
+_INDEX, _BOTH, _ALL = frozenset({"index"}), frozenset({"index", "counts"}), ANALYSES
 PASSES: tuple[Pass, ...] = (
     Pass("recognise-standard-ops", lambda ctx, m: ctx.converting and ctx.has_standard and
          ctx.prefer != (Lowering.KEEP,), recognise_pass),
+    # Both say in their PassResult which of what they keep their change broke.
     Pass("convert-opset", lambda ctx, m: ctx.target_opset is not None, convert_pass,
-         requires=_INDEX, keeps=_INDEX),
+         requires=_INDEX, keeps=_ALL),
     Pass("rules", lambda ctx, m: any(isinstance(r, (Rule, GraphPass)) for r in ctx.rules), rules_pass,
-         requires=_INDEX, keeps=_BOTH),  # ("counts" holds after it only where it counted)
+         requires=_BOTH, keeps=_ALL),
     Pass("graphsurgeon-rules", lambda ctx, m: any(isinstance(r, GraphSurgeonRule) for r in ctx.rules),
          graphsurgeon_pass),
     # Lowering replaces nodes where they are: the index's lists and graphs stay the model's.
     Pass("lower", lambda ctx, m: ctx.prefer != (Lowering.KEEP,) and (
         ctx.has_placeholders or bool(ctx.report.rules.applied)), lower_pass, requires=_BOTH, keeps=_BOTH),
     Pass("attach-functions", lambda ctx, m: ctx.as_functions and (
-        ctx.has_placeholders or bool(ctx.report.rules.applied)), functions_pass, requires=_INDEX, keeps=_BOTH),
+        ctx.has_placeholders or bool(ctx.report.rules.applied)), functions_pass,
+         requires=frozenset({"index", "placeholders"}), keeps=_BOTH),
     Pass("simplify", lambda ctx, m: ctx.simplify is not None, simplify_pass),
     Pass("fix-imports", lambda ctx, m: True, imports_pass, keeps=_BOTH),
     Pass("check", lambda ctx, m: ctx.check, check_pass, requires=_INDEX, keeps=_BOTH),
@@ -194,6 +190,7 @@ def _passes(model: onnx.ModelProto, *, registry: OpRegistry | None, lowering: Lo
     ctx.has_standard = bool(registry.standard_op_types() & set(index.op_counts))
     ctx.has_placeholders = bool(ctx.placeholders & index.domains) or ctx.has_standard
     ctx.index = index
+    ctx.counts = ctx.report.ops_before
     ctx.simplify = simplify
     ctx.make_plan(out, index.names)
     modified = False
@@ -206,7 +203,11 @@ def _passes(model: onnx.ModelProto, *, registry: OpRegistry | None, lowering: Lo
             ctx.report.ops_after = _ops_after(ctx, out)
         if not p.applies(ctx, out):
             continue
-        result = p.run(ctx, out)
+        ctx.running = p
+        try:
+            result = p.run(ctx, out)
+        finally:
+            ctx.running = None
         out = result.model
         if result.modified:
             modified = True

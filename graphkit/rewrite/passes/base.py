@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import onnx
 
+from graphkit.errors import RewriteError
 from graphkit.ops import OpRegistry
 from graphkit.rewrite.graph.walk import AI_ONNX, ModelIndex
 from graphkit.rewrite.graph.types import TypeTable
@@ -115,10 +116,13 @@ class PassResult:
 
 
 # What passes share about the model besides the model itself, each true until a pass that
-# changes the model does not keep it (Pass.keeps) or says it broke it (PassResult.invalidates):
-#   "index"  - ctx.index, the input's ModelIndex: its node lists and graphs are the model's
-#   "counts" - ctx.counts, the op counts the rules pass left (lowering derives its report from them)
-ANALYSES = frozenset({"index", "counts"})
+# changes the model does not keep it (Pass.keeps) or says it broke it (PassResult.invalidates).
+# A pass reads one only through ctx.holds, and only one it declares in Pass.requires:
+#   "index"        - ctx.index, the input's ModelIndex: its node lists and graphs are the model's
+#   "counts"       - ctx.counts, the model's op counts but for what the lowering plan and the
+#                    attached functions changed since (their deltas: plan.lowered/emitted, attached)
+#   "placeholders" - ctx.index.found, the placeholder nodes with attributes, are the model's
+ANALYSES = frozenset({"index", "counts", "placeholders"})
 
 
 @dataclass
@@ -138,26 +142,31 @@ class PassContext:
     placeholders: frozenset[str]
     defer_check: bool = False        # the caller serializes the result: check the bytes then
     deferred_check: Callable[[bytes], None] | None = None
-    converting: bool = False
-    same_nodes: bool = False         # the conversion kept every node list (imports only, adapters going up)
+    # Facts of the input and the options, set before the first pass; no pass changes them.
+    converting: bool = False         # a --target-opset other than the input's
     has_placeholders: bool = False   # in the input (rules may add some), standard ops an op computes included
     has_standard: bool = False       # standard ops an op computes (ai.onnx DeformConv) in the input
     plan: LoweringPlan | None = None
     index: ModelIndex | None = None  # of the input's copy: read where "index" holds (functions
                                      # attached are not in it; ``attached`` counts their nodes)
     types: TypeTable | None = None   # the main graph's (and its subgraphs') tensor types
-    counts: collections.Counter | None = None  # op counts after the rules pass: read where "counts" holds
-    valid: set[str] = field(default_factory=lambda: {"index"})  # the ANALYSES that hold
+    counts: collections.Counter | None = None  # read where "counts" holds; replaced, never changed in place
+    valid: set[str] = field(default_factory=lambda: set(ANALYSES))  # the ANALYSES that hold
     attached: collections.Counter = field(default_factory=collections.Counter)  # the attached functions' ops
     simplify: Simplifier | None = None  # run the simplify passes after lowering
-    simplified: bool = False         # they changed the model (its op counts are counted again)
     # engine's FULL_CHECK_NODES, PROGRESS_MIN_NODES and PROGRESS_STEP when the rewrite started
     full_check_nodes: int = field(kw_only=True)  # whole-model shape inference up to this many nodes
     progress_min_nodes: int = field(kw_only=True)  # progress reported on models of more nodes
     progress_step: int = field(kw_only=True)  # nodes between two reports
 
+    running: Pass | None = None      # the pass being run (the engine sets it)
+
     def holds(self, analysis: str) -> bool:
-        """Whether ``analysis`` (one of ANALYSES) is still true of the model."""
+        """Whether ``analysis`` (one of ANALYSES) is still true of the model; a RewriteError
+        where the running pass reads one it does not declare in ``requires``."""
+        if self.running is not None and analysis not in self.running.requires:
+            raise RewriteError(f"pass {self.running.name!r} reads the analysis {analysis!r} it does not require",
+                               hint=f"add {analysis!r} to the Pass's requires (graphkit.rewrite.engine.PASSES)")
         return analysis in self.valid
 
     def make_plan(self, model: onnx.ModelProto, names: set[str]) -> None:
@@ -173,7 +182,8 @@ class PassContext:
 class Pass:
     """A named step of the rewrite: ``run`` only where ``applies`` holds.
 
-    ``requires``: the ANALYSES it reads where they hold (it works without them, slower);
+    ``requires``: the ANALYSES it reads where they hold (it works without them, slower;
+    ``ctx.holds`` refuses any other);
     ``keeps``: those still true after it changes the model, unless its PassResult
     ``invalidates`` them (a pass that changes the model drops every other one).
     """

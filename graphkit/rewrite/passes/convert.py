@@ -78,6 +78,11 @@ def recognise_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
     return PassResult(model, bool(made), ", ".join(f"{n} {what}" for what, n in sorted(made.items())))
 
 
+# What a conversion that made or removed nodes breaks: the node lists, the op counts, the
+# placeholder nodes. Where it kept every node list (imports only, adapters going up), all hold.
+_NODES = frozenset({"index", "counts", "placeholders"})
+
+
 def convert_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
     before = ai_onnx_opset(model)
     indexed = ctx.holds("index")
@@ -89,18 +94,17 @@ def convert_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
         ctx.report.conversions.append((before, ctx.target_opset, how if standard and before is not None
                                        else "imports only"))
         if out is model and indexed and how == "imports only":  # the same nodes: the same names
-            ctx.same_nodes = True
             ctx.make_plan(out, ctx.index.names)
         elif how.startswith("adapters") and taken is not None:  # the names, with the adapters' constants'
             # Going up, the adapters add initializers and touch no node list but a function
             # body's, or below IR 4 the main graph's (Constant nodes): the index holds where
             # neither is. Going down they may remove Constants.
-            ctx.same_nodes = how == "adapters" and before < ctx.target_opset \
+            same_nodes = how == "adapters" and before < ctx.target_opset \
                 and not out.functions and out.ir_version >= 4
-            broken = frozenset() if ctx.same_nodes else frozenset({"index"})
+            broken = frozenset() if same_nodes else _NODES
             ctx.make_plan(out, taken)
         else:
-            broken = frozenset({"index"})
+            broken = _NODES
             ctx.make_plan(out, ModelIndex(out).names)
     else:  # same opset: the imports are rewritten to ai.onnx, the names are the same
         ctx.plan.opset = ai_onnx_opset(out)

@@ -66,7 +66,7 @@ def check_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
             ctx.deferred_check = bytes_check(model, shapeless, ctx.registry, ctx.path, context, hint)
             return PassResult(model, False)
     checked = model
-    if ctx.simplified:  # its weights are the input's or numpy's: checked without their bytes (copied twice else)
+    if ctx.simplify is not None:  # its weights are the input's or numpy's: checked without their bytes (copied twice else)
         from graphkit.rewrite.graph.inference import skeleton
 
         checked, scan = skeleton(model), None

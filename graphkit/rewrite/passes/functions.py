@@ -115,9 +115,7 @@ def attach_functions(model: onnx.ModelProto, registry: OpRegistry, opset: int, p
 
 
 def functions_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
-    # The index's placeholder nodes are the model's where no pass changed a node since (rules
-    # may overwrite nodes where they are and keep the index valid).
-    index = ctx.index if ctx.holds("index") and ctx.index.collect and not ctx.report.rules.applied else None
+    index = ctx.index if ctx.holds("index") and ctx.holds("placeholders") and ctx.index.collect else None
     actions, ctx.attached = attach_functions(model, ctx.registry, ctx.plan.opset, ctx.path, index)
     ctx.plan.actions.update(actions)
     return PassResult(model, bool(actions), f"{sum(actions.values())} functions attached")

@@ -30,14 +30,15 @@ def rules_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
     if tree:  # the op types it read for the rules (a pointer per node) are of no more use
         ctx.index.tree = [(graph, parent, None) for graph, parent, _ in tree]
     # Nodes overwritten where they were (none holding subgraphs): the index's node lists and
-    # graphs are still the model's.
-    broken = frozenset() if delta.exact and delta.in_place else frozenset({"index"})
-    if total and delta.exact and (not ctx.converting or ctx.same_nodes):  # the input's counts, changed
-        counts = ctx.report.ops_before.copy()
+    # graphs are still the model's; its placeholder nodes may not be.
+    broken = {"placeholders"} if delta.exact and delta.in_place else {"placeholders", "index"}
+    if total and delta.exact and ctx.holds("counts"):  # the counts, changed by what the rules did
+        counts = ctx.counts.copy()
         counts.update(delta.counts)
         ctx.counts = +counts
-        ctx.valid.add("counts")
-    return PassResult(model, total > 0, f"{total} rewrites", broken)
+    else:
+        broken.add("counts")
+    return PassResult(model, total > 0, f"{total} rewrites", frozenset(broken))
 
 
 def graphsurgeon_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:

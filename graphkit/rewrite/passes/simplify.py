@@ -37,6 +37,5 @@ def simplify_pass(ctx: PassContext, model: onnx.ModelProto) -> PassResult:
     ctx.report.kept.update((f"{op} {node}", why) for (node, op), why in result.kept.items())
     if not result.changes:
         return PassResult(model, False)
-    ctx.simplified = True
     ctx.report.passes.extend(result.describe())
     return PassResult(model, True, f"{sum(result.changes.values())} changes in {result.rounds} rounds")
