@@ -187,6 +187,8 @@ class BodyScopes:
             scope.dirty = True
         return domains, op_types
 
+    # A recursion, not walk(): the watch's side of TypeTable's pass (holder() is its callback), step
+    # for step with the whole pass (define, declare, holders, defined_untyped); MAX_DEPTH bounds it.
     def _declared_holder(self, node: onnx.NodeProto, domain: str, parent: SpliceGraph, index: int) -> None:
         """The declarations-only pass through the graphs ``node`` (node ``index`` of ``parent``)
         holds: per graph, _declared_body; the main graph's If/Loop/Scan outputs then take their

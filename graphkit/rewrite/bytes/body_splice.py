@@ -52,6 +52,7 @@ class SpliceGraph:
         self.dirty = False  # it or a graph nested in it holds a placeholder
 
 
+# Not walk(): it recurses over serialized bytes (wire spans), following SpliceGraph.subs, not GraphProtos.
 def graph_bytes(data: bytes, scope: SpliceGraph, v0: int, v1: int, slots: dict[int, list[bytes]],
                  entries: tuple[list[int], list[int]] | None = None, joined: bool = True) -> Any:
     """The value of ``scope``'s graph (at ``data[v0:v1]``; ``entries``: its node entries' starts
@@ -132,6 +133,7 @@ class _Edits:
                 inner = place[2][path[2]] = _Edits()
             edits, path = inner, path[3:]
 
+    # Not walk(): node() and _graph() recurse over serialized messages (wire.Skeletons), not GraphProtos.
     def node(self, value: bytes) -> bytes:
         """The serialized node ``value`` (a NodeProto's bytes) with these edits made."""
         sk = wire.Skeletons.load()
