@@ -168,6 +168,33 @@ def test_scopes_found_again_after_a_rule_rebuilds_the_main_graph():
     _check_runs(out, run_ort)
 
 
+def test_a_graph_in_a_rebuilt_body_is_typed_in_that_body_scope():
+    """A main-graph node list rebuilt after the forward pass copies the bodies in it: asked
+    for a graph nested in a copy, the table types the new graphs in their places (TypeTable's
+    _index_new_graphs), so the nested graph reads the copied branch's float16 "v", not None
+    (what a table hung under the main graph's would read) nor the other branch's float."""
+    nested = helper.make_node("If", ["c"], ["n"],
+                              then_branch=helper.make_graph([helper.make_node("Neg", ["v"], ["p"])], "then2", [],
+                                                            [helper.make_tensor_value_info("p", F16, [3])]),
+                              else_branch=helper.make_graph([helper.make_node("Abs", ["v"], ["q"])], "else2", [],
+                                                            [helper.make_tensor_value_info("q", F16, [3])]))
+    model = _if([helper.make_node("Cast", ["x"], ["v"], to=F16), nested],
+                [helper.make_node("Identity", ["x"], ["v"])])
+    table, then, other = _tables(model)
+    assert table.per_scope() and then.elem_type("v") == F16 and other.elem_type("v") == F
+    rebuilt = [onnx.NodeProto.FromString(n.SerializeToString()) for n in model.graph.node]
+    del model.graph.node[:]
+    model.graph.node.extend(rebuilt)
+    branches = {a.name: a.g for a in model.graph.node[0].attribute}
+    inner = {a.name: a.g for a in branches["then_branch"].node[1].attribute}
+    for name in ("then_branch", "else_branch"):
+        assert branches[name] is not (then if name == "then_branch" else other)._graph  # copies
+    assert table.scope(inner["else_branch"]).elem_type("v") == F16
+    assert table.scope(inner["then_branch"]).elem_type("p") == F16
+    assert table.scope(branches["then_branch"]).elem_type("v") == F16
+    assert table.scope(branches["else_branch"]).elem_type("v") == F
+
+
 def test_a_name_declared_twice_reads_the_first_statement():
     """Which declaration wins where a name is declared twice (simplify's dims read this table,
     issue 28: TypeTable.inferred, first stated wins): in one graph, initializers, then inputs,

@@ -40,7 +40,7 @@ from graphkit.errors import RewriteError
 from graphkit.rewrite.graph.inference import Inferred, infer_types, tensor_dims
 from graphkit.rewrite.graph.type_rules import (CONTROL_FLOW_BODY, FIRST_INPUT, GENERAL, HOLDER, NONE, OP, SAME,
                                                forward_node, rule_code)
-from graphkit.rewrite.graph.walk import AI_ONNX, subgraphs
+from graphkit.rewrite.graph.walk import AI_ONNX, walk
 
 __all__ = ["TypePolicy", "TypeTable", "Watch"]
 
@@ -493,6 +493,8 @@ class TypeTable:
         forward_node(self._elem, self._elem.get if self._parent is None else self._get, node, domain, op,
                      self._registry)
 
+    # A recursion, not walk(): a Watch (bytes/body_scopes.BodyScopes) takes each holder and graph over
+    # and calls back in (forward_subgraphs, forward_graph) with its own state around each call.
     def forward_graph(self, graph: onnx.GraphProto) -> None:
         """Declare and forward-type ``graph``, this table's graph, and its subgraphs (in tables of their own)."""
         self.declare(graph)
@@ -568,15 +570,17 @@ class TypeTable:
     def _index_new_graphs(self) -> None:
         """Tables for the model's graphs that have none (copies made by rebuilding a node list)."""
         tables = self._tables
-        stack: list[tuple[onnx.GraphProto, TypeTable]] = [(self._model.graph, self)]
-        while stack:
-            g, table = stack.pop()
-            for sub in (sub for node in g.node if node.attribute for sub in subgraphs(node)):
-                known = tables.get(id(sub))
-                if known is not None and known._graph is sub:
-                    stack.append((sub, known))
-                else:
-                    table._child(sub).forward_graph(sub)
+        for _, v in walk(self._model.graph):
+            if v.parent is None:
+                v.data = self
+                continue
+            sub = v.graph
+            known = tables.get(id(sub))
+            if known is not None and known._graph is sub:
+                v.data = known
+            else:
+                v.parent.data._child(sub).forward_graph(sub)
+                v.children = []  # typed with the graphs nested in it
 
     def define(self, graph: onnx.GraphProto, names: list[str] | None = None) -> list[str]:
         """While one map serves every scope, before subgraph ``graph`` is typed: the names it
