@@ -19,29 +19,12 @@ from onnx import helper, numpy_helper
 
 from graphkit.rewrite.graph.held import PLAIN_TYPES, held, held_value, plain
 from graphkit.rewrite.graph.view import constant_node_value
-from graphkit.rewrite.graph.walk import AI_ONNX, subgraphs, walk
+from graphkit.rewrite.graph.walk import AI_ONNX, outer_reads, subgraphs, walk
 
-__all__ = ["SimplifyScope", "outer_reads", "scopes_of"]
+__all__ = ["SimplifyScope", "scopes_of"]
 
 _EXTERNAL = onnx.TensorProto.EXTERNAL
 _MANY = 16  # inputs past which a node's input positions are indexed
-
-
-def outer_reads(graph: onnx.GraphProto) -> set[str]:
-    """The names ``graph`` (and the graphs nested in it) read from enclosing scopes."""
-    reads: set[str] = set()
-    for _, v in walk(graph):
-        g = v.graph
-        local = set() if v.parent is None else set(v.parent.data)  # defined above
-        local.update(i.name for i in g.input)
-        local.update(t.name for t in g.initializer)
-        for node in g.node:
-            local.update(o for o in node.output if o)
-        for node in g.node:
-            reads.update(i for i in node.input if i and i not in local)
-        reads.update(o.name for o in g.output if o.name not in local)
-        v.data = local
-    return reads
 
 
 def _rename_inside(graph: onnx.GraphProto, old: str, new: str) -> None:
