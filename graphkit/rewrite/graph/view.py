@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from graphkit.rewrite.graph.held import held_value
 from graphkit.rewrite.graph.walk import outer_reads, subgraphs
 
 __all__ = ["GraphView", "constant_node_value"]
@@ -156,6 +157,8 @@ class GraphView:
             tensor = self._initializers[name]
             if tensor.data_location != onnx.TensorProto.EXTERNAL:
                 value = numpy_helper.to_array(tensor)
+            elif (value := held_value(tensor)) is not None:
+                pass  # a weight a simplify pass made, held by the splice
             elif self.base_dir is not None:
                 try:
                     value = numpy_helper.to_array(tensor, self.base_dir)  # reads, never modifies
