@@ -31,7 +31,9 @@ own. Every output, the original's included, is opened with ``graphkit.runtime.op
   (ORT_ENABLE_ALL), the models of an entry taking turns run by run; the running thread's
   CPU time (what the ratios use: with 1 intra-op thread all of a run's work is on it, and
   neighbours on a shared machine hardly change it; with ``--threads`` above 1 it is the
-  calling thread's share only) and wall time.
+  calling thread's share only) and wall time; graphkit's output is timed a second time, in
+  a session of its own taking its turns with the others (the control: "same model twice",
+  what two equal models differ by on this machine at that moment).
 
 Then the ratios issue 26 asks for, per model: graphkit's node count over the best
 contender's, graphkit's wall time over onnxslim's, graphkit's CPU time per run over the
@@ -230,6 +232,8 @@ class Row:
     # median milliseconds of a run by graph optimization level ("disabled", "enabled"):
     latency_ms: dict[str, float] = field(default_factory=dict)  # wall
     cpu_ms: dict[str, float] = field(default_factory=dict)  # the running thread's CPU time
+    # graphkit's row: the same output in a second session, timed in the same turns (the noise)
+    control_cpu_ms: dict[str, float] = field(default_factory=dict)
     error: str = ""
 
 
@@ -371,7 +375,16 @@ def measure_entry(entry, tools: dict[str, Tool], out_dir: Path, *, runs: int = 1
     _repeat_tools(entry, rows, tools, out_dir, repeat, timeout, log)
     if runs:
         log(f"{entry.label}: latency, {runs} runs each")
+        # The control: graphkit's output again, in a session of its own, taking its turns
+        # with the others. Two sessions of one file differ only by the machine and where
+        # ONNX Runtime's buffers land: their ratio is how far apart equal models read.
+        gk = next((r for r in rows if r.tool == "graphkit" and r.status == "ok"), None)
+        control = Row(entry.model, entry.exporter, entry.shapes, "control")
+        if gk is not None:
+            timed.append((control, next(path for row, path in timed if row is gk)))
         _latencies(timed, entry.feeds[0], runs, threads)
+        if gk is not None:
+            gk.control_cpu_ms = control.cpu_ms
     return rows
 
 
@@ -418,6 +431,7 @@ class Ratios:
     time_vs_onnxslim: float | None
     best_latency: dict[str, str] = field(default_factory=dict)
     latency: dict[str, float | None] = field(default_factory=dict)  # graphkit / best contender's (CPU ms)
+    noise: dict[str, float | None] = field(default_factory=dict)  # graphkit's output, second session / first
     baseline_vs_onnxslim: float | None = None  # --baseline-cmd's seconds / onnxslim's, same run
 
 
@@ -445,6 +459,8 @@ def ratios(rows: Sequence[Row]) -> list[Ratios]:
             result.best_latency[level] = fastest.tool if fastest else None
             result.latency[level] = (gk.cpu_ms[level] / fastest.cpu_ms[level]
                                      if gk_ok and fastest and level in gk.cpu_ms else None)
+            result.noise[level] = (gk.control_cpu_ms[level] / gk.cpu_ms[level]
+                                   if gk is not None and level in gk.control_cpu_ms and gk.cpu_ms.get(level) else None)
         out.append(result)
     return out
 
@@ -477,10 +493,11 @@ def format_table(rows: Sequence[Row]) -> str:
     lines += ["", "The original's diff is against torch eager; every tool's against the original in ONNX Runtime "
               "(ORT_DISABLE_ALL, every feed). Latency: median of a run at batch 1, 1 intra-op thread, the models "
               "taking turns; CPU: the running thread's CPU time (the ratios use it), wall: elapsed. Peak RSS "
-              "counts ~10 MiB of the launcher the tool is forked from.", "",
+              "counts ~10 MiB of the launcher the tool is forked from. Same model twice: graphkit's output in a "
+              "second session, timed in the same turns, over the first (what equal models differ by here).", "",
               "| model | exporter | shapes | graphkit nodes / best contender | graphkit s / onnxslim s "
-              "| graphkit CPU ms / best (no-opt) | graphkit CPU ms / best (opt) |",
-              "|---|---|---|--:|--:|--:|--:|"]
+              "| graphkit CPU ms / best (no-opt) | graphkit CPU ms / best (opt) | same model twice (no-opt; opt) |",
+              "|---|---|---|--:|--:|--:|--:|--:|"]
     table = ratios(rows)
     baseline = any(r.tool == "baseline" for r in rows)
     if baseline:  # (a column more: the baseline's seconds over onnxslim's, in the same run)
@@ -494,7 +511,8 @@ def format_table(rows: Sequence[Row]) -> str:
                      f"| {cell(q.time_vs_onnxslim, None)} "
                      + (f"| {cell(q.baseline_vs_onnxslim, None)} " if baseline else "") +
                      f"| {cell(q.latency['disabled'], q.best_latency['disabled'])} "
-                     f"| {cell(q.latency['enabled'], q.best_latency['enabled'])} |")
+                     f"| {cell(q.latency['enabled'], q.best_latency['enabled'])} "
+                     f"| {cell(q.noise['disabled'], None)}; {cell(q.noise['enabled'], None)} |")
     if notes:
         lines += ["", "Notes:", *[f"{i}. {text}" for text, i in notes.items()]]
     return "\n".join(lines)
