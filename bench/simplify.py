@@ -264,13 +264,17 @@ def _outputs(session, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return list(session.run(feeds).values())
 
 
-def _latencies(timed: Sequence[tuple[Row, Path]], feeds: dict[str, np.ndarray], runs: int, threads: int) -> None:
+def _latencies(timed: Sequence[tuple[Row, Path]], feeds: dict[str, np.ndarray], runs: int, threads: int,
+               sessions_per_model: int = 1) -> None:
     """Median wall and CPU milliseconds of one run of each model, at both optimization levels.
 
     The models take turns, run by run (a different one first each round), so load from
     neighbours drifting during the measurement hits them all alike. CPU time is this
     thread's: with 1 intra-op thread ONNX Runtime runs every kernel on the caller's thread,
-    so it is the run's own work, which other processes on the machine hardly change."""
+    so it is the run's own work, which other processes on the machine hardly change.
+    ``sessions_per_model`` above 1: each model gets that many sessions, each timed ``runs``
+    times, the median taken over all of them (two sessions of one file differ by a few
+    percent here: where ONNX Runtime's buffers land)."""
     from simplify_models import first_line
 
     for level in ("disabled", "enabled"):
@@ -278,21 +282,25 @@ def _latencies(timed: Sequence[tuple[Row, Path]], feeds: dict[str, np.ndarray], 
         for row, path in timed:
             if row.status != "ok":
                 continue
+            wall_ms: list[float] = []
+            cpu_ms: list[float] = []
             try:
-                session = _session(path, optimize=level == "enabled", threads=threads)
-                for _ in range(2):  # warm-up
-                    _outputs(session, feeds)
+                for _ in range(sessions_per_model):
+                    session = _session(path, optimize=level == "enabled", threads=threads)
+                    for _ in range(2):  # warm-up
+                        _outputs(session, feeds)
+                    sessions.append((row, session, wall_ms, cpu_ms))
             except Exception as exc:  # noqa: BLE001 - recorded in the table
                 row.status, row.error = "ort failed", f"ORT ({level} optimizations): {first_line(exc)}"
+                sessions = [s for s in sessions if s[0] is not row]
                 continue
-            sessions.append((row, session, [], []))
         for i in range(runs if sessions else 0):
             for row, session, wall, cpu in sessions[i % len(sessions):] + sessions[:i % len(sessions)]:
                 start, start_cpu = time.perf_counter(), time.thread_time()
                 _outputs(session, feeds)
                 cpu.append(time.thread_time() - start_cpu)
                 wall.append(time.perf_counter() - start)
-        for row, _, wall, cpu in sessions:
+        for row, _, wall, cpu in {id(s[2]): s for s in sessions}.values():  # (a model's sessions share lists)
             if wall:
                 row.latency_ms[level] = statistics.median(wall) * 1e3
                 row.cpu_ms[level] = statistics.median(cpu) * 1e3
@@ -336,7 +344,7 @@ def evaluate(row: Row, path: Path, entry, reference: list[list[np.ndarray]] | No
     return got
 
 
-def measure_entry(entry, tools: dict[str, Tool], out_dir: Path, *, runs: int = 10, threads: int = 1,
+def measure_entry(entry, tools: dict[str, Tool], out_dir: Path, *, runs: int = 10, threads: int = 1, sessions: int = 1,
                   timeout: float = 600.0, repeat: int = 1, log: Callable[[str], None] = _log) -> list[Row]:
     """The original and every tool on one corpus entry: each tool's run, then every
     output's check against the original, then their latencies, taking turns. ``repeat``
@@ -382,7 +390,7 @@ def measure_entry(entry, tools: dict[str, Tool], out_dir: Path, *, runs: int = 1
         control = Row(entry.model, entry.exporter, entry.shapes, "control")
         if gk is not None:
             timed.append((control, next(path for row, path in timed if row is gk)))
-        _latencies(timed, entry.feeds[0], runs, threads)
+        _latencies(timed, entry.feeds[0], runs, threads, sessions)
         if gk is not None:
             gk.control_cpu_ms = control.cpu_ms
     return rows
@@ -549,6 +557,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--small", action="store_true", help="the test suite's tiny configs (32x32 images)")
     parser.add_argument("--runs", type=int, default=None, help="timed ORT runs per latency (default 10; 30 --small)")
     parser.add_argument("--threads", type=int, default=1, help="ORT intra-op threads")
+    parser.add_argument("--sessions", type=int, default=1,
+                        help="ORT sessions per model, each timed --runs times (default 1; the median is over all)")
     parser.add_argument("--graphkit-cmd", default=None, help='the graphkit command (default: this venv\'s "graphkit")')
     parser.add_argument("--baseline-cmd", default=None,
                         help="another graphkit command, timed as the tool 'baseline' in the same run (for example "
@@ -572,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              **{c: contenders[c] for c in args.contenders}}
     if args.baseline_cmd:
         tools["baseline"] = Tool("baseline", graphkit_tool(shlex.split(args.baseline_cmd)).command)
-    meta = {"small": args.small, "runs": runs, "threads": args.threads, "torch": torch.__version__,
+    meta = {"small": args.small, "runs": runs, "sessions": args.sessions, "threads": args.threads, "torch": torch.__version__,
             "onnxruntime": onnxruntime.__version__, "contenders": contender_versions(args.venv),
             "tools": {k: (" ".join(t.command) if t.command else t.reason) for k, t in tools.items()},
             "load_average": os.getloadavg()}
@@ -580,12 +590,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         folder = args.keep or Path(tmp)
         entries = sm.build_corpus(folder, small=args.small, models=args.models, exporters=args.exporters,
                                   shapes=args.shapes, log=_log)
-        rows = run_bench(entries, tools, folder, runs=runs, threads=args.threads, timeout=args.timeout,
-                         repeat=args.repeat)
+        rows = run_bench(entries, tools, folder, runs=runs, threads=args.threads, sessions=args.sessions,
+                         timeout=args.timeout, repeat=args.repeat)
     meta["load_average_end"] = os.getloadavg()
     versions = ", ".join(f"{k} {v}" for k, v in meta["contenders"].items())
     print(f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__} (graphkit's); contenders' venv: "
-          f"{versions or 'none'}; {'small' if args.small else 'full'} models; {runs} timed runs; "
+          f"{versions or 'none'}; {'small' if args.small else 'full'} models; {runs} timed runs"
+          f"{f' of each of {args.sessions} sessions' if args.sessions > 1 else ''}; "
           f"load average {meta['load_average'][0]:.1f} -> {meta['load_average_end'][0]:.1f}")
     for name, tool in tools.items():
         if tool.command is None:
