@@ -47,6 +47,17 @@ def run_ort(model: onnx.ModelProto, feeds: dict) -> list:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
+def assert_same_outputs(run, model, out, feeds_list, rel: float = 1e-5) -> None:
+    """``run(model, feeds)`` and ``run(out, feeds)`` (dicts of outputs) agree within ``rel``
+    of each output's largest magnitude, on every feeds of ``feeds_list``."""
+    for feeds in feeds_list:
+        want, got = run(model, feeds), run(out, feeds)
+        assert want.keys() == got.keys()
+        for k in want:
+            scale = max(float(np.max(np.abs(want[k]))), 1e-30)
+            np.testing.assert_allclose(got[k], want[k], rtol=0, atol=rel * scale)
+
+
 def run_cli(*args: str, cwd: Path | None = None, check_rc: int | None = None, env: dict | None = None):
     """Run `python -m graphkit ARGS` in a subprocess, as a user would (``env`` adds variables)."""
     full_env = None if env is None else {**os.environ, **env}

@@ -13,6 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from conftest import assert_same_outputs
 from graphkit.ops import OpDef, OpRegistry, Param, default_registry
 from graphkit.rewrite.simplify import simplify_model
 from tests.conftest import run_cli
@@ -41,12 +42,7 @@ def run(model, feeds):
 
 
 def same_values(model, out, feeds_list):
-    for feeds in feeds_list:
-        want, got = run(model, feeds), run(out, feeds)
-        assert want.keys() == got.keys()
-        for k in want:
-            scale = max(float(np.max(np.abs(want[k]))), 1e-30)
-            np.testing.assert_allclose(got[k], want[k], rtol=0, atol=1e-5 * scale)
+    assert_same_outputs(run, model, out, feeds_list)
 
 
 def ops(model):

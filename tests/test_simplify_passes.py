@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from conftest import assert_same_outputs
 from graphkit.rewrite.simplify import PASS_NAMES, simplify_model, simplify_options
 
 F = TensorProto.FLOAT
@@ -47,12 +48,7 @@ def run(model, feeds):
 
 
 def same_values(model, out, feeds_list):
-    for feeds in feeds_list:
-        want, got = run(model, feeds), run(out, feeds)
-        assert want.keys() == got.keys()
-        for k in want:
-            scale = max(float(np.max(np.abs(want[k]))), 1e-30)
-            np.testing.assert_allclose(got[k], want[k], rtol=0, atol=1e-5 * scale)
+    assert_same_outputs(run, model, out, feeds_list)
 
 
 def _lift():

@@ -93,6 +93,13 @@ STR_LENGTHS = _StrLengths((i, chr(i)) for i in range(128))
 
 def entries(data: bytes, pos: int, end: int) -> list[tuple[int, int, int, int]]:
     """(field, entry start, value start, entry end) of every top-level field of a message."""
+    return [(number, start, value, stop) for number, _, start, value, stop in typed_entries(data, pos, end)]
+
+
+def typed_entries(data: Any, pos: int, end: int) -> list[tuple[int, int, int, int, int]]:
+    """(field, wire type, entry start, value start, entry end) of every top-level field of a
+    message; Unsupported for a wire type it does not read or a field past ``end``, IndexError
+    for a varint past the bytes."""
     out = []
     while pos < end:
         start = pos
@@ -112,7 +119,7 @@ def entries(data: bytes, pos: int, end: int) -> list[tuple[int, int, int, int]]:
             raise Unsupported(f"wire type {wire}")
         if pos > end:
             raise Unsupported("truncated field")
-        out.append((number, start, value, pos))
+        out.append((number, wire, start, value, pos))
     return out
 
 

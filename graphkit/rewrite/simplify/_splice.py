@@ -24,7 +24,7 @@ from typing import Any
 
 import onnx
 
-from graphkit.rewrite.bytes.wire import encode_varint, read_varint
+from graphkit.rewrite.bytes.wire import encode_varint, read_varint, typed_entries
 from graphkit.rewrite.graph.held import HeldWeights, holding
 from graphkit.rewrite.writers import Pieces, Unsupported
 
@@ -53,30 +53,10 @@ class _Malformed(Exception):
 
 def _entries(data: Any, pos: int, end: int) -> list[tuple[int, int, int, int, int]]:
     """(field, wire type, entry start, value start, entry end) of a message's top-level fields."""
-    out = []
     try:
-        while pos < end:
-            start = pos
-            key, pos = read_varint(data, pos)
-            number, wire = key >> 3, key & 7
-            value = pos
-            if wire == 0:
-                _, pos = read_varint(data, pos)
-            elif wire == 1:
-                pos += 8
-            elif wire == 2:
-                length, value = read_varint(data, pos)
-                pos = value + length
-            elif wire == 5:
-                pos += 4
-            else:
-                raise _Malformed(f"wire type {wire}")
-            if pos > end:
-                raise _Malformed("truncated field")
-            out.append((number, wire, start, value, pos))
-    except (IndexError, Unsupported) as exc:  # read_varint: past the bytes, or over 64 bits
-        raise _Malformed(f"varint: {exc or 'truncated'}") from None
-    return out
+        return typed_entries(data, pos, end)
+    except (IndexError, Unsupported) as exc:  # past the bytes, over 64 bits, a wire type, past end
+        raise _Malformed(str(exc) or "truncated varint") from None
 
 
 class _Source:
