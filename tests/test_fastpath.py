@@ -1339,6 +1339,33 @@ def test_target_opset_converting_down_byte_identical(named, kept):
     assert report.ops_after[("", "Constant")] == sum(n.op_type == "Constant" for n in out.graph.node)
 
 
+@pytest.mark.parametrize("elsewhere", ["graph output", "another node", "tensor bytes", "doc string"])
+def test_target_opset_converting_down_a_constant_named_elsewhere(elsewhere):
+    """Whether a constant the converted nodes stop reading is read elsewhere is first told by
+    counting its name's field-1 entries in the serialized model: a graph output of that name,
+    another node reading it, the same bytes inside a tensor or a doc string each count one more,
+    and the nodes are then looked at one by one. The constant is kept where read (the first
+    two), removed where not, as the objects writer does."""
+    model = _down(3)
+    g = model.graph
+    if elsewhere == "graph output":
+        g.output.append(helper.make_tensor_value_info("axes", TensorProto.INT64, [1]))
+    elif elsewhere == "another node":
+        g.node.append(helper.make_node("Neg", ["axes"], ["negated_axes"]))
+        g.output.append(helper.make_tensor_value_info("negated_axes", TensorProto.INT64, [1]))
+    elif elsewhere == "tensor bytes":
+        g.initializer.append(numpy_helper.from_array(np.frombuffer(b"\x0a\x04axes\x00\x00", np.int64).copy(), "blob"))
+        g.node.append(helper.make_node("Neg", ["blob"], ["blob_out"]))
+        g.output.append(helper.make_tensor_value_info("blob_out", TensorProto.INT64, [1]))
+    else:
+        g.node.append(helper.make_node("Neg", ["x"], ["negated"], doc_string="\x0a\x04axes"))
+        g.output.append(helper.make_tensor_value_info("negated", F, [1, 1]))
+    out = _converted_by_bytes(model, 13)
+    read = elsewhere in ("graph output", "another node")
+    assert ("axes" in {t.name for t in out.graph.initializer}) == read
+    assert all(len(n.input) == 1 for n in out.graph.node if n.op_type.startswith("Reduce"))
+
+
 def test_target_opset_converting_down_numerics_and_by_parts(monkeypatch):
     from graphkit.runtime import open_session
 

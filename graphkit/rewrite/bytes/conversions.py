@@ -195,11 +195,12 @@ def plan(model: onnx.ModelProto, ops: set[tuple[str, str]], sub_ops: set[tuple[s
 
 def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: list[str], starts: Sequence[int],
            ends: Sequence[int], changed: Steps, target: int, path: str | None = None, up: bool = True,
-           holders: Sequence[int] = ()) -> Spliced:
+           holders: Sequence[int] = (), names: tuple[list[list[str]], list[list[str]]] | None = None) -> Spliced:
     """Convert, by the steps of :func:`plan`, the main graph's nodes of ``model``
     (serialized: ``data``; its node entries from ``starts`` to ``ends``) to ai.onnx opset
     ``target``, ``up`` or down; ``domains`` and ``op_types``: its nodes', ``holders``: the
-    indices of those holding subgraphs. Going down, each node is converted on its own (the
+    indices of those holding subgraphs; ``names``: the inputs and the outputs of the first
+    nodes, where the caller read them already. Going down, each node is converted on its own (the
     adapters read its values' declared types and the constant its input 1 names); an entry
     None is a node the conversion left as it was; the constants converted nodes stopped
     reading that nothing else reads are removed (``removed_nodes``, ``removed_initializers``)."""
@@ -208,8 +209,11 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
     positions = list(itertools.compress(range(len(op_types)), flags))
     node_at = nodes.__getitem__
     everything = itemgetter(slice(None))
-    ins = list(map(everything, map(attrgetter("input"), map(node_at, positions))))
-    outs = list(map(everything, map(attrgetter("output"), map(node_at, positions))))
+    if names is not None and (not positions or positions[-1] < len(names[0])):
+        ins, outs = list(map(names[0].__getitem__, positions)), list(map(names[1].__getitem__, positions))
+    else:
+        ins = list(map(everything, map(attrgetter("input"), map(node_at, positions))))
+        outs = list(map(everything, map(attrgetter("output"), map(node_at, positions))))
     names = list(map(attrgetter("name"), map(node_at, positions)))
     has_name = list(map(operator.methodcaller("HasField", "name"), map(node_at, positions)))
     n_ins = list(map(len, ins))
@@ -219,7 +223,7 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
                                   map(len, itertools.chain.from_iterable(outs)), map(len, names)), default=0)
     ascii_names = text.isascii() and longest < 0x80
     del text
-    converter = opset.NodeConverter(model, target, _DataNames(data, model), path, up=up)
+    converter = opset.NodeConverter(model, target, _DataNames(data, model), path, up=up, flat=not holders)
     empty = list(map(operator.contains, ins, itertools.repeat("")))
     kind_keys: list[Any]
     if ascii_names:
@@ -237,7 +241,7 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
         rests = map(data.__getitem__, map(slice, rest_at, to))
         numbers: dict[tuple, int] = {}
         # going down, the adapters read the values' declared types and input 1's constant too
-        reads = itertools.repeat(None) if up else map(converter.reads, ins, outs)
+        reads = itertools.repeat(None) if up else converter.reads(ins, outs)
         kind_keys = list(map(numbers.setdefault, zip(rests, n_ins, n_outs, has_name, empty, reads),
                              itertools.count()))
         del at, to, numbers
@@ -302,13 +306,14 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
             entry = entry if entries[k] is None else entries[k]
         out.checked.append((entries[k] if entries[k] is not None else entry, inputs, outs[k]))
         out.checked_at.append(k)
+    released = set(converter.released)
     for key, kind in kinds.items():
         block = members.get(key)
         if not kind or not block:
             continue
-        if not up:  # what they still read (kinds keep a prefix of the inputs)
-            kept = len(kind.inputs)
-            read.update(itertools.chain.from_iterable(ins[k][:kept] for k in block))
+        if released:  # what they still read (kinds keep a prefix of the inputs)
+            read.update(itertools.chain.from_iterable(map(itemgetter(slice(len(kind.inputs))),
+                                                          map(ins.__getitem__, block))))
         if kind.same:  # entries None: left as they were
             continue
         results = kind.emit_ascii(list(map(ins.__getitem__, block)), list(map(outs.__getitem__, block)),
@@ -316,18 +321,18 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
         for k, entry in zip(block, results):
             entries[k] = entry
     out.initializers = b"".join(wire.field(b"\x2a", t.SerializeToString()) for t in converter.initializers())
-    released = set(converter.released)
     if released:  # _convert's _drop_unread: what nothing reads any more is removed
-        kept = bytearray(b"\x01") * len(op_types)
-        for p in positions:
-            kept[p] = 0
-        read.update(itertools.chain.from_iterable(map(attrgetter("input"), itertools.compress(nodes, kept))))
-        read.update(map(attrgetter("name"), model.graph.output))
-        for p in holders:
-            for sub in subgraphs(nodes[p]):
-                for g in graphs(sub):
-                    read.update(itertools.chain.from_iterable(map(attrgetter("input"), g.node)))
-                    read.update(map(attrgetter("name"), g.output))
+        if _read_elsewhere(data, released, ins):
+            kept = bytearray(b"\x01") * len(op_types)
+            for p in positions:
+                kept[p] = 0
+            read.update(itertools.chain.from_iterable(map(attrgetter("input"), itertools.compress(nodes, kept))))
+            read.update(map(attrgetter("name"), model.graph.output))
+            for p in holders:
+                for sub in subgraphs(nodes[p]):
+                    for g in graphs(sub):
+                        read.update(itertools.chain.from_iterable(map(attrgetter("input"), g.node)))
+                        read.update(map(attrgetter("name"), g.output))
         unread = released - read
         tensors = converter.released_initializers & unread
         out.removed_initializers = [i for i, name in enumerate(map(attrgetter("name"), model.graph.initializer))
@@ -337,6 +342,20 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
             out.removed_nodes = [p for p in itertools.compress(range(len(op_types)), map(
                 operator.eq, op_types, itertools.repeat("Constant"))) if nodes[p].output[0] in constants]
     return out
+
+
+def _read_elsewhere(data: bytes, names: set[str], inputs_of: list[list[str]]) -> bool:
+    """Whether a node other than the converted ones (inputs ``inputs_of``), in any graph, or a
+    graph output may name one of ``names``; False only where it surely does not. A node input
+    and a graph output are each a field 1 holding the name, so the name held by field 1
+    occurs in ``data`` as often as the converted nodes read it where nothing else does (a
+    match elsewhere, say in a tensor's bytes, only counts more: then the caller looks)."""
+    flat = list(itertools.chain.from_iterable(inputs_of))
+    for name in names:
+        text = name.encode()
+        if data.count(b"\x0a" + wire.encode_varint(len(text)) + text) != flat.count(name):
+            return True
+    return False
 
 
 def _canonical(data: bytes, start: int, end: int, node: onnx.NodeProto) -> bool:

@@ -399,6 +399,7 @@ class _MainGraph:
         self.types, self.typing = forward_types(self.model, self.registry, nodes, self.domains[:listed],
                                                 op_types[:listed], ins, outs, self.holders, self.sub_names,
                                                 itertools.chain.from_iterable(inputs_of))
+        self.read_names = (ins, outs) if self.changed is not None else None  # the conversion reads them again
         del ins, outs
         sub_names = self.sub_names
         if sub_names and any(not sub_names.isdisjoint(i) for i in inputs_of):
@@ -417,7 +418,8 @@ class _MainGraph:
             with spliced_conversion(target):
                 self.spliced = conversions.splice(data, model, self.domains, self.op_types, self.starts, self.ends,
                                                     self.changed, target, request.path, up=target > self.current,
-                                                    holders=sorted(self.holders))
+                                                    holders=sorted(self.holders), names=self.read_names)
+            self.read_names = None
             if seed is not None:  # the engine lowers after the conversion, its constants' names taken
                 seed.update(self.spliced.made)
             # else no name of the model starts with a '<prefix>/', nor does any constant's (each

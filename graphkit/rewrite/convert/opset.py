@@ -41,6 +41,8 @@ also gives the names callers import from it (:func:`steps`, :func:`node_steps`,
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,11 +200,13 @@ class NodeConverter:
     """The adapters on main-graph nodes one at a time, by :func:`node_steps` (``up``, or
     down): the same code, the same constants made (one per distinct value, named after the
     first node that asks for it), and read, as :func:`convert` where the nodes are converted
-    in the same order. ``names`` must clash with no name of ``model``."""
+    in the same order. ``names`` must clash with no name of ``model``; ``flat``: the caller
+    knows no node of the model holds a graph."""
 
     def __init__(self, model: onnx.ModelProto, target: int, names: NameGenerator, path: str | None = None,
-                 up: bool = True) -> None:
-        self._conv = Conversion(target, path, model, _names=names, up=up)
+                 up: bool = True, flat: bool = False) -> None:
+        self._conv = Conversion(target, path, model, _names=names, up=up,
+                                _types=TypeTable.inferred(model, infer=False, flat=True) if flat else None)
         graph = self._conv.model.graph  # its nodes look up the main graph's own constants only
         self._conv._constants[id(graph)] = Constants(graph, nested=False, overridable=model.ir_version >= 4)
         self._declared: Callable[[str], Any] | None = None
@@ -218,24 +222,35 @@ class NodeConverter:
         """The names of the constants made, in order."""
         return self._conv.made
 
-    def reads(self, inputs: list[str], outputs: list[str]) -> tuple:
-        """What the adapters read of a main-graph node going down besides its own fields: the
-        declared element types of its values (None: not a declared tensor) and the constant
-        its input 1 names (by identity; None: none). Nodes alike in their fields but names,
-        and in this, are converted alike."""
+    def reads(self, inputs_of: list[list[str]], outputs_of: list[list[str]]) -> list[tuple]:
+        """What the adapters read of each main-graph node going down besides its own fields
+        (its inputs ``inputs_of[k]``, outputs ``outputs_of[k]``): the declared element types of
+        its values (None: not a declared tensor) and the constant its input 1 names (by
+        identity; None: none). Nodes alike in their fields but names, and in this, are
+        converted alike."""
         if self._declared is None:  # what a main-graph node sees, read once
             self._declared = self._conv.types.getter()
-        declared, elems = self._declared, []
-        for name in (*inputs, *outputs):
-            tp = declared(name) if name else None
-            elems.append(tp.tensor_type.elem_type if tp is not None and tp.HasField("tensor_type") else None)
-        source = None
-        if len(inputs) > 1 and inputs[1]:
-            source = self._sources.get(inputs[1], self)
-            if source is self:
-                found = self._conv.constant(inputs[1])
-                source = self._sources[inputs[1]] = None if found is None else id(found[0])
-        return tuple(elems), source
+        declared = self._declared
+        # Every value's type in one map over the names (most are declared nowhere), then each
+        # node's as a slice: no Python call a node.
+        values_of = list(map(operator.add, inputs_of, outputs_of))
+        flat = list(itertools.chain.from_iterable(values_of))
+        found = list(map(declared, flat))
+        elems: list[int | None] = [None] * len(flat)
+        for i in itertools.compress(range(len(found)), map(operator.is_not, found, itertools.repeat(None))):
+            tp = found[i]
+            if flat[i] and tp.HasField("tensor_type"):  # an empty name (an input left out) is no value
+                elems[i] = tp.tensor_type.elem_type
+        del found
+        typed = tuple(elems)
+        at = list(itertools.accumulate(map(len, values_of), initial=0))
+        second = [ins[1] if len(ins) > 1 else "" for ins in inputs_of]
+        for name in dict.fromkeys(second):
+            if name and name not in self._sources:
+                constant = self._conv.constant(name)
+                self._sources[name] = None if constant is None else id(constant[0])
+        sources = map(self._sources.get, second)  # "" (no input 1): None
+        return list(zip(map(typed.__getitem__, map(slice, at, at[1:])), sources))
 
     @property
     def released(self) -> list[str]:

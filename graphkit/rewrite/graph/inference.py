@@ -115,7 +115,7 @@ def _siblings_share_a_name(graphs: Iterable[onnx.GraphProto]) -> bool:
 
 
 def infer_types(model: onnx.ModelProto, registry: Schemas | None = None, *, infer: bool = True,
-                without_weights: bool = False, data_prop: bool = False) -> Inferred:
+                without_weights: bool = False, data_prop: bool = False, flat: bool = False) -> Inferred:
     """Tensor type of every value of ``model``'s graph and subgraphs whose element type is
     known: initializers, inputs, value_info and outputs, after ONNX shape inference when
     ``infer`` (custom ops typed through ``registry``'s schemas; ``data_prop``: ONNX's data
@@ -124,7 +124,8 @@ def infer_types(model: onnx.ModelProto, registry: Schemas | None = None, *, infe
     inference fails, the types the model states. Within one scope, the first type stated for
     a name wins (a graph's initializers, inputs, value_info, outputs, in that order; the
     model's own initializers first); a graph output that is an outer value stays the outer
-    value's."""
+    value's. ``flat``: the caller knows no node of the model holds a graph (the walk looking
+    for them is skipped)."""
     source = skeleton(model) if without_weights else model
     inferred = source
     if infer:
@@ -135,7 +136,7 @@ def infer_types(model: onnx.ModelProto, registry: Schemas | None = None, *, infe
                                                              data_prop=data_prop)
         except Exception:  # noqa: BLE001 - inference is a best effort, never a requirement
             inferred = source
-    read = graph_tree(inferred.graph)
+    read = [(inferred.graph, -1)] if flat else graph_tree(inferred.graph)
     first: dict[str, onnx.TypeProto] = {}
     if source is not model:  # the weights left out of the skeleton: their types from the model
         _stated_initializers(model.graph, first)

@@ -133,19 +133,19 @@ class TypeTable:
 
     @classmethod
     def inferred(cls, model: onnx.ModelProto, registry: Any = None, *, infer: bool = True,
-                 without_weights: bool = False, data_prop: bool = False) -> TypeTable:
+                 without_weights: bool = False, data_prop: bool = False, flat: bool = False) -> TypeTable:
         """The types ONNX shape inference gives ``model``'s values (custom ops typed through
         ``registry``'s schemas; where inference fails, or without ``infer``, those the model
         states: initializers, inputs, value_info, outputs), no forward rules. ``without_weights``:
         inference runs on a copy without the large initializers; ``data_prop``: with ONNX's data
-        propagation (see ``inference.infer_types``). Within one scope the first type stated for a
+        propagation (see ``inference.infer_types``; ``flat`` likewise). Within one scope the first type stated for a
         name wins (initializers, inputs, value_info, outputs); a subgraph output that is an outer
         value keeps the outer value's. ``scope(graph)`` of a graph not of the model is a KeyError
         where sibling graphs define one name (else the one map), or an empty table with ``missing_ok``."""
         table = cls(None, registry)
         table._model = model
         table._inferred = found = infer_types(model, registry, infer=infer, without_weights=without_weights,
-                                              data_prop=data_prop)
+                                              data_prop=data_prop, flat=flat)
         table._types = found.main
         table._scoped = found.per_scope
         return table
