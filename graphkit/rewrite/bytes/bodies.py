@@ -106,7 +106,7 @@ from graphkit.rewrite.bytes import conversions
 from graphkit.rewrite.bytes import wire
 from graphkit.rewrite.bytes import body_splice
 from graphkit.rewrite.bytes.body_repeats import Adoption, Emitter, Layout, bound, bound_all
-from graphkit.rewrite.bytes.body_scopes import BodyScopes, Undeclared
+from graphkit.rewrite.bytes.body_scopes import BodyScopes, MainNodes, Undeclared, main_nodes
 from graphkit.rewrite.bytes.body_splice import SpliceGraph, graph_bytes, holder_entries
 from graphkit.rewrite.bytes.columns import PLACEHOLDER_FIELDS, PREFIX_FIELDS, read_columns, split
 from graphkit.rewrite.bytes.common import (BoundWriter, assemble, check_output, conversion, count_after,
@@ -138,6 +138,21 @@ def _serialized(scopes: list[SpliceGraph]) -> Iterator[bytes]:
 def _real(node: bytes) -> onnx.NodeProto:
     """The serialized node ``node``, parsed."""
     return onnx.NodeProto.FromString(node)
+
+
+def _first_places(rows: list[list[str]]) -> list[tuple[int, ...]]:
+    """Per row of ``rows`` (all of one length), the place of each value's first occurrence in it
+    (``tuple(map(row.index, row))``), a column at a time."""
+    columns = list(zip(*rows))
+    firsts: list[list[int]] = []
+    for j, column in enumerate(columns):
+        first = [j] * len(rows)
+        for i in range(j - 1, -1, -1):  # where column i holds the value too, i is its first place so far
+            same = list(map(operator.eq, columns[i], column))
+            first = list(map(operator.sub, first, map(operator.mul, same, map(operator.sub, first,
+                                                                               itertools.repeat(i)))))
+        firsts.append(first)
+    return list(zip(*firsts)) if columns else [()] * len(rows)
 
 
 def _run_end(block: list, start: int, kinds_of: list[int], offset: int, kind: int) -> int:
@@ -214,17 +229,19 @@ class _Bodies:
         is read once here) and the preconditions; False: no graph holds a placeholder."""
         data, model, registry, request = self.data, self.model, self.registry, self.request
         nodes = model.graph.node
-        domains = list(map(attrgetter("domain"), nodes))
-        custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN] if PLACEHOLDER_DOMAIN in domains else []
-        holders = [i for i, node in enumerate(nodes) if node.attribute and any(
-            a.type == _GRAPH or a.type == _GRAPHS for a in node.attribute)]
-        op_types = list(map(attrgetter("op_type"), nodes))
         g0, g1 = self.graph_span
         starts, ends, others = wire.node_entries(data, g0, g1)
         if len(starts) != len(nodes):
             raise Unsupported("node entries do not match the parsed graph")
         self.starts, self.ends, self.others = starts, ends, others
-        listing, main = self._listing(nodes, domains, op_types, custom, holders, True)
+        domains = list(map(attrgetter("domain"), nodes))
+        custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN] if PLACEHOLDER_DOMAIN in domains else []
+        read = main_nodes(data, (starts, ends))  # the holders and the names made, from the bytes
+        holders = [i for i, node in enumerate(nodes) if node.attribute and any(
+            a.type == _GRAPH or a.type == _GRAPHS for a in node.attribute)] if read is None else read.holders
+        op_types = list(map(attrgetter("op_type"), nodes))
+        listing, main = self._listing(nodes, domains, op_types, custom, holders, True, read)
+        del read
         report = self.report = RewriteReport(ops_before=listing.counts)
         self.placeholders = placeholder_domains(registry, report.ops_before)
         self.current, self.converting, changed = conversion(request, report.ops_before, collections.Counter(),
@@ -241,15 +258,16 @@ class _Bodies:
         return True
 
     def _listing(self, nodes: Any, domains: list[str], op_types: list[str], custom: list[int], holders: list[int],
-                 bulk: bool) -> tuple[BodyScopes, SpliceGraph]:
+                 bulk: bool, read: MainNodes | None = None) -> tuple[BodyScopes, SpliceGraph]:
         """The pass (its type table, the scopes it lists) and the main graph's scope; ``bulk``: the subgraphs' declarations may be read
-        at once (where a placeholder reads a name no graph declares with a type, the whole pass)."""
+        at once (where a placeholder reads a name no graph declares with a type, the whole pass); ``read``: the
+        main graph's nodes, where body_scopes.main_nodes read them."""
         model = self.model
         main = SpliceGraph(model.graph, (), list(custom))
         main.size, main.dirty = len(nodes), bool(custom)
         try:
             listing = BodyScopes(model, self.registry, main, domains, op_types, holders, forward=False,
-                                  data=self.data, spans=(self.starts, self.ends) if bulk else None)
+                                  data=self.data, spans=(self.starts, self.ends) if bulk else None, read=read)
             # A subgraph's placeholders were checked as the pass reached them (types are only
             # added to): the main graph's are left.
             declared = listing.table.elem_types.keys()
@@ -369,8 +387,13 @@ class _Bodies:
             del columns, attributes, n_attributes
         values_of = list(map(operator.add, ins_of, outs_of))
         aliasing: list[Any] = list(map(operator.eq, map(len, map(set, values_of)), map(len, values_of)))
-        for k in itertools.compress(range(len(ph)), map(operator.not_, aliasing)):
-            aliasing[k] = tuple(map(values_of[k].index, values_of[k]))
+        if not all(aliasing):  # per node with a name twice: each name's first place, a node's values of a length at a time
+            at = list(itertools.compress(range(len(ph)), map(operator.not_, aliasing)))
+            lengths = list(map(len, map(values_of.__getitem__, at)))
+            for m in set(lengths):
+                ks = list(itertools.compress(at, map(m.__eq__, lengths))) if lengths.count(m) < len(at) else at
+                list(map(aliasing.__setitem__, ks, _first_places(list(map(values_of.__getitem__, ks)))))
+            del at, lengths
         input_at = list(itertools.accumulate(map(len, ins_of), initial=0))
         all_types = tuple(map(declared, itertools.chain.from_iterable(ins_of)))
         in_types = list(map(all_types.__getitem__, map(slice, input_at, input_at[1:])))  # tuples, one a node

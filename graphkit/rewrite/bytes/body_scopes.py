@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from operator import attrgetter, itemgetter
 from typing import Any
 
+import numpy as np
 import onnx
 
 from graphkit.ops import OpRegistry
@@ -34,7 +35,7 @@ from graphkit.rewrite.graph.types import TypeTable
 from graphkit.rewrite.graph.walk import AI_ONNX
 from graphkit.rewrite.writers import Unsupported
 
-__all__ = ["MAX_DEPTH", "BodyScopes", "Undeclared"]
+__all__ = ["MAX_DEPTH", "BodyScopes", "MainNodes", "Undeclared", "main_nodes"]
 
 _GRAPH = onnx.AttributeProto.GRAPH
 _GRAPHS = onnx.AttributeProto.GRAPHS
@@ -43,6 +44,7 @@ MAX_DEPTH = 64  # nested graphs deeper than this go to the objects writer (recur
 _BULK_DEPTH = 8  # BodyScopes._declared_bulk reads graphs nested this deep; deeper ones go graph by graph
 _EVERYTHING = itemgetter(slice(None))  # a repeated field's values as a list, in one call
 _CHAIN, _REPEAT = itertools.chain.from_iterable, itertools.repeat
+_OUTPUT_ATTRIBUTE = (("output", 2, str, False), ("attribute", 5, bytes, False))  # columns.read_columns' fields
 
 
 def _vi_sizes(names: list[str], types: list[bytes]) -> list[int]:
@@ -57,6 +59,51 @@ def _vi_sizes(names: list[str], types: list[bytes]) -> list[int]:
 def _field_sizes(a: int, b: int) -> int:
     """The size of two length-delimited fields with one-byte keys, of values ``a`` and ``b`` bytes long."""
     return 2 + len(wire.LENGTHS[a]) + a + len(wire.LENGTHS[b]) + b
+
+
+class MainNodes:
+    """The main graph's nodes as :func:`main_nodes` reads them from the serialized model."""
+
+    __slots__ = ("values", "holders", "made")
+
+    def __init__(self, values: list[bytes], holders: list[int], made: collections.Counter) -> None:
+        self.values = values  # each node serialized (its entry's value)
+        self.holders = holders  # the nodes holding graphs (an attribute of type GRAPH or GRAPHS), in order
+        self.made = made  # every name their outputs make (empty ones too), counted
+
+
+def main_nodes(data: bytes, spans: tuple[Any, Any]) -> MainNodes | None:
+    """The main graph's nodes (``spans``: their entries' starts and ends, as wire.node_entries
+    gives them) read from ``data`` a field of body_splice.BLOCK nodes at a time, not as
+    NodeProto wrappers; None where they are not read so (a length longer than it needs,
+    columns.NotBulk): the caller reads the parsed nodes."""
+    starts, ends = spans
+    if not len(starts):
+        return MainNodes([], [], collections.Counter())
+    entry_starts = np.frombuffer(starts, np.int64)
+    lengths, sizes, _ = wire.varints(np.frombuffer(data, np.uint8), entry_starts + 1)  # after the key (one byte)
+    value_starts = entry_starts + 1 + sizes
+    if not np.array_equal(value_starts + lengths, np.frombuffer(ends, np.int64)):
+        return None
+    values = list(map(data.__getitem__, map(slice, value_starts.tolist(), ends)))
+    del value_starts, lengths, sizes
+    sk = wire.Skeletons.load()
+    holders: list[int] = []
+    made: collections.Counter = collections.Counter()
+    block = body_splice.BLOCK
+    try:
+        for at in range(0, len(values), block):
+            columns = read_columns(sk.nodes, values[at:at + block], _OUTPUT_ATTRIBUTE)
+            made.update(columns["output"][0])
+            found, n_found = columns["attribute"]
+            if found:
+                types = read_columns(sk.attributes, found, ATTRIBUTE_TYPE)["type"]
+                of_node = _CHAIN(map(_REPEAT, range(at, at + len(n_found)), n_found))
+                holders += dict.fromkeys(itertools.compress(of_node, map(operator.or_, map(_GRAPH.__eq__, types),
+                                                                         map(_GRAPHS.__eq__, types))))
+    except NotBulk:
+        return None
+    return MainNodes(values, holders, made)
 
 
 class Undeclared(Exception):
@@ -84,7 +131,7 @@ class BodyScopes:
 
     def __init__(self, model: onnx.ModelProto, registry: OpRegistry, main: SpliceGraph, domains: list[str],
                  op_types: list[str], holders: list[int], forward: bool = True, data: bytes = b"",
-                 spans: tuple[Any, Any] | None = None) -> None:
+                 spans: tuple[Any, Any] | None = None, read: MainNodes | None = None) -> None:
         self.scopes = [main]
         self.counts = collections.Counter(zip(domains, op_types))
         self.bulk = False  # the declarations read at once (_declared_bulk): only graphs holding placeholders listed
@@ -104,21 +151,22 @@ class BodyScopes:
                                                     set(holders), watch=self)
             self.table.set_watch(None)  # the pass is over (and no cycle keeps the table alive)
             return
-        self.made = collections.Counter(itertools.chain.from_iterable(map(attrgetter("output"), nodes)))
+        self.made = collections.Counter(itertools.chain.from_iterable(map(attrgetter("output"), nodes))) \
+            if read is None else read.made
         self._main_outputs = self.made.keys()
         self.table, self.typing = table, _ = writer_types(model, registry, watch=self)
         try:
-            self._declarations_only(table, nodes, domains, holders, data, spans)
+            self._declarations_only(table, nodes, domains, holders, data, spans, read)
         finally:
             table.set_watch(None)  # the pass is over (and no cycle keeps the table alive)
 
     def _declarations_only(self, table: TypeTable, nodes: Any, domains: list[str], holders: list[int], data: bytes,
-                           spans: tuple[Any, Any] | None) -> None:
+                           spans: tuple[Any, Any] | None, read: MainNodes | None) -> None:
         """The declarations-only pass: read at once where it can be (_declared_bulk), else graph by graph."""
         table.declarations_only()
         if spans is not None:
             try:
-                self._declared_bulk(data, spans, domains, holders)
+                self._declared_bulk(data, spans, domains, holders, read)
                 self.bulk = True
                 self.scopes.sort(key=attrgetter("path"))  # the pass's order (each graph before those in it)
                 return
@@ -270,7 +318,8 @@ class BodyScopes:
                     raise Undeclared
                 elem.setdefault(out, t)
 
-    def _declared_bulk(self, data: bytes, spans: tuple[Any, Any], domains: list[str], holders: list[int]) -> None:
+    def _declared_bulk(self, data: bytes, spans: tuple[Any, Any], domains: list[str], holders: list[int],
+                       read: MainNodes | None = None) -> None:
         """The declarations-only pass over every subgraph, read from the serialized model
         (``data``; ``spans``: the main graph's node entries' starts and ends) as wire.Skeletons, a
         field of body_splice.BLOCK graphs at a time (:class:`_BulkRead`), where its result does not
@@ -293,8 +342,9 @@ class BodyScopes:
         the TypeProtos, for shapes, made only where asked for: most lowerings read element
         types alone); the names left untyped are those no declaration types; the control-flow
         outputs are typed as _declared_control_flow types them. The scopes listed hold their
-        placeholders serialized (``SpliceGraph.nodes``)."""
-        read = _BulkRead(self, data, spans, domains, holders)
+        placeholders serialized (``SpliceGraph.nodes``). ``read``: the main graph's nodes, where
+        main_nodes read them."""
+        read = _BulkRead(self, data, spans, domains, holders, None if read is None else read.values)
         read.run()
         # Nothing was changed so far: now the pass's result.
         self.table.take_declarations(read.body_elem, read.declared, read.untyped,
@@ -366,7 +416,7 @@ class _BulkRead:
     where a condition does not hold, NotBulk leaves the table as it was."""
 
     def __init__(self, listing: BodyScopes, data: bytes, spans: tuple[Any, Any], domains: list[str],
-                 holders: list[int]) -> None:
+                 holders: list[int], values: list[bytes] | None = None) -> None:
         self.listing = listing
         self.sk = wire.Skeletons.load()
         self.data = data
@@ -383,12 +433,15 @@ class _BulkRead:
         self.untyped: set[str] = set()
         # every name of the main graph (made, declared, typed, defined untyped): none a subgraph's
         self.main_names = set(listing.made).union(listing.table.names())
+        made = listing.made  # whether every name (but "") is made by one node of the main graph
+        self.made_once = sum(made.values()) - made.get("", 0) == len(made) - ("" in made)
         self.flow: dict[str, tuple[int, int]] = {}  # a main-graph If/Loop/Scan output -> its type, the node
         self.found: list[SpliceGraph] = []
         self.counts: collections.Counter = collections.Counter()
         # (serialized holder node, its path, its domain), level by level
         self.level: list[tuple[bytes, tuple[int, ...], str]] = list(zip(
-            map(self._value, holders), zip(holders), map(domains.__getitem__, holders)))
+            map(self._value if values is None else values.__getitem__, holders), zip(holders),
+            map(domains.__getitem__, holders)))
 
     def _value(self, index: int) -> bytes:
         """The serialized main-graph node ``index`` (its entry's value)."""
@@ -563,13 +616,15 @@ class _BulkRead:
         get_owner = block_owner.get
         block_elem: dict[str, int] = {}
         for field, names, by, tps, elems in block_declared:
-            if not all(map(operator.eq, map(get_owner, names), by)):
+            # a graph's inputs are names it defines (names_made holds them, each once): only an empty one is not
+            if ("" in names) if field == "input" else not all(map(operator.eq, map(get_owner, names), by)):
                 raise NotBulk  # a graph declares a name it does not define
             block_elem.update(filter(itemgetter(1), zip(names, elems)))
             self.declared.append((names, tps))
         # a name is typed by its own graph's declarations or not at all (checked just above):
         # the names defined here are block_elem's and block_untyped, none defined before
-        block_untyped = list(itertools.filterfalse(block_elem.__contains__, names_made))
+        block_untyped = [] if len(block_elem) == len(names_made) else list(
+            itertools.filterfalse(block_elem.__contains__, names_made))
         body_elem, untyped = self.body_elem, self.untyped
         typed_size, untyped_size = len(body_elem), len(untyped)
         body_elem.update(block_elem)
@@ -590,20 +645,26 @@ class _BulkRead:
                 continue
             at_output = list(itertools.accumulate(n_outputs, initial=0))
             indices, op_types, node_outputs, bodies_at = zip(*control_flow)
-            skip = list(map(int, map(operator.eq, op_types, _REPEAT("Loop"))))
-            body_outputs = map(names.__getitem__, map(slice, map(operator.add, map(
-                at_output.__getitem__, map(operator.sub, bodies_at, _REPEAT(first))), skip),
-                map(at_output.__getitem__, map(operator.add, map(operator.sub, bodies_at, _REPEAT(first)),
-                                                _REPEAT(1)))))
-            pairs = list(map(list, map(zip, node_outputs, body_outputs)))
-            outs = list(map(itemgetter(0), _CHAIN(pairs)))
-            ts = list(map(block_elem.get, map(itemgetter(1), _CHAIN(pairs))))
-            at = list(_CHAIN(map(_REPEAT, indices, map(len, pairs))))
-            del pairs
+            skip = map(int, map(operator.eq, op_types, _REPEAT("Loop")))
+            body_at = list(map(operator.sub, bodies_at, _REPEAT(first)))
+            lows = list(map(operator.add, map(at_output.__getitem__, body_at), skip))
+            highs = list(map(at_output.__getitem__, map(operator.add, body_at, _REPEAT(1))))
+            n_node = list(map(len, node_outputs))
+            if n_node == list(map(operator.sub, highs, lows)):  # as many outputs as its body (but a Loop's condition)
+                outs = list(_CHAIN(node_outputs))
+                ts = list(map(block_elem.get, _CHAIN(map(names.__getitem__, map(slice, lows, highs)))))
+                at = list(_CHAIN(map(_REPEAT, indices, n_node)))
+            else:
+                pairs = list(map(list, map(zip, node_outputs, map(names.__getitem__, map(slice, lows, highs)))))
+                outs = list(map(itemgetter(0), _CHAIN(pairs)))
+                ts = list(map(block_elem.get, map(itemgetter(1), _CHAIN(pairs))))
+                at = list(_CHAIN(map(_REPEAT, indices, map(len, pairs))))
+                del pairs
+            del body_at, lows, highs, n_node
             if "" in outs:
                 keep = list(map(bool, outs))
                 outs, ts, at = (list(itertools.compress(c, keep)) for c in (outs, ts, at))
-            if None in ts or not all(map(operator.eq, map(made.__getitem__, outs), _REPEAT(1))):
+            if None in ts or not (self.made_once or all(map(operator.eq, map(made.__getitem__, outs), _REPEAT(1)))):
                 raise NotBulk  # the graph-by-graph pass finds which way (Undeclared)
             new = list(map(operator.not_, map(elem0.__contains__, outs)))
             self.flow.update(zip(itertools.compress(outs, new), zip(itertools.compress(ts, new),

@@ -43,6 +43,10 @@ def graph_columns(graphs: list[bytes]) -> dict[str, tuple[list[bytes], list[int]
     n = len(graphs)
     for name in _GRAPH_FIELDS:
         values = getattr(joined, name)[:]
+        uniform = _uniform(values, b"", n)
+        if uniform is not None:
+            out[name] = uniform
+            continue
         ends = list(itertools.compress(itertools.count(), map(operator.not_, values)))
         if len(ends) != n:
             raise NotBulk
@@ -54,6 +58,22 @@ def graph_columns(graphs: list[bytes]) -> dict[str, tuple[list[bytes], list[int]
             values = []
         out[name] = (values, counts)
     return out
+
+
+def _uniform(values: list, mark: Any, n: int, last: Any = None) -> Any:
+    """Where each of the ``n`` messages has as many values as the others (``values``: theirs, each
+    message's followed by ``mark``), what read_columns gives for the field (``last``: the
+    field's default, where the field is read as each message's last value), found by list
+    slicing alone; else None (the messages cut one by one)."""
+    if not n or len(values) % n:
+        return None
+    step = len(values) // n  # every message's values, then its mark
+    if values.count(mark) != n or values[step - 1::step].count(mark) != n:
+        return None  # some message has more values than another (or holds a mark itself)
+    if last is not None:
+        return values[step - 2::step] if step > 1 else [last] * n
+    del values[step - 1::step]
+    return values, [step - 1] * n
 
 
 _MARK = "\x00graphkit\x00"  # ends a message's values of a string field in columns
@@ -80,6 +100,10 @@ def read_columns(cls: Any, messages: list[bytes], fields: tuple[tuple[str, int, 
     for name, _, kind, last in fields:
         values = getattr(joined, name)[:]
         mark = _ENDS[kind]
+        uniform = _uniform(values, mark, n, kind() if last else None)
+        if uniform is not None:
+            out[name] = uniform
+            continue
         ends = list(itertools.compress(itertools.count(), map(mark.__eq__, values)))
         if len(ends) != n:
             raise NotBulk
