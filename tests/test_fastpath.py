@@ -2073,6 +2073,57 @@ def test_holders_spliced_or_parsed_mixed(hows):
     assert fast == parsed and blocks == [(hows.count(None), 4)]
 
 
+@pytest.mark.parametrize("how", [None, *sorted(_NOT_CANONICAL)])
+def test_converted_bodies_holders_spliced_at_once_or_node_by_node(how, monkeypatch):
+    """A conversion in bodies lists every graph and graph_bytes writes the main graph: its If
+    nodes are written a block at a time (_spliced_holders), one whose bytes are not as
+    protobuf writes them node by node, with the bytes each gets when every one goes node by
+    node; the objects writer's model, field for field."""
+    import scaling_models
+
+    model = scaling_models.if_bodies(4, reduce=True)
+    for i, node in enumerate(model.graph.node[1:]):
+        node.name = f"if{i}"
+    data = model.SerializeToString()
+    if how is not None:
+        data = _holder_rewritten(data, 2, how)
+        assert onnx.ModelProto.FromString(data).SerializeToString() != data
+    model = onnx.ModelProto.FromString(data)
+    blocks = _holder_spy(monkeypatch)
+    same(model, data=data, target_opset=18)
+    assert blocks and blocks[0] == (4 if how is None else 3, 4), blocks
+    registry = default_registry()
+    fast, report = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, target_opset=18)
+    assert report.conversions == [(17, 18, "adapters")]
+    monkeypatch.setattr(body_splice, "_spliced_holders", lambda data, buf, v0, *a: [None] * len(v0))
+    one_by_one, _ = lower_bytes(data, model, registry=registry, prefer=DEFAULT_PREFERENCE, target_opset=18)
+    assert fast == one_by_one
+
+
+def test_converted_bodies_nodes_around_placeholders():
+    """Bodies whose converted nodes come before and after their placeholders, and bodies with
+    converted nodes alone: each body's entries put in its node order (ScopedSplice.merge)."""
+    vi = helper.make_tensor_value_info
+    cond = helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
+    nodes, prev = [cond], "x"
+    for i in range(3):
+        def body(tag: str, placeholder: bool) -> onnx.GraphProto:
+            made = [helper.make_node("ReduceMean", [prev], [f"{tag}{i}r"], axes=[1], keepdims=1),
+                    helper.make_node("my_add", [f"{tag}{i}r", prev], [f"{tag}{i}a"], domain="custom")
+                    if placeholder else helper.make_node("Add", [f"{tag}{i}r", prev], [f"{tag}{i}a"]),
+                    helper.make_node("ReduceMean", [f"{tag}{i}a"], [f"{tag}{i}"], axes=[0], keepdims=1)]
+            return helper.make_graph(made, f"{tag}{i}", [], [vi(f"{tag}{i}", F, [1, 4])])
+        nodes.append(helper.make_node("If", ["c"], [f"o{i}"], then_branch=body("t", True),
+                                      else_branch=body("e", i != 1)))
+        prev = f"o{i}"
+    graph = helper.make_graph(nodes, "g", [vi("x", F, [1, 4])], [vi(prev, F, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+                              ir_version=8)
+    out = _converted_by_bytes(model)
+    converted = [n for g in _walk_graphs(out.graph) for n in g.node if n.op_type == "ReduceMean"]
+    assert len(converted) == 12 and all(len(n.input) == 2 for n in converted)
+
+
 def test_holders_with_long_bodies_parsed(monkeypatch):
     """Messages still being read after _SCAN_MIN fields, if fewer than _SCAN_MIN, go the parsing way."""
     def longer(i, prev):  # the second If's then branch five nodes longer than the others

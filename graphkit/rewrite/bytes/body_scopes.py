@@ -360,52 +360,89 @@ class BodyScopes:
         the table stays as it is (the whole pass's: _declared_bulk's conditions). What a
         conversion splicing into every graph needs (conversions.splice_scopes), the graphs
         then written again by graph_bytes (``bulk`` no longer). Where the graphs are and
-        their sizes are _declared_bulk's (``_graphs``): only the nodes holding them are read."""
+        their sizes are _declared_bulk's (``_graphs``): only the nodes holding them are read,
+        the graphs of one graph's nodes a field of all of them at a time; a graph listed
+        already (holding placeholders) keeps its scope."""
         read = {scope.path: scope for scope in self.scopes[1:]}
         paths, sizes = self._graphs
-        size_of = dict(zip(paths, sizes))
-        below: dict[tuple[int, ...], list[tuple[int, ...]]] = {}  # a graph's path -> its graphs' paths
-        for path in sorted(paths):  # each graph before those in it (the pass's order)
-            below.setdefault(path[:-3], []).append(path)
+        order = sorted(range(len(paths)), key=paths.__getitem__)  # each graph before those in it (the pass's order)
+        paths = list(map(paths.__getitem__, order))
+        scopes = list(map(read.get, paths))
+        listed = list(map(operator.is_not, scopes, _REPEAT(None)))
+        for k in itertools.compress(range(len(paths)), map(operator.not_, listed)):
+            scopes[k] = SpliceGraph(None, paths[k])
+        list(map(setattr, scopes, _REPEAT("size"), map(sizes.__getitem__, order)))
+        list(map(setattr, scopes, _REPEAT("dirty"), listed))
+        del order, listed, read
+        below: dict[tuple[int, ...], list[int]] = {}  # a graph's path -> its graphs' places in ``paths``
+        if all(map(operator.eq, map(len, paths), _REPEAT(3))):  # every graph a main-graph node's
+            below[()] = list(range(len(paths)))
+        else:
+            for k, parent in enumerate(map(itemgetter(slice(None, -3)), paths)):
+                below.setdefault(parent, []).append(k)
         main = self._main
         main.subs, main.dirty = [], bool(main.custom)
-        scopes = self.scopes = [main]
         stack = [(main, nodes)]
         while stack:
             parent, parent_nodes = stack.pop()
             inner = below.get(parent.path)
             if not inner:
                 continue
-            made: list[tuple[SpliceGraph, Any]] = []
-            for index, group in itertools.groupby(inner, key=itemgetter(-3)):
-                attributes = parent_nodes[index].attribute
-                held: list[tuple[int, int, list[tuple[int, SpliceGraph]]]] = []
-                for a, in_attribute in itertools.groupby(group, key=itemgetter(-2)):
-                    attr = attributes[a]
-                    one = attr.type == _GRAPH
-                    subs = []
-                    for path in in_attribute:
-                        graph = attr.g if one else attr.graphs[path[-1]]
-                        listed = read.get(path)
-                        scope = SpliceGraph(graph, path, None if listed is None else listed.custom,
-                                       None if listed is None else listed.nodes,
-                                       None if listed is None else listed.fields)
-                        scope.size, scope.dirty = size_of[path], listed is not None
-                        scopes.append(scope)
-                        if path in below:  # its nodes read only where it holds graphs
-                            made.append((scope, graph.node))
-                        subs.append((path[-1], scope))
-                    held.append((a, 6 if one else 11, subs))
-                parent.subs.append((index, len(attributes), False, held))
-            stack.extend(made)
-        scopes.sort(key=attrgetter("path"))  # the pass's order: each graph, then those in it
+            inner_paths = list(map(paths.__getitem__, inner))
+            inner_scopes = list(map(scopes.__getitem__, inner))
+            node_at = list(map(itemgetter(-3), inner_paths))
+            attribute_at = list(map(itemgetter(-2), inner_paths))
+            holding = list(dict.fromkeys(node_at))
+            holder_attributes = dict(zip(holding, map(attrgetter("attribute"), map(parent_nodes.__getitem__, holding))))
+            attributes = list(map(operator.getitem, map(holder_attributes.__getitem__, node_at), attribute_at))
+            types = list(map(attrgetter("type"), attributes))
+            if all(map(operator.eq, types, _REPEAT(_GRAPH))):  # each attribute one graph (If, Loop, Scan)
+                graphs = list(map(attrgetter("g"), attributes))
+                list(map(setattr, inner_scopes, _REPEAT("graph"), graphs))
+                del attributes
+                # per node holding graphs: (index, its attribute count, whether a graph it holds is dirty (the
+                # graphs holding graphs are found dirty below), per attribute: (its index, 6, [(0, scope)]))
+                held = list(zip(attribute_at, _REPEAT(6), map(list, zip(zip(_REPEAT(0), inner_scopes)))))
+                cuts = [*itertools.compress(range(1, len(node_at)), map(operator.ne, node_at[1:], node_at[:-1])),
+                        len(node_at)]
+                cuts = list(map(slice, [0, *cuts[:-1]], cuts))
+                dirty = list(map(any, map(list(map(attrgetter("dirty"), inner_scopes)).__getitem__, cuts)))
+                parent.subs += zip(holding, map(len, map(holder_attributes.__getitem__, holding)), dirty,
+                                   map(held.__getitem__, cuts))
+                del held, cuts, dirty
+            else:
+                graphs = [attr.g if t == _GRAPH else attr.graphs[path[-1]]
+                          for attr, t, path in zip(attributes, types, inner_paths)]
+                list(map(setattr, inner_scopes, _REPEAT("graph"), graphs))
+                del attributes
+                last_index = last_attribute = -1
+                subs: list[tuple[int, SpliceGraph]] = []
+                held_by: list[tuple[int, int, list[tuple[int, SpliceGraph]]]] = []
+                for index, a, path, scope, t in zip(node_at, attribute_at, inner_paths, inner_scopes, types):
+                    if index != last_index:
+                        held_by = []
+                        parent.subs.append((index, len(holder_attributes[index]), False, held_by))
+                        last_index, last_attribute = index, -1
+                    if a != last_attribute:
+                        subs = []
+                        held_by.append((a, 6 if t == _GRAPH else 11, subs))
+                        last_attribute = a
+                    subs.append((path[-1], scope))
+            # the graphs holding graphs: their nodes read
+            if len(below) > 1:
+                stack.extend((scope, graph.node) for path, scope, graph in zip(inner_paths, inner_scopes, graphs)
+                             if path in below)
+        scopes = self.scopes = [main, *scopes]
+        if len(below) == 1:  # the main graph's nodes' graphs alone: their holders' dirty as found above
+            main.dirty = main.dirty or any(map(itemgetter(2), main.subs))
+            self.bulk = False
+            return
         # dirty: a graph holding placeholders or one holding such a graph, found from the deepest up
-        for scope in reversed(scopes):
-            if scope.subs:
-                subs = [(index, n, any(s.dirty for _, _, held_subs in held for _, s in held_subs), held)
-                        for index, n, _, held in scope.subs]
-                scope.subs = subs
-                scope.dirty = scope.dirty or any(d for _, _, d, _ in subs)
+        for scope in reversed(list(itertools.compress(scopes, map(attrgetter("subs"), scopes)))):
+            subs = [(index, n, any(s.dirty for _, _, held_subs in held for _, s in held_subs), held)
+                    for index, n, _, held in scope.subs]
+            scope.subs = subs
+            scope.dirty = scope.dirty or any(d for _, _, d, _ in subs)
         self.bulk = False
 
 

@@ -13,6 +13,7 @@ graphkit.rewrite.bytes.bodies lowers the placeholders and hands the replacements
 from __future__ import annotations
 
 import itertools
+import operator
 from array import array
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -54,59 +55,95 @@ class SpliceGraph:
 
 # Not walk(): it recurses over serialized bytes (wire spans), following SpliceGraph.subs, not GraphProtos.
 def graph_bytes(data: bytes, scope: SpliceGraph, v0: int, v1: int, slots: dict[int, list[bytes]],
-                 entries: tuple[list[int], list[int]] | None = None, joined: bool = True) -> Any:
+                entries: tuple[list[int], list[int]] | None = None, joined: bool = True) -> Any:
     """The value of ``scope``'s graph (at ``data[v0:v1]``; ``entries``: its node entries' starts
     and ends where known) with its placeholders replaced (``slots``: by scope id, in the
     placeholders' order, taken out of it: each written once) and its nested graphs holding
-    placeholders written again, their length prefixes new. ``joined=False``: as its pieces, in order."""
+    placeholders written again, their length prefixes new. ``joined=False``: as its pieces, in order.
+    In the main graph, the nodes whose graphs with placeholders hold none that do are written a
+    block at a time where every message on the way down is as protobuf writes it
+    (_holders_in_blocks: the same bytes); the others node by node (_holder_entry)."""
     starts, ends = entries if entries is not None else wire.node_spans(data, v0, v1)
     if len(starts) != scope.size:
         raise Unsupported("a graph's node entries do not match the parsed model")
     key = id(scope)
     edits = list(zip(map(starts.__getitem__, scope.custom), map(ends.__getitem__, scope.custom), slots.pop(key, ())))
-    L = wire.LENGTHS
-    for index, n_attributes, dirty, held in scope.subs:
-        if not dirty:
-            continue
-        start, end = starts[index], ends[index]
-        n0 = start + 2 if data[start + 1] < 0x80 else wire.read_varint(data, start + 1)[1]
-        attributes = wire.fields(data, n0, end, 5)
-        if len(attributes) != n_attributes:
-            raise Unsupported("a node's attribute entries do not match the parsed model")
-        node_edits = []
-        for a, field, subs in held:
-            a_start, a0, a1 = attributes[a]
-            graphs = wire.fields(data, a0, a1, field)
-            if len(graphs) != len(subs):
-                raise Unsupported("an attribute's graph entries do not match the parsed model")
-            tag = b"\x32" if field == 6 else b"\x5a"
-            attr_edits = []
-            for k, sub in subs:
-                if not sub.dirty:
-                    continue
-                e_start, s0, s1 = graphs[k]
-                if sub.subs:
-                    graph = graph_bytes(data, sub, s0, s1, slots)
-                else:  # a graph holding none: its placeholders' entries replaced, inline
-                    sub_starts, sub_ends = wire.node_spans(data, s0, s1)
-                    if len(sub_starts) != sub.size:
-                        raise Unsupported("a graph's node entries do not match the parsed model")
-                    pieces = []
-                    at = s0
-                    for i, new in zip(sub.custom, slots.pop(id(sub))):
-                        pieces += (data[at:sub_starts[i]], new)
-                        at = sub_ends[i]
-                    pieces.append(data[at:s1])
-                    graph = b"".join(pieces)
-                attr_edits.append((e_start, s1, tag + L[len(graph)] + graph))
-            if attr_edits:
-                body = wire.splice(data, a0, a1, attr_edits)
-                node_edits.append((a_start, a1, b"\x2a" + L[len(body)] + body))
-        body = wire.splice(data, n0, end, node_edits)
-        edits.append((start, end, b"\x0a" + L[len(body)] + body))
-    if scope.custom and scope.subs:
+    dirty = [(index, n_attributes, held) for index, n_attributes, is_dirty, held in scope.subs if is_dirty]
+    if not scope.path and dirty:
+        edits += _main_holders(data, (starts, ends), dirty, slots)
+    else:
+        edits += [(starts[index], ends[index], _holder_entry(data, starts[index], ends[index], n_attributes, held,
+                                                            slots)) for index, n_attributes, held in dirty]
+    if scope.custom and dirty:
         edits.sort(key=itemgetter(0))
     return wire.splice(data, v0, v1, edits) if joined else wire.spliced(data, v0, v1, edits)
+
+
+def _main_holders(data: bytes, spans: tuple[Any, Any], dirty: list[tuple[int, int, list]],
+                  slots: dict[int, list[bytes]]) -> list[tuple[int, int, bytes]]:
+    """(start, end, new entry) of each main-graph node of ``dirty`` ((index, attribute count,
+    held), in index order): those whose dirty graphs hold none dirty a block at a time, the
+    others and those _spliced_holders leaves, node by node (:func:`_holder_entry`)."""
+    starts, ends = spans
+    graphs_of = [[sub for _, _, subs in held for _, sub in subs if sub.dirty] for _, _, held in dirty]
+    inner = list(map(any, map(map, itertools.repeat(_dirty_inside), graphs_of)))
+    flat = [] if all(inner) else list(itertools.chain.from_iterable(itertools.compress(graphs_of, map(
+        operator.not_, inner))))
+    written: dict[int, bytes | None] = {}
+    if flat:
+        expected = dict(map(itemgetter(0, 1), dirty))
+        written = dict(_holders_in_blocks(data, spans, flat, slots, expected)[0])
+    get = written.get
+    return [(starts[index], ends[index], get(index) or _holder_entry(data, starts[index], ends[index], n_attributes,
+                                                                     held, slots))
+            for index, n_attributes, held in dirty]
+
+
+def _dirty_inside(scope: SpliceGraph) -> bool:
+    """Whether a graph in ``scope`` holds placeholders."""
+    return any(map(itemgetter(2), scope.subs)) if scope.subs else False
+
+
+def _holder_entry(data: bytes, start: int, end: int, n_attributes: int, held: list,
+                  slots: dict[int, list[bytes]]) -> bytes:
+    """The node entry at ``data[start:end]`` (its ``n_attributes`` attributes, ``held``: its graphs,
+    as SpliceGraph.subs has them) with the graphs holding placeholders written again."""
+    L = wire.LENGTHS
+    n0 = start + 2 if data[start + 1] < 0x80 else wire.read_varint(data, start + 1)[1]
+    attributes = wire.fields(data, n0, end, 5)
+    if len(attributes) != n_attributes:
+        raise Unsupported("a node's attribute entries do not match the parsed model")
+    node_edits = []
+    for a, field, subs in held:
+        a_start, a0, a1 = attributes[a]
+        graphs = wire.fields(data, a0, a1, field)
+        if len(graphs) != len(subs):
+            raise Unsupported("an attribute's graph entries do not match the parsed model")
+        tag = b"\x32" if field == 6 else b"\x5a"
+        attr_edits = []
+        for k, sub in subs:
+            if not sub.dirty:
+                continue
+            e_start, s0, s1 = graphs[k]
+            if sub.subs:
+                graph = graph_bytes(data, sub, s0, s1, slots)
+            else:  # a graph holding none: its placeholders' entries replaced, inline
+                sub_starts, sub_ends = wire.node_spans(data, s0, s1)
+                if len(sub_starts) != sub.size:
+                    raise Unsupported("a graph's node entries do not match the parsed model")
+                pieces = []
+                at = s0
+                for i, new in zip(sub.custom, slots.pop(id(sub))):
+                    pieces += (data[at:sub_starts[i]], new)
+                    at = sub_ends[i]
+                pieces.append(data[at:s1])
+                graph = b"".join(pieces)
+            attr_edits.append((e_start, s1, tag + L[len(graph)] + graph))
+        if attr_edits:
+            body = wire.splice(data, a0, a1, attr_edits)
+            node_edits.append((a_start, a1, b"\x2a" + L[len(body)] + body))
+    body = wire.splice(data, n0, end, node_edits)
+    return b"\x0a" + L[len(body)] + body
 
 
 class _Edits:
@@ -198,30 +235,11 @@ def holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[SpliceGraph
         paths = list(map(attrgetter("path"), scopes))
     out: list[tuple[int, bytes]] = []
     if scopes:
-        holder = np.fromiter(map(itemgetter(0), paths), np.int64, len(paths))
-        if (holder[1:] < holder[:-1]).any():
-            order = np.argsort(holder, kind="stable")
-            holder = holder[order]
-            scopes = list(map(scopes.__getitem__, order.tolist()))
-        indices, first = np.unique(holder, return_index=True)
-        bounds = np.append(first, len(holder))
-        buf = np.frombuffer(data, np.uint8)
-        all_starts, all_ends = _offsets(starts), _offsets(ends)
-        for at in range(0, len(indices), BLOCK):
-            block = indices[at:at + BLOCK]
-            s0, s1 = int(bounds[at]), int(bounds[at + len(block)])
-            h_start = all_starts[block]
-            _, size, short = wire.varints(buf, h_start + 1)
-            v0 = h_start + 1 + size
-            for j in np.flatnonzero(~short).tolist():  # a length padded past 5 bytes
-                v0[j] = wire.read_varint(data, int(h_start[j]) + 1)[1]
-            v1 = all_ends[block]
-            own = np.searchsorted(block, holder[s0:s1])  # the block's scopes: their node's place in the block
-            written = _spliced_holders(data, buf, v0, v1, scopes[s0:s1], own, slots)
-            for j in [j for j, entry in enumerate(written) if entry is None]:  # parsed and written again
-                held = scopes[int(bounds[at + j]):int(bounds[at + j + 1])]
-                written[j] = wire.entry(_shallow_node(data[int(v0[j]):int(v1[j])], held, slots))
-            out += zip(block.tolist(), written)
+        out, left = _holders_in_blocks(data, spans, scopes, slots)
+        for k, (index, entry) in enumerate(out):
+            if entry is None:  # parsed and written again
+                v0, v1, held = left[index]
+                out[k] = (index, wire.entry(_shallow_node(data[v0:v1], held, slots)))
     for index, edits in by_holder.items():
         start = starts[index]
         value = data[start + 2 if data[start + 1] < 0x80 else wire.read_varint(data, start + 1)[1]:ends[index]]
@@ -229,6 +247,48 @@ def holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[SpliceGraph
     if by_holder:
         out.sort(key=itemgetter(0))
     return out
+
+
+def _holders_in_blocks(data: bytes, spans: tuple[Any, Any], scopes: list[SpliceGraph], slots: dict[int, list[bytes]],
+                       expected: dict[int, int] | None = None) -> tuple[list[tuple[int, bytes | None]], dict]:
+    """Per main-graph node holding ``scopes`` (graphs with placeholders, their paths (node,
+    attribute, graph)), in index order, a block at a time: (index, its new entry, or None where
+    _spliced_holders leaves it); and per node left, (its value's start and end, its scopes).
+    ``expected``: each node's attribute count, a graph's node count its scope's ``size``; a
+    node where either differs is left too."""
+    starts, ends = spans
+    paths = list(map(attrgetter("path"), scopes))
+    holder = np.fromiter(map(itemgetter(0), paths), np.int64, len(paths))
+    if (holder[1:] < holder[:-1]).any():
+        order = np.argsort(holder, kind="stable")
+        holder = holder[order]
+        scopes = list(map(scopes.__getitem__, order.tolist()))
+    indices, first = np.unique(holder, return_index=True)
+    bounds = np.append(first, len(holder))
+    buf = np.frombuffer(data, np.uint8)
+    all_starts, all_ends = _offsets(starts), _offsets(ends)
+    sizes = None if expected is None else np.fromiter(map(attrgetter("size"), scopes), np.int64, len(scopes))
+    out: list[tuple[int, bytes | None]] = []
+    left: dict[int, tuple[int, int, list[SpliceGraph]]] = {}
+    for at in range(0, len(indices), BLOCK):
+        block = indices[at:at + BLOCK]
+        s0, s1 = int(bounds[at]), int(bounds[at + len(block)])
+        h_start = all_starts[block]
+        _, size, short = wire.varints(buf, h_start + 1)
+        v0 = h_start + 1 + size
+        for j in np.flatnonzero(~short).tolist():  # a length padded past 5 bytes
+            v0[j] = wire.read_varint(data, int(h_start[j]) + 1)[1]
+        v1 = all_ends[block]
+        own = np.searchsorted(block, holder[s0:s1])  # the block's scopes: their node's place in the block
+        if expected is None:
+            written = _spliced_holders(data, buf, v0, v1, scopes[s0:s1], own, slots)
+        else:
+            counts = (np.fromiter(map(expected.__getitem__, block.tolist()), np.int64, len(block)), sizes[s0:s1])
+            written = _spliced_holders(data, buf, v0, v1, scopes[s0:s1], own, slots, counts)
+        out += zip(block.tolist(), written)
+        for j in [j for j, entry in enumerate(written) if entry is None]:
+            left[int(block[j])] = (int(v0[j]), int(v1[j]), scopes[int(bounds[at + j]):int(bounds[at + j + 1])])
+    return out, left
 
 
 def _offsets(values: Any) -> Any:
@@ -392,17 +452,21 @@ def _lookup(owner: Any, nth: Any, hits: _Hits) -> tuple[Any, Any]:
 
 
 def _spliced_holders(data: bytes, buf: Any, v0: Any, v1: Any, scopes: list[SpliceGraph], own: Any,
-                     slots: dict[int, list[bytes]]) -> list[bytes | None]:
+                     slots: dict[int, list[bytes]], counts: tuple[Any, Any] | None = None) -> list[bytes | None]:
     """Per main-graph node (its value at ``data[v0[j]:v1[j]]``) whose graphs with placeholders
     are its own (``scopes``, node ``own[i]`` holding ``scopes[i]``), its new entry as
     ``_shallow_node`` writes it, made without parsing: where each message that parses and
     serializes there comes back as it is (_scan: the node, its attributes holding those
     graphs, the graphs), those bytes are the input's with the placeholders' entries replaced
     and the length prefixes around them written again. None for a node where not (its
-    scopes' slots are left to _shallow_node; the others' are taken)."""
+    scopes' slots are left to _shallow_node; the others' are taken). ``counts``: each node's
+    attribute count and each graph's node count as the parsed model has them; a node where the
+    bytes have others is None too."""
     node_rules, attribute_rules, graph_rules = _Rules.of()
     n = len(v0)
     good, node_hits = _scan(buf, v0, v1, node_rules, (0x2A,))
+    if counts is not None:
+        good &= np.bincount(node_hits[0x2A][0], minlength=n) == counts[0]
     paths = list(map(attrgetter("path"), scopes))
     s_attribute = np.fromiter(map(itemgetter(1), paths), np.int64, len(paths))
     s_graph = np.fromiter(map(itemgetter(2), paths), np.int64, len(paths))
@@ -432,6 +496,8 @@ def _spliced_holders(data: bytes, buf: Any, v0: Any, v1: Any, scopes: list[Splic
     g_start, g0, g1 = graph_hits[2][hit], graph_hits[3][hit], graph_hits[4][hit]
     ok, entry_hits = _scan(buf, g0, g1, graph_rules, (0x0A,))
     good[own[~ok]] = False
+    if counts is not None:
+        good[own[np.bincount(entry_hits[0x0A][0], minlength=len(g0)) != counts[1]]] = False
     # the placeholders' entries, in order in their graph
     customs = list(map(attrgetter("custom"), scopes))
     p_scope = np.repeat(np.arange(len(scopes)), list(map(len, customs)))

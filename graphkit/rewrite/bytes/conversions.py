@@ -367,12 +367,14 @@ def _canonical(data: bytes, start: int, end: int, node: onnx.NodeProto) -> bool:
 @dataclass
 class ScopedSplice:
     """The nodes the conversion changes in every graph of the model (the bodies' writer's
-    share): ``at`` (id of a scope -> its converted nodes' indices, increasing) and ``entries``
-    (their converted node entries), the constants' ``initializers`` and ``made`` names,
-    ``checked``: (path of the node, entry, inputs, outputs) of each kind's first node."""
+    share): ``scopes`` (those holding such nodes, in :func:`splice_scopes`' order), per scope
+    ``at`` (its converted nodes' indices, increasing) and ``entries`` (their converted node
+    entries), the constants' ``initializers`` and ``made`` names, ``checked``: (path of the
+    node, entry, inputs, outputs) of each kind's first node."""
 
-    at: dict[int, list[int]]
-    entries: dict[int, list[bytes]]
+    scopes: list[Any]
+    at: list[list[int]]
+    entries: list[list[bytes]]
     initializers: bytes
     made: list[str]
     checked: list[tuple[tuple, bytes, list[str], list[str]]]
@@ -382,20 +384,31 @@ class ScopedSplice:
         """Put the converted nodes among each scope's placeholders (``scope.custom``, its
         replacements in ``slots``), then mark dirty every graph holding one, as the listing
         marks those holding placeholders (``scopes``: a graph before the graphs in it)."""
-        entries = self.entries
+        converted, ats, entries = self.scopes, self.at, self.entries
+        customs = list(map(attrgetter("custom"), converted))
+        keys = list(map(id, converted))
+        bare = list(map(operator.not_, customs))  # no placeholder: the converted nodes alone
         clean = False  # a graph holding converted nodes only: the graphs around it are marked again
-        for scope in scopes:
-            at = self.at.get(id(scope))
-            if not at:
-                continue
-            key = id(scope)
-            custom = scope.custom
-            if not custom:
-                scope.custom, slots[key] = at, entries[key]
-                clean = clean or not scope.dirty
-                continue
-            positions = custom + at
-            written = slots[key] + entries[key]
+        if any(bare):
+            these = list(itertools.compress(converted, bare))
+            clean = not all(map(attrgetter("dirty"), these))
+            list(map(setattr, these, itertools.repeat("custom"), itertools.compress(ats, bare)))
+            slots.update(zip(itertools.compress(keys, bare), itertools.compress(entries, bare)))
+        mixed = list(itertools.compress(range(len(converted)), map(operator.not_, bare)))
+        # the converted nodes after the placeholders (each list increasing): the lists joined
+        after = list(map(operator.lt, map(itemgetter(-1), map(customs.__getitem__, mixed)),
+                         map(itemgetter(0), map(ats.__getitem__, mixed))))
+        joined = list(itertools.compress(mixed, after))
+        if joined:
+            list(map(setattr, map(converted.__getitem__, joined), itertools.repeat("custom"),
+                     map(operator.add, map(customs.__getitem__, joined), map(ats.__getitem__, joined))))
+            joined_keys = list(map(keys.__getitem__, joined))
+            slots.update(zip(joined_keys, map(operator.add, map(slots.__getitem__, joined_keys),
+                                              map(entries.__getitem__, joined))))
+        for j in itertools.compress(mixed, map(operator.not_, after)):
+            scope, key = converted[j], keys[j]
+            positions = customs[j] + ats[j]
+            written = slots[key] + entries[j]
             order = sorted(range(len(positions)), key=positions.__getitem__)
             scope.custom = list(map(positions.__getitem__, order))
             slots[key] = list(map(written.__getitem__, order))
@@ -433,7 +446,7 @@ def splice_scopes(data: bytes, model: onnx.ModelProto, main: Any, changed: Steps
     converter = opset.NodeConverter(model, target, _DataNames(data, model), path)
     kinds: dict[tuple, _Kind] = {}
     members: dict[tuple, list[tuple[int, int, list[str], list[str], str]]] = {}
-    out = ScopedSplice({}, {}, b"", converter.made, [], insert_at)
+    out = ScopedSplice([], [], [], b"", converter.made, [], insert_at)
     stack = [main]
     op_type, wanted, count = attrgetter("op_type"), changed.__contains__, itertools.count
     while stack:
@@ -470,10 +483,12 @@ def splice_scopes(data: bytes, model: onnx.ModelProto, main: Any, changed: Steps
                 out.checked.append(((*scope.path, i), entry, [ins[x] if x.__class__ is int else x
                                                               for x in kind.inputs], outs))
             else:
-                members[key].append((id(scope), len(entries), ins, outs, name))
+                members[key].append((len(out.scopes), len(entries), ins, outs, name))
                 entries.append(None)
         if at:
-            out.at[id(scope)], out.entries[id(scope)] = at, entries
+            out.scopes.append(scope)
+            out.at.append(at)
+            out.entries.append(entries)
         for _, _, _, held in scope.subs:
             for _, _, subs in held:
                 stack.extend(s for _, s in subs)
@@ -490,8 +505,8 @@ def splice_scopes(data: bytes, model: onnx.ModelProto, main: Any, changed: Steps
             written = kind.emit_ascii(ins, outs, names)
         else:
             written = list(map(kind.emit_one, ins, outs, names))
-        for (scope_id, k, *_), entry in zip(block, written):
-            out.entries[scope_id][k] = entry
+        for (s, k, *_), entry in zip(block, written):
+            out.entries[s][k] = entry
     out.initializers = b"".join(wire.field(b"\x2a", t.SerializeToString()) for t in converter.initializers())
     return out
 
