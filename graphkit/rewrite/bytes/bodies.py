@@ -140,21 +140,6 @@ def _real(node: bytes) -> onnx.NodeProto:
     return onnx.NodeProto.FromString(node)
 
 
-def _first_places(rows: list[list[str]]) -> list[tuple[int, ...]]:
-    """Per row of ``rows`` (all of one length), the place of each value's first occurrence in it
-    (``tuple(map(row.index, row))``), a column at a time."""
-    columns = list(zip(*rows))
-    firsts: list[list[int]] = []
-    for j, column in enumerate(columns):
-        first = [j] * len(rows)
-        for i in range(j - 1, -1, -1):  # where column i holds the value too, i is its first place so far
-            same = list(map(operator.eq, columns[i], column))
-            first = list(map(operator.sub, first, map(operator.mul, same, map(operator.sub, first,
-                                                                               itertools.repeat(i)))))
-        firsts.append(first)
-    return list(zip(*firsts)) if columns else [()] * len(rows)
-
-
 def _run_end(block: list, start: int, kinds_of: list[int], offset: int, kind: int) -> int:
     """Where the run of bodies from ``block[start]`` on ends: bodies with one placeholder each,
     of ``kind`` (``kinds_of[offset + i]`` is the kind of ``block[i]``'s placeholder)."""
@@ -367,7 +352,9 @@ class _Bodies:
         outputs, prefixes, op types, values, and each one's kind (op, attributes, arity,
         aliasing among inputs and outputs, input types) as a number."""
         elem, declared = self.types.elem_type, self.types.elem_types.get  # elem_type's first look: declared
-        ph = list(_serialized(block))
+        nodes = list(map(attrgetter("nodes"), block))
+        ph = list(itertools.chain.from_iterable(nodes)) if None not in nodes else list(_serialized(block))
+        del nodes
         if all(map(attrgetter("fields"), block)):  # as _declared_bulk read them
             read = list(itertools.chain.from_iterable(map(attrgetter("fields"), block)))
             ins_of, outs_of, prefixes, ops_of, attr_keys = map(list, zip(*read))
@@ -387,13 +374,8 @@ class _Bodies:
             del columns, attributes, n_attributes
         values_of = list(map(operator.add, ins_of, outs_of))
         aliasing: list[Any] = list(map(operator.eq, map(len, map(set, values_of)), map(len, values_of)))
-        if not all(aliasing):  # per node with a name twice: each name's first place, a node's values of a length at a time
-            at = list(itertools.compress(range(len(ph)), map(operator.not_, aliasing)))
-            lengths = list(map(len, map(values_of.__getitem__, at)))
-            for m in set(lengths):
-                ks = list(itertools.compress(at, map(m.__eq__, lengths))) if lengths.count(m) < len(at) else at
-                list(map(aliasing.__setitem__, ks, _first_places(list(map(values_of.__getitem__, ks)))))
-            del at, lengths
+        for k in itertools.compress(range(len(ph)), map(operator.not_, aliasing)):
+            aliasing[k] = tuple(map(values_of[k].index, values_of[k]))
         input_at = list(itertools.accumulate(map(len, ins_of), initial=0))
         all_types = tuple(map(declared, itertools.chain.from_iterable(ins_of)))
         in_types = list(map(all_types.__getitem__, map(slice, input_at, input_at[1:])))  # tuples, one a node

@@ -539,9 +539,11 @@ class _BulkRead:
                           block_elem)
         return self.next_level(node_columns, flat_bytes, flat_domains, owner_of_node, offsets, first)
 
-    def held_graphs(self, block: list[tuple[bytes, tuple[int, ...], str]], depth: int) -> tuple[list[bytes], list]:
-        """The graphs the block's nodes hold, serialized, their paths listed; and per main-graph
-        If/Loop/Scan (``depth`` 1): (its index, op type, outputs, its body's place in ``paths``)."""
+    def held_graphs(self, block: list[tuple[bytes, tuple[int, ...], str]],
+                    depth: int) -> tuple[list[bytes], tuple[list, list, list, list] | None]:
+        """The graphs the block's nodes hold, serialized, their paths listed; and the main-graph
+        If/Loop/Scan nodes (``depth`` 1; else None) as columns: their indices, op types, outputs,
+        and their bodies' places in ``paths``."""
         paths = self.paths
         raws, bases, holder_domains = zip(*block)
         if PLACEHOLDER_DOMAIN in holder_domains:
@@ -559,8 +561,13 @@ class _BulkRead:
         holder_of = list(_CHAIN(map(_REPEAT, range(len(block)), n_attributes)))
         index_of = list(_CHAIN(map(range, n_attributes)))
         # If/Loop/Scan of the main graph: the attribute naming their body (the last, as a dict keeps it)
-        wanted = [CONTROL_FLOW_BODY.get(op, "") if depth == 1 and d in AI_ONNX else ""
-                  for op, d in zip(held["op_type"], holder_domains)]
+        if depth != 1:
+            wanted = [""] * len(block)
+        elif set(holder_domains).issubset(AI_ONNX):
+            wanted = list(map(CONTROL_FLOW_BODY.get, held["op_type"], _REPEAT("")))
+        else:
+            wanted = [CONTROL_FLOW_BODY.get(op, "") if d in AI_ONNX else ""
+                      for op, d in zip(held["op_type"], holder_domains)]
         bodies: dict[int, int] = {}
         graph_bytes: list[bytes] = []
         single = list(itertools.compress(range(len(a_types)), map(_GRAPH.__eq__, a_types)))
@@ -596,8 +603,12 @@ class _BulkRead:
         del attrs, a_types, a_names, g_values, gs_values, holder_of, index_of
         outputs, n_outputs = held["output"]
         output_at = list(itertools.accumulate(n_outputs, initial=0))
-        control_flow = [(bases[h][0], held["op_type"][h], outputs[output_at[h]:output_at[h + 1]], body)
-                        for h, body in bodies.items()]
+        at = list(bodies)  # columns: (index, op type, outputs) of each node, its body's place in ``paths``
+        control_flow = (list(map(itemgetter(0), map(bases.__getitem__, at))),
+                        list(map(held["op_type"].__getitem__, at)),
+                        list(map(outputs.__getitem__, map(slice, map(output_at.__getitem__, at), map(
+                            output_at.__getitem__, map(operator.add, at, _REPEAT(1)))))),
+                        list(bodies.values())) if bodies else None
         return graph_bytes, control_flow
 
     def declarations(self, these: dict, ids: range, names_made: list[str], made_by: list[int]) -> list[tuple]:
@@ -629,7 +640,7 @@ class _BulkRead:
                 parsed[b] = (tp, tp.tensor_type.elem_type)
             pairs = list(map(parsed.__getitem__, raw_types))
             del raw_types
-            by = list(_CHAIN(map(_REPEAT, ids, counts_of)))
+            by = list(ids) if counts_of.count(1) == len(counts_of) else list(_CHAIN(map(_REPEAT, ids, counts_of)))
             block_declared.append((field, names, by, list(map(itemgetter(0), pairs)),
                                    list(map(itemgetter(1), pairs))))
             if field == "input":
@@ -672,8 +683,8 @@ class _BulkRead:
             raise NotBulk
         return block_owner, block_elem
 
-    def control_flow_types(self, control_flow: list, block_declared: list[tuple], n_outputs: list[int],
-                           block_elem: dict[str, int], first: int) -> None:
+    def control_flow_types(self, control_flow: tuple[list, list, list, list], block_declared: list[tuple],
+                           n_outputs: list[int], block_elem: dict[str, int], first: int) -> None:
         """Each output of a main-graph If/Loop/Scan takes its body output's type (a Loop's after
         the condition), every output made once (else the graph-by-graph pass finds which way)."""
         made, elem0 = self.listing.made, self.elem0
@@ -681,7 +692,7 @@ class _BulkRead:
             if field != "output":
                 continue
             at_output = list(itertools.accumulate(n_outputs, initial=0))
-            indices, op_types, node_outputs, bodies_at = zip(*control_flow)
+            indices, op_types, node_outputs, bodies_at = control_flow
             skip = map(int, map(operator.eq, op_types, _REPEAT("Loop")))
             body_at = list(map(operator.sub, bodies_at, _REPEAT(first)))
             lows = list(map(operator.add, map(at_output.__getitem__, body_at), skip))
@@ -727,10 +738,14 @@ class _BulkRead:
         del all_inputs, n_inputs, input_at
         xs = list(_CHAIN(inputs))
         xg = list(_CHAIN(map(_REPEAT, owner_of, map(len, inputs))))
-        # most are typed in the main graph or by their own graph; the others one by one
-        quick = list(map(operator.or_, map(operator.or_, map(operator.not_, xs), map(elem0.__contains__, xs)),
-                         map(operator.and_, map(operator.eq, map(block_owner.get, xs), xg),
-                             map(block_elem.__contains__, xs))))
+        # most are typed by their own graph or in the main graph (each looked for among those the
+        # one before left); the others one by one
+        quick = list(map(operator.and_, map(operator.eq, map(block_owner.get, xs), xg),
+                         map(block_elem.__contains__, xs)))
+        if not all(quick):
+            slow = list(map(operator.not_, quick))
+            xs, xg = list(itertools.compress(xs, slow)), list(itertools.compress(xg, slow))
+            quick = list(map(operator.or_, map(operator.not_, xs), map(elem0.__contains__, xs)))
         if not all(quick):  # outputs of earlier If/Loop/Scan nodes of the main graph, most likely
             slow = list(map(operator.not_, quick))
             xs, xg = list(itertools.compress(xs, slow)), list(itertools.compress(xg, slow))
