@@ -13,7 +13,6 @@ graphkit.rewrite.bytes.bodies lowers the placeholders and hands the replacements
 from __future__ import annotations
 
 import itertools
-import operator
 from array import array
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -28,6 +27,9 @@ __all__ = ["BLOCK", "SpliceGraph", "graph_bytes", "holder_entries"]
 
 _GRAPH = onnx.AttributeProto.GRAPH
 BLOCK = 1 << 14  # graphs (and placeholders written a field at a time) the lowering holds the lists of at once
+# main-graph nodes written again at once (_holders_in_blocks): the columns of small pieces a block is written
+# from are what the writer's peak memory grows by (16384 of them: about 25 MB more, 4096: 6 MB)
+_HOLDER_BLOCK = 1 << 12
 
 
 class SpliceGraph:
@@ -82,21 +84,31 @@ def graph_bytes(data: bytes, scope: SpliceGraph, v0: int, v1: int, slots: dict[i
 def _main_holders(data: bytes, spans: tuple[Any, Any], dirty: list[tuple[int, int, list]],
                   slots: dict[int, list[bytes]]) -> list[tuple[int, int, bytes]]:
     """(start, end, new entry) of each main-graph node of ``dirty`` ((index, attribute count,
-    held), in index order): those whose dirty graphs hold none dirty a block at a time, the
-    others and those _spliced_holders leaves, node by node (:func:`_holder_entry`)."""
+    held)), in the input's order: those whose dirty graphs hold none dirty a block at a time,
+    the others and those _spliced_holders leaves, node by node (:func:`_holder_entry`)."""
     starts, ends = spans
-    graphs_of = [[sub for _, _, subs in held for _, sub in subs if sub.dirty] for _, _, held in dirty]
-    inner = list(map(any, map(map, itertools.repeat(_dirty_inside), graphs_of)))
-    flat = [] if all(inner) else list(itertools.chain.from_iterable(itertools.compress(graphs_of, map(
-        operator.not_, inner))))
-    written: dict[int, bytes | None] = {}
+    flat = [sub for _, _, held in dirty for _, _, subs in held for _, sub in subs if sub.dirty]
+    inside: set[int] = set()  # nodes holding a graph that holds graphs with placeholders
+    if any(map(_dirty_inside, flat)):
+        inside = {scope.path[0] for scope in flat if _dirty_inside(scope)}
+        flat = [scope for scope in flat if scope.path[0] not in inside]
+    indices: list[int] = []
+    entries: list[bytes | None] = []
     if flat:
-        expected = dict(map(itemgetter(0, 1), dirty))
-        written = dict(_holders_in_blocks(data, spans, flat, slots, expected)[0])
-    get = written.get
-    return [(starts[index], ends[index], get(index) or _holder_entry(data, starts[index], ends[index], n_attributes,
-                                                                     held, slots))
-            for index, n_attributes, held in dirty]
+        expected = np.zeros(len(starts), np.int64)  # each node's attribute count, by index
+        expected[list(map(itemgetter(0), dirty))] = list(map(itemgetter(1), dirty))
+        indices, entries, _ = _holders_in_blocks(data, spans, flat, slots, expected)
+        del expected
+    edits = list(zip(map(starts.__getitem__, indices), map(ends.__getitem__, indices), entries))
+    if inside or None in entries:
+        by_index = {index: (n_attributes, held) for index, n_attributes, held in dirty}
+        for k in [k for k, entry in enumerate(entries) if entry is None]:
+            start, end = edits[k][:2]
+            edits[k] = (start, end, _holder_entry(data, start, end, *by_index[indices[k]], slots))
+        edits += [(starts[index], ends[index], _holder_entry(data, starts[index], ends[index], *by_index[index], slots))
+                  for index in sorted(inside)]
+        edits.sort(key=itemgetter(0))
+    return edits
 
 
 def _dirty_inside(scope: SpliceGraph) -> bool:
@@ -235,11 +247,12 @@ def holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[SpliceGraph
         paths = list(map(attrgetter("path"), scopes))
     out: list[tuple[int, bytes]] = []
     if scopes:
-        out, left = _holders_in_blocks(data, spans, scopes, slots)
-        for k, (index, entry) in enumerate(out):
-            if entry is None:  # parsed and written again
-                v0, v1, held = left[index]
-                out[k] = (index, wire.entry(_shallow_node(data[v0:v1], held, slots)))
+        indices, entries, left = _holders_in_blocks(data, spans, scopes, slots)
+        out = list(zip(indices, entries))
+        for k in [k for k, entry in enumerate(entries) if entry is None]:  # parsed and written again
+            v0, v1, held = left[indices[k]]
+            out[k] = (indices[k], wire.entry(_shallow_node(data[v0:v1], held, slots)))
+        del indices, entries
     for index, edits in by_holder.items():
         start = starts[index]
         value = data[start + 2 if data[start + 1] < 0x80 else wire.read_varint(data, start + 1)[1]:ends[index]]
@@ -250,15 +263,16 @@ def holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[SpliceGraph
 
 
 def _holders_in_blocks(data: bytes, spans: tuple[Any, Any], scopes: list[SpliceGraph], slots: dict[int, list[bytes]],
-                       expected: dict[int, int] | None = None) -> tuple[list[tuple[int, bytes | None]], dict]:
-    """Per main-graph node holding ``scopes`` (graphs with placeholders, their paths (node,
-    attribute, graph)), in index order, a block at a time: (index, its new entry, or None where
-    _spliced_holders leaves it); and per node left, (its value's start and end, its scopes).
-    ``expected``: each node's attribute count, a graph's node count its scope's ``size``; a
-    node where either differs is left too."""
+                       expected: Any = None) -> tuple[list[int], list[bytes | None], dict]:
+    """The main-graph nodes holding ``scopes`` (graphs with placeholders, their paths (node,
+    attribute, graph)), in index order, a block at a time: their indices, their new entries
+    (None where _spliced_holders leaves one), and per node left, (its value's start and end,
+    its scopes). ``expected``: each node's attribute count (by index), a graph's node count its
+    scope's ``size``; a node where either differs is left too."""
     starts, ends = spans
     paths = list(map(attrgetter("path"), scopes))
     holder = np.fromiter(map(itemgetter(0), paths), np.int64, len(paths))
+    del paths
     if (holder[1:] < holder[:-1]).any():
         order = np.argsort(holder, kind="stable")
         holder = holder[order]
@@ -268,10 +282,10 @@ def _holders_in_blocks(data: bytes, spans: tuple[Any, Any], scopes: list[SpliceG
     buf = np.frombuffer(data, np.uint8)
     all_starts, all_ends = _offsets(starts), _offsets(ends)
     sizes = None if expected is None else np.fromiter(map(attrgetter("size"), scopes), np.int64, len(scopes))
-    out: list[tuple[int, bytes | None]] = []
+    entries: list[bytes | None] = []
     left: dict[int, tuple[int, int, list[SpliceGraph]]] = {}
-    for at in range(0, len(indices), BLOCK):
-        block = indices[at:at + BLOCK]
+    for at in range(0, len(indices), _HOLDER_BLOCK):
+        block = indices[at:at + _HOLDER_BLOCK]
         s0, s1 = int(bounds[at]), int(bounds[at + len(block)])
         h_start = all_starts[block]
         _, size, short = wire.varints(buf, h_start + 1)
@@ -283,12 +297,11 @@ def _holders_in_blocks(data: bytes, spans: tuple[Any, Any], scopes: list[SpliceG
         if expected is None:
             written = _spliced_holders(data, buf, v0, v1, scopes[s0:s1], own, slots)
         else:
-            counts = (np.fromiter(map(expected.__getitem__, block.tolist()), np.int64, len(block)), sizes[s0:s1])
-            written = _spliced_holders(data, buf, v0, v1, scopes[s0:s1], own, slots, counts)
-        out += zip(block.tolist(), written)
+            written = _spliced_holders(data, buf, v0, v1, scopes[s0:s1], own, slots, (expected[block], sizes[s0:s1]))
         for j in [j for j, entry in enumerate(written) if entry is None]:
             left[int(block[j])] = (int(v0[j]), int(v1[j]), scopes[int(bounds[at + j]):int(bounds[at + j + 1])])
-    return out, left
+        entries += written
+    return indices.tolist(), entries, left
 
 
 def _offsets(values: Any) -> Any:
