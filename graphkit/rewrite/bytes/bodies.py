@@ -455,8 +455,8 @@ class _Bodies:
         pad = n_inputs - len(ins_r[0])
         if pad or n_made:
             made = map(names.__getitem__, map(slice, row_at, map(operator.add, row_at, itertools.repeat(n_made))))
-            v_rows += map(list.__add__, map(list.__add__, map(list.__add__, ins_r, itertools.repeat([""] * pad)),
-                                            made), outs_r)
+            padded = map(list.__add__, ins_r, itertools.repeat([""] * pad)) if pad else ins_r
+            v_rows += map(list.__add__, map(list.__add__, padded, made), outs_r)
         else:
             v_rows += b.values_of[first_k:last]
         a_rows += map(names.__getitem__, map(slice, map(operator.add, row_at, itertools.repeat(n_made)),

@@ -64,12 +64,12 @@ def _field_sizes(a: int, b: int) -> int:
 class MainNodes:
     """The main graph's nodes as :func:`main_nodes` reads them from the serialized model."""
 
-    __slots__ = ("values", "holders", "made")
+    __slots__ = ("holders", "made", "held")
 
-    def __init__(self, values: list[bytes], holders: list[int], made: collections.Counter) -> None:
-        self.values = values  # each node serialized (its entry's value)
+    def __init__(self, holders: list[int], made: collections.Counter, held: dict[str, Any]) -> None:
         self.holders = holders  # the nodes holding graphs (an attribute of type GRAPH or GRAPHS), in order
         self.made = made  # every name their outputs make (empty ones too), counted
+        self.held = held  # the holders' columns.HOLDER_FIELDS, as read_columns gives them
 
 
 def main_nodes(data: bytes, spans: tuple[Any, Any]) -> MainNodes | None:
@@ -78,32 +78,52 @@ def main_nodes(data: bytes, spans: tuple[Any, Any]) -> MainNodes | None:
     NodeProto wrappers; None where they are not read so (a length longer than it needs,
     columns.NotBulk): the caller reads the parsed nodes."""
     starts, ends = spans
-    if not len(starts):
-        return MainNodes([], [], collections.Counter())
     entry_starts = np.frombuffer(starts, np.int64)
     lengths, sizes, _ = wire.varints(np.frombuffer(data, np.uint8), entry_starts + 1)  # after the key (one byte)
     value_starts = entry_starts + 1 + sizes
     if not np.array_equal(value_starts + lengths, np.frombuffer(ends, np.int64)):
         return None
-    values = list(map(data.__getitem__, map(slice, value_starts.tolist(), ends)))
-    del value_starts, lengths, sizes
+    value_starts = value_starts.tolist()
+    del lengths, sizes
     sk = wire.Skeletons.load()
     holders: list[int] = []
     made: collections.Counter = collections.Counter()
+    outputs: list[str] = []
+    n_outputs: list[int] = []
+    op_types: list[str] = []
+    attributes: list[bytes] = []
+    n_attributes: list[int] = []
     block = body_splice.BLOCK
     try:
-        for at in range(0, len(values), block):
-            columns = read_columns(sk.nodes, values[at:at + block], _OUTPUT_ATTRIBUTE)
+        for at in range(0, len(value_starts), block):
+            values = list(map(data.__getitem__, map(slice, value_starts[at:at + block], ends[at:at + block])))
+            columns = read_columns(sk.nodes, values, HOLDER_FIELDS)
+            del values
             made.update(columns["output"][0])
             found, n_found = columns["attribute"]
-            if found:
-                types = read_columns(sk.attributes, found, ATTRIBUTE_TYPE)["type"]
-                of_node = _CHAIN(map(_REPEAT, range(at, at + len(n_found)), n_found))
-                holders += dict.fromkeys(itertools.compress(of_node, map(operator.or_, map(_GRAPH.__eq__, types),
-                                                                         map(_GRAPHS.__eq__, types))))
+            if not found:
+                continue
+            types = read_columns(sk.attributes, found, ATTRIBUTE_TYPE)["type"]
+            local = list(dict.fromkeys(itertools.compress(_CHAIN(map(_REPEAT, range(len(n_found)), n_found)), map(
+                operator.or_, map(_GRAPH.__eq__, types), map(_GRAPHS.__eq__, types)))))
+            if not local:
+                continue
+            holders += map(operator.add, local, _REPEAT(at))
+            for (values, counts), (into, n_into) in ((columns["output"], (outputs, n_outputs)),
+                                                     (columns["attribute"], (attributes, n_attributes))):
+                if len(local) == len(counts):
+                    into += values
+                    n_into += counts
+                else:
+                    value_at = list(itertools.accumulate(counts, initial=0))
+                    into += _CHAIN(map(values.__getitem__, map(slice, map(value_at.__getitem__, local), map(
+                        value_at.__getitem__, map(operator.add, local, _REPEAT(1))))))
+                    n_into += map(counts.__getitem__, local)
+            op_types += map(columns["op_type"].__getitem__, local)
     except NotBulk:
         return None
-    return MainNodes(values, holders, made)
+    return MainNodes(holders, made, {"output": (outputs, n_outputs), "op_type": op_types,
+                                     "attribute": (attributes, n_attributes)})
 
 
 class Undeclared(Exception):
@@ -344,11 +364,11 @@ class BodyScopes:
         outputs are typed as _declared_control_flow types them. The scopes listed hold their
         placeholders serialized (``SpliceGraph.nodes``). ``read``: the main graph's nodes, where
         main_nodes read them."""
-        read = _BulkRead(self, data, spans, domains, holders, None if read is None else read.values)
+        read = _BulkRead(self, data, spans, domains, holders, None if read is None else read.held)
         read.run()
         # Nothing was changed so far: now the pass's result.
         self.table.take_declarations(read.body_elem, read.declared, read.untyped,
-                                     [(out, t) for out, (t, _) in read.flow.items()])
+                                     zip(read.flow, map(itemgetter(0), read.flow.values())))
         self.counts.update(read.counts)
         self.scopes += read.found
         self._graphs = (read.paths, read.graph_sizes)  # for list_every_graph
@@ -453,7 +473,7 @@ class _BulkRead:
     where a condition does not hold, NotBulk leaves the table as it was."""
 
     def __init__(self, listing: BodyScopes, data: bytes, spans: tuple[Any, Any], domains: list[str],
-                 holders: list[int], values: list[bytes] | None = None) -> None:
+                 holders: list[int], held: dict[str, Any] | None = None) -> None:
         self.listing = listing
         self.sk = wire.Skeletons.load()
         self.data = data
@@ -475,15 +495,30 @@ class _BulkRead:
         self.flow: dict[str, tuple[int, int]] = {}  # a main-graph If/Loop/Scan output -> its type, the node
         self.found: list[SpliceGraph] = []
         self.counts: collections.Counter = collections.Counter()
-        # (serialized holder node, its path, its domain), level by level
-        self.level: list[tuple[bytes, tuple[int, ...], str]] = list(zip(
-            map(self._value if values is None else values.__getitem__, holders), zip(holders),
+        # (serialized holder node, its path, its domain), level by level; the main graph's holders'
+        # fields as main_nodes read them where it did (``held``: their bytes not needed then)
+        self.held = held
+        self.held_at: dict[str, list[int]] | None = None
+        self.level: list[tuple[bytes | None, tuple[int, ...], str]] = list(zip(
+            map(self._value, holders) if held is None else _REPEAT(None), zip(holders),
             map(domains.__getitem__, holders)))
 
     def _value(self, index: int) -> bytes:
         """The serialized main-graph node ``index`` (its entry's value)."""
         data, start = self.data, self.starts[index]
         return data[start + 2 if data[start + 1] < 0x80 else wire.read_varint(data, start + 1)[1]:self.ends[index]]
+
+    def _main_held(self, start: int, end: int) -> dict[str, Any]:
+        """The HOLDER_FIELDS of the main graph's holders ``start`` to ``end`` (as main_nodes read them)."""
+        held = self.held
+        if self.held_at is None:  # where each holder's values start, per field
+            self.held_at = {name: list(itertools.accumulate(held[name][1], initial=0))
+                            for name in ("output", "attribute")}
+        out: dict[str, Any] = {"op_type": held["op_type"][start:end]}
+        for name, value_at in self.held_at.items():
+            values, counts = held[name]
+            out[name] = (values[value_at[start]:value_at[end]], counts[start:end])
+        return out
 
     def _typed_before(self, x: str, g: int) -> bool:
         """Whether placeholder input ``x`` of subgraph ``g`` is typed when the pass reaches ``g``."""
@@ -504,16 +539,17 @@ class _BulkRead:
                 raise NotBulk
             below: list[tuple[bytes, tuple[int, ...], str]] = []
             for at in range(0, len(level), body_splice.BLOCK):
-                below += self.read_block(level[at:at + body_splice.BLOCK], depth)
+                below += self.read_block(level[at:at + body_splice.BLOCK], depth, at)
             level = below
 
-    def read_block(self, block: list[tuple[bytes, tuple[int, ...], str]], depth: int) -> list:
-        """The graphs a block of holder nodes hold (``block``: each one's bytes, path, domain):
+    def read_block(self, block: list[tuple[bytes | None, tuple[int, ...], str]], depth: int, at: int) -> list:
+        """The graphs a block of holder nodes hold (``block``: each one's bytes, path, domain; ``at``:
+        where it starts in its level):
         their nodes counted, their declarations, the names they define, the main graph's
         control-flow outputs they type, their placeholders listed; returns the next level's
         holders (the nodes of these graphs holding graphs)."""
         first = len(self.paths)
-        graph_bytes, control_flow = self.held_graphs(block, depth)
+        graph_bytes, control_flow = self.held_graphs(block, depth, at)
         these = graph_columns(graph_bytes)
         del graph_bytes
         ids = range(first, len(self.paths))
@@ -539,8 +575,8 @@ class _BulkRead:
                           block_elem)
         return self.next_level(node_columns, flat_bytes, flat_domains, owner_of_node, offsets, first)
 
-    def held_graphs(self, block: list[tuple[bytes, tuple[int, ...], str]],
-                    depth: int) -> tuple[list[bytes], tuple[list, list, list, list] | None]:
+    def held_graphs(self, block: list[tuple[bytes | None, tuple[int, ...], str]], depth: int,
+                    at: int) -> tuple[list[bytes], tuple[list, list, list, list] | None]:
         """The graphs the block's nodes hold, serialized, their paths listed; and the main-graph
         If/Loop/Scan nodes (``depth`` 1; else None) as columns: their indices, op types, outputs,
         and their bodies' places in ``paths``."""
@@ -548,7 +584,8 @@ class _BulkRead:
         raws, bases, holder_domains = zip(*block)
         if PLACEHOLDER_DOMAIN in holder_domains:
             raise NotBulk  # a custom node holding a graph: the graph-by-graph pass says so
-        held = read_columns(self.sk.nodes, raws, HOLDER_FIELDS)
+        held = read_columns(self.sk.nodes, raws, HOLDER_FIELDS) if depth > 1 or self.held is None else \
+            self._main_held(at, at + len(block))
         del raws
         attributes, n_attributes = held["attribute"]
         attrs = read_columns(self.sk.attributes, attributes, ATTRIBUTE_FIELDS)
