@@ -6,7 +6,9 @@ watch) where it goes: it lists the graphs holding placeholders (body_splice.Spli
 ModelIndex's order) and counts every node's op. Where the placeholders read only declared
 names, the pass only declares, and where every subgraph's names are its own the
 declarations are read from the serialized model a field of a block of graphs at a time
-(:class:`_BulkRead`, with bytes.columns), else graph by graph.
+(:class:`_BulkRead`, with bytes.columns), else graph by graph. :func:`main_nodes` reads the
+main graph's nodes so first (which hold graphs, the names they make, the holders' fields
+the bulk read starts from).
 """
 
 from __future__ import annotations
