@@ -84,30 +84,33 @@ def graph_bytes(data: bytes, scope: SpliceGraph, v0: int, v1: int, slots: dict[i
 def _main_holders(data: bytes, spans: tuple[Any, Any], dirty: list[tuple[int, int, list]],
                   slots: dict[int, list[bytes]]) -> list[tuple[int, int, bytes]]:
     """(start, end, new entry) of each main-graph node of ``dirty`` ((index, attribute count,
-    held)), in the input's order: those whose dirty graphs hold none dirty a block at a time,
-    the others and those _spliced_holders leaves, node by node (:func:`_holder_entry`)."""
+    held)), in the input's order, _HOLDER_BLOCK nodes at a time: those whose dirty graphs hold
+    none dirty at once, the others and those _spliced_holders leaves node by node
+    (:func:`_holder_entry`)."""
     starts, ends = spans
-    flat = [sub for _, _, held in dirty for _, _, subs in held for _, sub in subs if sub.dirty]
-    inside: set[int] = set()  # nodes holding a graph that holds graphs with placeholders
-    if any(map(_dirty_inside, flat)):
-        inside = {scope.path[0] for scope in flat if _dirty_inside(scope)}
-        flat = [scope for scope in flat if scope.path[0] not in inside]
-    indices: list[int] = []
-    entries: list[bytes | None] = []
-    if flat:
-        expected = np.zeros(len(starts), np.int64)  # each node's attribute count, by index
-        expected[list(map(itemgetter(0), dirty))] = list(map(itemgetter(1), dirty))
-        indices, entries, _ = _holders_in_blocks(data, spans, flat, slots, expected)
-        del expected
-    edits = list(zip(map(starts.__getitem__, indices), map(ends.__getitem__, indices), entries))
-    if inside or None in entries:
-        by_index = {index: (n_attributes, held) for index, n_attributes, held in dirty}
-        for k in [k for k, entry in enumerate(entries) if entry is None]:
-            start, end = edits[k][:2]
-            edits[k] = (start, end, _holder_entry(data, start, end, *by_index[indices[k]], slots))
-        edits += [(starts[index], ends[index], _holder_entry(data, starts[index], ends[index], *by_index[index], slots))
-                  for index in sorted(inside)]
-        edits.sort(key=itemgetter(0))
+    edits: list[tuple[int, int, bytes]] = []
+    for at in range(0, len(dirty), _HOLDER_BLOCK):
+        block = dirty[at:at + _HOLDER_BLOCK]
+        flat = [sub for _, _, held in block for _, _, subs in held for _, sub in subs if sub.dirty]
+        inside: set[int] = set()  # nodes holding a graph that holds graphs with placeholders
+        if any(map(_dirty_inside, flat)):
+            inside = {scope.path[0] for scope in flat if _dirty_inside(scope)}
+            flat = [scope for scope in flat if scope.path[0] not in inside]
+        indices: list[int] = []
+        entries: list[bytes | None] = []
+        if flat:
+            expected = dict(map(itemgetter(0, 1), block))  # each node's attribute count
+            indices, entries, _ = _holders_in_blocks(data, spans, flat, slots, expected)
+        done = list(zip(map(starts.__getitem__, indices), map(ends.__getitem__, indices), entries))
+        if inside or None in entries:
+            by_index = {index: (n_attributes, held) for index, n_attributes, held in block}
+            for k in [k for k, entry in enumerate(entries) if entry is None]:
+                start, end = done[k][:2]
+                done[k] = (start, end, _holder_entry(data, start, end, *by_index[indices[k]], slots))
+            done += [(starts[index], ends[index], _holder_entry(data, starts[index], ends[index], *by_index[index],
+                                                                slots)) for index in inside]
+        edits += done
+    edits.sort(key=itemgetter(0))  # (in order already where ``dirty`` is: a sort of sorted runs)
     return edits
 
 
@@ -263,7 +266,7 @@ def holder_entries(data: bytes, spans: tuple[Any, Any], scopes: list[SpliceGraph
 
 
 def _holders_in_blocks(data: bytes, spans: tuple[Any, Any], scopes: list[SpliceGraph], slots: dict[int, list[bytes]],
-                       expected: Any = None) -> tuple[list[int], list[bytes | None], dict]:
+                       expected: dict[int, int] | None = None) -> tuple[list[int], list[bytes | None], dict]:
     """The main-graph nodes holding ``scopes`` (graphs with placeholders, their paths (node,
     attribute, graph)), in index order, a block at a time: their indices, their new entries
     (None where _spliced_holders leaves one), and per node left, (its value's start and end,
@@ -297,7 +300,8 @@ def _holders_in_blocks(data: bytes, spans: tuple[Any, Any], scopes: list[SpliceG
         if expected is None:
             written = _spliced_holders(data, buf, v0, v1, scopes[s0:s1], own, slots)
         else:
-            written = _spliced_holders(data, buf, v0, v1, scopes[s0:s1], own, slots, (expected[block], sizes[s0:s1]))
+            counts = np.fromiter(map(expected.__getitem__, block.tolist()), np.int64, len(block))
+            written = _spliced_holders(data, buf, v0, v1, scopes[s0:s1], own, slots, (counts, sizes[s0:s1]))
         for j in [j for j, entry in enumerate(written) if entry is None]:
             left[int(block[j])] = (int(v0[j]), int(v1[j]), scopes[int(bounds[at + j]):int(bounds[at + j + 1])])
         entries += written

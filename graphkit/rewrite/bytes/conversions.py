@@ -383,35 +383,12 @@ class ScopedSplice:
     def merge(self, scopes: list[Any], slots: dict[int, list[bytes]]) -> None:
         """Put the converted nodes among each scope's placeholders (``scope.custom``, its
         replacements in ``slots``), then mark dirty every graph holding one, as the listing
-        marks those holding placeholders (``scopes``: a graph before the graphs in it)."""
-        converted, ats, entries = self.scopes, self.at, self.entries
-        customs = list(map(attrgetter("custom"), converted))
-        keys = list(map(id, converted))
-        bare = list(map(operator.not_, customs))  # no placeholder: the converted nodes alone
+        marks those holding placeholders (``scopes``: a graph before the graphs in it). A
+        column of _MERGE_BLOCK scopes at a time (the lists they had freed as it goes)."""
         clean = False  # a graph holding converted nodes only: the graphs around it are marked again
-        if any(bare):
-            these = list(itertools.compress(converted, bare))
-            clean = not all(map(attrgetter("dirty"), these))
-            list(map(setattr, these, itertools.repeat("custom"), itertools.compress(ats, bare)))
-            slots.update(zip(itertools.compress(keys, bare), itertools.compress(entries, bare)))
-        mixed = list(itertools.compress(range(len(converted)), map(operator.not_, bare)))
-        # the converted nodes after the placeholders (each list increasing): the lists joined
-        after = list(map(operator.lt, map(itemgetter(-1), map(customs.__getitem__, mixed)),
-                         map(itemgetter(0), map(ats.__getitem__, mixed))))
-        joined = list(itertools.compress(mixed, after))
-        if joined:
-            list(map(setattr, map(converted.__getitem__, joined), itertools.repeat("custom"),
-                     map(operator.add, map(customs.__getitem__, joined), map(ats.__getitem__, joined))))
-            joined_keys = list(map(keys.__getitem__, joined))
-            slots.update(zip(joined_keys, map(operator.add, map(slots.__getitem__, joined_keys),
-                                              map(entries.__getitem__, joined))))
-        for j in itertools.compress(mixed, map(operator.not_, after)):
-            scope, key = converted[j], keys[j]
-            positions = customs[j] + ats[j]
-            written = slots[key] + entries[j]
-            order = sorted(range(len(positions)), key=positions.__getitem__)
-            scope.custom = list(map(positions.__getitem__, order))
-            slots[key] = list(map(written.__getitem__, order))
+        for at in range(0, len(self.scopes), _MERGE_BLOCK):
+            end = at + _MERGE_BLOCK
+            clean = _merged(self.scopes[at:end], self.at[at:end], self.entries[at:end], slots) or clean
         if clean:
             for scope in reversed(scopes):
                 scope.subs = [(index, n, any(s.dirty for _, _, subs in held for _, s in subs), held)
@@ -426,6 +403,43 @@ class ScopedSplice:
         last = g1 - len(pieces[-1])  # the last piece is the input's bytes from there on
         view = memoryview(data)
         return [*pieces[:-1], view[last:self.insert_at], self.initializers, view[self.insert_at:g1]]
+
+
+_MERGE_BLOCK = 1 << 14
+
+
+def _merged(converted: list[Any], ats: list[list[int]], entries: list[list[bytes]],
+            slots: dict[int, list[bytes]]) -> bool:
+    """ScopedSplice.merge for the scopes ``converted`` (their converted nodes' indices ``ats``
+    and entries): whether one of them holds no placeholder and was not dirty."""
+    customs = list(map(attrgetter("custom"), converted))
+    keys = list(map(id, converted))
+    bare = list(map(operator.not_, customs))  # no placeholder: the converted nodes alone
+    clean = False
+    if any(bare):
+        these = list(itertools.compress(converted, bare))
+        clean = not all(map(attrgetter("dirty"), these))
+        list(map(setattr, these, itertools.repeat("custom"), itertools.compress(ats, bare)))
+        slots.update(zip(itertools.compress(keys, bare), itertools.compress(entries, bare)))
+    mixed = list(itertools.compress(range(len(converted)), map(operator.not_, bare)))
+    # the converted nodes after the placeholders (each list increasing): the lists joined
+    after = list(map(operator.lt, map(itemgetter(-1), map(customs.__getitem__, mixed)),
+                     map(itemgetter(0), map(ats.__getitem__, mixed))))
+    joined = list(itertools.compress(mixed, after))
+    if joined:
+        list(map(setattr, map(converted.__getitem__, joined), itertools.repeat("custom"),
+                 map(operator.add, map(customs.__getitem__, joined), map(ats.__getitem__, joined))))
+        joined_keys = list(map(keys.__getitem__, joined))
+        slots.update(zip(joined_keys, map(operator.add, map(slots.__getitem__, joined_keys),
+                                          map(entries.__getitem__, joined))))
+    for j in itertools.compress(mixed, map(operator.not_, after)):
+        scope, key = converted[j], keys[j]
+        positions = customs[j] + ats[j]
+        written = slots[key] + entries[j]
+        order = sorted(range(len(positions)), key=positions.__getitem__)
+        scope.custom = list(map(positions.__getitem__, order))
+        slots[key] = list(map(written.__getitem__, order))
+    return clean
 
 
 def splice_scopes(data: bytes, model: onnx.ModelProto, main: Any, changed: Steps, target: int,
