@@ -6,8 +6,12 @@ holding placeholders written again, their length prefixes new (:func:`graph_byte
 main-graph nodes holding such graphs are written again without being parsed where they are
 as protobuf writes them: each field of a block of them read at once with numpy, their
 placeholders' entries replaced and the length prefixes around them written again
-(:func:`holder_entries`); any other node is parsed alone, giving the same bytes.
-graphkit.rewrite.bytes.bodies lowers the placeholders and hands the replacements here.
+(:func:`holder_entries`); any other node is parsed alone, giving the same bytes. Where every
+graph is listed (a conversion in bodies, the graph-by-graph pass), :func:`graph_bytes` writes
+the main graph's nodes whose graphs hold none with placeholders by the same block splice, and
+any other (or one not as protobuf writes it) by splicing its bytes node by node: the input's
+bytes either way. graphkit.rewrite.bytes.bodies lowers the placeholders and hands the
+replacements here.
 """
 
 from __future__ import annotations
