@@ -95,5 +95,6 @@ def test_main_nodes_are_the_parsed_nodes():
         holders = [i for i, node in enumerate(nodes)
                    if any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute)]
         assert read.holders == holders
+        assert (read.domains, read.op_types) == ([n.domain for n in nodes], [n.op_type for n in nodes])
         assert read.made == collections.Counter(o for node in nodes for o in node.output)
         assert read.held == _one_by_one([nodes[i] for i in holders], HOLDER_FIELDS)

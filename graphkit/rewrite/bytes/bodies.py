@@ -219,12 +219,14 @@ class _Bodies:
         if len(starts) != len(nodes):
             raise Unsupported("node entries do not match the parsed graph")
         self.starts, self.ends, self.others = starts, ends, others
-        domains = list(map(attrgetter("domain"), nodes))
+        read = main_nodes(data, (starts, ends))  # domains, op types, holders, names made: from the bytes
+        if read is None:
+            domains, op_types = list(map(attrgetter("domain"), nodes)), list(map(attrgetter("op_type"), nodes))
+            holders = [i for i, node in enumerate(nodes) if node.attribute and any(
+                a.type == _GRAPH or a.type == _GRAPHS for a in node.attribute)]
+        else:
+            domains, op_types, holders = read.domains, read.op_types, read.holders
         custom = [i for i, d in enumerate(domains) if d == PLACEHOLDER_DOMAIN] if PLACEHOLDER_DOMAIN in domains else []
-        read = main_nodes(data, (starts, ends))  # the holders and the names made, from the bytes
-        holders = [i for i, node in enumerate(nodes) if node.attribute and any(
-            a.type == _GRAPH or a.type == _GRAPHS for a in node.attribute)] if read is None else read.holders
-        op_types = list(map(attrgetter("op_type"), nodes))
         listing, main = self._listing(nodes, domains, op_types, custom, holders, True, read)
         del read
         report = self.report = RewriteReport(ops_before=listing.counts)

@@ -46,7 +46,7 @@ MAX_DEPTH = 64  # nested graphs deeper than this go to the objects writer (recur
 _BULK_DEPTH = 8  # BodyScopes._declared_bulk reads graphs nested this deep; deeper ones go graph by graph
 _EVERYTHING = itemgetter(slice(None))  # a repeated field's values as a list, in one call
 _CHAIN, _REPEAT = itertools.chain.from_iterable, itertools.repeat
-_OUTPUT_ATTRIBUTE = (("output", 2, str, False), ("attribute", 5, bytes, False))  # columns.read_columns' fields
+_MAIN_FIELDS = (*HOLDER_FIELDS, ("domain", 7, str, True))  # what main_nodes reads (columns.read_columns' fields)
 
 
 def _vi_sizes(names: list[str], types: list[bytes]) -> list[int]:
@@ -66,9 +66,11 @@ def _field_sizes(a: int, b: int) -> int:
 class MainNodes:
     """The main graph's nodes as :func:`main_nodes` reads them from the serialized model."""
 
-    __slots__ = ("holders", "made", "held")
+    __slots__ = ("domains", "op_types", "holders", "made", "held")
 
-    def __init__(self, holders: list[int], made: collections.Counter, held: dict[str, Any]) -> None:
+    def __init__(self, domains: list[str], op_types: list[str], holders: list[int], made: collections.Counter,
+                 held: dict[str, Any]) -> None:
+        self.domains, self.op_types = domains, op_types  # each node's
         self.holders = holders  # the nodes holding graphs (an attribute of type GRAPH or GRAPHS), in order
         self.made = made  # every name their outputs make (empty ones too), counted
         self.held = held  # the holders' columns.HOLDER_FIELDS, as read_columns gives them
@@ -88,6 +90,8 @@ def main_nodes(data: bytes, spans: tuple[Any, Any]) -> MainNodes | None:
     value_starts = value_starts.tolist()
     del lengths, sizes
     sk = wire.Skeletons.load()
+    domains: list[str] = []
+    all_op_types: list[str] = []
     holders: list[int] = []
     made: collections.Counter = collections.Counter()
     outputs: list[str] = []
@@ -99,8 +103,10 @@ def main_nodes(data: bytes, spans: tuple[Any, Any]) -> MainNodes | None:
     try:
         for at in range(0, len(value_starts), block):
             values = list(map(data.__getitem__, map(slice, value_starts[at:at + block], ends[at:at + block])))
-            columns = read_columns(sk.nodes, values, HOLDER_FIELDS)
+            columns = read_columns(sk.nodes, values, _MAIN_FIELDS)
             del values
+            domains += columns["domain"]
+            all_op_types += columns["op_type"]
             made.update(columns["output"][0])
             found, n_found = columns["attribute"]
             if not found:
@@ -124,8 +130,8 @@ def main_nodes(data: bytes, spans: tuple[Any, Any]) -> MainNodes | None:
             op_types += map(columns["op_type"].__getitem__, local)
     except NotBulk:
         return None
-    return MainNodes(holders, made, {"output": (outputs, n_outputs), "op_type": op_types,
-                                     "attribute": (attributes, n_attributes)})
+    return MainNodes(domains, all_op_types, holders, made, {"output": (outputs, n_outputs), "op_type": op_types,
+                                                            "attribute": (attributes, n_attributes)})
 
 
 class Undeclared(Exception):
