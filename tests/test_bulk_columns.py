@@ -1,4 +1,4 @@
-"""bytes.columns and body_scopes.main_nodes: fields of many serialized messages read at once
+"""bytes.columns and body_bulk.main_nodes: fields of many serialized messages read at once
 give what parsing each message alone gives, whether every message has as many values of a
 field as the others (read by slicing) or not (cut one by one)."""
 
@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from graphkit.rewrite.bytes import body_scopes, wire
+from graphkit.rewrite.bytes import body_bulk, wire
 from graphkit.rewrite.bytes.columns import HOLDER_FIELDS, NODE_FIELDS, NotBulk, graph_columns, read_columns
 
 
@@ -91,7 +91,7 @@ def test_main_nodes_are_the_parsed_nodes():
         data = model.SerializeToString()
         _, _, g0, g1 = next(e for e in wire.entries(data, 0, len(data)) if e[0] == wire.MODEL_GRAPH)
         starts, ends, _ = wire.node_entries(data, g0, g1)
-        read = body_scopes.main_nodes(data, (starts, ends))
+        read = body_bulk.main_nodes(data, (starts, ends))
         holders = [i for i, node in enumerate(nodes)
                    if any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute)]
         assert read.holders == holders

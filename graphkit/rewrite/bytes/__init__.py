@@ -3,7 +3,8 @@ rewriting and serializing it again (graphkit.rewrite.writers says which runs whe
 
 - main_graph.py: custom:: placeholders in the main graph;
 - bodies.py: placeholders in If branches, Loop and Scan bodies (the rewrite, its steps), with
-  body_scopes.py (the pass typing the model and listing the graphs holding placeholders),
+  body_scopes.py (the pass typing the model and listing the graphs holding placeholders;
+  body_bulk.py its read of every subgraph's declarations a block of graphs at a time),
   body_repeats.py (repeats and adoptions written many at a time) and body_splice.py (the
   graphs written again around their new entries);
 - columns.py: fields of many serialized messages read at once;

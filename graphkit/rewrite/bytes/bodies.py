@@ -106,7 +106,8 @@ from graphkit.rewrite.bytes import conversions
 from graphkit.rewrite.bytes import wire
 from graphkit.rewrite.bytes import body_splice
 from graphkit.rewrite.bytes.body_repeats import Adoption, Emitter, Layout, bound, bound_all
-from graphkit.rewrite.bytes.body_scopes import BodyScopes, MainNodes, Undeclared, main_nodes
+from graphkit.rewrite.bytes.body_bulk import MainNodes, main_nodes
+from graphkit.rewrite.bytes.body_scopes import BodyScopes, Undeclared
 from graphkit.rewrite.bytes.body_splice import SpliceGraph, graph_bytes, holder_entries
 from graphkit.rewrite.bytes.columns import PLACEHOLDER_FIELDS, PREFIX_FIELDS, read_columns, split
 from graphkit.rewrite.bytes.common import (BoundWriter, assemble, check_output, conversion, count_after,
@@ -248,7 +249,7 @@ class _Bodies:
                  bulk: bool, read: MainNodes | None = None) -> tuple[BodyScopes, SpliceGraph]:
         """The pass (its type table, the scopes it lists) and the main graph's scope; ``bulk``: the subgraphs' declarations may be read
         at once (where a placeholder reads a name no graph declares with a type, the whole pass); ``read``: the
-        main graph's nodes, where body_scopes.main_nodes read them."""
+        main graph's nodes, where body_bulk.main_nodes read them."""
         model = self.model
         main = SpliceGraph(model.graph, (), list(custom))
         main.size, main.dirty = len(nodes), bool(custom)
