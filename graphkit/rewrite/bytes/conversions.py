@@ -38,6 +38,7 @@ other entries but its nodes.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import operator
 from collections.abc import Sequence
@@ -209,11 +210,11 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
     positions = list(itertools.compress(range(len(op_types)), flags))
     node_at = nodes.__getitem__
     everything = itemgetter(slice(None))
-    if names is not None and (not positions or positions[-1] < len(names[0])):
-        ins, outs = list(map(names[0].__getitem__, positions)), list(map(names[1].__getitem__, positions))
-    else:
-        ins = list(map(everything, map(attrgetter("input"), map(node_at, positions))))
-        outs = list(map(everything, map(attrgetter("output"), map(node_at, positions))))
+    known = bisect.bisect_left(positions, len(names[0])) if names is not None else 0  # the nodes read already
+    ins = list(map(names[0].__getitem__, positions[:known])) if known else []
+    outs = list(map(names[1].__getitem__, positions[:known])) if known else []
+    ins += map(everything, map(attrgetter("input"), map(node_at, positions[known:])))
+    outs += map(everything, map(attrgetter("output"), map(node_at, positions[known:])))
     names = list(map(attrgetter("name"), map(node_at, positions)))
     has_name = list(map(operator.methodcaller("HasField", "name"), map(node_at, positions)))
     n_ins = list(map(len, ins))
@@ -223,7 +224,8 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
                                   map(len, itertools.chain.from_iterable(outs)), map(len, names)), default=0)
     ascii_names = text.isascii() and longest < 0x80
     del text
-    converter = opset.NodeConverter(model, target, _DataNames(data, model), path, up=up, flat=not holders)
+    converter = opset.NodeConverter(model, target, _DataNames(data, model), path, up=up, flat=not holders,
+                                    op_types=op_types)
     empty = list(map(operator.contains, ins, itertools.repeat("")))
     kind_keys: list[Any]
     if ascii_names:

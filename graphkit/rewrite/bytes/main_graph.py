@@ -399,7 +399,12 @@ class _MainGraph:
         self.types, self.typing = forward_types(self.model, self.registry, nodes, self.domains[:listed],
                                                 op_types[:listed], ins, outs, self.holders, self.sub_names,
                                                 itertools.chain.from_iterable(inputs_of))
-        self.read_names = (ins, outs) if self.changed is not None else None  # the conversion reads them again
+        self.read_names = None
+        if self.changed is not None:  # the conversion reads the converted ops' again: theirs alone kept
+            converted = set(self.changed)
+            for p in itertools.compress(range(listed), map(operator.not_, map(converted.__contains__, op_types))):
+                ins[p] = outs[p] = None
+            self.read_names = (ins, outs)
         del ins, outs
         sub_names = self.sub_names
         if sub_names and any(not sub_names.isdisjoint(i) for i in inputs_of):

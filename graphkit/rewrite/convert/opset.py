@@ -201,14 +201,16 @@ class NodeConverter:
     down): the same code, the same constants made (one per distinct value, named after the
     first node that asks for it), and read, as :func:`convert` where the nodes are converted
     in the same order. ``names`` must clash with no name of ``model``; ``flat``: the caller
-    knows no node of the model holds a graph."""
+    knows no node of the model holds a graph; ``op_types``: the main graph's nodes' op types,
+    where the caller read them already."""
 
     def __init__(self, model: onnx.ModelProto, target: int, names: NameGenerator, path: str | None = None,
-                 up: bool = True, flat: bool = False) -> None:
+                 up: bool = True, flat: bool = False, op_types: list[str] | None = None) -> None:
         self._conv = Conversion(target, path, model, _names=names, up=up,
                                 _types=TypeTable.inferred(model, infer=False, flat=True) if flat else None)
         graph = self._conv.model.graph  # its nodes look up the main graph's own constants only
-        self._conv._constants[id(graph)] = Constants(graph, nested=False, overridable=model.ir_version >= 4)
+        self._conv._constants[id(graph)] = Constants(graph, nested=False, overridable=model.ir_version >= 4,
+                                                     op_types=op_types)
         self._declared: Callable[[str], Any] | None = None
         self._sources: dict[str, int | None] = {}  # input 1's name -> its constant's id (reads)
 

@@ -124,10 +124,11 @@ class Constants:
     function body, and their subgraphs) hold, by name, with the list holding each, per graph:
     a name is looked up in the node's graph, then the graphs around it (sibling subgraphs,
     then and else branches, may each define one name). ``nested=False``: the holder's own
-    only, for lookups from its own nodes (a subgraph's constants are not theirs to see)."""
+    only, for lookups from its own nodes (a subgraph's constants are not theirs to see);
+    ``op_types``: then its nodes' op types, where the caller read them already."""
 
     def __init__(self, holder: onnx.GraphProto | onnx.FunctionProto, nested: bool = True,
-                 overridable: bool = True) -> None:
+                 overridable: bool = True, op_types: list[str] | None = None) -> None:
         self._root = id(holder)
         self._graphs: list[Any] = []  # held: their ids stay theirs
         self._own: dict[int, dict[str, tuple[Any, Any]]] = {}
@@ -139,7 +140,8 @@ class Constants:
             if isinstance(holder, onnx.GraphProto):
                 _own_initializers(holder, own, overridable)
             nodes = holder.node
-            is_constant = map(operator.eq, map(attrgetter("op_type"), nodes), itertools.repeat("Constant"))
+            is_constant = map(operator.eq, map(attrgetter("op_type"), nodes) if op_types is None else op_types,
+                              itertools.repeat("Constant"))
             for node in map(nodes.__getitem__, itertools.compress(itertools.count(), is_constant)):
                 if node.domain in AI_ONNX and len(node.output) == 1:
                     own[node.output[0]] = (node, nodes)
