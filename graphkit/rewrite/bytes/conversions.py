@@ -196,12 +196,12 @@ def plan(model: onnx.ModelProto, ops: set[tuple[str, str]], sub_ops: set[tuple[s
 
 def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: list[str], starts: Sequence[int],
            ends: Sequence[int], changed: Steps, target: int, path: str | None = None, up: bool = True,
-           holders: Sequence[int] = (), names: tuple[list[list[str]], list[list[str]]] | None = None) -> Spliced:
+           holders: Sequence[int] = (), read_names: tuple[list[list[str]], list[list[str]]] | None = None) -> Spliced:
     """Convert, by the steps of :func:`plan`, the main graph's nodes of ``model``
     (serialized: ``data``; its node entries from ``starts`` to ``ends``) to ai.onnx opset
     ``target``, ``up`` or down; ``domains`` and ``op_types``: its nodes', ``holders``: the
-    indices of those holding subgraphs; ``names``: the inputs and the outputs of the first
-    nodes, where the caller read them already. Going down, each node is converted on its own (the
+    indices of those holding subgraphs; ``read_names``: the inputs and the outputs of the
+    first nodes, where the caller read them already. Going down, each node is converted on its own (the
     adapters read its values' declared types and the constant its input 1 names); an entry
     None is a node the conversion left as it was; the constants converted nodes stopped
     reading that nothing else reads are removed (``removed_nodes``, ``removed_initializers``)."""
@@ -210,9 +210,9 @@ def splice(data: bytes, model: onnx.ModelProto, domains: list[str], op_types: li
     positions = list(itertools.compress(range(len(op_types)), flags))
     node_at = nodes.__getitem__
     everything = itemgetter(slice(None))
-    known = bisect.bisect_left(positions, len(names[0])) if names is not None else 0  # the nodes read already
-    ins = list(map(names[0].__getitem__, positions[:known])) if known else []
-    outs = list(map(names[1].__getitem__, positions[:known])) if known else []
+    known = bisect.bisect_left(positions, len(read_names[0])) if read_names is not None else 0  # read already
+    ins = list(map(read_names[0].__getitem__, positions[:known])) if known else []
+    outs = list(map(read_names[1].__getitem__, positions[:known])) if known else []
     ins += map(everything, map(attrgetter("input"), map(node_at, positions[known:])))
     outs += map(everything, map(attrgetter("output"), map(node_at, positions[known:])))
     names = list(map(attrgetter("name"), map(node_at, positions)))

@@ -423,7 +423,7 @@ class _MainGraph:
             with spliced_conversion(target):
                 self.spliced = conversions.splice(data, model, self.domains, self.op_types, self.starts, self.ends,
                                                     self.changed, target, request.path, up=target > self.current,
-                                                    holders=sorted(self.holders), names=self.read_names)
+                                                    holders=sorted(self.holders), read_names=self.read_names)
             self.read_names = None
             if seed is not None:  # the engine lowers after the conversion, its constants' names taken
                 seed.update(self.spliced.made)
